@@ -1,0 +1,34 @@
+"""Errors that cross from the runtime into the interpreter.
+
+The native runtime (torch side) raises `AnerRuntimeError` for anything a user did wrong or could
+fix (bad file, wrong shapes, no CUDA); the interpreter turns it into a diagnostic with the Aner
+source span and call stack. This module imports nothing heavy so that every layer may use it.
+"""
+
+from __future__ import annotations
+
+
+class AnerRuntimeError(Exception):
+    """A user-facing failure raised by a builtin implementation.
+
+    `code` is a stable error code (e.g. ``"E-GGUF-TRUNCATED"``); `notes` are extra lines shown under
+    the message (what was expected, how to fix it).
+    """
+
+    def __init__(self, message: str, *, code: str = "E-RUNTIME", notes: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.notes = tuple(notes)
+
+
+class NativeBackendUnavailable(AnerRuntimeError):
+    """The native backend (torch, gguf, ...) is not installed, so a native builtin cannot run."""
+
+    def __init__(self, builtin: str, package: str) -> None:
+        super().__init__(
+            f"native backend unavailable: `{builtin}` needs the Python package '{package}'",
+            code="E-NATIVE-UNAVAILABLE",
+            notes=("install it with: pip install 'aner[native]'",),
+        )
+        self.package = package
