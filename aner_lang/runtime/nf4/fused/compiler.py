@@ -1,0 +1,120 @@
+"""Run-time compilation of the fused NF4 kernels with NVRTC (through CuPy), and their caches.
+
+A compiled module is identified by its *kernel identity string*: the sha256 of the CUDA source,
+the NVRTC options, the target architecture and the precision profile. Profiles and checkpoints
+record it, so a result can be traced to the exact machine code that produced it. Modules are
+cached twice: per process (a dict, so a second layer costs nothing) and on disk (a cubin named by
+the sha256 of the identity, so a second process skips NVRTC). Writes to the disk cache are atomic
+(temporary file + rename), so concurrent processes never read half a cubin.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from aner_lang.errors import AnerRuntimeError
+
+SOURCE_NAME = "nf4.cu"
+# No --use_fast_math: the dequantized weights must be the exact fp32 products host_tiled computes.
+OPTIONS: tuple[str, ...] = ("--std=c++17", "-default-device")
+PRECISIONS = ("float32", "float16", "bfloat16")
+
+
+def source_text() -> str:
+    """The CUDA source shipped as package data."""
+    return resources.files(__package__).joinpath("kernels", SOURCE_NAME).read_text(encoding="utf-8")
+
+
+def source_sha256() -> str:
+    return hashlib.sha256(source_text().encode("utf-8")).hexdigest()
+
+
+def module_identity(arch: str) -> str:
+    """What the compiled module depends on: source, options and architecture (``sm_90``)."""
+    return f"nf4-fused src=sha256:{source_sha256()} opts={' '.join(OPTIONS)} arch={arch}"
+
+
+def kernel_identity(arch: str, precision: str) -> str:
+    """The identity string recorded in profiles and checkpoints for one precision profile."""
+    if precision not in PRECISIONS:
+        raise AnerRuntimeError(f"fused kernels have no precision profile '{precision}'",
+                               code="E-KERNEL-PRECISION", notes=(f"expected one of {', '.join(PRECISIONS)}",))
+    return f"{module_identity(arch)} precision={precision}"
+
+
+def cache_dir() -> Path:
+    """Where cubins are kept across processes (``ANER_KERNEL_CACHE`` overrides)."""
+    env = os.environ.get("ANER_KERNEL_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "aner" / "kernels"
+
+
+def compile_cubin(arch: str) -> bytes:
+    """Compile the source for ``arch`` with NVRTC; a compile error becomes a clear AnerRuntimeError."""
+    from cupy_backends.cuda.libs import nvrtc
+
+    prog = nvrtc.createProgram(source_text(), SOURCE_NAME, [], [])
+    try:
+        try:
+            nvrtc.compileProgram(prog, [*OPTIONS, f"--gpu-architecture={arch}"])
+        except nvrtc.NVRTCError as exc:
+            log = nvrtc.getProgramLog(prog)
+            raise AnerRuntimeError(f"NVRTC could not compile {SOURCE_NAME} for {arch}: {exc}",
+                                   code="E-KERNEL-COMPILE", notes=tuple(log.splitlines()[-20:])) from None
+        return nvrtc.getCUBIN(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
+
+
+def cubin_path(arch: str) -> Path:
+    """The on-disk cubin for ``arch``, compiled and written now if it is not there yet."""
+    ident = module_identity(arch)
+    path = cache_dir() / f"{hashlib.sha256(ident.encode()).hexdigest()}.cubin"
+    if not path.exists():
+        cubin = compile_cubin(arch)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(cubin)
+        os.replace(tmp, path)
+    return path
+
+
+@dataclass
+class CompiledModule:
+    """One loaded module: its identity, where the cubin lives, and its kernels by name."""
+
+    arch: str
+    identity: str
+    path: Path
+    module: Any
+    _functions: dict[str, Any]
+
+    def function(self, name: str) -> Any:
+        fn = self._functions.get(name)
+        if fn is None:
+            fn = self._functions[name] = self.module.get_function(name)
+        return fn
+
+
+_MODULES: dict[tuple[int, str], CompiledModule] = {}
+
+
+def load(device_index: int) -> CompiledModule:
+    """The compiled module for a CUDA device, from the process cache, the disk cache or NVRTC."""
+    import cupy
+
+    with cupy.cuda.Device(device_index):
+        arch = f"sm_{cupy.cuda.Device(device_index).compute_capability}"  # e.g. "90"
+        key = (device_index, arch)
+        mod = _MODULES.get(key)
+        if mod is None:
+            path = cubin_path(arch)
+            mod = _MODULES[key] = CompiledModule(arch, module_identity(arch), path,
+                                                 cupy.RawModule(path=str(path)), {})
+        return mod

@@ -1,0 +1,200 @@
+"""The fused NF4 operations on torch CUDA tensors: dequantize, linear forward, backward to the input.
+
+Kernels run on torch's current stream (CuPy is told about it as an external stream), read and write
+torch tensors in place by pointer, and never synchronise the host, so they can be captured in a
+CUDA graph. Which kernel a call uses depends on the number of tokens M (rows of x):
+
+* M <= 16 ("small", generation and evaluation): memory-bound fused kernels that dequantize in
+  registers. float32: one warp per output row on CUDA cores. float16/bfloat16: mma.sync m16n8k16
+  tensor-core tiles with fp32 accumulation. Backward to the input likewise, with fp32 atomics.
+* M > 16 ("many", training): the double-quantized weight is dequantized by one kernel at HBM speed
+  into a buffer reused across layers, then cuBLAS (torch) does the matmul -- on the H200 this beats
+  a fused GEMM at these sizes, as bitsandbytes' own sm_90 heuristic also finds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from aner_lang.errors import AnerRuntimeError
+from aner_lang.runtime.nf4.fused import compiler
+
+SMALL_MAX_TOKENS = 16
+_DT_NAME = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}
+
+
+@dataclass(frozen=True)
+class NF4Tensors:
+    """The device tensors of one double-quantized NF4 weight [out_features, in_features]."""
+
+    packed: torch.Tensor  # uint8 [N*K/2], high nibble first
+    qabsmax: torch.Tensor  # uint8 [N*K/64]
+    code2: torch.Tensor  # float32 [256]
+    absmax2: torch.Tensor  # float32 [ceil(N*K/64/256)]
+    offset: float
+    out_features: int
+    in_features: int
+
+    def __post_init__(self) -> None:
+        n, k = self.out_features, self.in_features
+        if k % 64 or n % 2:
+            raise AnerRuntimeError(f"fused NF4 kernels need in_features % 64 == 0 and an even out_features, "
+                                   f"got a {n}x{k} weight", code="E-KERNEL-SHAPE")
+        for name in ("packed", "qabsmax", "code2", "absmax2"):
+            t = getattr(self, name)
+            if not t.is_cuda or not t.is_contiguous():
+                raise AnerRuntimeError(f"fused NF4 kernels need '{name}' as a contiguous CUDA tensor",
+                                       code="E-KERNEL-DEVICE")
+        if self.packed.numel() != n * k // 2 or self.qabsmax.numel() != n * k // 64:
+            raise AnerRuntimeError(f"NF4 tensors do not match a {n}x{k} weight "
+                                   f"({self.packed.numel()} packed bytes, {self.qabsmax.numel()} absmax codes)",
+                                   code="E-KERNEL-SHAPE")
+
+    def args(self) -> list:
+        return [_ptr(self.packed), _ptr(self.qabsmax), _ptr(self.code2), _ptr(self.absmax2), np.float32(self.offset)]
+
+
+def _ptr(t: torch.Tensor) -> np.uint64:
+    return np.uint64(t.data_ptr())
+
+
+_STREAMS: dict[int, object] = {}
+
+
+def _launch(device: torch.device, name: str, grid: tuple[int, ...], block: int, args: list) -> None:
+    import cupy
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    mod = compiler.load(index)
+    handle = torch.cuda.current_stream(device).cuda_stream
+    stream = _STREAMS.get(handle)
+    if stream is None:
+        stream = _STREAMS[handle] = cupy.cuda.ExternalStream(handle, index)
+    with cupy.cuda.Device(index):
+        mod.function(name)(grid, (block,), tuple(args), stream=stream)
+
+
+def _bucket(m: int) -> int:
+    return next(b for b in (1, 2, 4, 8, 16) if m <= b)
+
+
+# ---- dequantize ------------------------------------------------------------------------------
+
+_BUFFERS: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+
+
+def dequantize(w: NF4Tensors, dtype: torch.dtype, *, reuse: bool = False) -> torch.Tensor:
+    """The dense [N, K] weight in ``dtype``. With ``reuse`` it lives in a per-device buffer that
+    the next call overwrites (stream order makes that safe for the matmul that consumes it)."""
+    n = w.out_features * w.in_features
+    device = w.packed.device
+    if reuse:
+        buf = _BUFFERS.get((device, dtype))
+        if buf is None or buf.numel() < n:
+            buf = _BUFFERS[(device, dtype)] = torch.empty(n, dtype=dtype, device=device)
+        out = buf[:n]
+    else:
+        out = torch.empty(n, dtype=dtype, device=device)
+    threads = 256
+    _launch(device, f"nf4_dequant_{_DT_NAME[dtype]}", ((n // 32 + threads - 1) // threads,), threads,
+            [*w.args(), np.int64(n), _ptr(out)])
+    return out.view(w.out_features, w.in_features)
+
+
+# ---- forward ---------------------------------------------------------------------------------
+
+
+def path(tokens: int, dtype: torch.dtype) -> str:
+    """Which implementation a call with this many tokens takes (for reports and benchmarks)."""
+    if tokens > SMALL_MAX_TOKENS:
+        return "dequant+cublas"
+    return "fused-gemv-fp32" if dtype == torch.float32 else "fused-mma"
+
+
+def mma_config(n: int, k: int, sms: int) -> tuple[int, int]:
+    """(row groups per warp, warps per block) for the tensor-core forward: as many rows per warp
+    as keep a block per multiprocessor (each row group reuses the warp's x fragments), and
+    enough warps splitting K to keep 16-byte loads in flight."""
+    rg = next((r for r in (4, 2) if n // (16 * r) >= sms), 1)
+    warps = max(1, min(8, k // 256))
+    return rg, warps
+
+
+def _check_input(x: torch.Tensor, w: NF4Tensors) -> None:
+    if x.dtype not in _DT_NAME:
+        raise AnerRuntimeError(f"fused NF4 kernels take float32, float16 or bfloat16 inputs, not {x.dtype}",
+                               code="E-KERNEL-DTYPE")
+    if x.device != w.packed.device:
+        raise AnerRuntimeError(f"input on {x.device} but the NF4 weight on {w.packed.device}", code="E-KERNEL-DEVICE")
+
+
+def linear(x: torch.Tensor, w: NF4Tensors) -> torch.Tensor:
+    """y = x @ W^T for x [..., K]; the result has x's dtype."""
+    _check_input(x, w)
+    n, k = w.out_features, w.in_features
+    if x.shape[-1] != k:
+        raise AnerRuntimeError(f"input has {x.shape[-1]} features, the NF4 weight expects {k}", code="E-KERNEL-SHAPE")
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, k).contiguous()
+    m = x2.shape[0]
+    if m == 0:
+        return x.new_empty(*lead, n)
+    if m > SMALL_MAX_TOKENS:
+        return torch.nn.functional.linear(x2, dequantize(w, x.dtype, reuse=True)).view(*lead, n)
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if x.dtype == torch.float32:
+        warps = 4
+        _launch(x.device, f"nf4_gemv_f32_m{_bucket(m)}", ((n + warps - 1) // warps,), 32 * warps,
+                [*w.args(), _ptr(x2), _ptr(y), np.int32(m), np.int32(n), np.int32(k)])
+    else:
+        sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+        rg, warps = mma_config(n, k, sms)
+        mt = 8 if m <= 8 else 16
+        _launch(x.device, f"nf4_mma_fwd_{_DT_NAME[x.dtype]}_m{mt}_r{rg}", ((n + 16 * rg - 1) // (16 * rg),),
+                32 * warps, [*w.args(), _ptr(x2), _ptr(y), np.int32(m), np.int32(n), np.int32(k)])
+    return y.view(*lead, n)
+
+
+# ---- backward to the input -------------------------------------------------------------------
+
+
+def grad_input(grad_y: torch.Tensor, w: NF4Tensors) -> torch.Tensor:
+    """dL/dx = grad_y @ W for grad_y [..., N]; the result has grad_y's dtype."""
+    _check_input(grad_y, w)
+    n, k = w.out_features, w.in_features
+    if grad_y.shape[-1] != n:
+        raise AnerRuntimeError(f"gradient has {grad_y.shape[-1]} features, the NF4 weight has {n} outputs",
+                               code="E-KERNEL-SHAPE")
+    lead = grad_y.shape[:-1]
+    g2 = grad_y.reshape(-1, n).contiguous()
+    m = g2.shape[0]
+    if m == 0:
+        return grad_y.new_empty(*lead, k)
+    if m > SMALL_MAX_TOKENS:
+        return (g2 @ dequantize(w, grad_y.dtype, reuse=True)).view(*lead, k)
+    gx = torch.zeros(m, k, dtype=torch.float32, device=grad_y.device)
+    sms = torch.cuda.get_device_properties(grad_y.device).multi_processor_count
+    if grad_y.dtype == torch.float32:
+        threads = 128
+        kblocks = (k // 8 + threads - 1) // threads
+        rows = _split_rows(n, kblocks, sms, align=1)
+        _launch(grad_y.device, f"nf4_bwd_f32_m{_bucket(m)}", (kblocks, (n + rows - 1) // rows), threads,
+                [*w.args(), _ptr(g2), _ptr(gx), np.int32(m), np.int32(n), np.int32(k), np.int32(rows)])
+        return gx.view(*lead, k)
+    kblocks = (k + 255) // 256
+    rows = _split_rows(n, kblocks, sms, align=64)
+    mt = 8 if m <= 8 else 16
+    _launch(grad_y.device, f"nf4_mma_bwd_{_DT_NAME[grad_y.dtype]}_m{mt}", (kblocks, (n + rows - 1) // rows), 128,
+            [*w.args(), _ptr(g2), _ptr(gx), np.int32(m), np.int32(n), np.int32(k), np.int32(rows)])
+    return gx.to(grad_y.dtype).view(*lead, k)
+
+
+def _split_rows(n: int, kblocks: int, sms: int, *, align: int) -> int:
+    """Rows of W each block sums over: enough blocks for ~4 per multiprocessor, rows a multiple
+    of ``align`` (the tensor-core kernel's 4 warps take 16 rows each)."""
+    splits = max(1, min(n // align, (4 * sms + kblocks - 1) // kblocks))
+    rows = (n + splits - 1) // splits
+    return (rows + align - 1) // align * align

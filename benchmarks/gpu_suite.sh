@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The one command that qualifies Aner on a GPU machine: installs the carried wheels, runs every
+# @pytest.mark.cuda test of the repository and the GPU benchmarks, and writes results under $OUT
+# (default ./out): pytest.log + junit.xml, nf4_kernels.json/.log, train_gpu.json/.log, env.txt.
+#
+# Usage (repository root, on the GPU machine):  benchmarks/gpu_suite.sh [--quick] [pytest args...]
+#   --quick       the kernel benchmark on the seed shapes only; --sweep: also tune the mma configs
+#   pytest args   replace the default selection (-m cuda tests)
+# Wheels: ./.whl (fill it here with /work/shared/device/wheels.sh --with-bnb). The real SmolLM2
+# GGUF is too large for one transfer: send .model/a and .model/b (shared/device/split-model.sh);
+# this script joins them (or takes /tmp/smollm2.gguf) and exports ANER_SMOLLM2_GGUF for the tests.
+set -uo pipefail
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+bench=()
+while [[ "${1:-}" == --quick || "${1:-}" == --sweep ]]; do bench+=("$1"); shift; done
+
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || { echo "wheel install failed" >&2; exit 2; }
+fi
+export PYTHONPATH="$PWD:$PWD/lsp:/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1 ANER_KERNEL_CACHE=/tmp/aner-kernels
+
+if [[ -f .model/a/part && -f .model/b/part ]]; then cat .model/a/part .model/b/part > /tmp/smollm2.gguf
+elif [[ -f /tmp/parta && -f .model/b/part ]]; then cat /tmp/parta .model/b/part > /tmp/smollm2.gguf; fi
+if [[ -f /tmp/smollm2.gguf ]]; then export ANER_SMOLLM2_GGUF=/tmp/smollm2.gguf; fi
+
+{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
+  python3 -c 'import torch, cupy; print("torch", torch.__version__, "cupy", cupy.__version__, torch.cuda.get_device_name())'
+  python3 -c 'import bitsandbytes; print("bitsandbytes", bitsandbytes.__version__)'
+  sha256sum /tmp/smollm2.gguf 2>/dev/null; } > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+
+rc=0
+if [[ $# -eq 0 ]]; then set -- -m cuda tests; fi
+timeout "${PYTEST_S:-300}" python3 -m pytest -q -p no:cacheprovider --junitxml="$OUT/junit.xml" "$@" 2>&1 | tee "$OUT/pytest.log" || rc=1
+
+timeout "${KERNEL_BENCH_S:-150}" python3 benchmarks/nf4_kernels.py "${bench[@]}" --out "$OUT/nf4_kernels.json" 2>&1 | tee "$OUT/nf4_kernels.log" || rc=1
+if [[ -f benchmarks/train_gpu.py ]]; then
+  timeout "${TRAIN_BENCH_S:-130}" python3 benchmarks/train_gpu.py --out "$OUT/train_gpu.json" 2>&1 | tee "$OUT/train_gpu.log" || rc=1
+fi
+exit $rc
