@@ -1,0 +1,229 @@
+"""Exact, crash-safe training checkpoints: safetensors + a JSON manifest with a sha256 per file.
+
+Layout under a checkpoint directory ``dir``::
+
+    dir/latest.json                 -> {"checkpoint": "update-000002-<id>", "manifest_sha256": ...}
+    dir/update-000002-<id>/tensors.safetensors   every tensor of the TrainState (never the base)
+    dir/update-000002-<id>/state.json            TrainState.to_json()
+    dir/update-000002-<id>/manifest.json         identity + {file: {bytes, sha256}}
+
+Why this shape: a checkpoint is first written completely into a temporary sibling directory
+(each file fsynced, then the directory), renamed into place, and only then published by atomically
+replacing ``latest.json`` (temp file, fsync, rename, directory fsync). A crash at any moment
+leaves ``latest.json`` naming a complete, verified checkpoint: the previous one is deleted only
+after the new pointer is durable. Loading re-hashes every byte and refuses, naming the mismatch,
+a truncated or altered file, a different base model (GGUF sha256, see `fingerprint`), a
+different profile or a different kernel identity.
+
+The state object follows the trainer state contract of docs/internals.md: ``to_tensors()`` and
+``to_json()`` (with ``"profile"`` and ``"kernel_identity"`` keys, and ``"base": {"path": ...}``
+naming the GGUF the adapter was built on).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from aner_lang.errors import AnerRuntimeError
+from aner_lang.runtime.fingerprint import fingerprint
+
+FORMAT = "aner-checkpoint"
+VERSION = 1
+POINTER = "latest.json"
+TENSORS = "tensors.safetensors"
+STATE = "state.json"
+MANIFEST = "manifest.json"
+_PREFIX = "update-"
+
+
+class CheckpointState(Protocol):
+    """What `save` needs from a training state (the trainer's TrainState)."""
+
+    def to_tensors(self) -> dict[str, torch.Tensor]: ...
+
+    def to_json(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A verified checkpoint read back from disk (what an Aner `Checkpoint` value is)."""
+
+    path: Path
+    updates: int
+    tensors: dict[str, torch.Tensor]
+    meta: dict[str, Any]
+    identity: dict[str, Any]
+
+    @property
+    def base_path(self) -> str | None:
+        return self.identity.get("base_path")
+
+
+def _fail(directory: Path, what: str, code: str, *notes: str) -> AnerRuntimeError:
+    return AnerRuntimeError(f"checkpoint {directory}: {what}", code=code, notes=notes)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_durable(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _json_bytes(obj: Any) -> bytes:
+    return json.dumps(obj, indent=1, sort_keys=True, allow_nan=True).encode("utf-8")
+
+
+def _identity(meta: dict[str, Any], base_path: str | Path | None) -> dict[str, Any]:
+    """What a checkpoint must agree with to be resumed: base, profile, kernel."""
+    path = base_path if base_path is not None else (meta.get("base") or {}).get("path")
+    return {
+        "base_path": str(path) if path is not None else None,
+        "base_fingerprint": fingerprint(path) if path is not None else None,
+        "profile": meta.get("profile"),
+        "kernel_identity": meta.get("kernel_identity"),
+    }
+
+
+def save(directory: str | Path, state: CheckpointState, *, base_path: str | Path | None = None,
+         keep: int = 1) -> Path:
+    """Write `state` as the new latest checkpoint under `directory`; return its folder.
+
+    `keep` older checkpoints are kept besides the new one (they are removed only after the new
+    one is published). Never writes the frozen base: only what `state.to_tensors()` holds.
+    """
+    root = Path(directory)
+    root.mkdir(parents=True, exist_ok=True)
+    meta = state.to_json()
+    tensors = {k: v.detach().contiguous().cpu() for k, v in state.to_tensors().items()}
+    files = {TENSORS: st_save(tensors), STATE: _json_bytes(meta)}
+    updates = int((meta.get("counters") or {}).get("updates", 0))
+    manifest = {
+        "format": FORMAT, "version": VERSION, "updates": updates,
+        "identity": _identity(meta, base_path),
+        "files": {n: {"bytes": len(b), "sha256": hashlib.sha256(b).hexdigest()}
+                  for n, b in files.items()},
+    }
+    manifest_bytes = _json_bytes(manifest)
+    manifest_sha = hashlib.sha256(manifest_bytes).hexdigest()
+    name = f"{_PREFIX}{updates:06d}-{manifest_sha[:12]}"
+    final = root / name
+    if not final.is_dir():  # the same name means byte-identical content already on disk
+        tmp = root / f".{name}.tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        for n, b in files.items():
+            _write_durable(tmp / n, b)
+        _write_durable(tmp / MANIFEST, manifest_bytes)
+        _fsync_dir(tmp)
+        os.replace(tmp, final)
+        _fsync_dir(root)
+    pointer_tmp = root / f".{POINTER}.tmp-{os.getpid()}"
+    _write_durable(pointer_tmp, _json_bytes({"checkpoint": name, "manifest_sha256": manifest_sha}))
+    os.replace(pointer_tmp, root / POINTER)
+    _fsync_dir(root)
+    _prune(root, name, keep)
+    return final
+
+
+def _prune(root: Path, current: str, keep: int) -> None:
+    """Remove leftovers of interrupted writes and all but `keep` older checkpoints."""
+    for p in root.glob(f".{_PREFIX}*.tmp-*"):
+        shutil.rmtree(p, ignore_errors=True)
+    older = sorted((p for p in root.glob(f"{_PREFIX}*") if p.is_dir() and p.name != current),
+                   key=lambda p: p.name)
+    for p in older[:max(0, len(older) - keep)]:
+        shutil.rmtree(p, ignore_errors=True)
+
+
+def _read_json(directory: Path, path: Path, data: bytes | None = None) -> dict[str, Any]:
+    try:
+        obj = json.loads(data if data is not None else path.read_bytes())
+    except FileNotFoundError:
+        raise _fail(directory, f"{path.name} is missing", "E-CKPT-MISSING",
+                    "is this a directory written by train(..., checkpoints: dir)?") from None
+    except (OSError, ValueError) as e:
+        raise _fail(directory, f"{path.name} is not valid JSON ({e})", "E-CKPT-CORRUPT") from None
+    if not isinstance(obj, dict):
+        raise _fail(directory, f"{path.name} is not a JSON object", "E-CKPT-CORRUPT")
+    return obj
+
+
+def _verified_bytes(directory: Path, folder: Path, name: str, expected: dict[str, Any]) -> bytes:
+    try:
+        data = (folder / name).read_bytes()
+    except FileNotFoundError:
+        raise _fail(directory, f"{folder.name}/{name} is missing", "E-CKPT-MISSING") from None
+    if len(data) != expected.get("bytes"):
+        raise _fail(directory, f"{folder.name}/{name} is truncated or extended: "
+                    f"{len(data)} bytes, the manifest says {expected.get('bytes')}",
+                    "E-CKPT-TRUNCATED")
+    if hashlib.sha256(data).hexdigest() != expected.get("sha256"):
+        raise _fail(directory, f"{folder.name}/{name} is corrupted: its sha256 does not match "
+                    "the manifest", "E-CKPT-CORRUPT")
+    return data
+
+
+def _check(directory: Path, what: str, recorded: Any, given: Any, code: str) -> None:
+    if recorded != given:
+        raise _fail(directory, f"{what} differs from the one it was written with", code,
+                    f"checkpoint: {json.dumps(recorded, sort_keys=True)}",
+                    f"now:        {json.dumps(given, sort_keys=True)}")
+
+
+def load(directory: str | Path, *, base_path: str | Path | None = None,
+         profile: dict[str, Any] | None = None, kernel_identity: str | None = None) -> Checkpoint:
+    """Read and verify the latest checkpoint under `directory`.
+
+    Every file's size and sha256 are checked against the manifest, and the manifest against the
+    pointer. When given, `base_path` (its GGUF fingerprint), `profile` and `kernel_identity`
+    must equal what the checkpoint recorded.
+    """
+    root = Path(directory)
+    if not root.is_dir():
+        raise _fail(root, "no such directory", "E-CKPT-MISSING")
+    pointer = _read_json(root, root / POINTER)
+    name = str(pointer.get("checkpoint", ""))
+    folder = root / name
+    if not name.startswith(_PREFIX) or "/" in name or not folder.is_dir():
+        raise _fail(root, f"{POINTER} names a checkpoint that does not exist: {name!r}",
+                    "E-CKPT-MISSING")
+    manifest_bytes = _verified_bytes(root, folder, MANIFEST, {
+        "bytes": (folder / MANIFEST).stat().st_size, "sha256": pointer.get("manifest_sha256")})
+    manifest = _read_json(root, folder / MANIFEST, manifest_bytes)
+    if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
+        raise _fail(root, f"unsupported format {manifest.get('format')!r} "
+                    f"version {manifest.get('version')!r}", "E-CKPT-FORMAT")
+    entries = manifest.get("files") or {}
+    tensor_bytes = _verified_bytes(root, folder, TENSORS, entries.get(TENSORS, {}))
+    meta = _read_json(root, folder / STATE, _verified_bytes(root, folder, STATE,
+                                                            entries.get(STATE, {})))
+    identity = manifest.get("identity") or {}
+    if base_path is not None:
+        _check(root, "the base model (sha256 of the GGUF)", identity.get("base_fingerprint"),
+               fingerprint(base_path), "E-CKPT-BASE")
+    if profile is not None:
+        _check(root, "the training profile", identity.get("profile"), profile, "E-CKPT-PROFILE")
+    if kernel_identity is not None:
+        _check(root, "the kernel identity", identity.get("kernel_identity"), kernel_identity,
+               "E-CKPT-KERNEL")
+    return Checkpoint(path=folder, updates=int(manifest.get("updates", 0)),
+                      tensors=st_load(tensor_bytes), meta=meta, identity=identity)

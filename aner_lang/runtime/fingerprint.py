@@ -1,0 +1,79 @@
+"""The base model's fingerprint: sha256 of its GGUF file, computed once and cached.
+
+A checkpoint records which base it was trained on, and loading refuses a different base. Hashing
+a 100 MB GGUF costs a fraction of a second, far too much to pay at every checkpoint, so the digest
+is cached in a small JSON file keyed by the file's resolved path, and trusted only while the file's
+size and mtime (nanoseconds) are unchanged. The cache lives in ``$ANER_CACHE_DIR`` (default
+``$XDG_CACHE_HOME/aner`` or ``~/.cache/aner``); a cache that cannot be read or written is simply
+not used, since the digest can always be recomputed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from aner_lang.errors import AnerRuntimeError
+
+_CACHE_NAME = "fingerprints.json"
+_CHUNK = 8 * 1024 * 1024
+
+
+def cache_dir() -> Path:
+    """Where Aner keeps small caches (fingerprints here; kernels elsewhere)."""
+    if "ANER_CACHE_DIR" in os.environ:
+        return Path(os.environ["ANER_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "aner"
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file's bytes, read in large chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _read_cache(file: Path) -> dict[str, dict[str, object]]:
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write_cache(file: Path, data: dict[str, dict[str, object]]) -> None:
+    """Replace the cache atomically, so concurrent runs never see half a file."""
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=file.parent, prefix=".fingerprints-", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+        os.replace(tmp, file)
+    except OSError:
+        pass
+
+
+def fingerprint(path: str | Path) -> str:
+    """sha256 of the GGUF at `path`, from the cache when its size and mtime still match."""
+    p = Path(path).resolve()
+    try:
+        st = p.stat()
+    except OSError as e:
+        raise AnerRuntimeError(f"cannot fingerprint base model {p}: {e.strerror}",
+                               code="E-FINGERPRINT") from None
+    cache_file = cache_dir() / _CACHE_NAME
+    cache = _read_cache(cache_file)
+    entry = cache.get(str(p))
+    if (isinstance(entry, dict) and entry.get("size") == st.st_size
+            and entry.get("mtime_ns") == st.st_mtime_ns and isinstance(entry.get("sha256"), str)):
+        return str(entry["sha256"])
+    digest = sha256_file(p)
+    cache[str(p)] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": digest}
+    _write_cache(cache_file, cache)
+    return digest
