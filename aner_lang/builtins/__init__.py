@@ -15,6 +15,7 @@ from aner_lang.builtins.spec import Builtin, Declarations, EnumDecl, TypeDecl
 # Each module below owns the declarations of one area; add a module here to add an area.
 _MODULES: tuple[str, ...] = (
     "aner_lang.builtins.core",
+    "aner_lang.builtins.model",
 )
 
 

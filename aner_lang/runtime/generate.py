@@ -87,3 +87,16 @@ def chat_text(model: Any, message: str, system: str | None, sampling: Sampling) 
     prompt = tok.apply_chat_template(messages, add_generation_prompt=True)
     ids = tok.encode(prompt, add_special=False)
     return tok.decode(generate_ids(model, ids, sampling), skip_special=True)
+
+
+def generate_builtin(model: Any, prompt: str, max_tokens: int, temperature: float, top_p: float,
+                     seed: int, stop_at_eos: bool) -> str:
+    """Builtin `generate(model, prompt, max_tokens:, temperature:, top_p:, seed:, ...)`."""
+    return generate_text(model, prompt, Sampling(max_tokens, temperature, top_p, seed,
+                                                 stop_at_eos))
+
+
+def chat_builtin(model: Any, message: str, system: str | None, max_tokens: int,
+                 temperature: float, top_p: float, seed: int) -> str:
+    """Builtin `chat(model, message, system:, max_tokens:, temperature:, top_p:, seed:)`."""
+    return chat_text(model, message, system, Sampling(max_tokens, temperature, top_p, seed))
