@@ -1,0 +1,252 @@
+"""Diagnostics: the one module of Aner's user-facing messages and error codes, and their renderer.
+
+A `Diagnostic` is data (code, severity, span, message, notes, suggestion, path). The parser, the
+checker and the interpreter create them only through the constructor functions below, so every
+message and code lives here; the CLI renders them as `file:line:col` plus a caret excerpt, and the
+LSP converts the same objects to LSP diagnostics.
+
+Codes are stable strings: ``E-SYNTAX``, ``E-UNKNOWN-NAME``, ... (errors) and ``W-UNUSED``
+(warnings). Tests and golden files refer to them.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field, replace
+from typing import Iterable
+
+from aner_lang.grammar.ast import Span
+
+ERROR = "error"
+WARNING = "warning"
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    code: str
+    span: Span | None
+    message: str
+    severity: str = ERROR
+    notes: tuple[str, ...] = ()
+    suggestion: str | None = None
+    """A replacement for the text under `span` that fixes the problem (for quick fixes)."""
+    path: str | None = None
+    related: tuple[tuple[str, "Span | None", str | None], ...] = field(default=())
+    """(message, span, path) of related locations, e.g. where a name was defined."""
+
+    @property
+    def is_error(self) -> bool:
+        return self.severity == ERROR
+
+    def at(self, path: str | None) -> "Diagnostic":
+        """This diagnostic attributed to `path` (if it has none yet)."""
+        return self if self.path is not None else replace(self, path=path)
+
+
+def did_you_mean(name: str, candidates: Iterable[str]) -> str | None:
+    """The closest candidate to a misspelt `name`, if any is close enough."""
+    close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def _hint(name: str, candidates: Iterable[str]) -> tuple[tuple[str, ...], str | None]:
+    best = did_you_mean(name, candidates)
+    return ((f"did you mean `{best}`?",), best) if best else ((), None)
+
+
+# ---- syntax --------------------------------------------------------------------------------------
+
+def syntax_unexpected(span: Span, found: str, expected: list[str]) -> Diagnostic:
+    notes = (f"expected one of: {', '.join(sorted(expected))}",) if expected else ()
+    return Diagnostic("E-SYNTAX", span, f"syntax error: unexpected {found}", notes=notes)
+
+
+def syntax_bad_char(span: Span, char: str) -> Diagnostic:
+    return Diagnostic("E-SYNTAX", span, f"syntax error: unexpected character {char!r}")
+
+
+def bad_literal(span: Span, what: str) -> Diagnostic:
+    return Diagnostic("E-LITERAL", span, f"invalid literal: {what}")
+
+
+# ---- names and types -----------------------------------------------------------------------------
+
+def unknown_name(span: Span, name: str, candidates: Iterable[str]) -> Diagnostic:
+    notes, best = _hint(name, candidates)
+    return Diagnostic("E-UNKNOWN-NAME", span, f"unknown name `{name}`", notes=notes, suggestion=best)
+
+
+def unknown_type(span: Span, name: str, candidates: Iterable[str]) -> Diagnostic:
+    notes, best = _hint(name, candidates)
+    return Diagnostic("E-UNKNOWN-TYPE", span, f"unknown type `{name}`", notes=notes, suggestion=best)
+
+
+def bad_type_args(span: Span, name: str, expected: int, got: int) -> Diagnostic:
+    return Diagnostic("E-TYPE-ARGS", span, f"type `{name}` takes {expected} type argument(s), got {got}")
+
+
+def unknown_field(span: Span, type_name: str, name: str, candidates: Iterable[str]) -> Diagnostic:
+    notes, best = _hint(name, candidates)
+    return Diagnostic("E-UNKNOWN-FIELD", span, f"`{type_name}` has no field `{name}`", notes=notes,
+                      suggestion=best)
+
+
+def unknown_member(span: Span, enum: str, name: str, candidates: Iterable[str]) -> Diagnostic:
+    notes, best = _hint(name, candidates)
+    members = ", ".join(candidates)
+    return Diagnostic("E-UNKNOWN-MEMBER", span, f"`{name}` is not a member of enum `{enum}`",
+                      notes=notes + (f"members: {members}",), suggestion=best)
+
+
+def type_mismatch(span: Span, expected: str, found: str, what: str = "value") -> Diagnostic:
+    return Diagnostic("E-TYPE", span, f"type mismatch: {what} should be `{expected}`, found `{found}`")
+
+
+def bad_operands(span: Span, op: str, left: str, right: str | None = None) -> Diagnostic:
+    if right is None:
+        return Diagnostic("E-OPERATOR", span, f"operator `{op}` cannot be applied to `{left}`")
+    return Diagnostic("E-OPERATOR", span, f"operator `{op}` cannot be applied to `{left}` and `{right}`")
+
+
+def not_callable(span: Span, what: str) -> Diagnostic:
+    return Diagnostic("E-NOT-CALLABLE", span, f"{what} is not a function")
+
+
+def not_indexable(span: Span, type_name: str) -> Diagnostic:
+    return Diagnostic("E-INDEX", span, f"values of type `{type_name}` cannot be indexed")
+
+
+def duplicate_definition(span: Span, name: str, previous: Span | None) -> Diagnostic:
+    related = (("first defined here", previous, None),) if previous else ()
+    return Diagnostic("E-DUPLICATE", span, f"`{name}` is already defined in this scope", related=related)
+
+
+def assign_to_non_variable(span: Span, name: str, kind: str) -> Diagnostic:
+    return Diagnostic("E-ASSIGN", span, f"cannot assign to `{name}`: it is a {kind}, not a `let` binding")
+
+
+def unused_binding(span: Span, name: str) -> Diagnostic:
+    return Diagnostic("W-UNUSED", span, f"`{name}` is never used", severity=WARNING,
+                      notes=("prefix the name with `_` to silence this warning",))
+
+
+def need_annotation(span: Span, name: str) -> Diagnostic:
+    return Diagnostic("E-ANNOTATION", span, f"cannot infer the type of `{name}` from an empty list or `none`",
+                      notes=("write the type: `let name: List[Int] = []`",))
+
+
+# ---- calls ---------------------------------------------------------------------------------------
+
+def too_many_args(span: Span, fn: str, max_positional: int) -> Diagnostic:
+    return Diagnostic("E-ARGS", span, f"too many positional arguments for `{fn}` (it takes at most {max_positional})")
+
+
+def unknown_argument(span: Span, fn: str, name: str, candidates: Iterable[str]) -> Diagnostic:
+    notes, best = _hint(name, candidates)
+    return Diagnostic("E-UNKNOWN-ARG", span, f"`{fn}` has no parameter named `{name}`", notes=notes,
+                      suggestion=best)
+
+
+def duplicate_argument(span: Span, fn: str, name: str) -> Diagnostic:
+    return Diagnostic("E-DUPLICATE-ARG", span, f"`{fn}` got more than one value for parameter `{name}`")
+
+
+def missing_argument(span: Span, fn: str, names: list[str]) -> Diagnostic:
+    listed = ", ".join(f"`{n}`" for n in names)
+    return Diagnostic("E-MISSING-ARG", span, f"missing required argument(s) {listed} for `{fn}`")
+
+
+def argument_type(span: Span, fn: str, param: str, expected: str, found: str) -> Diagnostic:
+    return Diagnostic("E-ARG-TYPE", span,
+                      f"argument `{param}` of `{fn}` should be `{expected}`, found `{found}`")
+
+
+def no_matching_overload(span: Span, fn: str, found: list[str], candidates: list[str]) -> Diagnostic:
+    return Diagnostic("E-OVERLOAD", span,
+                      f"no overload of `{fn}` accepts arguments ({', '.join(found)})",
+                      notes=tuple(["candidates:"] + [f"  {c}" for c in candidates]))
+
+
+def ambiguous_overload(span: Span, fn: str, candidates: list[str]) -> Diagnostic:
+    return Diagnostic("E-OVERLOAD", span, f"call to `{fn}` is ambiguous",
+                      notes=tuple(["candidates:"] + [f"  {c}" for c in candidates]))
+
+
+def constraint_failed(span: Span, fn: str, message: str, expr: str) -> Diagnostic:
+    return Diagnostic("E-CONSTRAINT", span, f"`{fn}`: {message}", notes=(f"constraint: {expr}",))
+
+
+# ---- statements ----------------------------------------------------------------------------------
+
+def return_outside_fn(span: Span) -> Diagnostic:
+    return Diagnostic("E-RETURN", span, "`return` outside of a function")
+
+
+def missing_return(span: Span, fn: str, type_name: str) -> Diagnostic:
+    return Diagnostic("E-RETURN", span, f"function `{fn}` must return a `{type_name}` on every path")
+
+
+def declaration_not_top_level(span: Span, what: str) -> Diagnostic:
+    return Diagnostic("E-NESTED-DECL", span, f"{what} declarations are only allowed at the top level of a file")
+
+
+def import_not_found(span: Span, path: str, reason: str) -> Diagnostic:
+    return Diagnostic("E-IMPORT", span, f"cannot import \"{path}\": {reason}")
+
+
+def import_cycle(span: Span, chain: list[str]) -> Diagnostic:
+    return Diagnostic("E-IMPORT-CYCLE", span, "import cycle: " + " -> ".join(chain))
+
+
+# ---- run time ------------------------------------------------------------------------------------
+
+def runtime_error(span: Span | None, message: str, code: str, notes: tuple[str, ...]) -> Diagnostic:
+    return Diagnostic(code, span, message, notes=notes)
+
+
+def assertion_failed(span: Span, message: str | None) -> Diagnostic:
+    return Diagnostic("E-ASSERT", span, "assertion failed" + (f": {message}" if message else ""))
+
+
+def internal_error(span: Span | None, exc: BaseException) -> Diagnostic:
+    return Diagnostic("E-INTERNAL", span, f"internal error: {type(exc).__name__}: {exc}",
+                      notes=("this is a bug in Aner; please report it with the script that caused it",))
+
+
+# ---- documentation checking ----------------------------------------------------------------------
+
+def doc_block_should_fail(span: Span) -> Diagnostic:
+    return Diagnostic("E-DOC-NO-ERROR", span, "this ```aner error block checks without errors")
+
+
+def cannot_read(path: str, reason: str) -> Diagnostic:
+    return Diagnostic("E-IO", None, f"cannot read {path}: {reason}", path=path)
+
+
+# ---- rendering -----------------------------------------------------------------------------------
+
+def render(diag: Diagnostic, source: str | None = None) -> str:
+    """`file:line:col: severity[code]: message`, then a caret excerpt of the source, notes and
+    related locations, as the CLI prints it."""
+    where = diag.path or "<input>"
+    if diag.span is not None:
+        where += f":{diag.span.line}:{diag.span.col}"
+    lines = [f"{where}: {diag.severity}[{diag.code}]: {diag.message}"]
+    if source is not None and diag.span is not None:
+        lines += _excerpt(source, diag.span)
+    lines += [f"  = note: {n}" for n in diag.notes]
+    for message, span, path in diag.related:
+        loc = (path or diag.path or "<input>") + (f":{span.line}:{span.col}" if span else "")
+        lines.append(f"  = note: {message} at {loc}")
+    return "\n".join(lines)
+
+
+def _excerpt(source: str, span: Span) -> list[str]:
+    src_lines = source.splitlines()
+    if not 1 <= span.line <= len(src_lines):
+        return []
+    text = src_lines[span.line - 1]
+    width = len(str(span.line))
+    end_col = span.end_col if span.end_line == span.line else len(text) + 1
+    carets = "^" * max(1, end_col - span.col)
+    return [f" {span.line} | {text}", f" {' ' * width} | {' ' * (span.col - 1)}{carets}"]

@@ -1,0 +1,477 @@
+"""Parse Aner source into a `Module` of frozen AST nodes, with syntax errors as diagnostics.
+
+Design:
+
+* One Lark LALR parser, built once per process, with the AST built *inside* the parse
+  (``transformer=``): no intermediate tree, which keeps `aner check` on 10,000 lines well under a
+  second.
+* A post-lexer (`_Newlines`) decides which newlines separate statements: it drops newlines inside
+  ``( )``/``[ ]``, after a token that cannot end an expression, and before ``}``, ``else`` or ``.``.
+* Error recovery: when the whole file does not parse, it is cut into top-level chunks (a line that
+  starts in column 1 with a letter at bracket depth 0 starts a chunk) and each chunk is parsed on
+  its own, its token positions shifted back to absolute ones. Every broken chunk gives one
+  diagnostic; every healthy chunk contributes its statements, so the checker and the LSP keep
+  working on a half-typed file.
+* String interpolation ``"a ${expr} b"`` parses each ``${...}`` with the same parser (start symbol
+  ``expr``), shifted to the position of the expression inside the string.
+
+`parse(source, path) -> (Module, diagnostics)` never raises for bad input.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from functools import lru_cache
+from typing import Iterator
+
+from lark import Lark, Token, Transformer
+from lark.common import LexerConf
+from lark.lexer import Lexer
+from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
+
+from aner_lang import diagnostics as msg
+from aner_lang.diagnostics import Diagnostic
+from aner_lang.grammar import ast
+from aner_lang.grammar.ast import Span
+
+BYTE_UNITS = {"B": 1, "KB": 1000, "MB": 1000**2, "GB": 1000**3, "TB": 1000**4,
+              "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "TiB": 1024**4}
+
+# Tokens after which a newline cannot end a statement (the expression or declaration goes on).
+_CONTINUES = frozenset({"LBRACE", "COMMA", "BINOP", "NEG", "AND", "OR", "NOT",
+                        "EQUAL", "COLON", "__ANON_0", "DOT", "LPAR", "LSQB", "IN"})
+# Tokens before which a newline is dropped: `}`, `else` and a method chain's leading `.`.
+_JOINS_PREVIOUS = frozenset({"RBRACE", "ELSE", "DOT"})
+_PRECEDENCE = {"or": 1, "and": 2, "==": 4, "!=": 4, "<": 4, "<=": 4, ">": 4, ">=": 4,
+               "+": 5, "-": 5, "*": 6, "/": 6, "%": 6}
+_NOT_PREC = 4
+_OPEN = frozenset({"LPAR", "LSQB"})
+_CLOSE = frozenset({"RPAR", "RSQB"})
+
+_DISPLAY = {"NAME": "a name", "INT": "an integer", "FLOAT": "a float", "BYTES": "a byte size",
+            "STRING": "a string", "_NL": "a newline", "$END": "end of file", "BINOP": "an operator"}
+
+
+class _State(threading.local):
+    """Per-thread parse state: position shifts of nested parses and the diagnostics they add."""
+
+    def __init__(self) -> None:
+        self.shifts: list[tuple[int, int, int]] = []  # (line offset, column offset, char offset)
+        self.diagnostics: list[Diagnostic] = []
+
+
+_state = _State()
+
+
+class _Lexer(Lexer):
+    """Aner's tokenizer, built from the grammar's terminal definitions. One master regex is faster
+    than Lark's own lexer loop, and this is also where the statement-separating newlines are chosen
+    and where token positions are shifted for chunked / interpolated parses."""
+
+    def __init__(self, conf: LexerConf) -> None:
+        name_re = re.compile(conf.terminals_by_name["NAME"].pattern.to_regexp())
+        self.keywords: dict[str, str] = {}
+        parts: list[str] = []
+        terminals = sorted(conf.terminals, key=lambda t: (-t.priority, -t.pattern.max_width,
+                                                          -len(t.pattern.value), t.name))
+        for t in terminals:
+            if t.pattern.type == "str" and name_re.fullmatch(t.pattern.value):
+                self.keywords[t.pattern.value] = t.name
+            else:
+                parts.append(f"(?P<{t.name}>{t.pattern.to_regexp()})")
+        self.regex = re.compile("|".join(parts))
+        self.ignore = frozenset(conf.ignore)
+
+    def lex(self, text: str) -> Iterator[Token]:
+        line_off, col_off, pos_off = _state.shifts[-1] if _state.shifts else (0, 0, 0)
+        match = self.regex.match
+        keywords = self.keywords
+        ignore = self.ignore
+        pos, line, line_start, end = 0, 1, 0, len(text)
+        depth = 0
+        prev: str | None = None
+        pending: Token | None = None
+        while pos < end:
+            m = match(text, pos)
+            if m is None:
+                # unshifted: _error_diagnostic applies the shift
+                raise UnexpectedCharacters(text, pos, line, pos - line_start + 1)
+            kind = m.lastgroup
+            value = m.group()
+            new_pos = m.end()
+            newlines = value.count("\n") if kind == "_NL" or kind in ignore else 0
+            if kind in ignore:
+                if newlines:
+                    line += newlines
+                    line_start = pos + value.rfind("\n") + 1
+                pos = new_pos
+                continue
+            col = pos - line_start + 1 + (col_off if line == 1 else 0)
+            if kind == "_NL":
+                if depth == 0 and prev is not None and prev not in _CONTINUES:
+                    pending = Token("_NL", value, pos + pos_off, line + line_off, col,
+                                    line + line_off, col + 1, pos + pos_off + 1)
+                line += newlines
+                line_start = pos + value.rfind("\n") + 1
+                pos = new_pos
+                continue
+            if kind == "NAME":
+                kind = keywords.get(value, "NAME")
+            if pending is not None:
+                if kind not in _JOINS_PREVIOUS:
+                    yield pending
+                pending = None
+            if kind in _OPEN:
+                depth += 1
+            elif kind in _CLOSE and depth:
+                depth -= 1
+            prev = kind
+            ln = line + line_off
+            yield Token(kind, value, pos + pos_off, ln, col, ln, col + len(value), new_pos + pos_off)
+            pos = new_pos
+
+
+def _tspan(tok: Token) -> Span:
+    return Span(tok.line, tok.column, tok.end_line, tok.end_column, tok.start_pos, tok.end_pos)
+
+
+def _sp(item) -> Span:
+    return _tspan(item) if isinstance(item, Token) else item.span
+
+
+def _cover(first, last) -> Span:
+    """The span from the start of `first` to the end of `last` (tokens or nodes)."""
+    return _sp(first).cover(_sp(last))
+
+
+def _nodes(items) -> tuple:
+    """The child nodes of a rule, without its tokens and absent optional parts."""
+    return tuple(i for i in items if i is not None and not isinstance(i, Token))
+
+
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", '"': '"', "\\": "\\", "$": "$", "0": "\0"}
+_INTERP = re.compile(r"\\(.)|\$\{([^}]*)\}?", re.S)
+
+
+class _ToAst(Transformer):
+    """Builds AST nodes during the LALR parse (one method per grammar rule or alias). Keyword and
+    bracket tokens are named terminals so that each node's span covers them."""
+
+    def start(self, items):
+        return _nodes(items)
+
+    def block(self, items):
+        return ast.Block(_cover(items[0], items[-1]), _nodes(items))
+
+    def let(self, items):
+        _, name, ann, value = items
+        return ast.Let(_cover(items[0], value), str(name), _tspan(name), ann, value)
+
+    def assign(self, items):
+        name, value = items
+        return ast.Assign(_cover(name, value), str(name), _tspan(name), value)
+
+    def fn_decl(self, items):
+        kw, name, *rest = items
+        params = tuple(p for p in rest[:-2] if p is not None)
+        return ast.FnDecl(_cover(kw, rest[-1]), str(name), _tspan(name), params, rest[-2], rest[-1])
+
+    def param(self, items):
+        name, typ, default = items
+        return ast.ParamDecl(_cover(name, default or typ), str(name), _tspan(name), typ, default)
+
+    def field_decl(self, items):
+        name, typ, default = items
+        return ast.FieldDecl(_cover(name, default or typ), str(name), _tspan(name), typ, default)
+
+    def record_decl(self, items):
+        return ast.RecordDecl(_cover(items[0], items[-1]), str(items[1]), _tspan(items[1]), _nodes(items[2:]))
+
+    def enum_member(self, items):
+        return ast.EnumMemberDecl(_tspan(items[0]), str(items[0]))
+
+    def enum_decl(self, items):
+        return ast.EnumDecl(_cover(items[0], items[-1]), str(items[1]), _tspan(items[1]), _nodes(items[2:]))
+
+    def if_stmt(self, items):
+        kw, cond, then, orelse = items
+        return ast.If(_cover(kw, orelse or then), cond, then, orelse)
+
+    def for_stmt(self, items):
+        kw, var, iterable, body = items
+        return ast.For(_cover(kw, body), str(var), _tspan(var), iterable, body)
+
+    def return_stmt(self, items):
+        kw, value = items
+        return ast.Return(_cover(kw, value or kw), value)
+
+    def assert_stmt(self, items):
+        kw, cond, message = items
+        return ast.Assert(_cover(kw, message or cond), cond, message)
+
+    def import_stmt(self, items):
+        kw, tok = items
+        return ast.Import(_cover(kw, tok), _decode_plain(tok), _tspan(tok))
+
+    def expr_stmt(self, items):
+        return ast.ExprStmt(items[0].span, items[0])
+
+    # ---- types ----
+    def type_name(self, items):
+        name = items[0]
+        return ast.TypeName(_cover(name, items[-1] or name), str(name), _nodes(items[1:]))
+
+    def optional_type(self, items):
+        return ast.OptionalType(_cover(items[0], items[1]), items[0])
+
+    # ---- expressions ----
+    def expr(self, items):
+        """Group a flat chain `[not]* operand (op [not]* operand)*` by precedence (Pratt)."""
+        pos = 0
+
+        def climb(min_prec: int):
+            nonlocal pos
+            head = items[pos]
+            if isinstance(head, Token):  # `not`: binds looser than comparisons
+                pos += 1
+                operand = climb(_NOT_PREC)
+                left = ast.Unary(_cover(head, operand), "not", operand)
+            else:
+                pos += 1
+                left = head
+            while pos < len(items):
+                op = items[pos]
+                prec = _PRECEDENCE[str(op)]
+                if prec < min_prec:
+                    break
+                pos += 1
+                right = climb(prec + 1)
+                left = ast.Binary(_cover(left, right), str(op), left, right, _tspan(op))
+            return left
+
+        return climb(0)
+
+    def neg(self, items):
+        return ast.Unary(_cover(items[0], items[1]), "-", items[1])
+
+    def call(self, items):
+        callee, lpar, *args, rpar = items
+        return ast.Call(_cover(callee, rpar), callee, _nodes(args), _cover(lpar, rpar))
+
+    def member(self, items):
+        obj, name = items
+        return ast.Member(_cover(obj, name), obj, str(name), _tspan(name))
+
+    def index(self, items):
+        obj, _, idx, rsqb = items
+        return ast.Index(_cover(obj, rsqb), obj, idx)
+
+    def paren(self, items):
+        return items[1]
+
+    def named_arg(self, items):
+        name, value = items
+        return ast.Arg(_cover(name, value), str(name), _tspan(name), value)
+
+    def pos_arg(self, items):
+        return ast.Arg(items[0].span, None, None, items[0])
+
+    def int_lit(self, items):
+        return ast.IntLit(_tspan(items[0]), int(items[0].replace("_", "")))
+
+    def float_lit(self, items):
+        return ast.FloatLit(_tspan(items[0]), float(items[0].replace("_", "")))
+
+    def bytes_lit(self, items):
+        tok = items[0]
+        number, unit = re.fullmatch(r"([0-9_.]+)[ \t]*([A-Za-z]+)", str(tok)).groups()
+        amount = float(number.replace("_", "")) * BYTE_UNITS[unit]
+        span = _tspan(tok)
+        if amount != int(amount):
+            _state.diagnostics.append(msg.bad_literal(span, f"`{tok}` is not a whole number of bytes"))
+        return ast.BytesLit(span, int(amount), " ".join(str(tok).split()))
+
+    def string_lit(self, items):
+        return ast.StringLit(_tspan(items[0]), _string_parts(items[0]))
+
+    def true_lit(self, items):
+        return ast.BoolLit(_tspan(items[0]), True)
+
+    def false_lit(self, items):
+        return ast.BoolLit(_tspan(items[0]), False)
+
+    def none_lit(self, items):
+        return ast.NoneLit(_tspan(items[0]))
+
+    def name(self, items):
+        return ast.Name(_tspan(items[0]), str(items[0]))
+
+    def list_lit(self, items):
+        return ast.ListLit(_cover(items[0], items[-1]), _nodes(items))
+
+
+def _decode_plain(tok: Token) -> str:
+    return _INTERP.sub(lambda m: _ESCAPES.get(m.group(1), m.group(1)) if m.group(1) is not None
+                       else m.group(0), str(tok)[1:-1])
+
+
+def _string_parts(tok: Token) -> tuple:
+    """Split a string token into text and `${expr}` parts, parsing each expression in place."""
+    raw = str(tok)[1:-1]
+    parts: list = []
+    text: list[str] = []
+    pos = 0
+    for m in _INTERP.finditer(raw):
+        text.append(raw[pos:m.start()])
+        pos = m.end()
+        if m.group(1) is not None:
+            esc = m.group(1)
+            if esc not in _ESCAPES:
+                _state.diagnostics.append(msg.bad_literal(_tspan(tok), f"unknown escape `\\{esc}`"))
+            text.append(_ESCAPES.get(esc, esc))
+            continue
+        if text and "".join(text):
+            parts.append("".join(text))
+        text = []
+        inner_start = tok.start_pos + 1 + m.start() + 2  # after the quote and `${`
+        if not m.group(0).endswith("}"):
+            _state.diagnostics.append(msg.bad_literal(_tspan(tok), "`${` without a closing `}`"))
+            continue
+        col = tok.column + (inner_start - tok.start_pos)
+        expr = _parse_fragment(m.group(2), tok.line, col, inner_start)
+        if expr is not None:
+            parts.append(expr)
+    text.append(raw[pos:])
+    if "".join(text) or not parts:
+        parts.append("".join(text))
+    return tuple(parts)
+
+
+@lru_cache(maxsize=1)
+def _parser() -> Lark:
+    return Lark.open("aner.lark", rel_to=__file__, parser="lalr", lexer=_Lexer,
+                     maybe_placeholders=True, transformer=_ToAst(),
+                     start=["start", "expr"])
+
+
+def _parse_with_shift(text: str, start: str, shift: tuple[int, int, int]):
+    _state.shifts.append(shift)
+    try:
+        return _parser().parse(text, start=start)
+    finally:
+        _state.shifts.pop()
+
+
+def _error_diagnostic(err: UnexpectedInput, shift: tuple[int, int, int]) -> Diagnostic:
+    line_off, col_off, pos_off = shift
+    if isinstance(err, UnexpectedToken):
+        tok = err.token
+        expected = sorted({_display(t) for t in (err.accepts or err.expected)} - {"a newline"})
+        if tok.type == "$END":
+            end = tok.end_pos if tok.end_pos is not None else pos_off
+            span = Span(tok.end_line or 1 + line_off, tok.end_column or 1, tok.end_line or 1 + line_off,
+                        (tok.end_column or 1) + 1, end, end)
+            return msg.syntax_unexpected(span, "end of input", expected)
+        found = "newline" if tok.type == "_NL" else f"`{tok}`"
+        return msg.syntax_unexpected(_tspan(tok), found, expected)
+    line = err.line + line_off
+    col = err.column + (col_off if err.line == 1 else 0)
+    pos = err.pos_in_stream + pos_off
+    char = err.char if isinstance(err, UnexpectedCharacters) else "?"
+    return msg.syntax_bad_char(Span(line, col, line, col + 1, pos, pos + 1), char)
+
+
+def _display(terminal: str) -> str:
+    if terminal in _DISPLAY:
+        return _DISPLAY[terminal]
+    try:
+        pattern = _parser().get_terminal(terminal).pattern
+    except KeyError:
+        return terminal.lower()
+    return f"`{pattern.value}`" if pattern.type == "str" else terminal.lower()
+
+
+def _parse_fragment(text: str, line: int, col: int, pos: int) -> ast.Expr | None:
+    """Parse an interpolated expression found at (line, col, pos) of the enclosing file."""
+    shift = (line - 1, col - 1, pos)
+    try:
+        return _parse_with_shift(text, "expr", shift)
+    except UnexpectedInput as err:
+        _state.diagnostics.append(_error_diagnostic(err, shift))
+        return None
+
+
+_DECL_START = re.compile(r"(let|fn|record|enum|import|if|for|assert)\b")
+
+
+def _chunks(source: str) -> Iterator[tuple[int, int, str]]:
+    """Top-level chunks as (line offset, char offset, text). A chunk starts at a line that begins
+    in column 1 with a statement keyword, or with any letter while no bracket is open (a broken
+    line's unclosed bracket must not swallow the rest of the file)."""
+    depth = 0
+    line_no = 0
+    pos = 0
+    bounds = [(0, 0)]
+    for line in source.splitlines(keepends=True):
+        if pos and line[:1].isalpha() and (depth == 0 or _DECL_START.match(line)):
+            bounds.append((line_no, pos))
+            depth = 0
+        depth = max(0, depth + _bracket_delta(line))
+        pos += len(line)
+        line_no += 1
+    bounds.append((line_no, len(source)))
+    for (l0, p0), (_, p1) in zip(bounds, bounds[1:]):
+        yield l0, p0, source[p0:p1]
+
+
+_STRIP = re.compile(r'"([^"\\\n]|\\.)*"|#[^\n]*')
+
+
+def _bracket_delta(line: str) -> int:
+    code = _STRIP.sub("", line)
+    return sum(code.count(c) for c in "([{") - sum(code.count(c) for c in ")]}")
+
+
+def parse(source: str, path: str | None = None) -> tuple[ast.Module, list[Diagnostic]]:
+    """Parse a whole file. Returns the module (with every statement that parsed) and the syntax
+    diagnostics, each attributed to `path`."""
+    outer = _state.diagnostics
+    _state.diagnostics = []
+    try:
+        try:
+            body = _parse_with_shift(source, "start", (0, 0, 0))
+        except UnexpectedInput:
+            _state.diagnostics = []
+            body = _recover(source)
+        diags = [d.at(path) for d in _state.diagnostics]
+    finally:
+        _state.diagnostics = outer
+    return ast.Module(path, tuple(body)), diags
+
+
+def _recover(source: str) -> list[ast.Stmt]:
+    body: list[ast.Stmt] = []
+    for line_off, pos_off, text in _chunks(source):
+        shift = (line_off, 0, pos_off)
+        try:
+            body.extend(_parse_with_shift(text, "start", shift))
+        except UnexpectedInput as err:
+            _state.diagnostics.append(_error_diagnostic(err, shift))
+    return body
+
+
+def parse_expression(text: str) -> ast.Expr:
+    """Parse a registry expression (a default or a constraint). Raises ValueError if it is not
+    valid Aner: registry text is written by Aner's own engineers, so this is a bug, not user input."""
+    outer = _state.diagnostics
+    _state.diagnostics = []
+    try:
+        expr = _parse_with_shift(text, "expr", (0, 0, 0))
+    except UnexpectedInput as err:
+        raise ValueError(f"invalid registry expression {text!r}: {err}") from None
+    finally:
+        errors, _state.diagnostics = _state.diagnostics, outer
+    if errors:
+        raise ValueError(f"invalid registry expression {text!r}: {errors[0].message}")
+    return expr
