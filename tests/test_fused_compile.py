@@ -1,0 +1,51 @@
+"""The fused kernels' source, identity and caches, checked where no GPU is needed.
+
+NVRTC compiles for a named architecture without a GPU, so a broken kernel source fails here, on
+any machine with CuPy's NVRTC, before device time is spent. On a machine without CUDA,
+``kernel: fused`` must fail with one clear error.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from aner_lang.errors import AnerRuntimeError
+from aner_lang.runtime.nf4.fused import compiler
+
+torch = pytest.importorskip("torch")
+
+
+def test_identity_names_source_options_arch_and_precision() -> None:
+    ident = compiler.kernel_identity("sm_90", "bfloat16")
+    assert f"src=sha256:{compiler.source_sha256()}" in ident
+    assert "arch=sm_90" in ident and "precision=bfloat16" in ident and "--std=c++17" in ident
+    assert compiler.kernel_identity("sm_90", "float32") != ident
+    with pytest.raises(AnerRuntimeError, match="no precision profile 'tf32'"):
+        compiler.kernel_identity("sm_90", "tf32")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cupy_backends") is None, reason="needs CuPy's NVRTC")
+def test_source_compiles_for_hopper_and_is_cached_on_disk(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("ANER_KERNEL_CACHE", str(tmp_path))
+    try:
+        path = compiler.cubin_path("sm_90")
+    except OSError as exc:  # CuPy present but no NVRTC library on this machine
+        pytest.skip(f"NVRTC not loadable: {exc}")
+    cubin = path.read_bytes()
+    assert cubin[:4] == b"\x7fELF" and path.parent == tmp_path
+    for name in ("nf4_dequant_bf16", "nf4_gemv_f32_m16", "nf4_mma_fwd_bf16_m16_r4", "nf4_mma_bwd_f16_m8"):
+        assert name.encode() in cubin
+    monkeypatch.setattr(compiler, "compile_cubin", lambda arch: pytest.fail("recompiled despite the disk cache"))
+    assert compiler.cubin_path("sm_90") == path
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without CUDA")
+def test_fused_without_cuda_is_a_clear_error() -> None:
+    from aner_lang.runtime.nf4.fused.availability import require_fused, unavailable_reason
+
+    assert "no CUDA GPU" in unavailable_reason()
+    with pytest.raises(AnerRuntimeError, match="kernel: fused needs a CUDA GPU") as err:
+        require_fused()
+    assert err.value.code == "E-KERNEL-UNAVAILABLE"
