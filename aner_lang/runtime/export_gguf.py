@@ -1,0 +1,150 @@
+"""Merging an adapter into its base, and writing a model back to GGUF.
+
+`merge(adapter)` gives a plain dense `LoadedModel` whose every projection is the exact linear map
+the adapter computes (dequantized NF4 + delta, in fp32), so nothing trained is lost to a
+re-quantization. The effective weight of a target is read by running the adapter's own hook on
+the identity matrix: for any adapter that is linear in its input (LoRA, LoRA-FA, DoRA, TinyLoRA)
+that is exactly ``W'^T``, so merge needs no per-method formula that could drift from training.
+
+`export_gguf(model, path, dtype)` writes llama.cpp's layout: GGUF tensor names, q/k rows permuted
+back to interleaved-pair RoPE order, norms in f32, every metadata key (tokenizer, chat template,
+hyper-parameters) copied from the source GGUF, so llama.cpp, HF transformers and our loader all
+read it.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from aner_lang.errors import AnerRuntimeError
+from aner_lang.runtime.gguf_reader import permute_rows
+from aner_lang.runtime.linear import DenseLinear, FrozenLinear
+
+DTYPES = {"f16": np.float16, "f32": np.float32}
+_FILE_TYPE = {"f32": 0, "f16": 1}  # llama.cpp's LLAMA_FTYPE_ALL_F32 / MOSTLY_F16
+_SKIPPED_KEYS = ("GGUF.", "general.file_type", "general.quantization_version")
+_PROJ_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+               "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+               "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+
+
+def _effective_weights(adapter: Any) -> dict[str, torch.Tensor]:
+    """`{module name: W'}` for every target of a linear adapter, in fp32 on the CPU."""
+    out: dict[str, torch.Tensor] = {}
+    was_training = adapter.training
+    adapter.train_mode(False)
+    try:
+        with torch.no_grad():
+            for index, (name, module) in enumerate(adapter.targets):
+                eye = torch.eye(module.in_features, device=adapter.device)
+                w_t = adapter._apply(index, eye, module(eye))
+                out[name] = w_t.float().t().contiguous().cpu()
+    finally:
+        adapter.train_mode(was_training)
+    return out
+
+
+def _dense_clone(model: Any, weights: dict[str, torch.Tensor]) -> Any:
+    """A copy of `model` with every FrozenLinear dense fp32 (`weights` override by name)."""
+    module = copy.deepcopy(model.module).cpu()
+    replaced: dict[int, DenseLinear] = {}
+    for parent_name, parent in list(module.named_modules()):
+        for child_name, child in list(parent.named_children()):
+            if not isinstance(child, FrozenLinear):
+                continue
+            full = f"{parent_name}.{child_name}" if parent_name else child_name
+            if id(child) not in replaced:  # tied embeddings: one new module for both names
+                w = weights.get(full)
+                replaced[id(child)] = DenseLinear(w if w is not None else child.dense_weight())
+            setattr(parent, child_name, replaced[id(child)])
+    return type(model)(module=module.to(model.device), tokenizer=model.tokenizer,
+                       config=model.config, path=model.path, storage="float32",
+                       device=model.device, metadata=dict(model.metadata))
+
+
+def merge(adapter: Any) -> Any:
+    """The adapter folded into its base: a dense float32 `Model` with the same logits."""
+    if getattr(adapter, "method", None) == "full":
+        return _dense_clone(adapter.base, {k.removesuffix(".weight"): v.detach().float().cpu()
+                                           for k, v in adapter.params.items()})
+    if not hasattr(adapter, "targets"):
+        raise AnerRuntimeError("merge needs an adapter (from lora, lora_fa, tinylora, dora or "
+                               "full)", code="E-MERGE")
+    return _dense_clone(adapter.base, _effective_weights(adapter))
+
+
+def _gguf_tensors(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """(GGUF name, HF-layout fp32 tensor) for every tensor of a Llama model."""
+    m, c = model.module, model.config
+    yield "token_embd.weight", m.embed_tokens.dense_weight()
+    for i, layer in enumerate(m.layers):
+        for hf, gg in _PROJ_NAMES.items():
+            owner, proj = hf.split(".")
+            w = getattr(getattr(layer, owner), proj).dense_weight()
+            if gg == "attn_q":
+                w = permute_rows(w, c.num_attention_heads)
+            elif gg == "attn_k":
+                w = permute_rows(w, c.num_key_value_heads)
+            yield f"blk.{i}.{gg}.weight", w
+        yield f"blk.{i}.attn_norm.weight", layer.input_layernorm.weight
+        yield f"blk.{i}.ffn_norm.weight", layer.post_attention_layernorm.weight
+    yield "output_norm.weight", m.norm.weight
+    if m.lm_head is not m.embed_tokens:
+        yield "output.weight", m.lm_head.dense_weight()
+
+
+def _copy_metadata(writer: Any, source: Path) -> Any:
+    """Every key of the source GGUF except the ones describing its own tensor encoding.
+
+    Returns the source's reader, for the tensors that are not weights (Llama 3 `rope_freqs`)."""
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(str(source))
+    except (OSError, ValueError) as e:
+        raise AnerRuntimeError(f"export_gguf: cannot read the source model {source} to copy its "
+                               f"metadata ({e})", code="E-EXPORT") from None
+    for key, field in reader.fields.items():
+        if key.startswith(_SKIPPED_KEYS) or key == "general.architecture":
+            continue
+        vtype = field.types[0]
+        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(key, field.contents(), vtype, sub_type=sub)
+    return reader
+
+
+def export_gguf(model: Any, path: str | Path, dtype: str = "f16") -> Path:
+    """Write `model` (a base or a merged adapter) as a GGUF file of `dtype` weights."""
+    import gguf
+
+    if dtype not in DTYPES:
+        raise AnerRuntimeError(f"export_gguf: unknown dtype {dtype!r}; expected one of "
+                               f"{', '.join(DTYPES)}", code="E-EXPORT")
+    if hasattr(model, "targets") and not hasattr(model, "module"):
+        raise AnerRuntimeError("export_gguf needs a model; merge the adapter first: "
+                               "export_gguf(merge(adapter), path)", code="E-EXPORT")
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    writer = gguf.GGUFWriter(str(tmp), "llama")
+    source = _copy_metadata(writer, Path(model.path))
+    writer.add_file_type(_FILE_TYPE[dtype])
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    with torch.no_grad():
+        for name, t in _gguf_tensors(model):
+            data = t.detach().float().cpu().numpy()
+            writer.add_tensor(name, data if data.ndim == 1 else data.astype(DTYPES[dtype]))
+        for t in source.tensors:
+            if t.name == "rope_freqs.weight":
+                writer.add_tensor(t.name, np.array(t.data, dtype=np.float32))
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+    tmp.replace(out)
+    return out
