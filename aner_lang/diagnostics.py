@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, field, replace
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
-from aner_lang.grammar.ast import Span
+if TYPE_CHECKING:  # a runtime import would be circular: the parser creates diagnostics
+    from aner_lang.grammar.ast import Span
 
 ERROR = "error"
 WARNING = "warning"

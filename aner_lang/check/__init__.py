@@ -1,0 +1,48 @@
+"""Static checking and the analysis API the CLI, the interpreter and the LSP build on.
+
+    analyze(source: str, path: str | None = None, *, resolver=None) -> Analysis
+
+parses and checks one file (and, through `import "file.aner"`, the files it imports, with cycle
+detection) and never raises for bad input. The returned `Analysis` (see `analysis.py`) holds:
+
+* `module`: the AST (every statement that parsed, even when others did not);
+* `diagnostics`: syntax, type and name errors and warnings, each with a span and a code;
+* `definitions`: every `Definition` (name, kind, `type` as a string, `span`, `path`);
+* `references`: every use of a name as `Reference(span, definition)`, also across imports;
+* `scope_at(offset)`: the user names visible at an offset, with their definitions and types;
+* `type_at(offset)`: the type (a string) of the innermost expression at an offset;
+* `definition_at(offset)`, `references_to(definition)`: for go-to-definition and rename;
+* `call_at(offset)`: the innermost call around an offset as a `CallInfo` (the builtin or
+  function it resolved to, every overload candidate, and `active_parameter(offset)`);
+* `calls`, `enum_values`, `imports`, `expr_types`: side tables keyed by `id(node)` that the
+  interpreter runs from.
+
+Offsets are 0-based character offsets into `source`; spans carry 1-based lines and columns too.
+`resolver(path_as_written, importing_path) -> (resolved_path, source)` replaces file-system
+imports (the LSP passes one that reads open editor buffers); it raises OSError for a missing file.
+"""
+
+from __future__ import annotations
+
+import os
+
+from aner_lang.builtins import registry
+from aner_lang.check.analysis import Analysis, CallInfo, Definition, Reference
+from aner_lang.check.checker import Resolver, analyze_module
+
+
+def file_resolver(path: str, importer: str | None) -> tuple[str, str]:
+    """Resolve an import relative to the importing file's directory and read it."""
+    base = os.path.dirname(importer) if importer else os.getcwd()
+    resolved = os.path.normpath(os.path.join(base, path))
+    with open(resolved, encoding="utf-8") as f:
+        return resolved, f.read()
+
+
+def analyze(source: str, path: str | None = None, *, resolver: Resolver | None = None) -> Analysis:
+    """Parse and check `source` (the text of the file at `path`, if it has one)."""
+    key = os.path.normpath(path) if path else "<input>"
+    return analyze_module(source, path, registry(), resolver or file_resolver, (key,), {})
+
+
+__all__ = ["Analysis", "CallInfo", "Definition", "Reference", "analyze", "file_resolver"]
