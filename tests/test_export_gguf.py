@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from aner_lang.errors import AnerRuntimeError
+from aner_lang.runtime.adapters.full import Full
 from aner_lang.runtime.adapters.lora import DoRA, LoRA
 from aner_lang.runtime.export_gguf import export_gguf, merge
 from aner_lang.runtime.model import load_model
@@ -38,6 +39,12 @@ def test_merge_keeps_the_adapter_logits(tiny_model, cls):
     assert not torch.allclose(want, tiny_model.forward(IDS), atol=1e-3)  # the adapter matters
     torch.testing.assert_close(merged.forward(IDS), want, atol=2e-5, rtol=1e-5)
     assert torch.equal(tiny_model.forward(IDS), tiny_model.forward(IDS))  # base untouched
+
+
+def test_merge_of_full_uses_every_trained_tensor(tiny_model):
+    adapter = _trained_like(Full(tiny_model), seed=5)
+    torch.testing.assert_close(merge(adapter).forward(IDS), adapter.forward(IDS),
+                               atol=2e-5, rtol=1e-5)
 
 
 def test_f16_export_of_a_merge_loads_in_hf_and_ours(tiny_model, tmp_path):

@@ -54,7 +54,7 @@ def _dense_clone(model: Any, weights: dict[str, torch.Tensor]) -> Any:
     module = copy.deepcopy(model.module).cpu()
     replaced: dict[int, DenseLinear] = {}
     for parent_name, parent in list(module.named_modules()):
-        for child_name, child in list(parent.named_children()):
+        for child_name, child in list(parent._modules.items()):  # tied children too
             if not isinstance(child, FrozenLinear):
                 continue
             full = f"{parent_name}.{child_name}" if parent_name else child_name
@@ -69,9 +69,12 @@ def _dense_clone(model: Any, weights: dict[str, torch.Tensor]) -> Any:
 
 def merge(adapter: Any) -> Any:
     """The adapter folded into its base: a dense float32 `Model` with the same logits."""
-    if getattr(adapter, "method", None) == "full":
-        return _dense_clone(adapter.base, {k.removesuffix(".weight"): v.detach().float().cpu()
-                                           for k, v in adapter.params.items()})
+    if getattr(adapter, "method", None) == "full":  # its masters are the merged weights
+        merged = _dense_clone(adapter.base, {})
+        with torch.no_grad():
+            for name, t in adapter.params.items():
+                merged.module.get_parameter(name).copy_(t)
+        return merged
     if not hasattr(adapter, "targets"):
         raise AnerRuntimeError("merge needs an adapter (from lora, lora_fa, tinylora, dora or "
                                "full)", code="E-MERGE")
