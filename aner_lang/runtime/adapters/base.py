@@ -1,0 +1,146 @@
+"""The `Adapter` value: trainable fp32 tensors attached to a frozen base model.
+
+Adapters never modify the base. A low-rank adapter adds its delta through forward hooks on the
+target `FrozenLinear` modules, and the hooks exist only while that adapter runs (`active()`), so
+any number of adapters of one base can be trained and evaluated in turn, and the base model
+itself stays exactly the base. `full` keeps its own fp32 copy of every weight and runs the base
+module functionally over it. Every adapter offers the forward protocol of docs/internals.md
+(`forward`, `tokenizer`, `device`, `base`, `new_cache`), so evaluation and generation work on it.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+import torch
+from torch import nn
+
+from aner_lang.errors import AnerRuntimeError
+
+TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+_ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+def target_modules(model: Any, targets: list[str]) -> list[tuple[str, nn.Module]]:
+    """`(name, FrozenLinear)` of every targeted projection, in model order (layer, then kind)."""
+    unknown = [t for t in targets if t not in TARGETS]
+    if unknown or not targets:
+        raise AnerRuntimeError(f"unknown adapter target(s) {unknown or '[]'}; expected some of "
+                               f"{', '.join(TARGETS)}", code="E-ADAPTER-TARGET")
+    out = []
+    for i, layer in enumerate(model.module.layers):
+        for t in TARGETS:
+            if t in targets:
+                block, owner = ("self_attn", layer.self_attn) if t in _ATTN \
+                    else ("mlp", layer.mlp)
+                out.append((f"layers.{i}.{block}.{t}", getattr(owner, t)))
+    return out
+
+
+class Adapter:
+    """Base class: named fp32 masters (`params`), stored frozen tensors, forward protocol.
+
+    Subclasses implement `_delta(index, x)` (the additive output of target `index` for input
+    `x`) or override `forward`. `config` is the JSON description that rebuilds the adapter.
+    """
+
+    method = "adapter"
+
+    def __init__(self, model: Any, config: dict) -> None:
+        self.model = model
+        self.config = config
+        self.params: dict[str, torch.Tensor] = {}
+        self.frozen: dict[str, torch.Tensor] = {}
+        self.targets: list[tuple[str, nn.Module]] = []
+        self.training = False
+        self.state: Any = None  # trainer.TrainState once trained
+        self.dropout_generator: torch.Generator | None = None
+
+    # -- the forward protocol -------------------------------------------------------------
+    @property
+    def base(self) -> Any:
+        return self.model
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.model.tokenizer
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    def new_cache(self) -> Any:
+        return self.model.new_cache()
+
+    def forward(self, input_ids: torch.Tensor, cache: Any = None) -> torch.Tensor:
+        with self.active():
+            return self.model.module(input_ids, cache)
+
+    __call__ = forward
+
+    @contextmanager
+    def active(self) -> Iterator[None]:
+        """Hook this adapter's deltas into the base for the duration of one forward."""
+        handles = [module.register_forward_hook(self._hook(i))
+                   for i, (_, module) in enumerate(self.targets)]
+        try:
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+
+    def _hook(self, index: int) -> Callable:
+        def hook(_module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+            return self._apply(index, args[0], output)
+        return hook
+
+    def _apply(self, index: int, x: torch.Tensor, base_out: torch.Tensor) -> torch.Tensor:
+        return base_out + self._delta(index, x)
+
+    def _delta(self, index: int, x: torch.Tensor) -> torch.Tensor:  # pragma: no cover
+        raise NotImplementedError
+
+    # -- what the trainer, the memory report and checkpoints read -------------------------
+    @property
+    def trainable_parameters(self) -> int:
+        return sum(p.numel() for p in self.params.values())
+
+    @property
+    def target_tensors(self) -> int:
+        """How many base tensors this adapter changes (60 for q/v of 30 layers)."""
+        return len(self.targets)
+
+    def nbytes(self) -> dict[str, int]:
+        """Memory report hook: bytes of adapter masters and stored frozen adapter tensors."""
+        return {"adapters": sum(t.numel() * t.element_size()
+                                for t in [*self.params.values(), *self.frozen.values()])}
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """All adapter tensors (trainable and stored frozen), detached CPU copies."""
+        return {k: v.detach().cpu().contiguous().clone()
+                for k, v in {**self.params, **self.frozen}.items()}
+
+    def load_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Copy saved tensors into this adapter (same config), exactly."""
+        for name, t in {**self.params, **self.frozen}.items():
+            if name not in tensors or tuple(tensors[name].shape) != tuple(t.shape):
+                raise AnerRuntimeError(f"adapter tensor {name!r} is missing or has the wrong "
+                                       "shape", code="E-ADAPTER-STATE")
+            with torch.no_grad():
+                t.copy_(tensors[name])
+
+    def train_mode(self, on: bool) -> None:
+        self.training = on
+
+    def dropout(self, x: torch.Tensor, p: float) -> torch.Tensor:
+        """Inverted dropout with the trainer's generator, so runs are reproducible."""
+        if not self.training or p <= 0.0:
+            return x
+        keep = torch.empty(x.shape, device=x.device).bernoulli_(1 - p,
+                                                               generator=self.dropout_generator)
+        return x * keep.to(x.dtype) / (1 - p)
+
+    def __repr__(self) -> str:
+        return (f"Adapter({self.method}, {self.trainable_parameters} trainable, "
+                f"{self.target_tensors} target tensors)")

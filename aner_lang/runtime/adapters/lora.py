@@ -1,0 +1,90 @@
+"""LoRA, LoRA-FA and DoRA: `y = W x + s * B (A dropout(x))`, `s = alpha / rank`.
+
+Initialisation is PEFT's (research/training.md section 6): A is kaiming-uniform with a = sqrt(5),
+i.e. U(-1/sqrt(in), 1/sqrt(in)), drawn from a generator seeded with `seed`, target by target in
+model order; B is zero. LoRA-FA (section 4) freezes A (stored with the adapter) and trains B.
+DoRA (section 6) adds a trainable row magnitude m, initialised to the row norms of W, and scales
+the adapted output by m / ||W + s B A||_row with the norm detached, as in the paper and PEFT.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from aner_lang.runtime.adapters.base import Adapter, target_modules
+
+
+def _kaiming_uniform(shape: tuple[int, int], gen: torch.Generator) -> torch.Tensor:
+    bound = 1.0 / shape[1] ** 0.5
+    return (torch.rand(shape, generator=gen, dtype=torch.float32) * 2 - 1) * bound
+
+
+class LoRA(Adapter):
+    """QLoRA-style adapter; `freeze_a` gives LoRA-FA."""
+
+    method = "lora"
+    freeze_a = False
+
+    def __init__(self, model, rank: int, alpha: float, dropout: float, targets: list[str],
+                 seed: int) -> None:
+        super().__init__(model, {"method": self.method, "rank": rank, "alpha": alpha,
+                                 "dropout": dropout, "targets": list(targets), "seed": seed})
+        self.rank, self.scaling, self.p = rank, alpha / rank, dropout
+        self.targets = target_modules(model, targets)
+        gen = torch.Generator().manual_seed(seed)
+        dev = model.device
+        self._a: list[torch.Tensor] = []
+        self._b: list[torch.Tensor] = []
+        for name, module in self.targets:
+            a = _kaiming_uniform((rank, module.in_features), gen).to(dev)
+            b = torch.zeros(module.out_features, rank, device=dev)
+            (self.frozen if self.freeze_a else self.params)[f"{name}.lora_A"] = a
+            self.params[f"{name}.lora_B"] = b
+            self._a.append(a)
+            self._b.append(b)
+        for p in self.params.values():
+            p.requires_grad_(True)
+
+    def _lora(self, index: int, x: torch.Tensor) -> torch.Tensor:
+        """`s * B (A x)` of target `index` on an already dropped-out input."""
+        a, b = self._a[index], self._b[index]
+        return F.linear(F.linear(x, a.to(x.dtype)), b.to(x.dtype)) * self.scaling
+
+    def _delta(self, index: int, x: torch.Tensor) -> torch.Tensor:
+        return self._lora(index, self.dropout(x, self.p))
+
+
+class LoRAFA(LoRA):
+    """LoRA with A frozen at its random init and only B trained."""
+
+    method = "lora_fa"
+    freeze_a = True
+
+
+class DoRA(LoRA):
+    """Weight-decomposed LoRA: trainable magnitude per output row plus a LoRA direction."""
+
+    method = "dora"
+
+    def __init__(self, model, rank: int, alpha: float, dropout: float, targets: list[str],
+                 seed: int) -> None:
+        super().__init__(model, rank, alpha, dropout, targets, seed)
+        self._m: list[torch.Tensor] = []
+        for name, module in self.targets:
+            m = torch.linalg.norm(module.dense_weight(), dim=1).to(model.device)
+            m.requires_grad_(True)
+            self.params[f"{name}.lora_magnitude"] = m
+            self._m.append(m)
+
+    def _apply(self, index: int, x: torch.Tensor, base_out: torch.Tensor) -> torch.Tensor:
+        module = self.targets[index][1]
+        a, b = self._a[index], self._b[index]
+        with torch.no_grad():  # the norm is a constant in backward (DoRA section 4.3)
+            w = module.dense_weight().to(a.device) + self.scaling * (b @ a)
+            norm = torch.linalg.norm(w, dim=1)
+        scale = (self._m[index] / norm).to(base_out.dtype)
+        xd = self.dropout(x, self.p)
+        if xd is not x:  # PEFT: with dropout the base output is taken on the dropped-out input
+            base_out = module.forward(xd)  # not module(): that would re-enter this hook
+        return scale * (base_out + self._lora(index, xd))

@@ -1,0 +1,105 @@
+"""AdamW on fp32 master tensors, bit-identical to `torch.optim.AdamW(foreach=False)`.
+
+We keep our own loop instead of wrapping `torch.optim.AdamW` because the trainer needs the state
+as plain named tensors (for exact checkpoints) and paged AdamW swaps where the moments live; the
+arithmetic is torch's single-tensor path op for op (research/training.md 7.4), so the test can
+demand identical updates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class AdamWState:
+    """Moments and step count of one tensor; `step` is a 0-d fp32 CPU tensor, as in torch."""
+
+    exp_avg: torch.Tensor
+    exp_avg_sq: torch.Tensor
+    step: torch.Tensor
+
+
+class AdamW:
+    """Decoupled-weight-decay Adam over named fp32 tensors (the masters are updated in place)."""
+
+    kind = "adamw"
+
+    def __init__(self, params: dict[str, torch.Tensor], lr: float = 1e-3,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 1e-2) -> None:
+        self.params = params
+        self.lr, self.betas, self.eps, self.weight_decay = lr, betas, eps, weight_decay
+        self.state: dict[str, AdamWState] = {}
+
+    def _zeros(self, p: torch.Tensor) -> torch.Tensor:
+        """Moment storage for `p`; paged AdamW overrides where it lives."""
+        return torch.zeros_like(p, memory_format=torch.preserve_format)
+
+    def _state_for(self, name: str, p: torch.Tensor) -> AdamWState:
+        if name not in self.state:
+            self.state[name] = AdamWState(self._zeros(p), self._zeros(p),
+                                          torch.tensor(0.0, dtype=torch.float32))
+        return self.state[name]
+
+    @torch.no_grad()
+    def step(self, grads: dict[str, torch.Tensor], lr: float | None = None) -> None:
+        """One update of every tensor that has a gradient, in the order of `params`."""
+        lr = self.lr if lr is None else lr
+        beta1, beta2 = self.betas
+        for name, p in self.params.items():
+            grad = grads.get(name)
+            if grad is None:
+                continue
+            st = self._state_for(name, p)
+            self._update(p, grad, st, lr, beta1, beta2)
+
+    def _update(self, p: torch.Tensor, grad: torch.Tensor, st: AdamWState, lr: float,
+                beta1: float, beta2: float) -> None:
+        # torch/optim/adam.py::_single_tensor_adam, decoupled_weight_decay=True, capturable=False
+        st.step += 1
+        p.mul_(1 - lr * self.weight_decay)
+        st.exp_avg.lerp_(grad, 1 - beta1)
+        st.exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        step = st.step.item()
+        bias_correction1 = 1 - beta1 ** step
+        bias_correction2 = 1 - beta2 ** step
+        step_size = lr / bias_correction1
+        bias_correction2_sqrt = bias_correction2 ** 0.5
+        denom = (st.exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(self.eps)
+        p.addcdiv_(st.exp_avg, denom, value=-step_size)
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        """Moments and steps as contiguous CPU tensors, keyed for `TrainState`."""
+        out: dict[str, torch.Tensor] = {}
+        for name, st in self.state.items():
+            out[f"optim/exp_avg/{name}"] = st.exp_avg.detach().cpu().contiguous().clone()
+            out[f"optim/exp_avg_sq/{name}"] = st.exp_avg_sq.detach().cpu().contiguous().clone()
+            out[f"optim/step/{name}"] = st.step.clone()
+        return out
+
+    def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Inverse of `state_tensors`: moments copied into fresh storage of this optimizer."""
+        for name, p in self.params.items():
+            key = f"optim/step/{name}"
+            if key not in tensors:
+                continue
+            st = AdamWState(self._zeros(p), self._zeros(p), tensors[key].clone().float().cpu())
+            st.exp_avg.copy_(tensors[f"optim/exp_avg/{name}"])
+            st.exp_avg_sq.copy_(tensors[f"optim/exp_avg_sq/{name}"])
+            self.state[name] = st
+
+    def managed_bytes(self) -> int:
+        """Bytes of moments in CUDA managed memory (none for plain AdamW)."""
+        return 0
+
+    def report(self) -> str:
+        """One line for the profile report."""
+        return f"adamw: {self.state_bytes()} bytes of fp32 moments on the parameters' device"
+
+    def state_bytes(self) -> int:
+        """Bytes of all optimizer moments."""
+        return sum(st.exp_avg.numel() * st.exp_avg.element_size() * 2
+                   for st in self.state.values())

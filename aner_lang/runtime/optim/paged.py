@@ -1,0 +1,124 @@
+"""Paged AdamW: AdamW whose large moments live in CUDA managed memory.
+
+Semantics follow bitsandbytes' PagedAdamW32bit (research/training.md section 2): only tensors of
+at least `PAGE_MIN_ELEMENTS` elements are paged, moments are zero-initialised, and they are
+prefetched to the GPU before the update. Unlike bnb we prefetch in `page_bytes` chunks on the
+current stream, move the pages back to the host after the step (so the device copy is only
+resident while it is used), never ask for more managed memory than `MANAGED_FRACTION` of the free
+device memory (tensors past the cap get ordinary device moments, and the report says so), and
+save/restore the moments as plain tensors copied into fresh managed buffers (bnb #1344/#1381).
+On CPU there is no managed memory: it is plain AdamW and `report()` says so.
+
+Managed buffers come from CuPy (`cupy.cuda.malloc_managed`) and are viewed as torch tensors
+through DLPack, so the arithmetic is the same torch code as `AdamW`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from aner_lang.errors import AnerRuntimeError
+from aner_lang.runtime.optim.adamw import AdamW, AdamWState
+
+PAGE_MIN_ELEMENTS = 100_000
+MANAGED_FRACTION = 0.5
+_CPU_DEVICE_ID = -1  # cudaCpuDeviceId
+
+
+class PagedAdamW(AdamW):
+    """AdamW with managed-memory moments on CUDA; identical arithmetic to `AdamW`."""
+
+    kind = "paged_adamw"
+
+    def __init__(self, params: dict[str, torch.Tensor], page_bytes: int = 2 << 20,
+                 **kwargs: float) -> None:
+        super().__init__(params, **kwargs)
+        self.page_bytes = page_bytes
+        self.on_cuda = any(p.is_cuda for p in params.values())
+        self._buffers: dict[int, object] = {}  # data_ptr -> cupy managed memory, kept alive
+        self._managed = 0
+        self._cap = 0
+        self._fallback = 0
+        self._cp = None
+        self._can_prefetch = False
+        if self.on_cuda:
+            self._init_cuda()
+
+    def _init_cuda(self) -> None:
+        try:
+            import cupy
+        except ImportError:
+            raise AnerRuntimeError("optimizer: paged_adamw on CUDA needs the Python package "
+                                   "'cupy' (managed memory)", code="E-PAGED-UNAVAILABLE",
+                                   notes=("install cupy-cuda12x/13x, or use optimizer: adamw",)
+                                   ) from None
+        self._cp = cupy
+        free, _total = torch.cuda.mem_get_info()
+        self._cap = int(free * MANAGED_FRACTION)
+        rt = cupy.cuda.runtime
+        dev = torch.cuda.current_device()
+        self._device = dev
+        self._can_prefetch = bool(rt.deviceGetAttribute(rt.cudaDevAttrConcurrentManagedAccess, dev))
+
+    def _zeros(self, p: torch.Tensor) -> torch.Tensor:
+        nbytes = p.numel() * 4
+        if (not self.on_cuda or p.numel() < PAGE_MIN_ELEMENTS
+                or self._managed + nbytes > self._cap):
+            if self.on_cuda and p.numel() >= PAGE_MIN_ELEMENTS:
+                self._fallback += nbytes
+            return torch.zeros_like(p)
+        cp = self._cp
+        with cp.cuda.Device(self._device):
+            mem = cp.cuda.malloc_managed(nbytes)
+            arr = cp.ndarray(tuple(p.shape), dtype=cp.float32, memptr=mem)
+            arr.fill(0)
+        t = torch.from_dlpack(arr)
+        self._buffers[t.data_ptr()] = (mem, arr)
+        self._managed += nbytes
+        return t
+
+    def _is_managed(self, t: torch.Tensor) -> bool:
+        return t.data_ptr() in self._buffers
+
+    def _prefetch(self, t: torch.Tensor, device: int) -> None:
+        """Move `t`'s pages to `device` (-1: host) in `page_bytes` chunks on the current stream."""
+        if not (self._can_prefetch and self._is_managed(t)):
+            return
+        rt = self._cp.cuda.runtime
+        stream = torch.cuda.current_stream().cuda_stream
+        base, total = t.data_ptr(), t.numel() * t.element_size()
+        for off in range(0, total, self.page_bytes):
+            rt.memPrefetchAsync(base + off, min(self.page_bytes, total - off), device, stream)
+
+    def _update(self, p: torch.Tensor, grad: torch.Tensor, st: AdamWState, lr: float,
+                beta1: float, beta2: float) -> None:
+        for t in (st.exp_avg, st.exp_avg_sq):
+            self._prefetch(t, self._device if self.on_cuda else _CPU_DEVICE_ID)
+        super()._update(p, grad, st, lr, beta1, beta2)
+        for t in (st.exp_avg, st.exp_avg_sq):
+            self._prefetch(t, _CPU_DEVICE_ID)
+
+    def managed_bytes(self) -> int:
+        return self._managed
+
+    def report(self) -> str:
+        """One line for the profile report: where the moments live and why."""
+        if not self.on_cuda:
+            return "paged_adamw on CPU: no CUDA managed memory, plain AdamW"
+        note = "" if self._can_prefetch else "; device lacks concurrent managed access, no prefetch"
+        spill = f"; {self._fallback} bytes past the cap kept as device memory" \
+            if self._fallback else ""
+        return (f"paged_adamw: {self._managed} bytes of moments in CUDA managed memory "
+                f"(cap {self._cap} bytes = {MANAGED_FRACTION:.0%} of free device memory), "
+                f"prefetch in {self.page_bytes}-byte pages{note}{spill}")
+
+
+def make_optimizer(kind: str, params: dict[str, torch.Tensor], page_bytes: int,
+                   **kwargs: float) -> AdamW:
+    """The optimizer a profile names, over the adapter's fp32 masters."""
+    if kind == "adamw":
+        return AdamW(params, **kwargs)
+    if kind == "paged_adamw":
+        return PagedAdamW(params, page_bytes=page_bytes, **kwargs)
+    raise AnerRuntimeError(f"unknown optimizer {kind!r}; expected adamw or paged_adamw",
+                           code="E-OPTIMIZER")

@@ -1,0 +1,109 @@
+"""Training profiles: precision, optimizer, NF4 kernel, paging and loss scaling, validated early.
+
+A `Profile` is what `profile(...)` returns in a script. Its static rules (ranges, enum members)
+are registry constraints the checker applies to literals; `Profile.validate(model)` applies the
+rules that need the machine or the model (fused without CUDA, float16 where autocast cannot run,
+managed memory budget) before the first batch, so a bad profile never costs a training run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from aner_lang.errors import AnerRuntimeError
+from aner_lang.runtime.precision import LossScaleState, check_precision_supported
+
+PRECISIONS = ("float32", "float16", "bfloat16")
+OPTIMIZERS = ("adamw", "paged_adamw")
+KERNELS = ("host_tiled", "fused", "auto")
+
+
+def dynamic(initial: float = 65536.0, growth_interval: int = 2000, growth_factor: float = 2.0,
+            backoff_factor: float = 0.5, max_retries: int = 3) -> LossScaleState:
+    """A dynamic loss scale with GradScaler's defaults (builtin `dynamic`)."""
+    return LossScaleState("dynamic", scale=float(initial), growth_interval=growth_interval,
+                          growth_factor=growth_factor, backoff_factor=backoff_factor,
+                          max_retries=max_retries)
+
+
+def fixed(scale: float) -> LossScaleState:
+    """A constant loss scale (builtin `fixed`); an overflow still skips the update."""
+    return LossScaleState("fixed", scale=float(scale))
+
+
+@dataclass
+class Profile:
+    """How an update runs. Masters and optimizer moments are always fp32."""
+
+    precision: str = "float32"
+    optimizer: str = "adamw"
+    kernel: str = "auto"
+    page_bytes: int = 2 << 20
+    loss_scale: LossScaleState | None = None
+    memory_budget: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for name, value, allowed in (("precision", self.precision, PRECISIONS),
+                                     ("optimizer", self.optimizer, OPTIMIZERS),
+                                     ("kernel", self.kernel, KERNELS)):
+            if value not in allowed:
+                raise AnerRuntimeError(f"profile: unknown {name} {value!r}; expected one of "
+                                       f"{', '.join(allowed)}", code="E-PROFILE")
+        if self.page_bytes < 4096:
+            raise AnerRuntimeError(f"profile: page_bytes must be at least 4 KiB, got "
+                                   f"{self.page_bytes}", code="E-PROFILE")
+        if self.loss_scale is None:  # fp16 needs scaling; fp32 and bf16 do not (GradScaler use)
+            self.loss_scale = dynamic() if self.precision == "float16" \
+                else LossScaleState("none")
+
+    def resolved_kernel(self, device: torch.device) -> str:
+        """`auto` means fused on CUDA and host_tiled elsewhere."""
+        if self.kernel == "auto":
+            return "fused" if device.type == "cuda" else "host_tiled"
+        return self.kernel
+
+    def validate(self, device: torch.device) -> None:
+        """Rules that need the machine: raise a clear error before training starts."""
+        if self.kernel == "fused" and device.type != "cuda":
+            raise AnerRuntimeError("profile: kernel: fused needs a CUDA GPU, but this model is on "
+                                   f"{device.type}", code="E-PROFILE-FUSED",
+                                   notes=("use kernel: host_tiled or kernel: auto",))
+        check_precision_supported(self.precision, device)
+        if self.memory_budget is not None and device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info()
+            if self.memory_budget > free:
+                raise AnerRuntimeError(f"profile: memory_budget {self.memory_budget} bytes is "
+                                       f"more than the {free} bytes free on the GPU",
+                                       code="E-PROFILE-BUDGET")
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d.pop("notes")
+        return d
+
+    @classmethod
+    def from_json(cls, data: dict) -> Profile:
+        data = dict(data)
+        ls = data.pop("loss_scale", None)
+        return cls(loss_scale=LossScaleState(**ls) if ls else None, **data)
+
+    def __repr__(self) -> str:
+        ls = self.loss_scale
+        scale = ls.kind if ls.kind == "none" else f"{ls.kind}({ls.scale:g})"
+        return (f"Profile({self.precision}, {self.optimizer}, kernel {self.kernel}, "
+                f"page {self.page_bytes} B, loss scale {scale})")
+
+
+def profile(precision: str = "float32", optimizer: str = "adamw", kernel: str = "auto",
+            page_bytes: int = 2 << 20, loss_scale: LossScaleState | None = None,
+            memory_budget: int | None = None) -> Profile:
+    """Builtin `profile`: construct and check what can be checked without a model."""
+    p = Profile(precision, optimizer, kernel, page_bytes, loss_scale, memory_budget)
+    if kernel == "fused" and not torch.cuda.is_available():
+        raise AnerRuntimeError("profile: kernel: fused needs a CUDA GPU and none is available",
+                               code="E-PROFILE-FUSED",
+                               notes=("use kernel: host_tiled or kernel: auto",))
+    return p

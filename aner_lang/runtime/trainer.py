@@ -1,0 +1,372 @@
+"""`train(...)`: accumulation windows, loss scaling, clipping, AdamW, validation, checkpoints.
+
+One update = one accumulation window of `accumulation` micro-batches of `micro_batch` examples,
+drawn in a per-epoch order fixed by `seed`. The loss of the window is the summed next-token
+cross-entropy of its scored targets divided by the window's scored-token count (so every scored
+token weighs the same however the window splits into micro-batches). With a loss scale an
+overflowing window backs the scale off and is re-run up to `max_retries` times; if it still
+overflows the update is skipped (masters, moments and the schedule stay as they were). `steps`
+is the total number of windows the adapter's training reaches: a resumed adapter continues to it
+(docs/internals.md, "Trainer state contract").
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from aner_lang.errors import AnerRuntimeError
+from aner_lang.runtime.data import Dataset, collate, token_loss_sum
+from aner_lang.runtime.optim import make_optimizer
+from aner_lang.runtime.precision import LossScaler, autocast
+from aner_lang.runtime.profile import Profile
+
+STATE_FORMAT = "aner.train-state/1"
+SCHEDULES = ("constant", "linear", "cosine")
+
+
+@dataclass
+class TrainState:
+    """Everything needed to continue training bit-identically (docs/internals.md)."""
+
+    tensors: dict[str, torch.Tensor]
+    meta: dict[str, Any]
+
+    @property
+    def updates(self) -> int:
+        return self.meta["counters"]["updates"]
+
+    def to_tensors(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().cpu().contiguous() for k, v in self.tensors.items()}
+
+    def to_json(self) -> dict:
+        return json.loads(json.dumps(self.meta))
+
+    @classmethod
+    def from_parts(cls, tensors: dict[str, torch.Tensor], meta: dict) -> TrainState:
+        if meta.get("format") != STATE_FORMAT:
+            raise AnerRuntimeError(f"not an Aner training state (format {meta.get('format')!r}, "
+                                   f"expected {STATE_FORMAT})", code="E-STATE-FORMAT")
+        return cls(dict(tensors), json.loads(json.dumps(meta)))
+
+
+@dataclass
+class Run:
+    """What `train` returns: histories, counters and the trained adapter."""
+
+    adapter: Any
+    profile: Profile
+    loss_history: list[float]
+    validation_history: list[tuple[int, float]]
+    scored_tokens: int
+    updates: int
+    skipped_updates: int
+    retries: int
+    loss_scale: float
+    optimizer_report: str
+    seconds: float
+    log_path: str | None
+    optimizer_bytes: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def validation_loss(self) -> float | None:
+        return self.validation_history[-1][1] if self.validation_history else None
+
+    @property
+    def first_validation_loss(self) -> float | None:
+        return self.validation_history[0][1] if self.validation_history else None
+
+    @property
+    def final_loss(self) -> float | None:
+        return self.loss_history[-1] if self.loss_history else None
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.scored_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def nbytes(self) -> dict[str, int]:
+        """Memory report hook: optimizer moments (and how many of them are managed)."""
+        return dict(self.optimizer_bytes)
+
+    def __repr__(self) -> str:
+        val = f", validation loss {self.validation_loss:.4f}" if self.validation_history else ""
+        return (f"Run({self.updates} updates, {self.skipped_updates} skipped, final loss "
+                f"{self.final_loss:.4f}{val})") if self.loss_history else "Run(0 updates)"
+
+
+def set_deterministic(device: torch.device) -> None:
+    """TF32 off and deterministic kernels, so one seed on one machine kind gives one result."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.benchmark = False
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+
+
+def learning_rate_at(k: int, lr: float, total: int, warmup: int, schedule: str) -> float:
+    """Learning rate of applied update `k` (0-based): linear warmup over `warmup` updates,
+    then constant, linear or cosine decay to 0 at `total`."""
+    if k < warmup:
+        return lr * (k + 1) / warmup
+    if schedule == "constant" or total <= warmup:
+        return lr
+    progress = min(1.0, (k - warmup) / (total - warmup))
+    if schedule == "linear":
+        return lr * (1.0 - progress)
+    return lr * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def _epoch_order(n: int, seed: int, epoch: int) -> list[int]:
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    return torch.randperm(n, generator=gen).tolist()
+
+
+class _Cursor:
+    """Position in the seeded per-epoch example order."""
+
+    def __init__(self, n: int, seed: int, epoch: int = 0, position: int = 0) -> None:
+        self.n, self.seed, self.epoch, self.position = n, seed, epoch, position
+        self._order = _epoch_order(n, seed, epoch)
+
+    def take(self, k: int) -> list[int]:
+        out = []
+        for _ in range(k):
+            if self.position == self.n:
+                self.epoch, self.position = self.epoch + 1, 0
+                self._order = _epoch_order(self.n, self.seed, self.epoch)
+            out.append(self._order[self.position])
+            self.position += 1
+        return out
+
+    def mark(self) -> tuple[int, int]:
+        return self.epoch, self.position
+
+    def restore(self, mark: tuple[int, int]) -> None:
+        if mark[0] != self.epoch:
+            self._order = _epoch_order(self.n, self.seed, mark[0])
+        self.epoch, self.position = mark
+
+
+def _mean_loss(adapter: Any, data: Dataset, micro_batch: int, profile: Profile) -> float:
+    """Mean next-token loss over all scored tokens of `data` (no gradients, eval mode)."""
+    total, count = 0.0, 0
+    pad = adapter.tokenizer.pad_id or 0
+    examples = data.examples(adapter.tokenizer)
+    with torch.no_grad():
+        for i in range(0, len(examples), micro_batch):
+            batch = collate(examples[i:i + micro_batch], pad, adapter.device)
+            with autocast(profile.precision, adapter.device):
+                logits = adapter.forward(batch.input_ids)
+            total += float(token_loss_sum(logits, batch))
+            count += batch.scored_tokens
+    return total / max(count, 1)
+
+
+def _apply_kernel(adapter: Any, profile: Profile) -> str:
+    """Point every NF4 module at the profile's kernel; return the kernel identity string."""
+    kernel = profile.resolved_kernel(adapter.device)
+    idents = set()
+    for m in adapter.base.module.modules():
+        if hasattr(m, "kernel") and hasattr(m, "dense_weight"):
+            m.kernel = kernel
+            idents.add(str(getattr(m, "kernel_identity", kernel)))
+    torch_id = f"torch={torch.__version__};device={adapter.device.type};fp32-masters"
+    return ";".join(sorted(idents) + [torch_id]) if idents else torch_id
+
+
+def _validate_options(tokenizer: Any, data: Dataset, steps: int, micro_batch: int,
+                      accumulation: int, schedule: str, validation: Dataset | None) -> None:
+    if len(data) == 0 or data.scored_tokens(tokenizer) == 0:
+        raise AnerRuntimeError("train: the training set has no scored tokens",
+                               code="E-TRAIN-DATA")
+    if steps < 1 or micro_batch < 1 or accumulation < 1:
+        raise AnerRuntimeError("train: steps, micro_batch and accumulation must be at least 1",
+                               code="E-TRAIN-OPTIONS")
+    if schedule not in SCHEDULES:
+        raise AnerRuntimeError(f"train: unknown schedule {schedule!r}; expected one of "
+                               f"{', '.join(SCHEDULES)}", code="E-TRAIN-OPTIONS")
+    if validation is not None and validation.scored_tokens(tokenizer) == 0:
+        raise AnerRuntimeError("train: the validation set has no scored tokens",
+                               code="E-TRAIN-DATA")
+
+
+def train(adapter: Any, data: Dataset, profile: Profile, steps: int = 10,
+          learning_rate: float = 2e-4, micro_batch: int = 1, accumulation: int = 1,
+          clip_norm: float | None = 1.0, seed: int = 0, weight_decay: float = 0.0,
+          warmup: int = 0, schedule: str = "constant", validation: Dataset | None = None,
+          eval_every: int = 0, checkpoints: str | None = None, checkpoint_every: int = 0,
+          log: str | None = None) -> Run:
+    """Train `adapter` on `data` until it has done `steps` updates; see the module docstring."""
+    _validate_options(adapter.tokenizer, data, steps, micro_batch, accumulation, schedule, validation)
+    device = adapter.device
+    profile.validate(device)
+    set_deterministic(device)
+    kernel_identity = _apply_kernel(adapter, profile)
+    options = {"steps": steps, "learning_rate": learning_rate, "micro_batch": micro_batch,
+               "accumulation": accumulation, "clip_norm": clip_norm, "seed": seed,
+               "weight_decay": weight_decay, "warmup": warmup, "schedule": schedule}
+    prev = adapter.state
+    opt = make_optimizer(profile.optimizer, adapter.params, profile.page_bytes,
+                         lr=learning_rate, weight_decay=weight_decay)
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    if prev is None:
+        scaler = LossScaler(replace(profile.loss_scale))
+        counters = {"updates": 0, "applied": 0, "skipped_updates": 0, "retries": 0,
+                    "scored_tokens": 0, "loss_history": [], "validation_history": []}
+        cursor = _Cursor(len(data), seed)
+    else:
+        opt.load_state_tensors(prev.tensors)
+        scaler = LossScaler.from_json(prev.meta["loss_scale"])
+        counters = json.loads(json.dumps(prev.meta["counters"]))
+        d = prev.meta["data"]
+        cursor = _Cursor(len(data), d["seed"], d["epoch"], d["position"])
+        gen.set_state(prev.tensors["rng/generator"])
+    adapter.dropout_generator = gen
+    log_path = _log_path(log, checkpoints)
+    log_file = open(log_path, "a", encoding="utf-8") if log_path else None
+    bar = _progress(steps, counters["updates"])
+    pad = adapter.tokenizer.pad_id or 0
+    params = list(adapter.params.items())
+    examples = data.examples(adapter.tokenizer)
+    start = time.perf_counter()
+    try:
+        while counters["updates"] < steps:
+            mark = cursor.mark()
+            for attempt in range(scaler.state.max_retries + 1):
+                cursor.restore(mark)
+                adapter.train_mode(True)
+                loss, scored = _window(adapter, examples, cursor, micro_batch, accumulation, pad,
+                                       profile, scaler)
+                grads = {n: p.grad for n, p in params if p.grad is not None}
+                overflow = scaler.unscale_(grads.values()) or not math.isfinite(loss)
+                scaler.update(overflow)
+                if not overflow:
+                    break
+                counters["retries"] += attempt < scaler.state.max_retries
+                _zero_grads(params)
+            k = counters["updates"]
+            event = {"update": k + 1, "loss": loss, "scored_tokens": scored,
+                     "loss_scale": scaler.state.scale, "skipped": overflow}
+            if overflow:
+                counters["skipped_updates"] += 1
+            else:
+                lr = learning_rate_at(counters["applied"], learning_rate, steps, warmup,
+                                      schedule)
+                if clip_norm is not None and clip_norm > 0:
+                    event["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(
+                        list(grads.values()), clip_norm, foreach=False))
+                opt.step(grads, lr=lr)
+                counters["applied"] += 1
+                counters["loss_history"].append(loss)
+                counters["scored_tokens"] += scored
+                event["learning_rate"] = lr
+            _zero_grads(params)
+            counters["updates"] = k + 1
+            adapter.train_mode(False)
+            done = counters["updates"] == steps
+            if validation is not None and (done or counters["updates"] == 1 or (
+                    eval_every and counters["updates"] % eval_every == 0)):
+                v = _mean_loss(adapter, validation, micro_batch, profile)
+                counters["validation_history"].append([counters["updates"], v])
+                event["validation_loss"] = v
+            adapter.state = _snapshot(adapter, opt, scaler, cursor, counters, profile, options,
+                                      kernel_identity, gen)
+            if log_file:
+                log_file.write(json.dumps(event) + "\n")
+                log_file.flush()
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss:.4f}")
+            if checkpoints and (done or (checkpoint_every and
+                                         counters["updates"] % checkpoint_every == 0)):
+                _save_checkpoint(checkpoints, adapter.state)
+    finally:
+        adapter.train_mode(False)
+        if log_file:
+            log_file.close()
+        if bar is not None:
+            bar.close()
+    st = adapter.state
+    c = st.meta["counters"]
+    return Run(adapter=adapter, profile=profile, loss_history=list(c["loss_history"]),
+               validation_history=[tuple(v) for v in c["validation_history"]],
+               scored_tokens=c["scored_tokens"], updates=c["updates"],
+               skipped_updates=c["skipped_updates"], retries=c["retries"],
+               loss_scale=scaler.state.scale, optimizer_report=opt.report(),
+               seconds=time.perf_counter() - start, log_path=log_path,
+               optimizer_bytes={"optimizer": opt.state_bytes(), "managed": opt.managed_bytes()})
+
+
+def _window(adapter: Any, examples: tuple, cursor: _Cursor, micro_batch: int, accumulation: int,
+            pad: int, profile: Profile, scaler: LossScaler) -> tuple[float, int]:
+    """Forward/backward one accumulation window; returns (mean loss, scored tokens)."""
+    batches = [collate([examples[i] for i in cursor.take(micro_batch)], pad, adapter.device)
+               for _ in range(accumulation)]
+    scored = sum(b.scored_tokens for b in batches)
+    total = 0.0
+    for batch in batches:
+        if batch.scored_tokens == 0:
+            continue
+        with autocast(profile.precision, adapter.device):
+            logits = adapter.forward(batch.input_ids)
+        loss = token_loss_sum(logits, batch) / scored
+        scaler.scale(loss).backward()
+        total += float(loss.detach())
+    return total, scored
+
+
+def _zero_grads(params: list[tuple[str, torch.Tensor]]) -> None:
+    for _, p in params:
+        p.grad = None
+
+
+def _snapshot(adapter: Any, opt: Any, scaler: LossScaler, cursor: _Cursor, counters: dict,
+              profile: Profile, options: dict, kernel_identity: str,
+              gen: torch.Generator) -> TrainState:
+    tensors = {f"adapter/{k}": v for k, v in adapter.tensors().items()}
+    tensors.update(opt.state_tensors())
+    tensors["rng/generator"] = gen.get_state().clone()
+    meta = {"format": STATE_FORMAT, "adapter": adapter.config, "profile": profile.to_json(),
+            "kernel_identity": kernel_identity, "loss_scale": scaler.to_json(),
+            "data": {"seed": cursor.seed, "epoch": cursor.epoch, "position": cursor.position,
+                     "accumulation_offset": 0},
+            "counters": json.loads(json.dumps(counters)), "options": options}
+    return TrainState(tensors, meta)
+
+
+def _save_checkpoint(directory: str, state: TrainState) -> None:
+    try:
+        from aner_lang.runtime.checkpoint import save
+    except ImportError:
+        raise AnerRuntimeError("train: checkpoints were requested but this build has no "
+                               "checkpoint support (aner_lang.runtime.checkpoint is missing)",
+                               code="E-CHECKPOINT-UNAVAILABLE") from None
+    save(directory, state)
+
+
+def _log_path(log: str | None, checkpoints: str | None) -> str | None:
+    """Where the JSON events go: `log:` if given, else `<checkpoints>/events.jsonl`."""
+    path = log or (str(Path(checkpoints) / "events.jsonl") if checkpoints else None)
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _progress(total: int, done: int):
+    """A tqdm bar on a terminal, nothing otherwise."""
+    if not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+    return tqdm(total=total, initial=done, desc="train", unit="update", leave=False)
