@@ -72,6 +72,8 @@ class CallInfo:
     builtin: "Builtin | None" = None
     definition: Definition | None = None
     bound: tuple[tuple[str, ast.Expr | None], ...] = ()
+    param_types: tuple = ()
+    """The declared type of each parameter in `bound` (the interpreter promotes Int to Float)."""
     receiver: ast.Expr | None = None
     """For method syntax `x.f(a)`: the expression `x` (bound to the first parameter)."""
 

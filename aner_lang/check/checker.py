@@ -520,15 +520,13 @@ class Checker:
             self.use(d, name_span)
             params = self.fn_params[id(d.node)]
             self.bind_and_check(e, name, params, receiver, scope, report=True)
-            info = CallInfo(e, name, "fn", (d,), definition=d, receiver=receiver,
-                            bound=self._bound(e, params, receiver))
-            self._record_call(e, info)
+            self._record_call(e, self._info(e, name, "fn", params, receiver, candidates=(d,), definition=d))
             return self.fn_returns[id(d.node)]
         if d is not None and d.kind == "record" and receiver is None:
             self.use(d, name_span)
             params = self.record_params.get(name, [])
             self.bind_and_check(e, name, params, None, scope, report=True)
-            self._record_call(e, CallInfo(e, name, "record", (d,), definition=d, bound=self._bound(e, params, None)))
+            self._record_call(e, self._info(e, name, "record", params, None, candidates=(d,), definition=d))
             return d.ty
         if d is not None and d.kind in ("let", "param", "for", "enum", "record"):
             self.use(d, name_span)
@@ -548,8 +546,7 @@ class Checker:
             return T.ANY
         params, ret = self.builtin_sig(chosen)
         self.bind_and_check(e, name, params, receiver, scope, report=True, builtin=chosen)
-        self._record_call(e, CallInfo(e, name, "builtin", overloads, builtin=chosen, receiver=receiver,
-                                      bound=self._bound(e, params, receiver)))
+        self._record_call(e, self._info(e, name, "builtin", params, receiver, candidates=overloads, builtin=chosen))
         return ret
 
     def _record_call(self, e: ast.Call, info: CallInfo) -> None:
@@ -680,6 +677,10 @@ class Checker:
     def _bound(self, e: ast.Call, params: list[_Param], receiver) -> tuple[tuple[str, ast.Expr | None], ...]:
         bound, _ = self._bind(e, params, receiver)
         return tuple((p.name, bound.get(p.name, p.default)) for p in params)
+
+    def _info(self, e: ast.Call, name: str, kind: str, params: list[_Param], receiver, **kw) -> CallInfo:
+        return CallInfo(e, name, kind, bound=self._bound(e, params, receiver),
+                        param_types=tuple(p.ty for p in params), receiver=receiver, **kw)
 
 
 def e_name(e: ast.Call) -> str:

@@ -1,0 +1,6 @@
+"""The interpreter: `run(analysis, ctx)` executes a checked script (see interpreter.py)."""
+
+from aner_lang.interp.context import ExecContext
+from aner_lang.interp.interpreter import AnerError, run
+
+__all__ = ["AnerError", "ExecContext", "run"]

@@ -1,0 +1,23 @@
+"""What a builtin implementation with `needs_context=True` receives as its first argument."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+
+@dataclass
+class ExecContext:
+    """The running script's surroundings: its directory (relative paths in scripts are relative to
+    it, not to the shell's working directory) and the stream `print` writes to."""
+
+    script_dir: Path = field(default_factory=Path.cwd)
+    stdout: TextIO = field(default_factory=lambda: sys.stdout)
+    script_path: Path | None = None
+
+    def resolve_path(self, path: str) -> Path:
+        """A script-relative path made absolute (absolute paths are kept)."""
+        p = Path(path).expanduser()
+        return p if p.is_absolute() else self.script_dir / p
