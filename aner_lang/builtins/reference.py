@@ -1,0 +1,49 @@
+"""Generate the builtins reference (`docs/builtins.md`) from the registry: `aner builtins`."""
+
+from __future__ import annotations
+
+from aner_lang.builtins import Registry
+
+
+def _signature(b) -> str:
+    params = ", ".join(f"{p.name}: {p.type}" + (f" = {p.default}" if p.default is not None else "")
+                       for p in b.params)
+    return f"{b.name}({params}) -> {b.returns}"
+
+
+def render_reference(reg: Registry) -> str:
+    """The whole reference as Markdown, grouped by category, stable ordering."""
+    out = ["# Aner builtins reference", "",
+           "Generated from the registry by `aner builtins`; do not edit by hand.", ""]
+    categories = sorted({b.category for bs in reg.functions.values() for b in bs}
+                        | {e.category for e in reg.enums.values()} | {t.category for t in reg.types.values()})
+    for cat in categories:
+        out += [f"## {cat}", ""]
+        for name in sorted(reg.functions):
+            for b in reg.functions[name]:
+                if b.category != cat:
+                    continue
+                out += [f"### `{_signature(b)}`", "", b.doc, ""]
+                for p in b.params:
+                    if p.doc:
+                        out.append(f"- `{p.name}`: {p.doc}")
+                for c in b.constraints:
+                    out.append(f"- requires `{c.expr}`: {c.message}")
+                if b.native:
+                    out.append(f"- needs the native backend ({', '.join(b.requires) or 'aner[native]'})")
+                if b.examples:
+                    out += ["", "```aner skip"] + list(b.examples) + ["```"]
+                out.append("")
+        for name in sorted(reg.enums):
+            e = reg.enums[name]
+            if e.category != cat:
+                continue
+            out += [f"### enum `{name}`", "", e.doc, ""]
+            out += [f"- `{m.name}`" + (f": {m.doc}" if m.doc else "") for m in e.members] + [""]
+        for name in sorted(reg.types):
+            t = reg.types[name]
+            if t.category != cat:
+                continue
+            out += [f"### type `{name}`", "", t.doc, ""]
+            out += [f"- `{f.name}: {f.type}`" + (f": {f.doc}" if f.doc else "") for f in t.fields] + [""]
+    return "\n".join(line.rstrip() for line in out).rstrip() + "\n"

@@ -1,0 +1,131 @@
+"""The `aner` command: check, run, check-docs, builtins, lsp, fixture.
+
+Exit codes: 0 success, 1 diagnostics (errors in a script, a failed run), 2 usage errors.
+Diagnostics go to stderr as `file:line:col: severity[code]: message` with a caret excerpt.
+Only `run` (through native builtins) and `fixture` may import torch; `check` never does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from pathlib import Path
+
+from aner_lang.diagnostics import Diagnostic, render
+
+
+def _print(diags: list[Diagnostic], source: str | None) -> None:
+    for d in diags:
+        print(render(d, source), file=sys.stderr)
+
+
+def _read(path: str) -> str | None:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        print(f"{path}: error[E-IO]: cannot read the file: {getattr(e, 'strerror', None) or e}", file=sys.stderr)
+        return None
+
+
+def cmd_check(args) -> int:
+    from aner_lang.check import analyze
+    failed = False
+    for path in args.files:
+        source = _read(path)
+        if source is None:
+            failed = True
+            continue
+        analysis = analyze(source, path)
+        _print(analysis.diagnostics, source)
+        failed |= bool(analysis.errors)
+    return 1 if failed else 0
+
+
+def cmd_run(args) -> int:
+    from aner_lang.check import analyze
+    from aner_lang.interp import AnerError, ExecContext, run
+    source = _read(args.file)
+    if source is None:
+        return 1
+    analysis = analyze(source, args.file)
+    _print(analysis.diagnostics, source)
+    if analysis.errors:
+        return 1
+    path = Path(args.file).resolve()
+    try:
+        run(analysis, ExecContext(script_dir=path.parent, stdout=sys.stdout, script_path=path))
+    except AnerError as e:
+        d = e.diagnostic
+        _print([d], source if d.path == args.file else _read(d.path) if d.path else None)
+        return 1
+    return 0
+
+
+def cmd_check_docs(args) -> int:
+    from aner_lang.docs_check import check_markdown, markdown_files
+    failed = False
+    total = 0
+    for path in markdown_files(args.paths):
+        diags, n = check_markdown(path)
+        total += n
+        _print(diags, None)
+        failed |= bool(diags)
+    print(f"checked {total} aner block(s)", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def cmd_builtins(args) -> int:
+    from aner_lang.builtins import registry
+    from aner_lang.builtins.reference import render_reference
+    text = render_reference(registry())
+    if args.output == "-":
+        sys.stdout.write(text)
+    else:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(text, encoding="utf-8")
+    return 0
+
+
+def _delegate(module: str, what: str, argv: list[str] | None) -> int:
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as e:
+        print(f"aner: {what} is not available: {e}", file=sys.stderr)
+        return 2
+    result = mod.main(argv) if argv is not None else mod.main()
+    return int(result or 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="aner", description="The Aner language.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("check", help="type-check scripts without running them")
+    p.add_argument("files", nargs="+")
+    p.set_defaults(fn=cmd_check)
+    p = sub.add_parser("run", help="check and run a script")
+    p.add_argument("file")
+    p.set_defaults(fn=cmd_run)
+    p = sub.add_parser("check-docs", help="check the ```aner blocks of Markdown files or folders")
+    p.add_argument("paths", nargs="+")
+    p.set_defaults(fn=cmd_check_docs)
+    p = sub.add_parser("builtins", help="write the builtins reference generated from the registry")
+    p.add_argument("-o", "--output", default="docs/builtins.md", help="file to write, or - for stdout")
+    p.set_defaults(fn=cmd_builtins)
+    p = sub.add_parser("lsp", help="run the language server on stdio")
+    p.set_defaults(fn=lambda a: _delegate("aner_lsp.server", "the language server", None))
+    p = sub.add_parser("fixture", help="write a tiny deterministic GGUF model (for tests)", add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(fn=lambda a: _delegate("aner_lang.runtime.fixture", "the fixture writer", a.rest))
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["fixture"]:  # everything after `fixture` belongs to the fixture writer
+        return _delegate("aner_lang.runtime.fixture", "the fixture writer", argv[1:])
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:
+        return int(e.code or 0) and 2
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
