@@ -266,7 +266,8 @@ def train(adapter: Any, data: Dataset, profile: Profile, steps: int = 10,
                                       schedule)
                 if clip_norm is not None and clip_norm > 0:
                     event["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(
-                        list(grads.values()), clip_norm, foreach=False))
+                        [p for _, p in params if p.grad is not None], clip_norm,
+                        foreach=False))
                 opt.step(grads, lr=lr)
                 counters["applied"] += 1
                 counters["loss_history"].append(loss)
@@ -370,3 +371,10 @@ def _progress(total: int, done: int):
         return None
     from tqdm import tqdm
     return tqdm(total=total, initial=done, desc="train", unit="update", leave=False)
+
+
+def train_builtin(ctx: Any, *, checkpoints: str | None = None, log: str | None = None,
+                  **kwargs: Any) -> Run:
+    """Builtin `train`: script-relative `checkpoints` and `log` paths, then `train`."""
+    return train(checkpoints=str(ctx.resolve_path(checkpoints)) if checkpoints else None,
+                 log=str(ctx.resolve_path(log)) if log else None, **kwargs)
