@@ -1,0 +1,200 @@
+"""Adapters on disk: PEFT's format (for the HF ecosystem) and Aner's own (for every method).
+
+`save_adapter(adapter, dir, format: peft)` writes `adapter_config.json` and
+`adapter_model.safetensors` exactly as `peft` names them
+(`base_model.model.model.layers.{i}.self_attn.q_proj.lora_A.weight`, DoRA's
+`...lora_magnitude_vector`), so `peft.PeftModel.from_pretrained(hf_model, dir)` computes our
+logits. LoRA-FA is a LoRA whose A happened to be frozen; TinyLoRA's delta `U diag(S) R Vh` is
+written as the exact rank-r LoRA with `B = U diag(S) R`, `A = Vh` and scaling 1.
+`format: safetensors` writes `adapter.safetensors` + `adapter.json` (the adapter's config and
+its base's fingerprint); it covers every method, `full` included, and reloads bit for bit.
+
+`load_adapter(model, dir)` reads either format back onto a base model.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from aner_lang.errors import AnerRuntimeError
+from aner_lang.runtime.fingerprint import fingerprint
+
+FORMATS = ("peft", "safetensors")
+PEFT_CONFIG, PEFT_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
+ANER_CONFIG, ANER_WEIGHTS = "adapter.json", "adapter.safetensors"
+_PEFT_PREFIX = "base_model.model.model."
+# our tensor suffix -> PEFT's, for the low-rank methods
+_PEFT_SUFFIX = {"lora_A": "lora_A.weight", "lora_B": "lora_B.weight",
+                "lora_magnitude": "lora_magnitude_vector"}
+
+
+def _fail(directory: Path, what: str, code: str = "E-ADAPTER-FILE", *notes: str
+          ) -> AnerRuntimeError:
+    return AnerRuntimeError(f"adapter {directory}: {what}", code=code, notes=notes)
+
+
+def _tinylora_as_lora(adapter: Any) -> dict[str, torch.Tensor]:
+    """TinyLoRA's delta of every target as an exact rank-r LoRA pair (scaling 1)."""
+    out: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        for index, (name, _) in enumerate(adapter.targets):
+            u, s, vh, proj = (t.detach().float().cpu() for t in adapter._bases[index])
+            r = torch.einsum("i,ijk->jk", adapter._v[index].detach().float().cpu(), proj)
+            out[f"{name}.lora_A"] = vh.contiguous()
+            out[f"{name}.lora_B"] = ((u * s) @ r).contiguous()
+    return out
+
+
+def _peft_parts(adapter: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """(PEFT state dict, LoraConfig fields) of a low-rank adapter."""
+    cfg = adapter.config
+    method = adapter.method
+    if method == "tinylora":
+        ours, rank, alpha, dropout = _tinylora_as_lora(adapter), cfg["rank"], cfg["rank"], 0.0
+    elif method in ("lora", "lora_fa", "dora"):
+        ours, rank, alpha, dropout = adapter.tensors(), cfg["rank"], cfg["alpha"], cfg["dropout"]
+    else:
+        raise AnerRuntimeError(f"a {method} adapter has no PEFT LoRA form", code="E-EXPORT",
+                               notes=("use format: safetensors, or export_gguf(merge(adapter), "
+                                      "path) for a standalone model",))
+    tensors = {}
+    for key, t in ours.items():
+        module, kind = key.rsplit(".", 1)
+        tensors[f"{_PEFT_PREFIX}{module}.{_PEFT_SUFFIX[kind]}"] = t.float().contiguous()
+    config = {
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": int(rank),
+        "lora_alpha": float(alpha), "lora_dropout": float(dropout),
+        "target_modules": sorted({k.rsplit(".", 1)[0].rsplit(".", 1)[1] for k in ours}),
+        "bias": "none", "fan_in_fan_out": False, "use_dora": method == "dora",
+        "use_rslora": False, "init_lora_weights": True, "inference_mode": True,
+        "modules_to_save": None, "base_model_name_or_path": adapter.base.name,
+    }
+    return tensors, config
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _write_tensors(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    save_file(tensors, str(tmp), metadata={"format": "pt", **meta})
+    os.replace(tmp, path)
+
+
+def save_adapter(adapter: Any, directory: str | Path, format: str = "peft") -> Path:
+    """Write `adapter` under `directory` in `format` (peft or safetensors); return the folder."""
+    if format not in FORMATS:
+        raise AnerRuntimeError(f"unknown adapter format {format!r}; expected one of "
+                               f"{', '.join(FORMATS)}", code="E-EXPORT")
+    if not hasattr(adapter, "params"):
+        raise AnerRuntimeError("save_adapter needs an adapter (from lora, lora_fa, tinylora, "
+                               "dora or full)", code="E-EXPORT")
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    base_sha = fingerprint(adapter.base.path)
+    meta = {"aner_method": adapter.method, "aner_base_sha256": base_sha}
+    if format == "peft":
+        tensors, config = _peft_parts(adapter)
+        _write_tensors(out / PEFT_WEIGHTS, tensors, meta)
+        _write_json(out / PEFT_CONFIG, config)
+    else:
+        _write_tensors(out / ANER_WEIGHTS, adapter.tensors(), meta)
+        _write_json(out / ANER_CONFIG, {"format": "aner-adapter", "version": 1,
+                                        "config": adapter.config,
+                                        "base": {"name": adapter.base.name, "sha256": base_sha}})
+    return out
+
+
+def _read_json(directory: Path, name: str) -> dict[str, Any]:
+    try:
+        obj = json.loads((directory / name).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise _fail(directory, f"{name} cannot be read ({e})") from None
+    if not isinstance(obj, dict):
+        raise _fail(directory, f"{name} is not a JSON object")
+    return obj
+
+
+def _read_tensors(directory: Path, name: str) -> dict[str, torch.Tensor]:
+    try:
+        return load_file(str(directory / name))
+    except (OSError, SafetensorError) as e:
+        raise _fail(directory, f"{name} cannot be read ({e})") from None
+
+
+def _fill(directory: Path, adapter: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    try:
+        adapter.load_tensors(tensors)
+    except AnerRuntimeError as e:
+        raise _fail(directory, e.message, e.code) from None
+    return adapter
+
+
+def _load_aner(model: Any, directory: Path) -> Any:
+    from aner_lang.runtime.adapters import adapter_from_config
+
+    meta = _read_json(directory, ANER_CONFIG)
+    want = (meta.get("base") or {}).get("sha256")
+    if want != fingerprint(model.path):
+        raise _fail(directory, f"it was trained on a different base model "
+                    f"({(meta.get('base') or {}).get('name')!r}, sha256 {str(want)[:12]}...), "
+                    f"not {model.name!r}", "E-ADAPTER-BASE")
+    return _fill(directory, adapter_from_config(model, meta.get("config") or {}),
+                 _read_tensors(directory, ANER_WEIGHTS))
+
+
+def _load_peft(model: Any, directory: Path) -> Any:
+    from aner_lang.runtime.adapters import TARGETS, dora, lora
+
+    cfg = _read_json(directory, PEFT_CONFIG)
+    if cfg.get("peft_type") != "LORA":
+        raise _fail(directory, f"peft_type {cfg.get('peft_type')!r} is not supported (LORA is)",
+                    "E-ADAPTER-PEFT")
+    for key in ("rank_pattern", "alpha_pattern", "modules_to_save", "layers_to_transform"):
+        if cfg.get(key):
+            raise _fail(directory, f"PEFT option {key} is not supported", "E-ADAPTER-PEFT")
+    if cfg.get("fan_in_fan_out") or cfg.get("bias", "none") != "none":
+        raise _fail(directory, "fan_in_fan_out and LoRA biases are not supported",
+                    "E-ADAPTER-PEFT")
+    targets = cfg.get("target_modules") or []
+    targets = [targets] if isinstance(targets, str) else list(targets)
+    unknown = [t for t in targets if t not in TARGETS]
+    if unknown:
+        raise _fail(directory, f"target modules {unknown} are not Llama projections",
+                    "E-ADAPTER-PEFT", f"supported: {', '.join(TARGETS)}")
+    rank, alpha = int(cfg["r"]), float(cfg["lora_alpha"])
+    if cfg.get("use_rslora"):  # scaling alpha / sqrt(r) == (alpha * sqrt(r)) / r
+        alpha *= math.sqrt(rank)
+    make = dora if cfg.get("use_dora") else lora
+    adapter = make(model, rank=rank, alpha=alpha, dropout=float(cfg.get("lora_dropout", 0.0)),
+                   targets=[t for t in TARGETS if t in targets])
+    ours = {}
+    back = {v: k for k, v in _PEFT_SUFFIX.items()}
+    for key, t in _read_tensors(directory, PEFT_WEIGHTS).items():
+        module, _, suffix = key.removeprefix(_PEFT_PREFIX).partition(".lora_")
+        kind = back.get("lora_" + suffix)
+        if kind is None:
+            raise _fail(directory, f"unexpected tensor {key!r}", "E-ADAPTER-PEFT")
+        ours[f"{module}.{kind}"] = t
+    return _fill(directory, adapter, ours)
+
+
+def load_adapter(model: Any, directory: str | Path) -> Any:
+    """An adapter of `model` read from `directory` (Aner's format or PEFT's LoRA/DoRA)."""
+    d = Path(directory)
+    if (d / ANER_CONFIG).is_file():
+        return _load_aner(model, d)
+    if (d / PEFT_CONFIG).is_file():
+        return _load_peft(model, d)
+    raise _fail(d, f"neither {ANER_CONFIG} nor {PEFT_CONFIG} is there", "E-ADAPTER-MISSING")
