@@ -557,6 +557,7 @@ class Checker:
         if len(overloads) == 1:
             return overloads[0]
         scored: list[tuple[int, Builtin]] = []
+        failures: list[tuple[int, Builtin]] = []
         for b in overloads:
             params, _ = self.builtin_sig(b)
             self.muted += 1
@@ -568,7 +569,12 @@ class Checker:
             del self.diags[n_before:]
             if cost is not None:
                 scored.append((cost, b))
+            else:
+                failures.append((self._problem_count(e, params, receiver, scope), b))
         if not scored:
+            failures.sort(key=lambda x: x[0])
+            if len(failures) == 1 or failures[0][0] < failures[1][0]:
+                return failures[0][1]  # one candidate is clearly meant: report its own errors
             found = []
             self.muted += 1
             try:
@@ -587,6 +593,17 @@ class Checker:
             self.report(msg.ambiguous_overload(e.span, name, [signature(b) for b in best]))
             return None
         return best[0]
+
+    def _problem_count(self, e: ast.Call, params: list[_Param], receiver, scope) -> int:
+        """How many things are wrong with a call against one candidate signature."""
+        bound, problems = self._bind(e, params, receiver)
+        self.muted += 1
+        try:
+            bad = sum(1 for p in params if p.name in bound and
+                      T.assign_cost(self.expr(bound[p.name], scope, p.ty), p.ty) is None)
+        finally:
+            self.muted -= 1
+        return len(problems) + bad
 
     def _bind(self, e: ast.Call, params: list[_Param], receiver) -> tuple[dict[str, ast.Expr], list[Diagnostic]]:
         bound: dict[str, ast.Expr] = {}

@@ -402,35 +402,22 @@ def _parse_fragment(text: str, line: int, col: int, pos: int) -> ast.Expr | None
         return None
 
 
-_DECL_START = re.compile(r"(let|fn|record|enum|import|if|for|assert)\b")
-
-
 def _chunks(source: str) -> Iterator[tuple[int, int, str]]:
-    """Top-level chunks as (line offset, char offset, text). A chunk starts at a line that begins
-    in column 1 with a statement keyword, or with any letter while no bracket is open (a broken
-    line's unclosed bracket must not swallow the rest of the file)."""
-    depth = 0
+    """Top-level chunks as (line offset, char offset, text): a chunk starts at every line that
+    begins with a letter in column 1 (other than `else`). Statements inside blocks and the
+    continuation lines of long calls are indented, so this finds statement starts even when a
+    broken line left a bracket open."""
     line_no = 0
     pos = 0
     bounds = [(0, 0)]
     for line in source.splitlines(keepends=True):
-        if pos and line[:1].isalpha() and (depth == 0 or _DECL_START.match(line)):
+        if pos and line[:1].isalpha() and not line.startswith("else"):
             bounds.append((line_no, pos))
-            depth = 0
-        depth = max(0, depth + _bracket_delta(line))
         pos += len(line)
         line_no += 1
     bounds.append((line_no, len(source)))
     for (l0, p0), (_, p1) in zip(bounds, bounds[1:]):
         yield l0, p0, source[p0:p1]
-
-
-_STRIP = re.compile(r'"([^"\\\n]|\\.)*"|#[^\n]*')
-
-
-def _bracket_delta(line: str) -> int:
-    code = _STRIP.sub("", line)
-    return sum(code.count(c) for c in "([{") - sum(code.count(c) for c in ")]}")
 
 
 def parse(source: str, path: str | None = None) -> tuple[ast.Module, list[Diagnostic]]:
