@@ -340,6 +340,7 @@ def _snapshot(adapter: Any, opt: Any, scaler: LossScaler, cursor: _Cursor, count
     tensors.update(opt.state_tensors())
     tensors["rng/generator"] = gen.get_state().clone()
     meta = {"format": STATE_FORMAT, "adapter": adapter.config, "profile": profile.to_json(),
+            "base": {"path": str(adapter.base.path), "storage": adapter.base.storage},
             "kernel_identity": kernel_identity, "loss_scale": scaler.to_json(),
             "data": {"seed": cursor.seed, "epoch": cursor.epoch, "position": cursor.position,
                      "accumulation_offset": 0},
