@@ -17,6 +17,7 @@ _MODULES: tuple[str, ...] = (
     "aner_lang.builtins.core",
     "aner_lang.builtins.model",
     "aner_lang.builtins.train",
+    "aner_lang.builtins.artifacts",
 )
 
 
