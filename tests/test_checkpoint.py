@@ -63,7 +63,7 @@ def test_round_trip_is_exact_and_never_holds_the_base(tmp_path, base):
     folder = checkpoint.save(tmp_path / "ck", s)
     ck = checkpoint.load(tmp_path / "ck", base_path=base, profile=s.meta["profile"],
                          kernel_identity="host_tiled")
-    assert ck.updates == 3 and ck.meta == s.meta and ck.path == folder
+    assert ck.updates == 3 and ck.meta == s.meta and ck.folder == folder
     assert set(ck.tensors) == set(s.tensors)
     for k, v in s.tensors.items():
         assert ck.tensors[k].dtype == v.dtype and torch.equal(ck.tensors[k], v)

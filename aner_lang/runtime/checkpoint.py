@@ -58,15 +58,26 @@ class CheckpointState(Protocol):
 class Checkpoint:
     """A verified checkpoint read back from disk (what an Aner `Checkpoint` value is)."""
 
-    path: Path
+    folder: Path
     updates: int
     tensors: dict[str, torch.Tensor]
     meta: dict[str, Any]
     identity: dict[str, Any]
 
     @property
-    def base_path(self) -> str | None:
-        return self.identity.get("base_path")
+    def path(self) -> str:
+        return str(self.folder)
+
+    @property
+    def method(self) -> str:
+        return str((self.meta.get("adapter") or {}).get("method", ""))
+
+    @property
+    def base_sha256(self) -> str | None:
+        return self.identity.get("base_fingerprint")
+
+    def __repr__(self) -> str:
+        return f"Checkpoint({self.method or 'state'} after {self.updates} updates, {self.folder})"
 
 
 def _fail(directory: Path, what: str, code: str, *notes: str) -> AnerRuntimeError:
@@ -225,5 +236,56 @@ def load(directory: str | Path, *, base_path: str | Path | None = None,
     if kernel_identity is not None:
         _check(root, "the kernel identity", identity.get("kernel_identity"), kernel_identity,
                "E-CKPT-KERNEL")
-    return Checkpoint(path=folder, updates=int(manifest.get("updates", 0)),
+    return Checkpoint(folder=folder, updates=int(manifest.get("updates", 0)),
                       tensors=st_load(tensor_bytes), meta=meta, identity=identity)
+
+
+def latest(directory: str | Path) -> Checkpoint | None:
+    """The verified latest checkpoint under `directory`, or None when none was written yet."""
+    root = Path(directory)
+    return load(root) if (root / POINTER).is_file() else None
+
+
+def resume(directory: str | Path, model: Any = None, profile: Any = None,
+           otherwise: Any = None) -> Any:
+    """The adapter of the latest checkpoint under `directory`, ready for `train` to continue.
+
+    `model` must be the base it was trained on (checked by GGUF sha256); without it the base is
+    loaded from the recorded path and storage. A given `profile` must equal the recorded one.
+    With `otherwise`, a directory holding no checkpoint yet gives `otherwise` back, so one
+    script both starts and continues a run.
+    """
+    from aner_lang.runtime.adapters import adapter_from_state
+    from aner_lang.runtime.trainer import TrainState
+
+    root = Path(directory)
+    if otherwise is not None and not (root / POINTER).is_file():
+        return otherwise
+    ck = load(root, profile=profile.to_json() if profile is not None else None)
+    base = ck.meta.get("base") or {}
+    if model is None:
+        if not ck.identity.get("base_path"):
+            raise _fail(root, "it does not record its base model", "E-CKPT-BASE",
+                        "pass the base: resume(dir, model: base)")
+        from aner_lang.runtime.model import load_model
+
+        model = load_model(ck.identity["base_path"], storage=base.get("storage", "float32"))
+    elif ck.base_sha256 is not None:
+        _check(root, "the base model (sha256 of the GGUF)", ck.base_sha256,
+               fingerprint(model.path), "E-CKPT-BASE")
+    try:
+        state = TrainState.from_parts(ck.tensors, ck.meta)
+    except AnerRuntimeError as e:
+        raise _fail(root, e.message, e.code) from None
+    return adapter_from_state(model, state)
+
+
+def resume_builtin(ctx: Any, *, dir: str, model: Any = None, profile: Any = None,
+                   otherwise: Any = None) -> Any:
+    """Builtin `resume`: `dir` is relative to the script."""
+    return resume(ctx.resolve_path(dir), model, profile, otherwise)
+
+
+def latest_builtin(ctx: Any, *, dir: str) -> Checkpoint | None:
+    """Builtin `latest_checkpoint`: `dir` is relative to the script."""
+    return latest(ctx.resolve_path(dir))

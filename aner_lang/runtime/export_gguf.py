@@ -151,3 +151,8 @@ def export_gguf(model: Any, path: str | Path, dtype: str = "f16") -> Path:
         writer.close()
     tmp.replace(out)
     return out
+
+
+def export_gguf_builtin(ctx: Any, *, model: Any, path: str, dtype: str = "f16") -> str:
+    """Builtin `export_gguf`: `path` is relative to the script; returns the file written."""
+    return str(export_gguf(model, ctx.resolve_path(path), dtype))

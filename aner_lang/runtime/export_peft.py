@@ -198,3 +198,13 @@ def load_adapter(model: Any, directory: str | Path) -> Any:
     if (d / PEFT_CONFIG).is_file():
         return _load_peft(model, d)
     raise _fail(d, f"neither {ANER_CONFIG} nor {PEFT_CONFIG} is there", "E-ADAPTER-MISSING")
+
+
+def save_adapter_builtin(ctx: Any, *, adapter: Any, dir: str, format: str = "peft") -> str:
+    """Builtin `save_adapter`: `dir` is relative to the script; returns the folder written."""
+    return str(save_adapter(adapter, ctx.resolve_path(dir), format))
+
+
+def load_adapter_builtin(ctx: Any, *, model: Any, dir: str) -> Any:
+    """Builtin `load_adapter`: `dir` is relative to the script."""
+    return load_adapter(model, ctx.resolve_path(dir))
