@@ -112,6 +112,10 @@ class Analysis:
     imports: dict[int, "Analysis"] = field(default_factory=dict)
     """id(Import node) -> the analysis of the imported file."""
     record_fields: dict[str, tuple[ast.FieldDecl, ...]] = field(default_factory=dict)
+    field_types: dict[str, dict[str, "Type"]] = field(default_factory=dict)
+    """Field types of the records this file declares or imports."""
+    signatures: dict[int, tuple[list, "Type"]] = field(default_factory=dict)
+    """id(FnDecl or RecordDecl) -> (parameters, return type), also for imported declarations."""
 
     @property
     def errors(self) -> list[Diagnostic]:

@@ -222,11 +222,14 @@ class Checker:
                     self.fields[s.name][f.name] = fty
                     params.append(_Param(f.name, fty, f.default, f.default is None))
                 self.record_params[s.name] = params
+                self.a.signatures[id(s)] = (params, T.NamedT(s.name))
+                self.a.field_types[s.name] = self.fields[s.name]
             elif isinstance(s, ast.FnDecl):
                 self.fn_params[id(s)] = [_Param(p.name, self.resolve_type(p.type, top), p.default, p.default is None)
                                          for p in s.params]
                 ret = self.resolve_type(s.returns, top) if s.returns is not None else T.NONE
                 self.fn_returns[id(s)] = ret
+                self.a.signatures[id(s)] = (self.fn_params[id(s)], ret)
                 top.names[s.name].ty = ret
         for s in decls:
             if isinstance(s, ast.RecordDecl):
@@ -257,8 +260,10 @@ class Checker:
             first = sub.errors[0]
             self.report(msg.import_not_found(s.path_span, s.path, f"it has {len(sub.errors)} error(s), "
                                              f"the first: {first.message}"))
-        self.fields.update({k: v for k, v in sub_fields(sub).items()})
+        self.fields.update(sub.field_types)
+        self.a.field_types.update(sub.field_types)
         self.a.record_fields.update(sub.record_fields)
+        self.a.signatures.update(sub.signatures)
         for name, d in sub.scopes[0].names.items():
             if name in scope.names:
                 self.report(msg.duplicate_definition(s.span, name, None))
@@ -518,13 +523,13 @@ class Checker:
         d = scope.lookup(name)
         if d is not None and d.kind == "fn":
             self.use(d, name_span)
-            params = self.fn_params[id(d.node)]
+            params, ret = self.a.signatures[id(d.node)]
             self.bind_and_check(e, name, params, receiver, scope, report=True)
             self._record_call(e, self._info(e, name, "fn", params, receiver, candidates=(d,), definition=d))
-            return self.fn_returns[id(d.node)]
+            return ret
         if d is not None and d.kind == "record" and receiver is None:
             self.use(d, name_span)
-            params = self.record_params.get(name, [])
+            params = self.a.signatures[id(d.node)][0]
             self.bind_and_check(e, name, params, None, scope, report=True)
             self._record_call(e, self._info(e, name, "record", params, None, candidates=(d,), definition=d))
             return d.ty
@@ -721,10 +726,6 @@ def signature(b: Builtin) -> str:
     return f"{b.name}({params}) -> {b.returns}"
 
 
-def sub_fields(sub: Analysis) -> dict[str, dict[str, T.Type]]:
-    return getattr(sub, "_fields", {})
-
-
 _COMPARE = ("<", "<=", ">", ">=")
 
 
@@ -773,5 +774,4 @@ def analyze_module(source: str, path: str | None, registry: Registry, resolver: 
     analysis = Analysis(path, source, module, diagnostics=list(diags))
     checker = Checker(registry, analysis, resolver, import_stack, cache, warn_unused_top)
     checker.check_module(module)
-    analysis._fields = {k: v for k, v in checker.fields.items() if k in analysis.record_fields}  # type: ignore[attr-defined]
     return analysis
