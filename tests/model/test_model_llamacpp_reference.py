@@ -46,3 +46,33 @@ def test_greedy_continuation_agrees_with_llama_cpp_up_to_near_ties(real_model):
             agreed += 1
             ids.append(ours)
     assert agreed >= 4  # "Paris.\n\n" at least
+
+
+SPM = json.loads((Path(__file__).parent / "data" / "spm_reference.json").read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def spm_tokenizer(tmp_path_factory):
+    """The SentencePiece-style vocabulary, read back from a GGUF fixture that carries it."""
+    from aner_lang.runtime.fixture import write_fixture
+    from aner_lang.runtime.gguf_reader import GGUFFile
+    from aner_lang.runtime.tokenizer import Tokenizer
+
+    path = write_fixture(tmp_path_factory.mktemp("spm") / "spm.gguf", "tiny",
+                         tokenizer=SPM["tokenizer"])
+    return Tokenizer.from_gguf(GGUFFile(path))
+
+
+@pytest.mark.parametrize("case", SPM["cases"], ids=lambda c: repr(c["text"][:24]))
+def test_sentencepiece_vocabulary_matches_llama_cpp(spm_tokenizer, case):
+    assert spm_tokenizer.encode(case["text"]) == case["ids"]
+    assert spm_tokenizer.decode(case["ids"]) == case["decoded"]
+
+
+def test_sentencepiece_vocabulary_agrees_with_sentencepiece_on_plain_text(spm_tokenizer):
+    """Where SentencePiece's own normalizer does not rewrite the text (single spaces, no control
+    text), llama.cpp, SentencePiece and we agree."""
+    plain = [c for c in SPM["cases"] if c["ids"] == c["sentencepiece_ids"]]
+    assert len(plain) >= 4
+    for case in plain:
+        assert spm_tokenizer.encode(case["text"]) == case["sentencepiece_ids"]
