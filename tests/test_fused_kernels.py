@@ -1,8 +1,9 @@
-"""The fused NF4 kernels against bitsandbytes' own NF4 double-quant dequantize and float64 matmuls.
+"""The fused NF4 kernels against the reference NF4 dequantization and float64 matmuls.
 
-Weights are quantized by bitsandbytes (``quantize_4bit(..., compress_statistics=True)``), so these
-tests check our kernels read the real bitsandbytes layout. Every input is fresh random data and
-every output is poisoned with NaN first, so an unwritten element fails.
+Weights come from `quantize_nf4` (byte-identical to bitsandbytes, checked in the NF4 tests), and
+the reference is the CPU dequantization host_tiled uses, so the dequantize kernel must match it
+bit for bit. Every input is fresh random data; outputs are checked finite and against float64, so
+an unwritten element (torch.empty garbage) fails.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ pytestmark = pytest.mark.cuda
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 pytest.importorskip("cupy")
-bnbf = pytest.importorskip("bitsandbytes.functional")
 
 from aner_lang.runtime.nf4.fused import compiler, ops  # noqa: E402
+from aner_lang.runtime.nf4.fused.backend import nf4_tensors  # noqa: E402
+from aner_lang.runtime.nf4.quant import dequantize_nf4, quantize_nf4  # noqa: E402
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # Relative Frobenius error of the result vs a float64 matmul over the same dequantized weight:
@@ -27,14 +29,11 @@ BOUND = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 1.5e-2}
 
 
 def quantized(n: int, k: int, seed: int) -> tuple[ops.NF4Tensors, torch.Tensor]:
-    """A random weight quantized by bitsandbytes on the GPU, and bitsandbytes' fp32 dequantization."""
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    w = torch.randn(n, k, device="cuda", generator=gen) * 0.05
-    packed, state = bnbf.quantize_4bit(w, blocksize=64, compress_statistics=True, quant_type="nf4")
-    ref = bnbf.dequantize_4bit(packed, state).float()
-    t = ops.NF4Tensors(packed.reshape(-1), state.absmax.reshape(-1), state.state2.code.float(),
-                       state.state2.absmax.float(), float(state.offset), n, k)
-    return t, ref
+    """A random weight quantized by our bitsandbytes-compatible quantizer, with its fp32
+    dequantization by the reference (CPU) code that host_tiled uses."""
+    gen = torch.Generator().manual_seed(seed)
+    q = quantize_nf4(torch.randn(n, k, generator=gen) * 0.05)
+    return nf4_tensors(q.to("cuda")), dequantize_nf4(q).cuda()
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -43,7 +42,7 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_dequantize_matches_bitsandbytes(dtype: torch.dtype) -> None:
+def test_dequantize_is_bit_identical_to_reference(dtype: torch.dtype) -> None:
     w, ref = quantized(1536, 576, seed=1)
     out = ops.dequantize(w, dtype)
     assert out.dtype == dtype and out.shape == (1536, 576)

@@ -77,8 +77,10 @@ struct NF4 {
     float offset;
 };
 
+// Rounded multiply, then rounded add (no FMA contraction): the same fp32 value host_tiled's torch
+// code computes, so dequantized weights are bit-identical across backends.
 __device__ __forceinline__ float block_absmax(const NF4& w, long long block) {
-    return __ldg(w.code2 + __ldg(w.qabsmax + block)) * __ldg(w.absmax2 + (block >> 8)) + w.offset;
+    return __fadd_rn(__fmul_rn(__ldg(w.code2 + __ldg(w.qabsmax + block)), __ldg(w.absmax2 + (block >> 8))), w.offset);
 }
 
 // The 16 code values in shared memory: indexed by data, so constant memory would serialise.

@@ -1,0 +1,52 @@
+"""The "fused" NF4Backend: NF4's backend protocol (``linear(x, w)``, ``grad_input(grad_y, w)``)
+served by the NVRTC kernels in ``ops``, behind the same autograd Function as host_tiled.
+
+Creating the backend checks that CUDA and CuPy are there and fails with one clear error where
+they are not (``kernel: auto`` never gets here without CUDA: it picks host_tiled).
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from aner_lang.errors import AnerRuntimeError
+from aner_lang.runtime.nf4.fused import compiler, ops
+from aner_lang.runtime.nf4.fused.availability import require_fused
+from aner_lang.runtime.nf4.quant import NF4Weight
+
+_PRECISION = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+_TENSORS: "weakref.WeakKeyDictionary[NF4Weight, ops.NF4Tensors]" = weakref.WeakKeyDictionary()
+
+
+def nf4_tensors(w: NF4Weight) -> ops.NF4Tensors:
+    """The kernels' view of an NF4Weight (cached: reading the fp32 offset syncs the host once)."""
+    t = _TENSORS.get(w)
+    if t is None:
+        if w.blocksize != 64:
+            raise AnerRuntimeError(f"fused NF4 kernels support blocksize 64, this weight has {w.blocksize}",
+                                   code="E-KERNEL-SHAPE", notes=("use kernel: host_tiled",))
+        t = _TENSORS[w] = ops.NF4Tensors(w.packed, w.qabsmax, w.code2, w.absmax2, float(w.offset),
+                                         w.shape[0], w.shape[1])
+    return t
+
+
+class FusedBackend:
+    """NF4 matmuls on CUDA through the fused kernels (see ``ops`` for which path each shape takes)."""
+
+    name = "fused"
+
+    def __init__(self) -> None:
+        require_fused()
+
+    def linear(self, x: torch.Tensor, w: NF4Weight) -> torch.Tensor:
+        return ops.linear(x, nf4_tensors(w))
+
+    def grad_input(self, grad_y: torch.Tensor, w: NF4Weight) -> torch.Tensor:
+        return ops.grad_input(grad_y, nf4_tensors(w))
+
+    def identity(self, device: torch.device, dtype: torch.dtype = torch.float32) -> str:
+        """The kernel identity string for computations in ``dtype`` on ``device``."""
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return compiler.kernel_identity(compiler.load(index).arch, _PRECISION[dtype])
