@@ -410,12 +410,13 @@ def _chunks(source: str) -> Iterator[tuple[int, int, str]]:
     line_no = 0
     pos = 0
     bounds = [(0, 0)]
-    for line in source.splitlines(keepends=True):
+    for line in source.split("\n"):  # the lexer's notion of lines: only \n ends one
+        line += "\n"
         if pos and line[:1].isalpha() and not line.startswith("else"):
             bounds.append((line_no, pos))
         pos += len(line)
         line_no += 1
-    bounds.append((line_no, len(source)))
+    bounds.append((line_no, max(pos - 1, 0)))
     for (l0, p0), (_, p1) in zip(bounds, bounds[1:]):
         yield l0, p0, source[p0:p1]
 
