@@ -95,7 +95,7 @@ def bench_shape(n: int, k: int, m: int, dtype: torch.dtype) -> dict:
     packed, state = bnbf.quantize_4bit(w, blocksize=64, compress_statistics=True, quant_type="nf4")
     state.dtype = dtype
     nf4 = ops.NF4Tensors(packed.reshape(-1), state.absmax.reshape(-1), state.state2.code.float(),
-                         state.state2.absmax.float(), float(state.offset), n, k)
+                         state.state2.absmax.float(), state.offset.reshape(1).float(), n, k)
     dense = w.to(dtype)
     del w
     nf4_bytes = packed.numel() + state.absmax.numel() + 4 * state.state2.absmax.numel()
@@ -139,7 +139,7 @@ def sweep_mma(shapes: list[tuple[int, int]], tokens: tuple[int, ...] = (1, 16)) 
         w = torch.randn(n, k, device="cuda") * 0.05
         packed, state = bnbf.quantize_4bit(w, blocksize=64, compress_statistics=True, quant_type="nf4")
         base = ops.NF4Tensors(packed.reshape(-1), state.absmax.reshape(-1), state.state2.code.float(),
-                              state.state2.absmax.float(), float(state.offset), n, k)
+                              state.state2.absmax.float(), state.offset.reshape(1).float(), n, k)
         copies = max(1, min(32, math.ceil(L2_FLUSH_BYTES / packed.numel())))
         nf4s = [base] + [ops.NF4Tensors(base.packed.clone(), base.qabsmax.clone(), base.code2, base.absmax2, base.offset,
                                         n, k) for _ in range(copies - 1)]

@@ -7,12 +7,15 @@ GPU, and ``kernel: fused`` on a machine without CUDA fails with one readable mes
 from __future__ import annotations
 
 import importlib.util
+from functools import lru_cache
 
 from aner_lang.errors import AnerRuntimeError
 
 
+@lru_cache(maxsize=1)
 def unavailable_reason() -> str | None:
-    """None when fused kernels can run; otherwise why not, in words a user can act on."""
+    """None when fused kernels can run; otherwise why not, in words a user can act on (asked once
+    per process: NF4Linear resolves its backend on every forward)."""
     import torch
 
     if not torch.cuda.is_available():

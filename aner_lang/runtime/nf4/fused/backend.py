@@ -7,8 +7,6 @@ they are not (``kernel: auto`` never gets here without CUDA: it picks host_tiled
 
 from __future__ import annotations
 
-import weakref
-
 import torch
 
 from aner_lang.errors import AnerRuntimeError
@@ -17,19 +15,23 @@ from aner_lang.runtime.nf4.fused.availability import require_fused
 from aner_lang.runtime.nf4.quant import NF4Weight
 
 _PRECISION = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
-_TENSORS: "weakref.WeakKeyDictionary[NF4Weight, ops.NF4Tensors]" = weakref.WeakKeyDictionary()
 
 
 def nf4_tensors(w: NF4Weight) -> ops.NF4Tensors:
-    """The kernels' view of an NF4Weight (cached: reading the fp32 offset syncs the host once)."""
-    t = _TENSORS.get(w)
-    if t is None:
-        if w.blocksize != 64:
-            raise AnerRuntimeError(f"fused NF4 kernels support blocksize 64, this weight has {w.blocksize}",
-                                   code="E-KERNEL-SHAPE", notes=("use kernel: host_tiled",))
-        t = _TENSORS[w] = ops.NF4Tensors(w.packed, w.qabsmax, w.code2, w.absmax2, float(w.offset),
-                                         w.shape[0], w.shape[1])
-    return t
+    """The kernels' view of an NF4Weight (cheap: no copy, no host sync; NF4Linear builds a new
+    NF4Weight per call, so nothing is cached on it)."""
+    if w.blocksize != 64:
+        raise AnerRuntimeError(f"fused NF4 kernels support blocksize 64, this weight has {w.blocksize}",
+                               code="E-KERNEL-SHAPE", notes=("use kernel: host_tiled",))
+    return ops.NF4Tensors(w.packed, w.qabsmax, w.code2, w.absmax2, w.offset.reshape(1), w.shape[0], w.shape[1])
+
+
+def _compute_dtype(t: torch.Tensor) -> torch.dtype:
+    """The autocast dtype inside an autocast region (the precision profile), else the input's.
+    Like F.linear under autocast, the fused matmul then runs and returns in that dtype."""
+    if t.is_cuda and torch.is_autocast_enabled("cuda"):
+        return torch.get_autocast_dtype("cuda")
+    return t.dtype
 
 
 class FusedBackend:
@@ -41,7 +43,7 @@ class FusedBackend:
         require_fused()
 
     def linear(self, x: torch.Tensor, w: NF4Weight) -> torch.Tensor:
-        return ops.linear(x, nf4_tensors(w))
+        return ops.linear(x.to(_compute_dtype(x)), nf4_tensors(w))
 
     def grad_input(self, grad_y: torch.Tensor, w: NF4Weight) -> torch.Tensor:
         return ops.grad_input(grad_y, nf4_tensors(w))

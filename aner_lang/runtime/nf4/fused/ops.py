@@ -34,7 +34,7 @@ class NF4Tensors:
     qabsmax: torch.Tensor  # uint8 [N*K/64]
     code2: torch.Tensor  # float32 [256]
     absmax2: torch.Tensor  # float32 [ceil(N*K/64/256)]
-    offset: float
+    offset: torch.Tensor  # float32, one element (read by the kernels: no host sync)
     out_features: int
     in_features: int
 
@@ -43,7 +43,7 @@ class NF4Tensors:
         if k % 64 or n % 2:
             raise AnerRuntimeError(f"fused NF4 kernels need in_features % 64 == 0 and an even out_features, "
                                    f"got a {n}x{k} weight", code="E-KERNEL-SHAPE")
-        for name in ("packed", "qabsmax", "code2", "absmax2"):
+        for name in ("packed", "qabsmax", "code2", "absmax2", "offset"):
             t = getattr(self, name)
             if not t.is_cuda or not t.is_contiguous():
                 raise AnerRuntimeError(f"fused NF4 kernels need '{name}' as a contiguous CUDA tensor",
@@ -54,7 +54,7 @@ class NF4Tensors:
                                    code="E-KERNEL-SHAPE")
 
     def args(self) -> list:
-        return [_ptr(self.packed), _ptr(self.qabsmax), _ptr(self.code2), _ptr(self.absmax2), np.float32(self.offset)]
+        return [_ptr(self.packed), _ptr(self.qabsmax), _ptr(self.code2), _ptr(self.absmax2), _ptr(self.offset)]
 
 
 def _ptr(t: torch.Tensor) -> np.uint64:

@@ -3,7 +3,8 @@
 // Layout of one weight W[N, K] (row-major, K % 64 == 0, so a 64-block never crosses a row):
 //   packed[N*K/2]  uint8: byte j = nibble(2j) << 4 | nibble(2j+1)        (high nibble first)
 //   qabsmax[N*K/64] uint8 index into code2, one per 64-block
-//   code2[256]     float32 dynamic map;  absmax2[ceil(blocks/256)] float32;  offset float32
+//   code2[256]     float32 dynamic map;  absmax2[ceil(blocks/256)] float32;  offset: float32[1]
+//   (read on the device, so the host never waits for it)
 //   absmax(b) = code2[qabsmax[b]] * absmax2[b / 256] + offset;  w = NF4[nibble] * absmax(b)
 // The weight is dequantized in fp32 (as bitsandbytes does) and rounded to the compute type only
 // when it is fed to a tensor-core instruction. No header is included: half/bfloat16 values are
@@ -75,7 +76,7 @@ struct NF4 {
     const float* code2;
     const float* absmax2;
     float offset;
-};
+};  // offset is loaded once per thread from the device scalar (NF4_MAKE)
 
 // Rounded multiply, then rounded add (no FMA contraction): the same fp32 value host_tiled's torch
 // code computes, so dequantized weights are bit-identical across backends.
@@ -136,8 +137,8 @@ __device__ void dequant16(const NF4& w, long long n, u16* out) {
                           pack2(T(), v[8 * i + 4], v[8 * i + 5]), pack2(T(), v[8 * i + 6], v[8 * i + 7]));
 }
 
-#define NF4_ARGS const u8 *packed, const u8 *qabsmax, const float *code2, const float *absmax2, float offset
-#define NF4_MAKE NF4 w = {packed, qabsmax, code2, absmax2, offset}
+#define NF4_ARGS const u8 *packed, const u8 *qabsmax, const float *code2, const float *absmax2, const float *offset
+#define NF4_MAKE NF4 w = {packed, qabsmax, code2, absmax2, __ldg(offset)}
 
 extern "C" __global__ void nf4_dequant_f32(NF4_ARGS, long long n, float* out) {
     NF4_MAKE;
