@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from aner_lang.builtins import Registry
+from aner_lang.builtins.spec import Builtin
 
 
-def _signature(b) -> str:
+def signature(b: Builtin) -> str:
+    """`name(param: Type = default, ...) -> Returns`, as messages and the reference show it."""
     params = ", ".join(f"{p.name}: {p.type}" + (f" = {p.default}" if p.default is not None else "")
                        for p in b.params)
     return f"{b.name}({params}) -> {b.returns}"
@@ -23,7 +25,7 @@ def render_reference(reg: Registry) -> str:
             for b in reg.functions[name]:
                 if b.category != cat:
                     continue
-                out += [f"### `{_signature(b)}`", "", b.doc, ""]
+                out += [f"### `{signature(b)}`", "", b.doc, ""]
                 for p in b.params:
                     if p.doc:
                         out.append(f"- `{p.name}`: {p.doc}")

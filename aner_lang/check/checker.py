@@ -21,6 +21,7 @@ from typing import Callable
 
 from aner_lang import diagnostics as msg
 from aner_lang.builtins import Registry
+from aner_lang.builtins.reference import signature
 from aner_lang.builtins.spec import Builtin
 from aner_lang.check import types as T
 from aner_lang.check.analysis import Analysis, CallInfo, Definition, Reference, ScopeInfo
@@ -165,7 +166,7 @@ class Checker:
     def define(self, scope: _Scope, name: str, kind: str, ty: T.Type, span: Span, node: object) -> Definition:
         d = Definition(name, kind, ty, span, self.path, node)
         prev = scope.names.get(name)
-        if prev is not None and not (prev.kind == kind == "let" and scope.parent is None and False):
+        if prev is not None:
             self.report(msg.duplicate_definition(span, name, prev.span if prev.path == self.path else None))
         scope.names[name] = d
         if not self.muted:
@@ -497,8 +498,6 @@ class Checker:
             return T.BOOL
         lt = self.expr(e.left, scope, None)
         rt = self.expr(e.right, scope, lt if isinstance(lt, T.EnumT) else None)
-        if isinstance(rt, T.EnumT) and isinstance(e.left, ast.Name) and lt == T.ANY:
-            pass
         result = _binary_type(op, lt, rt)
         if result is None:
             self.report(msg.bad_operands(e.op_span, op, str(lt), str(rt)))
@@ -524,13 +523,13 @@ class Checker:
         if d is not None and d.kind == "fn":
             self.use(d, name_span)
             params, ret = self.a.signatures[id(d.node)]
-            self.bind_and_check(e, name, params, receiver, scope, report=True)
+            self.bind_and_check(e, name, params, receiver, scope)
             self._record_call(e, self._info(e, name, "fn", params, receiver, candidates=(d,), definition=d))
             return ret
         if d is not None and d.kind == "record" and receiver is None:
             self.use(d, name_span)
             params = self.a.signatures[id(d.node)][0]
-            self.bind_and_check(e, name, params, None, scope, report=True)
+            self.bind_and_check(e, name, params, None, scope)
             self._record_call(e, self._info(e, name, "record", params, None, candidates=(d,), definition=d))
             return d.ty
         if d is not None and d.kind in ("let", "param", "for", "enum", "record"):
@@ -550,7 +549,7 @@ class Checker:
         if chosen is None:
             return T.ANY
         params, ret = self.builtin_sig(chosen)
-        self.bind_and_check(e, name, params, receiver, scope, report=True, builtin=chosen)
+        self.bind_and_check(e, name, params, receiver, scope, builtin=chosen)
         self._record_call(e, self._info(e, name, "builtin", params, receiver, candidates=overloads, builtin=chosen))
         return ret
 
@@ -568,7 +567,7 @@ class Checker:
             self.muted += 1
             n_before = len(self.diags)
             try:
-                cost = self.bind_and_check(e, name, params, receiver, scope, report=False)
+                cost = self.bind_and_check(e, name, params, receiver, scope)
             finally:
                 self.muted -= 1
             del self.diags[n_before:]
@@ -624,7 +623,7 @@ class Checker:
         for i, v in enumerate(values):
             expr = v if isinstance(v, ast.Expr.__args__) else v.value
             if i >= len(positional):
-                problems.append(msg.too_many_args(_span_of(v), e_name(e), len(positional)))
+                problems.append(msg.too_many_args(v.span, e_name(e), len(positional)))
                 break
             bound[positional[i].name] = expr
         by_name = {p.name: p for p in params}
@@ -643,7 +642,7 @@ class Checker:
         return bound, problems
 
     def bind_and_check(self, e: ast.Call, name: str, params: list[_Param], receiver, scope,
-                       report: bool, builtin: Builtin | None = None) -> int | None:
+                       builtin: Builtin | None = None) -> int | None:
         """Bind and type-check the arguments; the total promotion cost, or None on any error."""
         bound, problems = self._bind(e, params, receiver)
         for p in problems:
@@ -682,14 +681,12 @@ class Checker:
                 continue
             try:
                 env[p.name] = evaluate(expr, {}, members)
-            except (NotConstant, Exception):
+            except Exception:  # not a literal (NotConstant), or it fails: then only the run checks it
                 continue
         for c in b.constraints:
             try:
                 ok = evaluate(registry_expr(c.expr), env, members)
-            except NotConstant:
-                continue
-            except Exception:
+            except Exception:  # NotConstant, or it cannot be evaluated statically
                 continue
             if not ok:
                 mentioned = [p.name for p in params if p.name in bound and _mentions(registry_expr(c.expr), p.name)]
@@ -710,20 +707,11 @@ def e_name(e: ast.Call) -> str:
     return c.name if isinstance(c, (ast.Name, ast.Member)) else "function"
 
 
-def _span_of(v) -> Span:
-    return v.span
-
-
 def _mentions(expr: ast.Expr, name: str) -> bool:
     if isinstance(expr, ast.Name):
         return expr.name == name
     return any(_mentions(getattr(expr, f), name) for f in ("left", "right", "operand")
                if isinstance(getattr(expr, f, None), ast.Expr.__args__))
-
-
-def signature(b: Builtin) -> str:
-    params = ", ".join(f"{p.name}: {p.type}" + (f" = {p.default}" if p.default is not None else "") for p in b.params)
-    return f"{b.name}({params}) -> {b.returns}"
 
 
 _COMPARE = ("<", "<=", ">", ">=")
