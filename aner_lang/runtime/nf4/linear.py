@@ -1,0 +1,55 @@
+"""`NF4Linear`: a frozen weight stored as double-quantized NF4 (the QLoRA base).
+
+The packed tensors are registered as buffers so `.to(device)` moves them and they never appear
+among parameters (nothing here is trainable). Which kernel computes the matmul is an attribute
+(`kernel`), set by the trainer from the profile, so one quantized model serves host_tiled and
+fused runs alike.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from aner_lang.runtime.linear import FrozenLinear
+from aner_lang.runtime.nf4 import host_tiled
+from aner_lang.runtime.nf4.backends import get_backend, nf4_matmul
+from aner_lang.runtime.nf4.quant import NF4Weight, dequantize_nf4, quantize_nf4
+
+_PARTS = ("packed", "qabsmax", "absmax2", "code2", "offset")
+
+
+class NF4Linear(FrozenLinear):
+    """A frozen `[out, in]` weight kept as NF4 + double quantization (0.127 bit/param of stats)."""
+
+    storage = "nf4_double_quant"
+
+    def __init__(self, weight: NF4Weight, kernel: str = "host_tiled",
+                 tile_bytes: int = host_tiled.DEFAULT_TILE_BYTES) -> None:
+        super().__init__(weight.shape[1], weight.shape[0])
+        for part in _PARTS:
+            self.register_buffer(part, getattr(weight, part))
+        self.blocksize = weight.blocksize
+        self.kernel = kernel
+        self.tile_bytes = tile_bytes
+
+    @classmethod
+    def from_dense(cls, weight: torch.Tensor, **kwargs) -> "NF4Linear":
+        return cls(quantize_nf4(weight), **kwargs)
+
+    @property
+    def weight_nf4(self) -> NF4Weight:
+        """The current tensors (wherever the module now lives) as an `NF4Weight`."""
+        return NF4Weight(*(getattr(self, p) for p in _PARTS),
+                         shape=(self.out_features, self.in_features), blocksize=self.blocksize)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nf4_matmul(x, self.weight_nf4, get_backend(self.kernel, self.tile_bytes))
+
+    def dense_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return dequantize_nf4(self.weight_nf4, dtype)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        return host_tiled.rows(self.weight_nf4, ids)
+
+    def nbytes(self) -> dict[str, int]:
+        return {"packed_base": self.weight_nf4.packed_nbytes()}
