@@ -52,6 +52,25 @@ def test_dequantize_is_bit_identical_to_reference(dtype: torch.dtype) -> None:
 SHAPES = [(576, 576), (1536, 576), (4096, 1024), (250, 4160)]
 
 
+@pytest.fixture(params=[0, 1 << 20], ids=["whole", "chunked"])
+def chunking(request, monkeypatch) -> int:
+    """Run the many-token path with the weight dequantized whole and in 1 MiB row chunks."""
+    monkeypatch.setattr(ops, "CHUNK_BYTES", request.param)
+    return request.param
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,k", [(4096, 1024), (250, 4160)])
+def test_many_token_chunks(dtype: torch.dtype, n: int, k: int, chunking: int) -> None:
+    w, ref = quantized(n, k, seed=11)
+    x = torch.randn(40, k, device="cuda", dtype=dtype)
+    assert rel_err(ops.linear(x, w), x.double() @ ref.double().T) < BOUND[dtype]
+    gy = torch.randn(40, n, device="cuda", dtype=dtype)
+    assert rel_err(ops.grad_input(gy, w), gy.double() @ ref.double()) < BOUND[dtype]
+    part = ops.dequantize(w, dtype, rows=(64, 192))
+    assert torch.equal(part, ref[64:192].to(dtype))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n,k", SHAPES)
 @pytest.mark.parametrize("m", [1, 3, 8, 13, 16, 40])

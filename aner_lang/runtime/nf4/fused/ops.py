@@ -93,10 +93,14 @@ def _bucket(m: int) -> int:
 _BUFFERS: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 
 
-def dequantize(w: NF4Tensors, dtype: torch.dtype, *, reuse: bool = False) -> torch.Tensor:
-    """The dense [N, K] weight in ``dtype``. With ``reuse`` it lives in a per-device buffer that
-    the next call overwrites (stream order makes that safe for the matmul that consumes it)."""
-    n = w.out_features * w.in_features
+def dequantize(w: NF4Tensors, dtype: torch.dtype, *, rows: tuple[int, int] | None = None,
+               reuse: bool = False) -> torch.Tensor:
+    """The dense weight (rows ``[r0, r1)``, default all) as a [rows, K] ``dtype`` matrix. With
+    ``reuse`` it lives in a per-device buffer that the next call overwrites (stream order makes
+    that safe for the matmul that consumes it)."""
+    r0, r1 = rows if rows is not None else (0, w.out_features)
+    k = w.in_features
+    n = (r1 - r0) * k
     device = w.packed.device
     if reuse:
         buf = _BUFFERS.get((device, dtype))
@@ -107,8 +111,45 @@ def dequantize(w: NF4Tensors, dtype: torch.dtype, *, reuse: bool = False) -> tor
         out = torch.empty(n, dtype=dtype, device=device)
     threads = 256
     _launch(device, f"nf4_dequant_{_DT_NAME[dtype]}", ((n // 32 + threads - 1) // threads,), threads,
-            [*w.args(), np.int64(n), _ptr(out)])
-    return out.view(w.out_features, w.in_features)
+            [*w.args(), np.int64(r0 * k), np.int64(n), _ptr(out)])
+    return out.view(r1 - r0, k)
+
+
+def chunk_rows(w: NF4Tensors, dtype: torch.dtype) -> int:
+    """Rows dequantized per step of the many-token path: a chunk of at most CHUNK_BYTES, so the
+    dense chunk the matmul reads is still in L2 (60 MB on the H200). 0 = the whole weight at once."""
+    if not CHUNK_BYTES:
+        return w.out_features
+    per_row = w.in_features * torch.finfo(dtype).bits // 8
+    return max(64, CHUNK_BYTES // per_row // 64 * 64)
+
+
+CHUNK_BYTES = 0
+"""Many-token path: dequantize in row chunks of this many bytes (0 = whole weight, one matmul)."""
+
+
+def _many_linear(x2: torch.Tensor, w: NF4Tensors) -> torch.Tensor:
+    n = w.out_features
+    step = chunk_rows(w, x2.dtype)
+    if step >= n:
+        return torch.nn.functional.linear(x2, dequantize(w, x2.dtype, reuse=True))
+    yt = torch.empty(n, x2.shape[0], dtype=x2.dtype, device=x2.device)
+    for r0 in range(0, n, step):
+        r1 = min(n, r0 + step)
+        torch.mm(dequantize(w, x2.dtype, rows=(r0, r1), reuse=True), x2.t(), out=yt[r0:r1])
+    return yt.t().contiguous()
+
+
+def _many_grad_input(g2: torch.Tensor, w: NF4Tensors) -> torch.Tensor:
+    n = w.out_features
+    step = chunk_rows(w, g2.dtype)
+    if step >= n:
+        return g2 @ dequantize(w, g2.dtype, reuse=True)
+    gx = torch.zeros(g2.shape[0], w.in_features, dtype=g2.dtype, device=g2.device)
+    for r0 in range(0, n, step):
+        r1 = min(n, r0 + step)
+        gx.addmm_(g2[:, r0:r1], dequantize(w, g2.dtype, rows=(r0, r1), reuse=True))
+    return gx
 
 
 # ---- forward ---------------------------------------------------------------------------------
@@ -150,7 +191,7 @@ def linear(x: torch.Tensor, w: NF4Tensors) -> torch.Tensor:
     if m == 0:
         return x.new_empty(*lead, n)
     if m > SMALL_MAX_TOKENS:
-        return torch.nn.functional.linear(x2, dequantize(w, x.dtype, reuse=True)).view(*lead, n)
+        return _many_linear(x2, w).view(*lead, n)
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if x.dtype == torch.float32:
         warps = 4
@@ -181,7 +222,7 @@ def grad_input(grad_y: torch.Tensor, w: NF4Tensors) -> torch.Tensor:
     if m == 0:
         return grad_y.new_empty(*lead, k)
     if m > SMALL_MAX_TOKENS:
-        return (g2 @ dequantize(w, grad_y.dtype, reuse=True)).view(*lead, k)
+        return _many_grad_input(g2, w).view(*lead, k)
     gx = torch.zeros(m, k, dtype=torch.float32, device=grad_y.device)
     sms = torch.cuda.get_device_properties(grad_y.device).multi_processor_count
     if grad_y.dtype == torch.float32:
