@@ -89,8 +89,9 @@ def test_import_cycle_is_reported(tmp_path: Path) -> None:
     (tmp_path / "a.aner").write_text('import "b.aner"\nlet x = 1\n')
     (tmp_path / "b.aner").write_text('import "a.aner"\nlet y = 2\n')
     a = analyze((tmp_path / "a.aner").read_text(), str(tmp_path / "a.aner"))
-    assert any(d.code == "E-IMPORT-CYCLE" for d in a.diagnostics) or any(
-        "cycle" in d.message for d in a.diagnostics)
+    cycle = [d for d in a.diagnostics if d.code == "E-IMPORT-CYCLE"]
+    assert len(cycle) == 1 and cycle[0].span.line == 1
+    assert cycle[0].message.endswith("a.aner -> " + str(tmp_path / "b.aner") + " -> " + str(tmp_path / "a.aner"))
 
 
 def test_imports_run(tmp_path: Path) -> None:

@@ -257,7 +257,10 @@ class Checker:
                                  self.cache, warn_unused_top=False)
             self.cache[resolved] = sub
         self.a.imports[id(s)] = sub
-        if sub.errors:
+        cycle = next((d for d in sub.errors if d.code == "E-IMPORT-CYCLE"), None)
+        if cycle is not None:
+            self.report(msg.Diagnostic(cycle.code, s.path_span, cycle.message))
+        elif sub.errors:
             first = sub.errors[0]
             self.report(msg.import_not_found(s.path_span, s.path, f"it has {len(sub.errors)} error(s), "
                                              f"the first: {first.message}"))
