@@ -9,7 +9,6 @@ then validate the architecture, the tensor set and every tensor shape before deq
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -17,29 +16,13 @@ import numpy as np
 import torch
 
 from aner_lang.errors import AnerRuntimeError
+from aner_lang.runtime.llama import LlamaConfig
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_ARCHITECTURES = ("llama",)
 # Smallest possible encodings, used to bound header counts by the file size before reading.
 _MIN_KV_BYTES = 8 + 1 + 4 + 1  # key length, 1-char key, value type, 1-byte value
 _MIN_TENSOR_INFO_BYTES = 8 + 1 + 4 + 8 + 4 + 8  # name length, name, n_dims, 1 dim, type, offset
-
-
-@dataclass(frozen=True)
-class LlamaHyperparams:
-    """The hyper-parameters a GGUF file declares for a Llama model (HF config names)."""
-
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
-    max_position_embeddings: int
-    tie_word_embeddings: bool
 
 
 def _fail(path: Path, what: str, code: str, *notes: str) -> AnerRuntimeError:
@@ -110,8 +93,8 @@ class GGUFFile:
             raise _fail(self.path, f"missing GGUF metadata key {key!r}", "E-GGUF-METADATA")
         return self.metadata[key]
 
-    def hyperparams(self) -> LlamaHyperparams:
-        """The model's hyper-parameters; raises for non-Llama architectures."""
+    def hyperparams(self) -> LlamaConfig:
+        """The model's hyper-parameters (HF config names); raises for non-Llama architectures."""
         arch = self.architecture
         if arch not in SUPPORTED_ARCHITECTURES:
             raise _fail(self.path, f"unsupported model architecture {arch!r}: Aner loads "
@@ -126,7 +109,7 @@ class GGUFFile:
         vocab = self.metadata.get(p + "vocab_size")
         if vocab is None:
             vocab = len(self.require("tokenizer.ggml.tokens"))
-        return LlamaHyperparams(
+        return LlamaConfig(
             vocab_size=int(vocab),
             hidden_size=hidden,
             intermediate_size=int(self.require(p + "feed_forward_length")),

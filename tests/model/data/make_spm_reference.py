@@ -14,11 +14,10 @@ project dependency; to regenerate:
 from __future__ import annotations
 
 import io
-import json
-import re
 import tempfile
-import urllib.request
 from pathlib import Path
+
+from make_llamacpp_reference import post, start_server, write_reference
 
 CORPUS = """\
 Aner is a small, statically typed scripting language for adapting language models.
@@ -41,13 +40,6 @@ CASES = [
 ]
 
 
-def post(base: str, route: str, body: dict) -> dict:
-    req = urllib.request.Request(base + route, json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=120) as resp:
-        return json.loads(resp.read())
-
-
 def spm_metadata(model_bytes: bytes) -> dict:
     """GGUF tokenizer metadata for a SentencePiece model, as llama.cpp's converter writes it."""
     import sentencepiece as spm
@@ -68,7 +60,6 @@ def spm_metadata(model_bytes: bytes) -> dict:
 
 def main() -> None:
     import sentencepiece as spm
-    import xllamacpp
 
     from aner_lang.runtime.fixture import write_fixture
 
@@ -81,11 +72,7 @@ def main() -> None:
     sp = spm.SentencePieceProcessor(model_proto=buf.getvalue())
     with tempfile.TemporaryDirectory() as tmp:
         path = write_fixture(Path(tmp) / "spm.gguf", "tiny", tokenizer=meta)
-        params = xllamacpp.CommonParams()
-        params.model.path = str(path)
-        params.n_ctx = 256
-        params.cpuparams.n_threads = 1
-        server = xllamacpp.Server(params)
+        server = start_server(path)
         base = server.listening_address
         cases = []
         for text in CASES:
@@ -97,14 +84,8 @@ def main() -> None:
         del server
     from importlib.metadata import version
 
-    out = {"llama_cpp": f"xllamacpp {version('xllamacpp')}",
-           "sentencepiece": version("sentencepiece"), "tokenizer": meta, "cases": cases}
-    text = json.dumps(out, indent=1, ensure_ascii=False)
-    text = re.sub(r"\[\n\s+([^\[\]{}]*?)\n\s+\]", lambda m: "[" + " ".join(m[1].split()) + "]",
-                  text)
-    dst = Path(__file__).with_name("spm_reference.json")
-    dst.write_text(text + "\n", encoding="utf-8")
-    print(f"wrote {dst}")
+    write_reference({"sentencepiece": version("sentencepiece"), "tokenizer": meta,
+                     "cases": cases}, "spm_reference.json")
 
 
 if __name__ == "__main__":
