@@ -8,7 +8,7 @@ managed memory budget) before the first batch, so a bad profile never costs a tr
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -43,7 +43,8 @@ class Profile:
     page_bytes: int = 2 << 20
     loss_scale: LossScaleState | None = None
     memory_budget: int | None = None
-    notes: list[str] = field(default_factory=list)
+    dequant_tile_bytes: int = 8 << 20
+    """host_tiled NF4: bytes of one dequantized weight tile (memory report hook)."""
 
     def __post_init__(self) -> None:
         for name, value, allowed in (("precision", self.precision, PRECISIONS),
@@ -80,9 +81,7 @@ class Profile:
                                        code="E-PROFILE-BUDGET")
 
     def to_json(self) -> dict:
-        d = asdict(self)
-        d.pop("notes")
-        return d
+        return asdict(self)
 
     @classmethod
     def from_json(cls, data: dict) -> Profile:

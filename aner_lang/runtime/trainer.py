@@ -180,6 +180,8 @@ def _apply_kernel(adapter: Any, profile: Profile) -> str:
     for m in adapter.base.module.modules():
         if hasattr(m, "kernel") and hasattr(m, "dense_weight"):
             m.kernel = kernel
+            if hasattr(m, "tile_bytes"):
+                m.tile_bytes = profile.dequant_tile_bytes
             idents.add(str(getattr(m, "kernel_identity", kernel)))
     torch_id = f"torch={torch.__version__};device={adapter.device.type};fp32-masters"
     return ";".join(sorted(idents) + [torch_id]) if idents else torch_id

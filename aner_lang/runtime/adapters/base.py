@@ -111,10 +111,16 @@ class Adapter:
         """How many base tensors this adapter changes (60 for q/v of 30 layers)."""
         return len(self.targets)
 
+    @property
+    def trainable_count(self) -> int:
+        """Memory report hook (docs/internals.md): number of trainable scalars."""
+        return self.trainable_parameters
+
     def nbytes(self) -> dict[str, int]:
-        """Memory report hook: bytes of adapter masters and stored frozen adapter tensors."""
-        return {"adapters": sum(t.numel() * t.element_size()
-                                for t in [*self.params.values(), *self.frozen.values()])}
+        """Memory report hook: bytes of all adapter tensors, the frozen and the trainable part."""
+        trainable = sum(t.numel() * t.element_size() for t in self.params.values())
+        frozen = sum(t.numel() * t.element_size() for t in self.frozen.values())
+        return {"adapters": trainable + frozen, "frozen_adapter": frozen, "trainable": trainable}
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """All adapter tensors (trainable and stored frozen), detached CPU copies."""
