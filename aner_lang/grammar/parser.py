@@ -86,6 +86,7 @@ class _Lexer(Lexer):
     def lex(self, text: str) -> Iterator[Token]:
         line_off, col_off, pos_off = _state.shifts[-1] if _state.shifts else (0, 0, 0)
         match = self.regex.match
+        new_token = Token._future_new  # Token() minus its deprecated-keyword shim: hot path
         keywords = self.keywords
         ignore = self.ignore
         pos, line, line_start, end = 0, 1, 0, len(text)
@@ -110,7 +111,7 @@ class _Lexer(Lexer):
             col = pos - line_start + 1 + (col_off if line == 1 else 0)
             if kind == "_NL":
                 if depth == 0 and prev is not None and prev not in _CONTINUES:
-                    pending = Token("_NL", value, pos + pos_off, line + line_off, col,
+                    pending = new_token("_NL", value, pos + pos_off, line + line_off, col,
                                     line + line_off, col + 1, pos + pos_off + 1)
                 line += newlines
                 line_start = pos + value.rfind("\n") + 1
@@ -128,7 +129,7 @@ class _Lexer(Lexer):
                 depth -= 1
             prev = kind
             ln = line + line_off
-            yield Token(kind, value, pos + pos_off, ln, col, ln, col + len(value), new_pos + pos_off)
+            yield new_token(kind, value, pos + pos_off, ln, col, ln, col + len(value), new_pos + pos_off)
             pos = new_pos
 
 
@@ -137,12 +138,21 @@ def _tspan(tok: Token) -> Span:
 
 
 def _sp(item) -> Span:
-    return _tspan(item) if isinstance(item, Token) else item.span
+    return _tspan(item) if type(item) is Token else item.span
 
 
 def _cover(first, last) -> Span:
-    """The span from the start of `first` to the end of `last` (tokens or nodes)."""
-    return _sp(first).cover(_sp(last))
+    """The span from the start of `first` to the end of `last` (tokens or nodes); written out
+    because it runs for nearly every node of a large file."""
+    if type(first) is Token:
+        line, col, start = first.line, first.column, first.start_pos
+    else:
+        f = first.span
+        line, col, start = f.line, f.col, f.start
+    if type(last) is Token:
+        return Span(line, col, last.end_line, last.end_column, start, last.end_pos)
+    e = last.span
+    return Span(line, col, e.end_line, e.end_col, start, e.end)
 
 
 def _nodes(items) -> tuple:
