@@ -189,3 +189,12 @@ def test_front_end_does_not_import_torch(tmp_path: Path) -> None:
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.split("\n")[0] == "0 []", out.stdout + out.stderr
+
+
+def test_broken_function_is_salvaged_for_the_editor() -> None:
+    source = "let base = 3\nfn f(rank: Int) -> Int {\n  let a = rank * 2\n  let b = lora(base, ra\n  return a\n}\nlet c = nope\n"
+    a = analyze(source, "s.aner")
+    assert [(d.code, d.span.line) for d in a.diagnostics] == [("E-SYNTAX", 5), ("E-UNKNOWN-NAME", 7)]
+    visible = a.scope_at(source.index("return a"))
+    assert visible["a"].type == "Int" and visible["rank"].type == "Int"
+    assert analyze("fn g() {\n  let q = 1\n  print(q)\n").scope_at(30)["q"].kind == "let"

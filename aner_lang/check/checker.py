@@ -765,4 +765,9 @@ def analyze_module(source: str, path: str | None, registry: Registry, resolver: 
     analysis = Analysis(path, source, module, diagnostics=list(diags))
     checker = Checker(registry, analysis, resolver, import_stack, cache, warn_unused_top)
     checker.check_module(module)
+    if module.broken:
+        syntax = len(diags)
+        # inside a broken chunk other errors are cascades; unused warnings are noise until it parses
+        analysis.diagnostics[syntax:] = [d for d in analysis.diagnostics[syntax:] if d.code != "W-UNUSED" and (
+            d.span is None or not any(b.start <= d.span.start < b.end for b in module.broken))]
     return analysis

@@ -283,3 +283,6 @@ class Module:
 
     path: str | None
     body: tuple[Stmt, ...]
+    broken: tuple[Span, ...] = ()
+    """Spans of top-level chunks with a syntax error; what was salvaged from them is in `body`,
+    but the checker reports no other diagnostics inside them (they would be cascades)."""

@@ -437,26 +437,64 @@ def parse(source: str, path: str | None = None) -> tuple[ast.Module, list[Diagno
     outer = _state.diagnostics
     _state.diagnostics = []
     try:
+        broken: list[Span] = []
         try:
             body = _parse_with_shift(source, "start", (0, 0, 0))
         except UnexpectedInput:
             _state.diagnostics = []
-            body = _recover(source)
+            body, broken = _recover(source)
         diags = [d.at(path) for d in _state.diagnostics]
     finally:
         _state.diagnostics = outer
-    return ast.Module(path, tuple(body)), diags
+    return ast.Module(path, tuple(body), tuple(broken)), diags
 
 
-def _recover(source: str) -> list[ast.Stmt]:
+_SALVAGE_ATTEMPTS = 4
+
+
+def _recover(source: str) -> tuple[list[ast.Stmt], list[Span]]:
+    """Parse chunk by chunk. A broken chunk reports its first error, then is salvaged for the
+    checker and the LSP: missing closing braces are added, or the offending line is blanked, a few
+    times over. Returns the statements and the spans of the broken chunks."""
     body: list[ast.Stmt] = []
+    broken: list[Span] = []
     for line_off, pos_off, text in _chunks(source):
         shift = (line_off, 0, pos_off)
         try:
             body.extend(_parse_with_shift(text, "start", shift))
+            continue
         except UnexpectedInput as err:
-            _state.diagnostics.append(_error_diagnostic(err, shift))
-    return body
+            first = _error_diagnostic(err, shift)
+        _state.diagnostics.append(first)
+        n_lines = text.count("\n")
+        broken.append(Span(line_off + 1, 1, line_off + n_lines + 1, 1, pos_off, pos_off + len(text)))
+        diag = first
+        for _ in range(_SALVAGE_ATTEMPTS):
+            text = _salvage(text, diag, line_off)
+            kept = len(_state.diagnostics)
+            try:
+                body.extend(_parse_with_shift(text, "start", shift))
+                break
+            except UnexpectedInput as err:
+                del _state.diagnostics[kept:]
+                diag = _error_diagnostic(err, shift)
+    return body, broken
+
+
+def _salvage(text: str, diag: Diagnostic, line_off: int) -> str:
+    """The chunk with one more repair: close unclosed braces at the end of input, else blank the
+    line of the error (offsets and positions of the other lines are unchanged)."""
+    missing = text.count("{") - text.count("}")
+    if "end of input" in diag.message and missing > 0:
+        return text + "}" * missing
+    lines = text.split("\n")
+    i = diag.span.line - line_off - 1
+    if 0 < i < len(lines) and diag.span.col == len(lines[i]) - len(lines[i].lstrip()) + 1:
+        # the error is at a line's first token: the previous line is the unfinished one
+        i = max(j for j in range(i) if lines[j].strip()) if any(l.strip() for l in lines[:i]) else i
+    if 0 <= i < len(lines):
+        lines[i] = " " * len(lines[i])
+    return "\n".join(lines)
 
 
 def parse_expression(text: str) -> ast.Expr:
