@@ -121,3 +121,39 @@ def test_generation_errors(tiny_model):
         generate_ids(tiny_model, [1], Sampling(top_p=0.0))
     with pytest.raises(AnerRuntimeError, match="context"):
         generate_ids(tiny_model, [1] * 300, Sampling())
+
+
+def test_nf4_storage_quantizes_or_says_it_is_unavailable(tiny_gguf, tiny_model):
+    try:
+        from aner_lang.runtime.nf4 import quantize_model  # noqa: F401
+    except ImportError:
+        with pytest.raises(AnerRuntimeError) as info:
+            load_model(tiny_gguf, storage="nf4_double_quant", device="cpu")
+        assert info.value.code == "E-NF4-UNAVAILABLE"
+        return
+    nf4 = load_model(tiny_gguf, storage="nf4_double_quant", device="cpu")
+    m = nf4.module
+    assert {mod.storage for mod in m.modules() if isinstance(mod, FrozenLinear)} == {
+        "nf4_double_quant"}
+    assert m.lm_head is m.embed_tokens and m.norm.weight.dtype == torch.float32
+    assert nf4.parameter_count() == tiny_model.parameter_count()
+    ids = _ids(tiny_model)
+    with torch.no_grad():
+        ref, got = tiny_model.forward(ids).flatten(), nf4.forward(ids).flatten()
+    # 4-bit weights in a random-weight net: close in direction, not equal
+    assert torch.nn.functional.cosine_similarity(ref, got, dim=0) > 0.9
+
+
+@pytest.mark.cuda
+def test_cuda_forward_and_generation_match_cpu(tiny_gguf, tiny_model):
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    gpu = load_model(tiny_gguf, device="cuda")
+    assert gpu.device.type == "cuda" and gpu.module.norm.weight.is_cuda
+    ids = _ids(tiny_model)
+    with torch.no_grad():
+        diff = (gpu.forward(ids.cuda()).cpu() - tiny_model.forward(ids)).abs().max().item()
+    assert diff < 1e-3
+    prompt = tiny_model.tokenizer.encode("Once upon a time")
+    s = Sampling(max_tokens=8, stop_at_eos=False)
+    assert generate_ids(gpu, prompt, s) == generate_ids(tiny_model, prompt, s)
