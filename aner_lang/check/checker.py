@@ -55,6 +55,8 @@ class _Scope:
     def __init__(self, parent: "_Scope | None", span: Span | None, fn: "tuple[ast.FnDecl, T.Type] | None") -> None:
         self.parent = parent
         self.names: dict[str, Definition] = {}
+        self.narrowed: dict[str, T.Type] = {}
+        """Optional names known not to be none here (inside `if x != none { ... }`)."""
         self.span = span
         self.fn = fn if fn is not None else (parent.fn if parent else None)
         self.info = ScopeInfo(span, self.names, parent.info if parent else None)
@@ -65,6 +67,16 @@ class _Scope:
             d = scope.names.get(name)
             if d is not None:
                 return d
+            scope = scope.parent
+        return None
+
+    def narrowed_type(self, name: str) -> T.Type | None:
+        scope: _Scope | None = self
+        while scope is not None:
+            if name in scope.narrowed:
+                return scope.narrowed[name]
+            if name in scope.names:
+                return None
             scope = scope.parent
         return None
 
@@ -275,8 +287,10 @@ class Checker:
             d.used = True
 
     # ---- statements --------------------------------------------------------------------------------
-    def block(self, b: ast.Block, parent: _Scope, fn=None, params: list | None = None) -> _Scope:
+    def block(self, b: ast.Block, parent: _Scope, fn=None, params: list | None = None,
+              narrowed: dict[str, T.Type] | None = None) -> _Scope:
         scope = self.new_scope(parent, b.span, fn)
+        scope.narrowed.update(narrowed or {})
         for p in params or ():
             self.define(scope, *p)
         for s in b.body:
@@ -322,9 +336,10 @@ class Checker:
                 self.report(msg.declaration_not_top_level(s.span, "record" if isinstance(s, ast.RecordDecl) else "enum"))
         elif isinstance(s, ast.If):
             self.expect(s.cond, T.BOOL, scope, "the condition")
-            self.block(s.then, scope)
+            then_narrow, else_narrow = self._narrowing(s.cond, scope)
+            self.block(s.then, scope, narrowed=then_narrow)
             if isinstance(s.orelse, ast.Block):
-                self.block(s.orelse, scope)
+                self.block(s.orelse, scope, narrowed=else_narrow)
             elif s.orelse is not None:
                 self.stmt(s.orelse, scope)
         elif isinstance(s, ast.For):
@@ -358,6 +373,16 @@ class Checker:
                 self.report(msg.declaration_not_top_level(s.span, "import"))
         elif isinstance(s, ast.ExprStmt):
             self.expr(s.expr, scope, None)
+
+    def _narrowing(self, cond: ast.Expr, scope: _Scope) -> tuple[dict, dict]:
+        """`x != none` narrows an optional `x` in the then-branch, `x == none` in the else-branch."""
+        if isinstance(cond, ast.Binary) and cond.op in ("==", "!=") and isinstance(cond.right, ast.NoneLit) \
+                and isinstance(cond.left, ast.Name):
+            d = scope.lookup(cond.left.name)
+            if d is not None and isinstance(d.ty, T.OptionalT):
+                narrowed = {cond.left.name: d.ty.inner}
+                return (narrowed, {}) if cond.op == "!=" else ({}, narrowed)
+        return {}, {}
 
     # ---- expressions ---------------------------------------------------------------------------------
     def expect(self, e: ast.Expr, expected: T.Type, scope: _Scope, what: str) -> T.Type:
@@ -441,7 +466,7 @@ class Checker:
         want = expected.inner if isinstance(expected, T.OptionalT) else expected
         if d is not None and d.kind in ("let", "param", "for"):
             self.use(d, e.span)
-            return d.ty
+            return scope.narrowed_type(e.name) or d.ty
         if isinstance(want, T.EnumT) and e.name in want.members:
             if not self.muted:
                 self.a.enum_values[id(e)] = (want.name, e.name)
