@@ -46,6 +46,7 @@ _JOINS_PREVIOUS = frozenset({"RBRACE", "ELSE", "DOT"})
 _PRECEDENCE = {"or": 1, "and": 2, "==": 4, "!=": 4, "<": 4, "<=": 4, ">": 4, ">=": 4,
                "+": 5, "-": 5, "*": 6, "/": 6, "%": 6}
 _NOT_PREC = 4
+_UNARY_PREC = 7
 _OPEN = frozenset({"LPAR", "LSQB"})
 _CLOSE = frozenset({"RPAR", "RSQB"})
 
@@ -237,19 +238,25 @@ class _ToAst(Transformer):
 
     # ---- expressions ----
     def expr(self, items):
-        """Group a flat chain `[not]* operand (op [not]* operand)*` by precedence (Pratt)."""
+        """Group a flat chain `prefix* operand (op prefix* operand)*` by precedence (Pratt).
+        Prefix `-` binds tightest; prefix `not` takes a whole comparison."""
         pos = 0
+
+        def operand(min_prec: int):
+            nonlocal pos
+            head = items[pos]
+            pos += 1
+            if type(head) is not Token:
+                return head
+            if head.type == "NEG":
+                inner = operand(_UNARY_PREC)
+                return ast.Unary(_cover(head, inner), "-", inner)
+            inner = climb(_NOT_PREC)
+            return ast.Unary(_cover(head, inner), "not", inner)
 
         def climb(min_prec: int):
             nonlocal pos
-            head = items[pos]
-            if isinstance(head, Token):  # `not`: binds looser than comparisons
-                pos += 1
-                operand = climb(_NOT_PREC)
-                left = ast.Unary(_cover(head, operand), "not", operand)
-            else:
-                pos += 1
-                left = head
+            left = operand(min_prec)
             while pos < len(items):
                 op = items[pos]
                 prec = _PRECEDENCE[str(op)]
@@ -261,9 +268,6 @@ class _ToAst(Transformer):
             return left
 
         return climb(0)
-
-    def neg(self, items):
-        return ast.Unary(_cover(items[0], items[1]), "-", items[1])
 
     def call(self, items):
         callee, lpar, *args, rpar = items
