@@ -198,3 +198,10 @@ def test_broken_function_is_salvaged_for_the_editor() -> None:
     visible = a.scope_at(source.index("return a"))
     assert visible["a"].type == "Int" and visible["rank"].type == "Int"
     assert analyze("fn g() {\n  let q = 1\n  print(q)\n").scope_at(30)["q"].kind == "let"
+
+
+def test_deep_recursion_is_a_diagnostic_with_a_short_stack() -> None:
+    with pytest.raises(AnerError) as info:
+        _run("fn down(n: Int) -> Int {\n  return down(n + 1)\n}\nprint(down(0))\n")
+    d = info.value.diagnostic
+    assert d.code == "E-RECURSION" and len(d.notes) <= 12 and any("more calls" in n for n in d.notes)

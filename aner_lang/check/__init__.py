@@ -29,6 +29,8 @@ import os
 from aner_lang.builtins import registry
 from aner_lang.check.analysis import Analysis, CallInfo, Definition, Reference
 from aner_lang.check.checker import Resolver, analyze_module
+from aner_lang.diagnostics import internal_error
+from aner_lang.grammar import parse
 
 
 def file_resolver(path: str, importer: str | None) -> tuple[str, str]:
@@ -42,7 +44,11 @@ def file_resolver(path: str, importer: str | None) -> tuple[str, str]:
 def analyze(source: str, path: str | None = None, *, resolver: Resolver | None = None) -> Analysis:
     """Parse and check `source` (the text of the file at `path`, if it has one)."""
     key = os.path.normpath(path) if path else "<input>"
-    return analyze_module(source, path, registry(), resolver or file_resolver, (key,), {})
+    try:
+        return analyze_module(source, path, registry(), resolver or file_resolver, (key,), {})
+    except Exception as exc:  # a bug in Aner: still a diagnostic, never a traceback
+        module, diags = parse(source, path)
+        return Analysis(path, source, module, diagnostics=diags + [internal_error(None, exc).at(path)])
 
 
 __all__ = ["Analysis", "CallInfo", "Definition", "Reference", "analyze", "file_resolver"]

@@ -66,6 +66,7 @@ class _Env:
 
 
 _impl_cache: dict[str, Callable] = {}
+_SHOWN_FRAMES = 12
 
 
 def load_impl(b: Builtin) -> Callable:
@@ -103,8 +104,12 @@ class Interpreter:
             d = msg.runtime_error(span, "too deep recursion", "E-RECURSION", ())
         else:
             d = msg.internal_error(span, exc)
-        frames = tuple(f"called from `{fn}` at {path or '<input>'}:{s.line}:{s.col}"
-                       for fn, s, path in reversed(self.stack))
+        frames = [f"called from `{fn}` at {path or '<input>'}:{s.line}:{s.col}"
+                  for fn, s, path in reversed(self.stack)]
+        if len(frames) > _SHOWN_FRAMES:  # deep recursion: the innermost and the outermost calls
+            hidden = len(frames) - _SHOWN_FRAMES + 1
+            frames = frames[:_SHOWN_FRAMES - 3] + [f"... {hidden} more calls ..."] + frames[-2:]
+        frames = tuple(frames)
         return AnerError(Diagnostic(d.code, d.span, d.message, notes=d.notes + frames, path=a.path))
 
     # ---- modules --------------------------------------------------------------------------------
@@ -250,6 +255,8 @@ class Interpreter:
                 self.block(fa, fn.body.body, inner)
             except _Return as r:
                 return r.value
+            except RecursionError as exc:  # reported where it happened, with the Aner stack
+                raise self.fail(a, e.span, exc) from None
             finally:
                 self.stack.pop()
             return None
