@@ -171,22 +171,23 @@ def mma_config(n: int, k: int, sms: int) -> tuple[int, int]:
     return rg, warps
 
 
-def _check_input(x: torch.Tensor, w: NF4Tensors) -> None:
-    if x.dtype not in _DT_NAME:
-        raise AnerRuntimeError(f"fused NF4 kernels take float32, float16 or bfloat16 inputs, not {x.dtype}",
+def _matrix(t: torch.Tensor, w: NF4Tensors, width: int, what: str) -> torch.Tensor:
+    """``t`` [..., width] checked against the weight and flattened to an aligned [rows, width]."""
+    if t.dtype not in _DT_NAME:
+        raise AnerRuntimeError(f"fused NF4 kernels take float32, float16 or bfloat16 inputs, not {t.dtype}",
                                code="E-KERNEL-DTYPE")
-    if x.device != w.packed.device:
-        raise AnerRuntimeError(f"input on {x.device} but the NF4 weight on {w.packed.device}", code="E-KERNEL-DEVICE")
+    if t.device != w.packed.device:
+        raise AnerRuntimeError(f"{what} on {t.device} but the NF4 weight on {w.packed.device}", code="E-KERNEL-DEVICE")
+    if t.shape[-1] != width:
+        raise AnerRuntimeError(f"{what} has {t.shape[-1]} features, the {w.out_features}x{w.in_features} NF4 "
+                               f"weight needs {width}", code="E-KERNEL-SHAPE")
+    return _rows(t, width)
 
 
 def linear(x: torch.Tensor, w: NF4Tensors) -> torch.Tensor:
     """y = x @ W^T for x [..., K]; the result has x's dtype."""
-    _check_input(x, w)
     n, k = w.out_features, w.in_features
-    if x.shape[-1] != k:
-        raise AnerRuntimeError(f"input has {x.shape[-1]} features, the NF4 weight expects {k}", code="E-KERNEL-SHAPE")
-    lead = x.shape[:-1]
-    x2 = _rows(x, k)
+    lead, x2 = x.shape[:-1], _matrix(x, w, k, "input")
     m = x2.shape[0]
     if m == 0:
         return x.new_empty(*lead, n)
@@ -211,13 +212,8 @@ def linear(x: torch.Tensor, w: NF4Tensors) -> torch.Tensor:
 
 def grad_input(grad_y: torch.Tensor, w: NF4Tensors) -> torch.Tensor:
     """dL/dx = grad_y @ W for grad_y [..., N]; the result has grad_y's dtype."""
-    _check_input(grad_y, w)
     n, k = w.out_features, w.in_features
-    if grad_y.shape[-1] != n:
-        raise AnerRuntimeError(f"gradient has {grad_y.shape[-1]} features, the NF4 weight has {n} outputs",
-                               code="E-KERNEL-SHAPE")
-    lead = grad_y.shape[:-1]
-    g2 = _rows(grad_y, n)
+    lead, g2 = grad_y.shape[:-1], _matrix(grad_y, w, n, "output gradient")
     m = g2.shape[0]
     if m == 0:
         return grad_y.new_empty(*lead, k)

@@ -106,36 +106,32 @@ __device__ __forceinline__ void dequant32(const NF4& w, const float* code, long 
 // ---- dequantize ---------------------------------------------------------------------------------
 
 // One thread per 32 weights: one 16-byte load in, 32 values out with 16-byte stores.
-// Elements [first, first + n) of the flat weight go to out[0, n); first % 64 == 0.
-template <typename Out>
-__device__ void dequant(const NF4& w, long long first, long long n, Out* out);
+struct F32 {};
 
-template <>
-__device__ void dequant<float>(const NF4& w, long long first, long long n, float* out) {
-    __shared__ float code[16];
-    load_code(code);
-    const long long e = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) * 32;
-    if (e >= n) return;
-    float v[32];
-    dequant32(w, code, first + e, v);
-    float4* o = reinterpret_cast<float4*>(out + e);
+__device__ __forceinline__ void store32(F32, float* o, const float (&v)[32]) {
+    float4* q = reinterpret_cast<float4*>(o);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) o[i] = make_float4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
+    for (int i = 0; i < 8; ++i) q[i] = make_float4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
 }
-
 template <typename T>
-__device__ void dequant16(const NF4& w, long long first, long long n, u16* out) {
-    __shared__ float code[16];
-    load_code(code);
-    const long long e = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) * 32;
-    if (e >= n) return;
-    float v[32];
-    dequant32(w, code, first + e, v);
-    uint4* o = reinterpret_cast<uint4*>(out + e);
+__device__ __forceinline__ void store32(T, u16* o, const float (&v)[32]) {
+    uint4* q = reinterpret_cast<uint4*>(o);
 #pragma unroll
     for (int i = 0; i < 4; ++i)
-        o[i] = make_uint4(pack2(T(), v[8 * i], v[8 * i + 1]), pack2(T(), v[8 * i + 2], v[8 * i + 3]),
+        q[i] = make_uint4(pack2(T(), v[8 * i], v[8 * i + 1]), pack2(T(), v[8 * i + 2], v[8 * i + 3]),
                           pack2(T(), v[8 * i + 4], v[8 * i + 5]), pack2(T(), v[8 * i + 6], v[8 * i + 7]));
+}
+
+// Elements [first, first + n) of the flat weight go to out[0, n); first % 64 == 0.
+template <typename Tag, typename Out>
+__device__ void dequant(const NF4& w, long long first, long long n, Out* out) {
+    __shared__ float code[16];
+    load_code(code);
+    const long long e = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) * 32;
+    if (e >= n) return;
+    float v[32];
+    dequant32(w, code, first + e, v);
+    store32(Tag(), out + e, v);
 }
 
 #define NF4_ARGS const u8 *packed, const u8 *qabsmax, const float *code2, const float *absmax2, const float *offset
@@ -143,15 +139,15 @@ __device__ void dequant16(const NF4& w, long long first, long long n, u16* out) 
 
 extern "C" __global__ void nf4_dequant_f32(NF4_ARGS, long long first, long long n, float* out) {
     NF4_MAKE;
-    dequant<float>(w, first, n, out);
+    dequant<F32>(w, first, n, out);
 }
 extern "C" __global__ void nf4_dequant_f16(NF4_ARGS, long long first, long long n, u16* out) {
     NF4_MAKE;
-    dequant16<F16>(w, first, n, out);
+    dequant<F16>(w, first, n, out);
 }
 extern "C" __global__ void nf4_dequant_bf16(NF4_ARGS, long long first, long long n, u16* out) {
     NF4_MAKE;
-    dequant16<BF16>(w, first, n, out);
+    dequant<BF16>(w, first, n, out);
 }
 
 // ---- fp32 small-token forward: one warp per output row --------------------------------------------
