@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one command that qualifies Aner on a GPU machine: installs the carried wheels, runs every
 # @pytest.mark.cuda test of the repository and the GPU benchmarks, and writes results under $OUT
-# (default ./out): pytest.log + junit.xml, nf4_kernels.json/.log, train_gpu.json/.log, env.txt.
+# (default ./out): pytest.log + junit.xml, nf4_kernels.json/.log, train_gpu.log, env.txt.
 #
 # Usage (repository root, on the GPU machine):  benchmarks/gpu_suite.sh [--quick] [pytest args...]
 #   --quick       the kernel benchmark on the seed shapes only; --sweep: also tune the mma configs
@@ -45,7 +45,8 @@ if [[ $# -eq 0 ]]; then set -- -m cuda tests; fi
 timeout "${PYTEST_S:-300}" python3 -m pytest -q -p no:cacheprovider --continue-on-collection-errors --junitxml="$OUT/junit.xml" "$@" 2>&1 | tee "$OUT/pytest.log" || rc=1
 
 timeout "${KERNEL_BENCH_S:-150}" python3 benchmarks/nf4_kernels.py "${bench[@]}" --out "$OUT/nf4_kernels.json" 2>&1 | tee "$OUT/nf4_kernels.log" || rc=1
-if [[ -f benchmarks/train_gpu.py ]]; then
-  timeout "${TRAIN_BENCH_S:-130}" python3 benchmarks/train_gpu.py --out "$OUT/train_gpu.json" 2>&1 | tee "$OUT/train_gpu.log" || rc=1
+if [[ -f benchmarks/train_gpu.py ]]; then  # prints its JSON report last
+  model=(); [[ -s "$gguf" ]] && model=("$gguf")
+  timeout "${TRAIN_BENCH_S:-130}" python3 benchmarks/train_gpu.py "${model[@]}" 2>&1 | tee "$OUT/train_gpu.log" || rc=1
 fi
 exit $rc
