@@ -1,0 +1,148 @@
+"""The pygls wiring: keeps one `Analysis` per open document (re-analysed from the live buffer on
+open and change, imports resolved from open buffers first) and routes each request to the pure
+function in `features`. Run with `aner lsp` or `python -m aner_lsp.server` (stdio)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from lsprotocol import types as lsp
+from pygls.lsp.server import LanguageServer
+from pygls.uris import from_fs_path, to_fs_path
+
+from aner_lang.check import Analysis, analyze, file_resolver
+from aner_lsp import __version__, features
+from aner_lsp.positions import LineIndex
+
+
+@dataclass
+class Snapshot:
+    """The analysis of one buffer version, with the line index of the same text."""
+
+    analysis: Analysis
+    index: LineIndex
+    version: int | None
+
+
+class AnerServer(LanguageServer):
+    def __init__(self) -> None:
+        super().__init__("aner-lsp", __version__)
+        self.snapshots: dict[str, Snapshot] = {}
+
+    def path_of(self, uri: str) -> str | None:
+        return to_fs_path(uri) if uri.startswith("file:") else None
+
+    def resolve(self, path: str, importer: str | None) -> tuple[str, str]:
+        """Imports read open editor buffers before the disk, so unsaved edits count."""
+        base = os.path.dirname(importer) if importer else os.getcwd()
+        resolved = os.path.normpath(os.path.join(base, path))
+        doc = self.workspace.text_documents.get(from_fs_path(resolved))
+        return (resolved, doc.source) if doc is not None else file_resolver(path, importer)
+
+    def refresh(self, uri: str) -> Snapshot:
+        doc = self.workspace.get_text_document(uri)
+        source = doc.source
+        snap = Snapshot(analyze(source, self.path_of(uri), resolver=self.resolve), LineIndex(source), doc.version)
+        self.snapshots[uri] = snap
+        return snap
+
+    def snapshot(self, uri: str) -> Snapshot:
+        doc = self.workspace.get_text_document(uri)
+        snap = self.snapshots.get(uri)
+        return snap if snap is not None and snap.version == doc.version and snap.analysis.source == doc.source else self.refresh(uri)
+
+    def index_of(self, path: str) -> LineIndex:
+        uri = from_fs_path(path)
+        if uri in self.snapshots:
+            return self.snapshots[uri].index
+        doc = self.workspace.text_documents.get(uri)
+        if doc is not None:
+            return LineIndex(doc.source)
+        with open(path, encoding="utf-8") as f:
+            return LineIndex(f.read())
+
+
+server = AnerServer()
+
+
+def _publish(ls: AnerServer, uri: str) -> None:
+    snap = ls.refresh(uri)
+    ls.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(
+        uri=uri, version=snap.version, diagnostics=features.diagnostics(snap.analysis, snap.index)))
+
+
+@server.feature(lsp.TEXT_DOCUMENT_DID_OPEN)
+def did_open(ls: AnerServer, params: lsp.DidOpenTextDocumentParams) -> None:
+    _publish(ls, params.text_document.uri)
+
+
+@server.feature(lsp.TEXT_DOCUMENT_DID_CHANGE)
+def did_change(ls: AnerServer, params: lsp.DidChangeTextDocumentParams) -> None:
+    _publish(ls, params.text_document.uri)
+
+
+@server.feature(lsp.TEXT_DOCUMENT_DID_CLOSE)
+def did_close(ls: AnerServer, params: lsp.DidCloseTextDocumentParams) -> None:
+    ls.snapshots.pop(params.text_document.uri, None)
+    ls.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(uri=params.text_document.uri, diagnostics=[]))
+
+
+def _at(ls: AnerServer, params) -> tuple[Snapshot, int]:
+    snap = ls.snapshot(params.text_document.uri)
+    return snap, snap.index.offset(params.position)
+
+
+@server.feature(lsp.TEXT_DOCUMENT_COMPLETION, lsp.CompletionOptions(trigger_characters=[".", "(", ",", ":", '"', "/"]))
+def completion(ls: AnerServer, params: lsp.CompletionParams) -> lsp.CompletionList:
+    snap, offset = _at(ls, params)
+    path = ls.path_of(params.text_document.uri)
+    items = features.completion(snap.analysis, snap.index.source, offset, os.path.dirname(path) if path else None)
+    return lsp.CompletionList(is_incomplete=False, items=items)
+
+
+@server.feature(lsp.TEXT_DOCUMENT_SIGNATURE_HELP, lsp.SignatureHelpOptions(trigger_characters=["(", ","], retrigger_characters=[":"]))
+def signature_help(ls: AnerServer, params: lsp.SignatureHelpParams) -> lsp.SignatureHelp | None:
+    snap, offset = _at(ls, params)
+    return features.signature_help(snap.analysis, snap.index.source, offset)
+
+
+@server.feature(lsp.TEXT_DOCUMENT_HOVER)
+def hover(ls: AnerServer, params: lsp.HoverParams) -> lsp.Hover | None:
+    snap, offset = _at(ls, params)
+    return features.hover(snap.analysis, snap.index.source, offset, snap.index)
+
+
+@server.feature(lsp.TEXT_DOCUMENT_DEFINITION)
+def definition(ls: AnerServer, params: lsp.DefinitionParams) -> lsp.Location | None:
+    snap, offset = _at(ls, params)
+    return features.definition(snap.analysis, offset, from_fs_path, ls.index_of)
+
+
+@server.feature(lsp.TEXT_DOCUMENT_RENAME)
+def rename(ls: AnerServer, params: lsp.RenameParams) -> lsp.WorkspaceEdit | None:
+    snap, offset = _at(ls, params)
+    return features.rename(snap.analysis, offset, params.new_name, params.text_document.uri, snap.index)
+
+
+@server.feature(lsp.TEXT_DOCUMENT_DOCUMENT_SYMBOL)
+def document_symbols(ls: AnerServer, params: lsp.DocumentSymbolParams) -> list[lsp.DocumentSymbol]:
+    snap = ls.snapshot(params.text_document.uri)
+    return features.document_symbols(snap.analysis, snap.index)
+
+
+@server.feature(lsp.TEXT_DOCUMENT_SEMANTIC_TOKENS_FULL,
+                lsp.SemanticTokensLegend(token_types=features.TOKEN_TYPES, token_modifiers=features.TOKEN_MODIFIERS))
+def semantic_tokens(ls: AnerServer, params: lsp.SemanticTokensParams) -> lsp.SemanticTokens:
+    snap = ls.snapshot(params.text_document.uri)
+    return features.semantic_tokens(snap.analysis, snap.index.source, snap.index)
+
+
+def main() -> int:
+    """Serve on stdio (what editors and `aner lsp` use)."""
+    server.start_io()
+    return 0
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,19 @@
+"""pytest-lsp harness: one real `aner_lsp.server` subprocess per test module, driven over stdio."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest_lsp
+from lsprotocol import types
+from pytest_lsp import ClientServerConfig, LanguageClient
+
+SERVER = [sys.executable, "-m", "aner_lsp.server"]
+
+
+@pytest_lsp.fixture(scope="module", config=ClientServerConfig(server_command=SERVER))
+async def client(lsp_client: LanguageClient):
+    await lsp_client.initialize_session(types.InitializeParams(
+        capabilities=pytest_lsp.client_capabilities("visual_studio_code")))
+    yield
+    await lsp_client.shutdown_session()
