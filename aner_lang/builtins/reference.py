@@ -13,6 +13,11 @@ def signature(b: Builtin) -> str:
     return f"{b.name}({params}) -> {b.returns}"
 
 
+def _entry(title: str, doc: str, items: list[tuple[str, str]]) -> list[str]:
+    """One enum or type: heading, doc, then a bullet per member or field."""
+    return [f"### {title}", "", doc, ""] + [f"- `{name}`" + (f": {d}" if d else "") for name, d in items] + [""]
+
+
 def render_reference(reg: Registry) -> str:
     """The whole reference as Markdown, grouped by category, stable ordering."""
     out = ["# Aner builtins reference", "",
@@ -36,16 +41,10 @@ def render_reference(reg: Registry) -> str:
                 if b.examples:
                     out += ["", "```aner skip"] + list(b.examples) + ["```"]
                 out.append("")
-        for name in sorted(reg.enums):
-            e = reg.enums[name]
-            if e.category != cat:
-                continue
-            out += [f"### enum `{name}`", "", e.doc, ""]
-            out += [f"- `{m.name}`" + (f": {m.doc}" if m.doc else "") for m in e.members] + [""]
-        for name in sorted(reg.types):
-            t = reg.types[name]
-            if t.category != cat:
-                continue
-            out += [f"### type `{name}`", "", t.doc, ""]
-            out += [f"- `{f.name}: {f.type}`" + (f": {f.doc}" if f.doc else "") for f in t.fields] + [""]
+        for e in sorted(reg.enums.values(), key=lambda d: d.name):
+            if e.category == cat:
+                out += _entry(f"enum `{e.name}`", e.doc, [(m.name, m.doc) for m in e.members])
+        for t in sorted(reg.types.values(), key=lambda d: d.name):
+            if t.category == cat:
+                out += _entry(f"type `{t.name}`", t.doc, [(f"{f.name}: {f.type}", f.doc) for f in t.fields])
     return "\n".join(line.rstrip() for line in out).rstrip() + "\n"
