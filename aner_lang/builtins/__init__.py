@@ -18,6 +18,7 @@ _MODULES: tuple[str, ...] = (
     "aner_lang.builtins.model",
     "aner_lang.builtins.train",
     "aner_lang.builtins.artifacts",
+    "aner_lang.builtins.memory",
 )
 
 

@@ -1,0 +1,84 @@
+"""The memory report: bytes per category for a model or an adapter under a profile.
+
+Counts what Aner itself owns (weights, adapter tensors, optimizer moments, the dequantization tile),
+each buffer once (a tied `lm_head` is the embedding), not allocator overhead or process RSS. The
+categories follow the reference qualification report so the figures compare one to one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from aner_lang.runtime.linear import FrozenLinear
+from aner_lang.runtime.nf4.host_tiled import DEFAULT_TILE_BYTES
+from aner_lang.runtime.optim.paged import PAGE_MIN_ELEMENTS
+
+_FP32_MOMENTS = 2 * 4  # AdamW keeps two fp32 moments per trainable scalar
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    """Byte counts per category (the fields of the Aner `MemoryReport` type)."""
+
+    weights: int
+    floating_base: int
+    packed_base: int
+    gpu_packed_base: int
+    adapters: int
+    frozen_adapter: int
+    trainable: int
+    optimizer: int
+    managed_optimizer: int
+    prefetch_window: int
+    dequant_tile: int
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def base_bytes(module: torch.nn.Module) -> tuple[int, int, int]:
+    """(floating base, packed base, packed base on a GPU) of a base model, each buffer once."""
+    floating = packed = gpu_packed = 0
+    owned: set[int] = set()
+    seen: set[int] = set()
+    for m in module.modules():
+        if not isinstance(m, FrozenLinear) or id(m) in seen:
+            continue
+        seen.add(id(m))
+        owned.update(id(t) for t in [*m.parameters(recurse=False), *m.buffers(recurse=False)])
+        for category, n in m.nbytes().items():
+            if category == "packed_base":
+                packed += n
+                gpu_packed += n if any(b.is_cuda for b in m.buffers(recurse=False)) else 0
+            else:
+                floating += n
+    floating += sum(_nbytes(p) for p in module.parameters() if id(p) not in owned)
+    return floating, packed, gpu_packed
+
+
+def memory_report(target: Any, profile: Any | None = None) -> MemoryReport:
+    """The report for a `LoadedModel`, or an adapter through its hooks (docs/internals.md)."""
+    is_adapter = hasattr(target, "trainable_count")
+    model = target.base if is_adapter else target
+    floating, packed, gpu_packed = base_bytes(model.module)
+    owned = target.nbytes() if is_adapter else {}
+    n_trainable = target.trainable_count if is_adapter else 0
+    paged = getattr(profile, "optimizer", "adamw") == "paged_adamw" and model.device.type == "cuda"
+    managed = sum(_FP32_MOMENTS * t.numel() for t in getattr(target, "params", {}).values()
+                  if t.numel() >= PAGE_MIN_ELEMENTS) if paged else 0
+    fused = profile is not None and profile.resolved_kernel(model.device) == "fused"
+    tile = 0 if fused or not packed else getattr(profile, "dequant_tile_bytes", DEFAULT_TILE_BYTES)
+    return MemoryReport(
+        weights=floating + packed, floating_base=floating, packed_base=packed,
+        gpu_packed_base=gpu_packed, adapters=owned.get("adapters", 0),
+        frozen_adapter=owned.get("frozen_adapter", 0), trainable=owned.get("trainable", 0),
+        optimizer=_FP32_MOMENTS * n_trainable, managed_optimizer=managed,
+        prefetch_window=getattr(profile, "page_bytes", 0) if managed else 0,
+        dequant_tile=tile)
