@@ -8,9 +8,10 @@ import os
 from lsprotocol import types as lsp
 
 from aner_lang.builtins import registry
-from aner_lang.check.analysis import Analysis, Definition
+from aner_lang.check.analysis import Analysis
 from aner_lang.grammar import ast
 from aner_lsp.cursor import CallFrame, context_at
+from aner_lsp.legend import TOKEN_TYPES
 from aner_lsp.lexer import KEYWORDS, tokens
 from aner_lsp.positions import LineIndex
 from aner_lsp.signatures import SignatureView, signatures_of
@@ -20,9 +21,6 @@ _KINDS = {"let": lsp.CompletionItemKind.Variable, "param": lsp.CompletionItemKin
           "for": lsp.CompletionItemKind.Variable, "fn": lsp.CompletionItemKind.Function,
           "record": lsp.CompletionItemKind.Struct, "enum": lsp.CompletionItemKind.Enum}
 _SEVERITY = {"error": lsp.DiagnosticSeverity.Error, "warning": lsp.DiagnosticSeverity.Warning}
-TOKEN_TYPES = ["keyword", "string", "number", "comment", "function", "variable", "parameter",
-               "type", "enum", "enumMember", "property", "operator"]
-TOKEN_MODIFIERS = ["declaration", "defaultLibrary"]
 _DEF_TOKEN = {"let": "variable", "for": "variable", "param": "parameter", "fn": "function",
               "record": "type", "enum": "enum"}
 

@@ -6,10 +6,12 @@ one code point but two UTF-16 units, so every range the server sends goes throug
 from __future__ import annotations
 
 from bisect import bisect_right
+from typing import TYPE_CHECKING
 
 from lsprotocol import types
 
-from aner_lang.grammar.ast import Span
+if TYPE_CHECKING:  # importing the grammar package builds the parser: not needed for conversions
+    from aner_lang.grammar.ast import Span
 
 
 def _utf16_len(text: str) -> int:
@@ -48,5 +50,5 @@ class LineIndex:
     def range(self, start: int, end: int) -> types.Range:
         return types.Range(self.position(start), self.position(end))
 
-    def span_range(self, span: Span) -> types.Range:
+    def span_range(self, span: "Span") -> types.Range:
         return self.range(span.start, span.end)

@@ -6,21 +6,31 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from lsprotocol import types as lsp
 from pygls.lsp.server import LanguageServer
 from pygls.uris import from_fs_path, to_fs_path
 
-from aner_lang.check import Analysis, analyze, file_resolver
-from aner_lsp import __version__, features
+from aner_lsp import __version__, legend
 from aner_lsp.positions import LineIndex
+
+if TYPE_CHECKING:
+    from aner_lang.check import Analysis
+
+
+def _features():
+    """The feature module, imported on first use: it pulls in the parser and checker (about a
+    third of a second of CPU) that answering `initialize` need not wait for."""
+    from aner_lsp import features
+    return features
 
 
 @dataclass
 class Snapshot:
     """The analysis of one buffer version, with the line index of the same text."""
 
-    analysis: Analysis
+    analysis: "Analysis"
     index: LineIndex
     version: int | None
 
@@ -35,12 +45,14 @@ class AnerServer(LanguageServer):
 
     def resolve(self, path: str, importer: str | None) -> tuple[str, str]:
         """Imports read open editor buffers before the disk, so unsaved edits count."""
+        from aner_lang.check import file_resolver
         base = os.path.dirname(importer) if importer else os.getcwd()
         resolved = os.path.normpath(os.path.join(base, path))
         doc = self.workspace.text_documents.get(from_fs_path(resolved))
         return (resolved, doc.source) if doc is not None else file_resolver(path, importer)
 
     def refresh(self, uri: str) -> Snapshot:
+        from aner_lang.check import analyze
         doc = self.workspace.get_text_document(uri)
         source = doc.source
         snap = Snapshot(analyze(source, self.path_of(uri), resolver=self.resolve), LineIndex(source), doc.version)
@@ -66,10 +78,18 @@ class AnerServer(LanguageServer):
 server = AnerServer()
 
 
+@server.feature(lsp.INITIALIZED)
+def initialized(ls: AnerServer, params: lsp.InitializedParams) -> None:
+    """Warm up (parser, checker, registry) once the client has its answer to `initialize`."""
+    from aner_lang.builtins import registry
+    _features()
+    registry()
+
+
 def _publish(ls: AnerServer, uri: str) -> None:
     snap = ls.refresh(uri)
     ls.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(
-        uri=uri, version=snap.version, diagnostics=features.diagnostics(snap.analysis, snap.index)))
+        uri=uri, version=snap.version, diagnostics=_features().diagnostics(snap.analysis, snap.index)))
 
 
 @server.feature(lsp.TEXT_DOCUMENT_DID_OPEN)
@@ -97,45 +117,45 @@ def _at(ls: AnerServer, params) -> tuple[Snapshot, int]:
 def completion(ls: AnerServer, params: lsp.CompletionParams) -> lsp.CompletionList:
     snap, offset = _at(ls, params)
     path = ls.path_of(params.text_document.uri)
-    items = features.completion(snap.analysis, snap.index.source, offset, os.path.dirname(path) if path else None)
+    items = _features().completion(snap.analysis, snap.index.source, offset, os.path.dirname(path) if path else None)
     return lsp.CompletionList(is_incomplete=False, items=items)
 
 
 @server.feature(lsp.TEXT_DOCUMENT_SIGNATURE_HELP, lsp.SignatureHelpOptions(trigger_characters=["(", ","], retrigger_characters=[":"]))
 def signature_help(ls: AnerServer, params: lsp.SignatureHelpParams) -> lsp.SignatureHelp | None:
     snap, offset = _at(ls, params)
-    return features.signature_help(snap.analysis, snap.index.source, offset)
+    return _features().signature_help(snap.analysis, snap.index.source, offset)
 
 
 @server.feature(lsp.TEXT_DOCUMENT_HOVER)
 def hover(ls: AnerServer, params: lsp.HoverParams) -> lsp.Hover | None:
     snap, offset = _at(ls, params)
-    return features.hover(snap.analysis, snap.index.source, offset, snap.index)
+    return _features().hover(snap.analysis, snap.index.source, offset, snap.index)
 
 
 @server.feature(lsp.TEXT_DOCUMENT_DEFINITION)
 def definition(ls: AnerServer, params: lsp.DefinitionParams) -> lsp.Location | None:
     snap, offset = _at(ls, params)
-    return features.definition(snap.analysis, offset, from_fs_path, ls.index_of)
+    return _features().definition(snap.analysis, offset, from_fs_path, ls.index_of)
 
 
 @server.feature(lsp.TEXT_DOCUMENT_RENAME)
 def rename(ls: AnerServer, params: lsp.RenameParams) -> lsp.WorkspaceEdit | None:
     snap, offset = _at(ls, params)
-    return features.rename(snap.analysis, offset, params.new_name, params.text_document.uri, snap.index)
+    return _features().rename(snap.analysis, offset, params.new_name, params.text_document.uri, snap.index)
 
 
 @server.feature(lsp.TEXT_DOCUMENT_DOCUMENT_SYMBOL)
 def document_symbols(ls: AnerServer, params: lsp.DocumentSymbolParams) -> list[lsp.DocumentSymbol]:
     snap = ls.snapshot(params.text_document.uri)
-    return features.document_symbols(snap.analysis, snap.index)
+    return _features().document_symbols(snap.analysis, snap.index)
 
 
 @server.feature(lsp.TEXT_DOCUMENT_SEMANTIC_TOKENS_FULL,
-                lsp.SemanticTokensLegend(token_types=features.TOKEN_TYPES, token_modifiers=features.TOKEN_MODIFIERS))
+                lsp.SemanticTokensLegend(token_types=legend.TOKEN_TYPES, token_modifiers=legend.TOKEN_MODIFIERS))
 def semantic_tokens(ls: AnerServer, params: lsp.SemanticTokensParams) -> lsp.SemanticTokens:
     snap = ls.snapshot(params.text_document.uri)
-    return features.semantic_tokens(snap.analysis, snap.index.source, snap.index)
+    return _features().semantic_tokens(snap.analysis, snap.index.source, snap.index)
 
 
 def main() -> int:
