@@ -4,6 +4,7 @@ lsprotocol result. The server module only wires them to requests."""
 from __future__ import annotations
 
 import os
+from functools import lru_cache
 
 from lsprotocol import types as lsp
 
@@ -14,7 +15,7 @@ from aner_lsp.cursor import CallFrame, context_at
 from aner_lsp.legend import TOKEN_TYPES
 from aner_lsp.lexer import KEYWORDS, tokens
 from aner_lsp.positions import LineIndex
-from aner_lsp.signatures import SignatureView, signatures_of
+from aner_lsp.signatures import SignatureView, builtin_signatures, signatures_of
 from aner_lsp.types_at import accepts_receiver, base_name, chain_type, fields_of
 
 _KINDS = {"let": lsp.CompletionItemKind.Variable, "param": lsp.CompletionItemKind.Variable,
@@ -56,20 +57,27 @@ def completion(analysis: Analysis, source: str, offset: int, directory: str | No
         return []
     if ctx.member_of is not None:
         return _members(analysis, chain_type(analysis, ctx.member_of, offset), offset)
+    scope = analysis.scope_at(offset)
     items: list[lsp.CompletionItem] = []
     if ctx.call is not None:
-        items += _call_items(analysis, ctx.call, offset)
-    items += [lsp.CompletionItem(k, kind=lsp.CompletionItemKind.Keyword) for k in sorted(KEYWORDS)]
-    for name, d in sorted(analysis.scope_at(offset).items()):
+        items += _call_items(analysis, ctx.call, offset, scope)
+    for name, d in sorted(scope.items()):
         items.append(lsp.CompletionItem(name, kind=_KINDS.get(d.kind), detail=d.type))
+    items += [i for i in _global_items() if i.label not in scope]
+    return items
+
+
+@lru_cache(maxsize=1)
+def _global_items() -> tuple[lsp.CompletionItem, ...]:
+    """Keywords, builtin functions and builtin types: the same for every buffer, built once."""
     reg = registry()
+    items = [lsp.CompletionItem(k, kind=lsp.CompletionItemKind.Keyword) for k in sorted(KEYWORDS)]
     for name, overloads in sorted(reg.functions.items()):
         items.append(lsp.CompletionItem(name, kind=lsp.CompletionItemKind.Function,
-                                        detail=SignatureView.label(signatures_of(analysis, name, offset)[0]),
-                                        documentation=_md(overloads[0].doc)))
+                                        detail=builtin_signatures(name)[0].label(), documentation=_md(overloads[0].doc)))
     for name in sorted(set(reg.types) | set(reg.enums)):
         items.append(lsp.CompletionItem(name, kind=lsp.CompletionItemKind.Class))
-    return items
+    return tuple(items)
 
 
 def _import_paths(typed: str, directory: str | None) -> list[lsp.CompletionItem]:
@@ -100,11 +108,11 @@ def _members(analysis: Analysis, ty: str | None, offset: int) -> list[lsp.Comple
             if b.params and accepts_receiver(b.params[0].type, ty) and name not in seen:
                 seen.add(name)
                 items.append(lsp.CompletionItem(name, kind=lsp.CompletionItemKind.Method,
-                                                detail=SignatureView.label(signatures_of(analysis, name, offset)[0]),
-                                                documentation=_md(b.doc)))
-    for name, d in analysis.scope_at(offset).items():
+                                                detail=builtin_signatures(name)[0].label(), documentation=_md(b.doc)))
+    scope = analysis.scope_at(offset)
+    for name, d in scope.items():
         if isinstance(d.node, ast.FnDecl) and d.node.params:
-            sig = signatures_of(analysis, name, offset)[0]
+            sig = signatures_of(analysis, name, offset, scope)[0]
             if accepts_receiver(sig.params[0].type, ty):
                 items.append(lsp.CompletionItem(name, kind=lsp.CompletionItemKind.Method, detail=sig.label()))
     return items
@@ -116,24 +124,24 @@ def _filled(frame: CallFrame, sig: SignatureView) -> set[str]:
     return {p.name for p in sig.params[:first]} | set(frame.named)
 
 
-def _enum_members(type_name: str, analysis: Analysis, offset: int) -> list[str]:
+def _enum_members(type_name: str, scope: dict) -> list[str]:
     decl = registry().enums.get(base_name(type_name))
     if decl is not None:
         return [m.name for m in decl.members]
-    d = analysis.scope_at(offset).get(base_name(type_name))
+    d = scope.get(base_name(type_name))
     return [m.name for m in d.node.members] if d is not None and isinstance(d.node, ast.EnumDecl) else []
 
 
-def _call_items(analysis: Analysis, frame: CallFrame, offset: int) -> list[lsp.CompletionItem]:
+def _call_items(analysis: Analysis, frame: CallFrame, offset: int, scope: dict) -> list[lsp.CompletionItem]:
     """Enum members where the parameter being filled expects an enum; else the named arguments
     not given yet."""
     items, seen = [], set()
-    for sig in signatures_of(analysis, frame.callee, offset):
+    for sig in signatures_of(analysis, frame.callee, offset, scope):
         param = _active(frame, sig)
         if param is not None:
             p = sig.params[param]
             elem = p.type[5:-1] if p.type.startswith("List[") else p.type
-            for m in _enum_members(elem, analysis, offset):
+            for m in _enum_members(elem, scope):
                 if m not in seen:
                     seen.add(m)
                     items.append(lsp.CompletionItem(m, kind=lsp.CompletionItemKind.EnumMember, detail=base_name(elem),
