@@ -1,7 +1,6 @@
--- Aner for Neovim (0.10+): filetype detection and the language server, with no plugins needed.
--- Install: copy this file to ~/.config/nvim/plugin/aner.lua (or `dofile()` it from init.lua).
--- The server command can be changed with `vim.g.aner_lsp_cmd = { "python", "-m", "aner_lsp.server" }`.
-
+-- Aner in Neovim (0.10+; no plugins needed). Put this file on your runtimepath, e.g.
+--   ~/.config/nvim/plugin/aner.lua
+-- It registers the .aner filetype, `#` comments, and starts `aner lsp` for each Aner buffer.
 vim.filetype.add({ extension = { aner = "aner" } })
 
 vim.api.nvim_create_autocmd("FileType", {
@@ -10,7 +9,7 @@ vim.api.nvim_create_autocmd("FileType", {
     vim.bo[args.buf].commentstring = "# %s"
     vim.lsp.start({
       name = "aner",
-      cmd = vim.g.aner_lsp_cmd or { "aner", "lsp" },
+      cmd = { "aner", "lsp" },
       root_dir = vim.fs.root(args.buf, { ".git", "pyproject.toml" }) or vim.fn.getcwd(),
     })
   end,

@@ -1,15 +1,15 @@
-// Starts `aner lsp` (or the command in the `aner.server.command` setting) over stdio for .aner files.
+// Starts `aner lsp` (configurable: aner.server.command) for .aner files over stdio.
 const vscode = require("vscode");
-const { LanguageClient } = require("vscode-languageclient/node");
+const { LanguageClient, TransportKind } = require("vscode-languageclient/node");
 
 let client;
 
 function activate(context) {
-  const [command, ...args] = vscode.workspace.getConfiguration("aner").get("server.command", ["aner", "lsp"]);
+  const [command, ...args] = vscode.workspace.getConfiguration("aner").get("server.command");
   client = new LanguageClient(
     "aner",
     "Aner language server",
-    { command, args },
+    { command, args, transport: TransportKind.stdio },
     { documentSelector: [{ scheme: "file", language: "aner" }, { scheme: "untitled", language: "aner" }] },
   );
   context.subscriptions.push(client);
