@@ -13,6 +13,7 @@ from pygls.lsp.server import LanguageServer
 from pygls.uris import from_fs_path, to_fs_path
 
 from aner_lsp import __version__, legend
+from aner_lsp.formatting import formatting_edits
 from aner_lsp.positions import LineIndex
 
 if TYPE_CHECKING:
@@ -156,6 +157,12 @@ def document_symbols(ls: AnerServer, params: lsp.DocumentSymbolParams) -> list[l
 def semantic_tokens(ls: AnerServer, params: lsp.SemanticTokensParams) -> lsp.SemanticTokens:
     snap = ls.snapshot(params.text_document.uri)
     return _features().semantic_tokens(snap.analysis, snap.index.source, snap.index)
+
+
+@server.feature(lsp.TEXT_DOCUMENT_FORMATTING)
+def formatting(ls: AnerServer, params: lsp.DocumentFormattingParams) -> list[lsp.TextEdit]:
+    doc = ls.workspace.get_text_document(params.text_document.uri)
+    return formatting_edits(doc.source, LineIndex(doc.source))
 
 
 def main() -> int:
