@@ -200,25 +200,49 @@ def _check(directory: Path, what: str, recorded: Any, given: Any, code: str) -> 
                     f"now:        {json.dumps(given, sort_keys=True)}")
 
 
+def _locate(root: Path) -> tuple[Path, bytes]:
+    """The checkpoint folder `root` means, and its manifest's bytes, verified.
+
+    `root` is either a checkpoint directory (its ``latest.json`` names the folder and the
+    manifest's sha256) or one ``update-*`` folder inside it (whose name ends with the first 12
+    hex digits of its manifest's sha256), so an earlier checkpoint can be resumed too.
+    """
+    if not root.is_dir():
+        raise _fail(root, "no such directory", "E-CKPT-MISSING")
+    if (root / MANIFEST).is_file() and root.name.startswith(_PREFIX):
+        folder, want = root, root.name.rsplit("-", 1)[-1]
+    else:
+        pointer = _read_json(root, root / POINTER)
+        name = str(pointer.get("checkpoint", ""))
+        folder, want = root / name, str(pointer.get("manifest_sha256"))
+        if not name.startswith(_PREFIX) or "/" in name or not folder.is_dir():
+            raise _fail(root, f"{POINTER} names a checkpoint that does not exist: {name!r}",
+                        "E-CKPT-MISSING")
+    data = (folder / MANIFEST).read_bytes() if (folder / MANIFEST).is_file() else None
+    if data is None:
+        raise _fail(root, f"{folder.name}/{MANIFEST} is missing", "E-CKPT-MISSING")
+    if not hashlib.sha256(data).hexdigest().startswith(want):
+        raise _fail(root, f"{folder.name}/{MANIFEST} is corrupted: its sha256 does not match "
+                    f"{POINTER if folder != root else 'the folder name'}", "E-CKPT-CORRUPT")
+    return folder, data
+
+
+def has_checkpoint(directory: str | Path) -> bool:
+    """Whether `directory` is a checkpoint directory (or folder) that was written to."""
+    root = Path(directory)
+    return (root / POINTER).is_file() or (root / MANIFEST).is_file()
+
+
 def load(directory: str | Path, *, base_path: str | Path | None = None,
          profile: dict[str, Any] | None = None, kernel_identity: str | None = None) -> Checkpoint:
-    """Read and verify the latest checkpoint under `directory`.
+    """Read and verify the latest checkpoint under `directory` (or the folder `directory`).
 
     Every file's size and sha256 are checked against the manifest, and the manifest against the
     pointer. When given, `base_path` (its GGUF fingerprint), `profile` and `kernel_identity`
     must equal what the checkpoint recorded.
     """
     root = Path(directory)
-    if not root.is_dir():
-        raise _fail(root, "no such directory", "E-CKPT-MISSING")
-    pointer = _read_json(root, root / POINTER)
-    name = str(pointer.get("checkpoint", ""))
-    folder = root / name
-    if not name.startswith(_PREFIX) or "/" in name or not folder.is_dir():
-        raise _fail(root, f"{POINTER} names a checkpoint that does not exist: {name!r}",
-                    "E-CKPT-MISSING")
-    manifest_bytes = _verified_bytes(root, folder, MANIFEST, {
-        "bytes": (folder / MANIFEST).stat().st_size, "sha256": pointer.get("manifest_sha256")})
+    folder, manifest_bytes = _locate(root)
     manifest = _read_json(root, folder / MANIFEST, manifest_bytes)
     if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
         raise _fail(root, f"unsupported format {manifest.get('format')!r} "
@@ -242,8 +266,7 @@ def load(directory: str | Path, *, base_path: str | Path | None = None,
 
 def latest(directory: str | Path) -> Checkpoint | None:
     """The verified latest checkpoint under `directory`, or None when none was written yet."""
-    root = Path(directory)
-    return load(root) if (root / POINTER).is_file() else None
+    return load(directory) if has_checkpoint(directory) else None
 
 
 def resume(directory: str | Path, model: Any = None, profile: Any = None,
@@ -259,7 +282,7 @@ def resume(directory: str | Path, model: Any = None, profile: Any = None,
     from aner_lang.runtime.trainer import TrainState
 
     root = Path(directory)
-    if otherwise is not None and not (root / POINTER).is_file():
+    if otherwise is not None and not has_checkpoint(root):
         return otherwise
     ck = load(root, profile=profile.to_json() if profile is not None else None)
     base = ck.meta.get("base") or {}

@@ -1,10 +1,10 @@
 """Run in a fresh process by test_resume_exact.py: train every (method, profile) combination.
 
-    python resume_worker.py first  GGUF OUT DEVICE   # 1 update, checkpoint to OUT/<combo>
-    python resume_worker.py second GGUF OUT DEVICE   # resume each OUT/<combo>, train to 2
-    python resume_worker.py whole  GGUF OUT DEVICE   # 2 uninterrupted updates, checkpoint
+    python resume_worker.py whole   GGUF OUT DEVICE  # 2 updates, a checkpoint after each
+    python resume_worker.py resumed GGUF OUT DEVICE  # resume each update-1 checkpoint, train to 2
 
-Each combination leaves its last checkpoint in OUT/<phase-dir>/<combo>, which the test compares.
+`whole` leaves OUT/whole/<combo>/ with the checkpoints of update 1 and 2; `resumed` continues
+from the update-1 folder (a run interrupted after its first update) into OUT/resumed/<combo>.
 """
 
 from __future__ import annotations
@@ -74,14 +74,13 @@ def main(phase: str, gguf: str, out: str, device: str) -> None:
             # into the next combination of this process
             bases[storage] = load_model(gguf, storage=storage, device=device)
         base = bases[storage]
-        if phase == "second":
-            adapter = resume(Path(out) / "first" / name, model=base)
-            directory = Path(out) / "first" / name
+        if phase == "resumed":
+            first = next((Path(out) / "whole" / name).glob("update-000001-*"))
+            adapter = resume(first, model=base)
         else:
             adapter = MAKERS[method](base)
-            directory = Path(out) / phase / name
-        steps = 1 if phase == "first" else 2
-        train(adapter, data, _profile(kw), steps=steps, checkpoints=str(directory), **opts)
+        train(adapter, data, _profile(kw), steps=2, checkpoints=str(Path(out) / phase / name),
+              **opts)
         print(name, "ok", flush=True)
 
 

@@ -31,10 +31,10 @@ def _run(phase: str, gguf: Path, out: Path, device: str) -> None:
 
 
 def _assert_resume_exact(gguf: Path, out: Path, device: str) -> None:
-    for phase in ("first", "second", "whole"):
+    for phase in ("whole", "resumed"):
         _run(phase, gguf, out, device)
     for name, *_ in combos(device):
-        resumed = checkpoint.load(out / "first" / name)
+        resumed = checkpoint.load(out / "resumed" / name)
         whole = checkpoint.load(out / "whole" / name)
         assert resumed.updates == whole.updates == 2, name
         assert resumed.meta == whole.meta, name
