@@ -1,4 +1,4 @@
-"""pytest-lsp harness: one real `aner_lsp.server` subprocess per test module, driven over stdio."""
+"""pytest-lsp harness: one real `aner lsp` server subprocess per test module, driven over stdio."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest_lsp
 from lsprotocol import types
 from pytest_lsp import ClientServerConfig, LanguageClient
 
-SERVER = [sys.executable, "-m", "aner_lsp.server"]
+SERVER = [sys.executable, "-m", "aner_lang.cli", "lsp"]  # what `aner lsp` runs
 
 
 @pytest_lsp.fixture(scope="module", config=ClientServerConfig(server_command=SERVER))
