@@ -37,6 +37,8 @@ class Context:
     in_string_or_comment: bool = False
     after_let: bool = False
     """Naming a new binding (`let |`, `fn |`): nothing to complete."""
+    in_list: bool = False
+    """Inside a list literal that is (part of) the argument of `call` (`targets: [q_proj, |`)."""
 
 
 def _chain_before(toks: list[Tok], end: int) -> tuple[Tok, ...]:
@@ -75,10 +77,10 @@ def context_at(source: str, offset: int) -> Context:
             ctx.import_path = last.text[1:]
         ctx.in_string_or_comment = last.kind == "comment" or unterminated
         return ctx
-    stack: list[CallFrame | None] = []
+    stack: list[CallFrame | str] = []  # a call, or the bracket that opened a non-call group
     for i, t in enumerate(toks):
         if t.text in ("(", "[", "{"):
-            frame = None
+            frame: CallFrame | str = t.text
             if t.text == "(" and i > 0 and toks[i - 1].kind == "name":
                 dotted = i > 1 and toks[i - 2].text == "."
                 frame = CallFrame(toks[i - 1].text, _chain_before(toks, i - 2) if dotted else (), open_offset=t.start)
@@ -86,7 +88,7 @@ def context_at(source: str, offset: int) -> Context:
         elif t.text in (")", "]", "}"):
             if stack:
                 stack.pop()
-        elif stack and stack[-1] is not None:
+        elif stack and isinstance(stack[-1], CallFrame):
             frame = stack[-1]
             if t.text == "," :
                 if frame.current is None:
@@ -95,7 +97,13 @@ def context_at(source: str, offset: int) -> Context:
             elif t.text == ":" and i > 0 and toks[i - 1].kind == "name" and (toks[i - 2].text in ("(", ",")):
                 frame.current = toks[i - 1].text
                 frame.named.append(frame.current)
-    ctx.call = next((f for f in reversed(stack) if f is not None), None) if stack and stack[-1] is not None else None
+    for entry in reversed(stack):  # the innermost call, seen through list literals only
+        if isinstance(entry, CallFrame):
+            ctx.call = entry
+            break
+        if entry != "[":
+            break
+        ctx.in_list = True
     if toks and toks[-1].text == ".":
         ctx.member_of = _chain_before(toks, len(toks) - 1)
     ctx.after_let = bool(toks) and toks[-1].text in ("let", "fn", "record", "enum", "for")

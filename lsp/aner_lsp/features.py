@@ -60,7 +60,7 @@ def completion(analysis: Analysis, source: str, offset: int, directory: str | No
     scope = analysis.scope_at(offset)
     items: list[lsp.CompletionItem] = []
     if ctx.call is not None:
-        items += _call_items(analysis, ctx.call, offset, scope)
+        items += _call_items(analysis, ctx.call, offset, scope, ctx.in_list)
     for name, d in sorted(scope.items()):
         items.append(lsp.CompletionItem(name, kind=_KINDS.get(d.kind), detail=d.type))
     items += [i for i in _global_items() if i.label not in scope]
@@ -132,9 +132,10 @@ def _enum_members(type_name: str, scope: dict) -> list[str]:
     return [m.name for m in d.node.members] if d is not None and isinstance(d.node, ast.EnumDecl) else []
 
 
-def _call_items(analysis: Analysis, frame: CallFrame, offset: int, scope: dict) -> list[lsp.CompletionItem]:
-    """Enum members where the parameter being filled expects an enum; else the named arguments
-    not given yet."""
+def _call_items(analysis: Analysis, frame: CallFrame, offset: int, scope: dict,
+                in_list: bool) -> list[lsp.CompletionItem]:
+    """Enum members where the parameter being filled expects an enum (or a list of one); else,
+    outside a list, the named arguments not given yet."""
     items, seen = [], set()
     for sig in signatures_of(analysis, frame.callee, offset, scope):
         param = _active(frame, sig)
@@ -146,7 +147,7 @@ def _call_items(analysis: Analysis, frame: CallFrame, offset: int, scope: dict) 
                     seen.add(m)
                     items.append(lsp.CompletionItem(m, kind=lsp.CompletionItemKind.EnumMember, detail=base_name(elem),
                                                     sort_text="0" + m))
-        if frame.current is None:
+        if frame.current is None and not in_list:
             for p in sig.params:
                 if p.name not in _filled(frame, sig) and p.name + ":" not in seen:
                     seen.add(p.name + ":")

@@ -94,3 +94,15 @@ async def test_signature_help_overloads_and_active_parameter(client):
     active = h.signatures[h.active_signature]
     start, end = active.parameters[h.active_parameter].label
     assert h.active_parameter == 2 and active.label[start:end].startswith("alpha: ")
+
+
+async def test_enum_members_inside_a_list_argument_and_methods(client):
+    text = 'let m = load_model("m.gguf")\nlet a = lora(m, targets: [q_proj, ])\nprint(m.)\n'
+    uri = "file:///tmp/list_enum.aner"
+    await open_doc(client, uri, text)
+    got = await complete(client, uri, text, "q_proj, ", len("q_proj, "))
+    assert {"q_proj", "v_proj", "o_proj"} <= set(got)
+    assert "alpha:" not in got                                      # not a place for a named argument
+    got = await complete(client, uri, text, "m.)", 2)
+    assert {"generate", "chat", "evaluate", "lora"} <= set(got)     # functions taking a Model first
+    assert "print" not in got and "len" not in got
