@@ -41,6 +41,7 @@ class PagedAdamW(AdamW):
         self._fallback = 0
         self._cp = None
         self._can_prefetch = False
+        self._no_prefetch = ""
         if self.on_cuda:
             self._init_cuda()
 
@@ -59,6 +60,8 @@ class PagedAdamW(AdamW):
         dev = torch.cuda.current_device()
         self._device = dev
         self._can_prefetch = bool(rt.deviceGetAttribute(rt.cudaDevAttrConcurrentManagedAccess, dev))
+        if not self._can_prefetch:
+            self._no_prefetch = "; device lacks concurrent managed access, no prefetch"
 
     def _zeros(self, p: torch.Tensor) -> torch.Tensor:
         nbytes = p.numel() * 4
@@ -87,8 +90,14 @@ class PagedAdamW(AdamW):
         rt = self._cp.cuda.runtime
         stream = torch.cuda.current_stream().cuda_stream
         base, total = t.data_ptr(), t.numel() * t.element_size()
-        for off in range(0, total, self.page_bytes):
-            rt.memPrefetchAsync(base + off, min(self.page_bytes, total - off), device, stream)
+        try:
+            for off in range(0, total, self.page_bytes):
+                rt.memPrefetchAsync(base + off, min(self.page_bytes, total - off), device, stream)
+        except (AttributeError, TypeError, rt.CUDARuntimeError) as exc:
+            # CUDA 13 changed cudaMemPrefetchAsync's signature; without prefetch the driver
+            # still migrates pages on demand, so training goes on and the report says why
+            self._can_prefetch = False
+            self._no_prefetch = f"; prefetch unavailable ({type(exc).__name__}: {exc})"
 
     def _update(self, p: torch.Tensor, grad: torch.Tensor, st: AdamWState, lr: float,
                 beta1: float, beta2: float) -> None:
@@ -105,7 +114,7 @@ class PagedAdamW(AdamW):
         """One line for the profile report: where the moments live and why."""
         if not self.on_cuda:
             return "paged_adamw on CPU: no CUDA managed memory, plain AdamW"
-        note = "" if self._can_prefetch else "; device lacks concurrent managed access, no prefetch"
+        note = self._no_prefetch
         spill = f"; {self._fallback} bytes past the cap kept as device memory" \
             if self._fallback else ""
         return (f"paged_adamw: {self._managed} bytes of moments in CUDA managed memory "
