@@ -10,7 +10,7 @@ save/restore the moments as plain tensors copied into fresh managed buffers (bnb
 On CPU there is no managed memory: it is plain AdamW and `report()` says so.
 
 Managed buffers come from CuPy (`cupy.cuda.malloc_managed`) and are viewed as torch tensors
-through DLPack, so the arithmetic is the same torch code as `AdamW`.
+through `__cuda_array_interface__`, so the arithmetic is the same torch code as `AdamW`.
 """
 
 from __future__ import annotations
@@ -75,7 +75,12 @@ class PagedAdamW(AdamW):
             mem = cp.cuda.malloc_managed(nbytes)
             arr = cp.ndarray(tuple(p.shape), dtype=cp.float32, memptr=mem)
             arr.fill(0)
-        t = torch.from_dlpack(arr)
+        # __cuda_array_interface__ gives a zero-copy CUDA tensor whatever the pointer's kind
+        # (DLPack would tag managed memory kDLCUDAManaged, which torch may refuse)
+        t = torch.as_tensor(arr, device=torch.device("cuda", self._device))
+        if t.data_ptr() != mem.ptr:
+            raise AnerRuntimeError("paged_adamw: torch copied the managed buffer instead of "
+                                   "viewing it", code="E-PAGED-UNAVAILABLE")
         self._buffers[t.data_ptr()] = (mem, arr)
         self._managed += nbytes
         return t
