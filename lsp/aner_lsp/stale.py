@@ -1,0 +1,64 @@
+"""Answering completion and signature help while the buffer is being re-analysed.
+
+Analysing a 2,000-line file takes a large part of a second on this hardware, far over the 50 ms a
+completion may take, so the server analyses edits in the background (debounced) and, meanwhile,
+answers from the previous analysis seen through the edit: offsets of the live text are mapped
+back to the analysed text (unchanged before the edit, shifted after it, the edit's start inside
+it). Cursor context always comes from the live text."""
+
+from __future__ import annotations
+
+
+def _common_prefix(a: str, b: str) -> int:
+    """Length of the longest common prefix (binary search on slice compares, which run in C)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _common_suffix(a: str, b: str, limit: int) -> int:
+    lo, hi = 0, limit
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[len(a) - mid:] == b[len(b) - mid:]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+class ShiftedAnalysis:
+    """An `Analysis` of `old` text, queried with offsets into the `new` text."""
+
+    def __init__(self, analysis, new: str) -> None:
+        old = analysis.source
+        self._analysis = analysis
+        self._prefix = _common_prefix(old, new)
+        suffix = _common_suffix(old, new, min(len(old), len(new)) - self._prefix)
+        self._new_end = len(new) - suffix
+        self._delta = len(new) - len(old)
+
+    def map(self, offset: int) -> int:
+        if offset <= self._prefix:
+            return offset
+        return offset - self._delta if offset >= self._new_end else self._prefix
+
+    def scope_at(self, offset: int):
+        return self._analysis.scope_at(self.map(offset))
+
+    def type_at(self, offset: int):
+        return self._analysis.type_at(self.map(offset))
+
+    def definition_at(self, offset: int):
+        return self._analysis.definition_at(self.map(offset))
+
+    def call_at(self, offset: int):
+        return self._analysis.call_at(self.map(offset))
+
+    def __getattr__(self, name: str):
+        return getattr(self._analysis, name)
