@@ -44,9 +44,11 @@ class ShiftedAnalysis:
         self._delta = len(new) - len(old)
 
     def map(self, offset: int) -> int:
-        if offset <= self._prefix:
-            return offset
-        return offset - self._delta if offset >= self._new_end else self._prefix
+        """After the edit (checked first: at a deletion's point the text after it is meant),
+        before it, or inside it."""
+        if offset >= self._new_end:
+            return offset - self._delta
+        return offset if offset <= self._prefix else self._prefix
 
     def scope_at(self, offset: int):
         return self._analysis.scope_at(self.map(offset))

@@ -106,3 +106,19 @@ async def test_enum_members_inside_a_list_argument_and_methods(client):
     got = await complete(client, uri, text, "m.)", 2)
     assert {"generate", "chat", "evaluate", "lora"} <= set(got)     # functions taking a Model first
     assert "print" not in got and "len" not in got
+
+
+async def test_completion_right_after_an_edit_uses_the_live_text(client):
+    """Completion sent before the edit is analysed: names come from the previous analysis, the
+    call context from the live text."""
+    uri = "file:///tmp/live.aner"
+    text = 'let m = load_model("m.gguf")\nlet width = 3\n'
+    await open_doc(client, uri, text)
+    text2 = text + "let q = lora(m, rank: width, "
+    client.text_document_did_change(types.DidChangeTextDocumentParams(
+        types.VersionedTextDocumentIdentifier(uri=uri, version=2),
+        [types.TextDocumentContentChangeWholeDocument(text=text2)]))
+    got = await complete(client, uri, text2, "width, ", len("width, "))
+    assert "alpha:" in got and "rank:" not in got and "width" in got
+    await client.wait_for_notification(types.TEXT_DOCUMENT_PUBLISH_DIAGNOSTICS)
+    assert client.diagnostics[uri] and all(d.range.start.line == 2 for d in client.diagnostics[uri])
