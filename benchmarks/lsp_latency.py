@@ -68,18 +68,20 @@ async def main(lines: int, samples: int) -> None:
     first_line_end = index.position(text.index("\n"))
     version = iter(range(2, 10**6))
 
-    async def edit_then_complete(p):
+    def type_a_space() -> None:
+        """An edit far from the cursor (a space at the end of line 1), as typing elsewhere sends."""
         client.text_document_did_change(types.DidChangeTextDocumentParams(
             types.VersionedTextDocumentIdentifier(uri=URI, version=next(version)),
             [types.TextDocumentContentChangePartial(types.Range(first_line_end, first_line_end), " ")]))
+
+    async def edit_then_complete(p):
+        type_a_space()
         return await client.text_document_completion_async(types.CompletionParams(doc, p))
 
     edited = await timed(edit_then_complete, in_call)
 
     async def complete_during_analysis(p):
-        client.text_document_did_change(types.DidChangeTextDocumentParams(
-            types.VersionedTextDocumentIdentifier(uri=URI, version=next(version)),
-            [types.TextDocumentContentChangePartial(types.Range(first_line_end, first_line_end), " ")]))
+        type_a_space()
         await asyncio.sleep(0.2)  # past the debounce: the background analysis is running now
         t = time.perf_counter()
         await client.text_document_completion_async(types.CompletionParams(doc, p))
