@@ -44,3 +44,13 @@ def tiny_model(tiny_gguf: Path):
     from aner_lang.runtime.model import load_model
 
     return load_model(tiny_gguf, storage="float32", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def tiny_bytes_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Like `tiny_gguf` but with a 259-token byte-level vocabulary: parses and converts in
+    milliseconds, for tests that load a file many times or hand it to HF transformers."""
+    from aner_lang.runtime.fixture import embedded_tokenizer, write_fixture
+
+    return write_fixture(tmp_path_factory.mktemp("fixtures") / "tiny_bytes.gguf", "tiny", seed=0,
+                         tokenizer=embedded_tokenizer())

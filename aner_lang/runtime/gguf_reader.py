@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import struct
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -152,9 +152,6 @@ class GGUFFile:
                 raise _fail(self.path, f"tensor {name!r} uses GGML type {qtype.name}, which "
                             "cannot be dequantized", "E-GGUF-TYPE") from None
         return torch.from_numpy(array.reshape(shape)).to(dtype)
-
-    def tensor_names(self) -> Iterator[str]:
-        return iter(self._tensors)
 
 
 def unpermute_rows(weight: torch.Tensor, n_head: int) -> torch.Tensor:

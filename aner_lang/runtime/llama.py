@@ -127,8 +127,8 @@ class LlamaAttention(nn.Module):
         if groups > 1:
             k = k.repeat_interleave(groups, dim=1)
             v = v.repeat_interleave(groups, dim=1)
-        if past == 0:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=t > 1)
+        if past == 0 or t == 1:  # causal from scratch, or one new token that sees every key
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=past == 0 and t > 1)
         else:  # query i (absolute position past+i) sees keys 0..past+i
             keys = torch.arange(past + t, device=x.device)
             mask = keys[None, :] <= (past + torch.arange(t, device=x.device))[:, None]

@@ -31,7 +31,6 @@ TOKEN_TYPE_USER_DEFINED = 4
 GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
 # llama.cpp's pre-tokenizer regexes applied before the GPT-2 split, by `tokenizer.ggml.pre`.
 _PRE_SPLITS: dict[str, tuple[str, ...]] = {
-    "default": (),
     "gpt2": (),
     "smollm": (r"\p{N}",),
     "starcoder": (r"\p{N}",),

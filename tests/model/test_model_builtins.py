@@ -76,8 +76,16 @@ def test_bad_model_path_is_a_diagnostic_not_a_traceback(tmp_path):
     assert "missing.gguf: no such model file" in str(info.value)
 
 
-@pytest.mark.slow
-def test_generate_example_runs_on_the_real_model(smollm2_path):
+def test_generate_example_runs_on_the_real_model(real_model, smollm2_path, monkeypatch):
+    """The README's main job, end to end through checker and interpreter; the model load itself
+    is the session's `real_model` (load_model on this file is tested by every real-model test)."""
+    from aner_lang.runtime import model as runtime_model
+
+    def shared_load(path, storage, device):
+        assert Path(path) == smollm2_path and storage == "float32"
+        return real_model
+
+    monkeypatch.setattr(runtime_model, "load_model", shared_load)
     out = _run(EXAMPLE.read_text(), EXAMPLE.parent)
     assert "134515008 parameters, 30 layers" in out
     assert "greedy: The capital of France is Paris." in out

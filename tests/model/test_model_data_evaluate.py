@@ -62,10 +62,13 @@ def test_jsonl_errors(tmp_path):
         from_jsonl(bad, context=16, prompt_field="txt")
 
 
-def test_evaluate_matches_hf_loss(tiny_gguf, tiny_model):
+def test_evaluate_matches_hf_loss(tiny_bytes_gguf):
     transformers = pytest.importorskip("transformers")
+    from aner_lang.runtime.model import load_model
+
+    tiny_model = load_model(tiny_bytes_gguf, device="cpu")
     hf = transformers.LlamaForCausalLM.from_pretrained(
-        str(tiny_gguf.parent), gguf_file=tiny_gguf.name, dtype=torch.float32).eval()
+        str(tiny_bytes_gguf.parent), gguf_file=tiny_bytes_gguf.name, dtype=torch.float32).eval()
     ds = from_texts(TEXTS, context=64)
     ours = evaluate(tiny_model, ds, batch_size=2)  # one right-padded batch of two
     total = count = 0.0

@@ -76,10 +76,11 @@ def test_chat_template_matches_hf(real_model, hf_tokenizer):
 
 @pytest.mark.parametrize("tied", [True, False])
 def test_tiny_fixture_logits_match_hf(tmp_path, tied):
-    from aner_lang.runtime.fixture import write_fixture
+    from aner_lang.runtime.fixture import embedded_tokenizer, write_fixture
     from aner_lang.runtime.model import load_model
 
-    path = write_fixture(tmp_path / "t.gguf", "tiny", seed=3, tied=tied)
+    path = write_fixture(tmp_path / "t.gguf", "tiny", seed=3, tied=tied,
+                         tokenizer=embedded_tokenizer())
     ours = load_model(path, device="cpu")
     hf = transformers.LlamaForCausalLM.from_pretrained(str(tmp_path), gguf_file=path.name,
                                                        dtype=torch.float32).eval()
