@@ -212,6 +212,8 @@ def hover(analysis: Analysis, source: str, offset: int, index: LineIndex) -> lsp
     elif name in reg.types or name in reg.enums:
         decl = reg.types.get(name) or reg.enums[name]
         text = f"```aner\n{name}\n```\n{decl.doc}"
+    elif start > 1 and source[start - 1] == "." and (field := _field_doc(analysis, start - 2, name)) is not None:
+        text = field
     else:
         member = next(((e, m) for e in reg.enums.values() for m in e.members if m.name == name), None)
         ty = analysis.type_at(offset)
@@ -222,6 +224,17 @@ def hover(analysis: Analysis, source: str, offset: int, index: LineIndex) -> lsp
         else:
             return None
     return lsp.Hover(contents=_md(text), range=index.range(start, end))
+
+
+def _field_doc(analysis: Analysis, object_end: int, name: str) -> str | None:
+    """`Owner.field: Type` and the registry's doc of a field read with `x.field`."""
+    owner = analysis.type_at(object_end)
+    ty = None if owner is None else fields_of(analysis, owner).get(name)
+    if ty is None:
+        return None
+    decl = registry().types.get(base_name(owner))
+    doc = next((f.doc for f in decl.fields if f.name == name), "") if decl is not None else ""
+    return f"```aner\n{base_name(owner)}.{name}: {ty}\n```\n{doc}".rstrip()
 
 
 def definition(analysis: Analysis, offset: int, uri_of, index_of) -> lsp.Location | None:

@@ -38,6 +38,11 @@ async def test_hover_user_binding_and_builtin(client):
     assert "load_model(path: String" in h.contents.value and "GGUF" in h.contents.value
     h = await client.text_document_hover_async(types.HoverParams(doc(uri), at(SCRIPT, "float16", 1)))
     assert "Storage.float16" in h.contents.value
+    text = 'let e = evaluate(load_model("m.gguf"), texts(["a"], context: 8))\nprint(e.perplexity)\n'
+    await open_doc(client, "file:///tmp/hover_field.aner", text)
+    h = await client.text_document_hover_async(types.HoverParams(doc("file:///tmp/hover_field.aner"),
+                                                                 at(text, "perplexity", 2)))
+    assert h.contents.value.startswith("```aner\nEvaluation.perplexity: Float\n```")
 
 
 async def test_utf16_positions_after_non_ascii(client):
