@@ -54,3 +54,23 @@ def test_fused_without_cuda_is_a_clear_error_and_auto_picks_host_tiled() -> None
     assert resolve_kernel("auto") == "host_tiled"
     with pytest.raises(AnerRuntimeError, match="fused"):
         resolve_kernel("fused")
+
+
+@pytest.mark.cuda
+def test_host_tiled_runs_on_cuda_tensors_and_matches_the_cpu() -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    w = quantize_nf4(_weight(1536, 576))
+    x = torch.randn(32, 576, generator=torch.Generator().manual_seed(2))
+    budget = 256 * 576 * 4  # 6 tiles
+    host_tiled._scratch.clear()
+    w_gpu, x_gpu = w.to("cuda"), x.cuda().requires_grad_(True)
+    y = nf4_matmul(x_gpu, w_gpu, HostTiled(budget))
+    y.square().sum().backward()
+    assert y.is_cuda and x_gpu.grad.is_cuda
+    assert torch.equal(dequantize_nf4(w_gpu).cpu(), dequantize_nf4(w))  # same bits on both devices
+    assert torch.allclose(y.cpu(), host_tiled.linear(x, w, budget), rtol=1e-4, atol=1e-4)
+    assert torch.allclose(x_gpu.grad.cpu(), host_tiled.grad_input(2 * y.detach().cpu(), w, budget),
+                          rtol=1e-4, atol=1e-4)
+    cuda_buffers = [b for (dev, _), b in host_tiled._scratch.items() if dev.type == "cuda"]
+    assert cuda_buffers and all(b.numel() * 4 <= budget for b in cuda_buffers)

@@ -70,6 +70,23 @@ def test_memory_report_matches_the_reference_figures(nf4_model) -> None:
     assert nf4_model.module.lm_head is nf4_model.module.embed_tokens
 
 
+def test_memory_report_of_adapters_matches_the_reference_lora(nf4_model) -> None:
+    from aner_lang.runtime.adapters import lora, lora_fa
+    from aner_lang.runtime.profile import profile
+
+    # The reference's rank-2 LoRA on q_proj and v_proj of all 30 layers: 115,200 fp32 masters.
+    report = memory_report(lora(nf4_model, rank=2, alpha=4.0, seed=71),
+                           profile(optimizer="paged_adamw", kernel="host_tiled"))
+    assert (report.adapters, report.trainable, report.optimizer) == (460_800, 460_800, 921_600)
+    assert (report.frozen_adapter, report.managed_optimizer, report.prefetch_window) == (0, 0, 0)
+    assert report.packed_base == memory_report(nf4_model).packed_base
+    assert report.dequant_tile == 8 << 20
+    fa = memory_report(lora_fa(nf4_model, rank=2, alpha=4.0, seed=71))
+    frozen_a = 30 * 2 * (2 * 576) * 4  # A of q_proj and of v_proj: [2, 576] each
+    assert (fa.frozen_adapter, fa.adapters) == (frozen_a, 460_800)
+    assert (fa.trainable, fa.optimizer) == (460_800 - frozen_a, 2 * (460_800 - frozen_a))
+
+
 def test_nf4_logits_match_dequantize_then_dense(nf4_model) -> None:
     ids = torch.tensor([nf4_model.tokenizer.encode(HELD_OUT)])
     with torch.no_grad():
