@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from lsprotocol import types
 
-from helpers import open_doc
+from lsp_helpers import open_doc
 
 from aner_lsp.formatting import format_source
 

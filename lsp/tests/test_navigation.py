@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from lsprotocol import types
 
-from helpers import at, open_doc
+from lsp_helpers import at, open_doc
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
