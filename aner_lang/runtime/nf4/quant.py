@@ -5,7 +5,7 @@ is optional for Aner (it is only a dev dependency we test against), and the quan
 tensor operations. The arithmetic below deliberately follows bitsandbytes' CPU/default backend
 operation for operation (reciprocal-then-multiply scaling, clamping, `bucketize` on fp32
 midpoints, `absmax.mean()` offset) so that the packed bytes, absmax codes, 256-block scales and
-offset are identical, which `tests/nf4/test_quant_vs_bnb.py` checks against the real package.
+offset are identical, which `tests/nf4/test_nf4_quant.py` checks against the real package.
 
 Layout (research/training.md section 1): the weight `[out, in]` is flattened row-major and cut into
 blocks of `blocksize` (64) elements, the last block possibly partial. Each element becomes a 4-bit
