@@ -18,11 +18,6 @@ TEXTS = ["Aner makes model adaptation explicit and reproducible.",
          "The quiet mountain lake reflects the clear morning sky."]
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("ANER_CACHE_DIR", str(tmp_path / "cache"))
-
-
 def test_resume_refuses_another_base_or_profile(tiny_model, tmp_path):
     d = tmp_path / "runs"
     train(A.lora(tiny_model, rank=2, alpha=4.0), from_texts(TEXTS, 16), profile(), steps=1,

@@ -42,11 +42,6 @@ class _State:
         return self.meta
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("ANER_CACHE_DIR", str(tmp_path / "cache"))
-
-
 @pytest.fixture
 def base(tmp_path) -> Path:
     p = tmp_path / "base.gguf"

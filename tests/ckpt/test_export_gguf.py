@@ -14,15 +14,6 @@ from aner_lang.runtime.model import load_model
 IDS = torch.tensor([[1, 5, 77, 300, 12, 9, 4000, 2]])
 
 
-def _trained_like(adapter, seed: int = 3):
-    """Give every trainable tensor non-trivial values, as training would."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in adapter.params.values():
-            p.add_(torch.randn(p.shape, generator=g) * 0.05)
-    return adapter
-
-
 def test_f32_export_round_trips_exactly(tiny_model, tmp_path):
     out = export_gguf(tiny_model, tmp_path / "tiny.gguf", dtype="f32")
     again = load_model(out, "float32", "cpu")
@@ -31,8 +22,8 @@ def test_f32_export_round_trips_exactly(tiny_model, tmp_path):
 
 
 @pytest.mark.parametrize("cls", [LoRA, DoRA])
-def test_merge_keeps_the_adapter_logits(tiny_model, cls):
-    adapter = _trained_like(cls(tiny_model, rank=2, alpha=4.0, dropout=0.0,
+def test_merge_keeps_the_adapter_logits(trained_like, tiny_model, cls):
+    adapter = trained_like(cls(tiny_model, rank=2, alpha=4.0, dropout=0.0,
                                 targets=["q_proj", "k_proj", "v_proj", "down_proj"], seed=7))
     merged = merge(adapter)
     want = adapter.forward(IDS)
@@ -41,15 +32,15 @@ def test_merge_keeps_the_adapter_logits(tiny_model, cls):
     assert torch.equal(tiny_model.forward(IDS), tiny_model.forward(IDS))  # base untouched
 
 
-def test_merge_of_full_uses_every_trained_tensor(tiny_model):
-    adapter = _trained_like(Full(tiny_model), seed=5)
+def test_merge_of_full_uses_every_trained_tensor(trained_like, tiny_model):
+    adapter = trained_like(Full(tiny_model), seed=5)
     torch.testing.assert_close(merge(adapter).forward(IDS), adapter.forward(IDS),
                                atol=2e-5, rtol=1e-5)
 
 
-def test_f16_export_of_a_merge_loads_in_hf_and_ours(tiny_model, tmp_path):
+def test_f16_export_of_a_merge_loads_in_hf_and_ours(trained_like, tiny_model, tmp_path):
     transformers = pytest.importorskip("transformers")
-    adapter = _trained_like(LoRA(tiny_model, rank=2, alpha=4.0, dropout=0.0,
+    adapter = trained_like(LoRA(tiny_model, rank=2, alpha=4.0, dropout=0.0,
                                  targets=["q_proj", "k_proj", "v_proj"], seed=1))
     want = adapter.forward(IDS)
     out = export_gguf(merge(adapter), tmp_path / "merged.gguf", dtype="f16")

@@ -16,14 +16,6 @@ IDS = torch.tensor([[1, 5, 77, 300, 12, 9, 4000, 2]])
 _TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "up_proj"]
 
 
-def _trained_like(adapter, seed: int = 3):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in adapter.params.values():
-            p.add_(torch.randn(p.shape, generator=g) * 0.05)
-    return adapter
-
-
 _MAKERS = {
     "lora": lambda m: adapters.lora(m, rank=2, alpha=4.0, targets=_TARGETS, seed=1),
     "lora_fa": lambda m: adapters.lora_fa(m, rank=2, alpha=3.0, targets=_TARGETS, seed=2),
@@ -40,9 +32,10 @@ def hf_tiny(tiny_gguf):
 
 
 @pytest.mark.parametrize("method", sorted(_MAKERS))
-def test_peft_loads_our_adapter_with_our_logits(method, tiny_model, hf_tiny, tmp_path):
+def test_peft_loads_our_adapter_with_our_logits(trained_like, method, tiny_model, hf_tiny,
+                                                tmp_path):
     peft = pytest.importorskip("peft")
-    adapter = _trained_like(_MAKERS[method](tiny_model))
+    adapter = trained_like(_MAKERS[method](tiny_model))
     want = adapter.forward(IDS)
     assert (want - tiny_model.forward(IDS)).abs().max() > 1e-3
     out = save_adapter(adapter, tmp_path / "a", format="peft")
@@ -57,9 +50,10 @@ def test_peft_loads_our_adapter_with_our_logits(method, tiny_model, hf_tiny, tmp
 
 
 @pytest.mark.parametrize("method", ["lora_fa", "tinylora", "full"])
-def test_safetensors_format_reloads_bit_for_bit(method, tiny_model, tmp_path):
+def test_safetensors_format_reloads_bit_for_bit(trained_like, method, tiny_model,
+                                                 tmp_path):
     make = _MAKERS.get(method, adapters.full)
-    adapter = _trained_like(make(tiny_model))
+    adapter = trained_like(make(tiny_model))
     out = save_adapter(adapter, tmp_path / "a", format="safetensors")
     back = load_adapter(tiny_model, out)
     assert back.method == method and back.config == adapter.config
