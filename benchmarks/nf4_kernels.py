@@ -119,15 +119,20 @@ def bench_shape(n: int, k: int, m: int, dtype: torch.dtype) -> dict:
         dense_r = row(*_pair(measure([lambda d=d: torch.nn.functional.linear(x, d) for d in denses]), 2 * n * k))
         bnb_r = row(*_pair(measure([lambda p=p: bnb.matmul_4bit(x, p.t(), quant_state=state) for p in packs]),
                            nf4_bytes))
-        chunked = None
+        ref = x.double() @ bnbf.dequantize_4bit(packed, state).double().T
+        chunked = lut = None
+        if m <= ops.SMALL_MAX_TOKENS and dtype != torch.float32:  # the table-dequant variant
+            ops.MMA_LUT = True
+            lut = row(*_pair(measure([lambda t=t: ops.linear(x, t) for t in nf4s]), nf4_bytes))
+            lut["rel_err_vs_fp64"] = rel_err(ops.linear(x, nf4), ref)
+            ops.MMA_LUT = False
         if m > ops.SMALL_MAX_TOKENS:  # the many-token path with L2-sized row chunks, for comparison
             saved, ops.CHUNK_BYTES = ops.CHUNK_BYTES, CHUNK_TRY
             chunked = row(*_pair(measure([lambda t=t: ops.linear(x, t) for t in nf4s]), nf4_bytes))
             ops.CHUNK_BYTES = saved
-        ref = x.double() @ bnbf.dequantize_4bit(packed, state).double().T
-        err = ((ops.linear(x, nf4).double() - ref).norm() / ref.norm()).item()
+        err = rel_err(ops.linear(x, nf4), ref)
     return {"out_features": n, "in_features": k, "tokens": m, "dtype": str(dtype).removeprefix("torch."),
-            "path": ops.path(m, dtype), "ours": ours, "ours_chunked": chunked, "dense_bf16": dense_r, "bnb_matmul_4bit": bnb_r,
+            "path": ops.path(m, dtype), "ours": ours, "ours_chunked": chunked, "ours_table_dequant": lut, "dense_bf16": dense_r, "bnb_matmul_4bit": bnb_r,
             "ours_vs_dense": ours["us"] / dense_r["us"], "ours_vs_bnb": ours["us"] / bnb_r["us"],
             "rel_err_vs_fp64": err, "weight_copies": c_nf4}
 
@@ -164,6 +169,10 @@ def sweep_mma(shapes: list[tuple[int, int]], tokens: tuple[int, ...] = (1, 16)) 
     return rows
 
 
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.double() - ref).norm() / ref.norm()).item()
+
+
 def _pair(t: tuple[float, str], nbytes: int) -> tuple[float, int, str]:
     return t[0], nbytes, t[1]
 
@@ -193,7 +202,9 @@ def main() -> None:
         print(f"{f'{n}x{k}':>18} {m:>5} {r['path']:>15} | {o['us']:8.2f} {o['GBps']:6.0f} {o['TFLOPs']:6.1f} | "
               f"{d['us']:8.2f} {d['GBps']:6.0f} {d['TFLOPs']:6.1f} | {b['us']:8.2f} {b['GBps']:6.0f} | "
               f"{r['ours_vs_dense']:8.2f} {r['ours_vs_bnb']:7.2f} {r['rel_err_vs_fp64']:8.1e}"
-              + (f"  chunked {r['ours_chunked']['us']:.2f} us" if r["ours_chunked"] else ""), flush=True)
+              + (f"  chunked {r['ours_chunked']['us']:.2f} us" if r["ours_chunked"] else "")
+              + (f"  table-dequant {r['ours_table_dequant']['us']:.2f} us {r['ours_table_dequant']['GBps']:.0f} GB/s"
+                 if r["ours_table_dequant"] else ""), flush=True)
         torch.cuda.empty_cache()
     if args.sweep:
         result["mma_sweep"] = sweep_mma([(4096, 4096), (4096, 14336), (1536, 576)])

@@ -82,6 +82,18 @@ def test_linear_forward(dtype: torch.dtype, n: int, k: int, m: int) -> None:
     assert rel_err(y, x.double() @ ref.double().T) < BOUND[dtype], ops.path(m, dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("n,k", SHAPES)
+@pytest.mark.parametrize("m", [1, 8, 13, 16])
+def test_linear_forward_table_dequant(dtype: torch.dtype, n: int, k: int, m: int, monkeypatch) -> None:
+    monkeypatch.setattr(ops, "MMA_LUT", True)
+    w, ref = quantized(n, k, seed=n + 2 * k + m)
+    x = torch.randn(m, k, device="cuda", dtype=dtype)
+    y = ops.linear(x, w)
+    assert y.dtype == dtype and y.shape == (m, n)
+    assert rel_err(y, x.double() @ ref.double().T) < BOUND[dtype]
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n,k", SHAPES)
 @pytest.mark.parametrize("m", [1, 5, 8, 16, 40])

@@ -63,18 +63,18 @@ def logits(model, kernel: str, ids: torch.Tensor, precision: str) -> torch.Tenso
 
 @pytest.mark.parametrize("precision", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("batch,length", SHAPES)
-def test_logits_match_host_tiled(nf4_model, precision: str, batch: int, length: int) -> None:
+def test_logits_match_host_tiled(nf4_model, precision: str, batch: int, length: int, record_property) -> None:
     ids = token_ids(nf4_model, batch, length, seed=batch * 100 + length)
     ref = logits(nf4_model, "host_tiled", ids, "float32")
     out = logits(nf4_model, "fused", ids, precision)
     err = scaled_err(out, ref)
-    print(f"scaled logit error fused {precision} vs host_tiled fp32 at {batch}x{length}: {err:.2e}")
+    record_property("scaled_logit_error", err)
     assert err < BOUND[precision]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("tokens", [5, 16, 48])
-def test_grad_to_layer_input(nf4_model, dtype: torch.dtype, tokens: int) -> None:
+def test_grad_to_layer_input(nf4_model, dtype: torch.dtype, tokens: int, record_property) -> None:
     layer = nf4_model.module.layers[3].mlp.down_proj
     gen = torch.Generator().manual_seed(tokens)
     x0 = torch.randn(tokens, layer.in_features, generator=gen).to("cuda")
@@ -82,31 +82,46 @@ def test_grad_to_layer_input(nf4_model, dtype: torch.dtype, tokens: int) -> None
     grads = {}
     for kernel, dt in (("host_tiled", torch.float32), ("fused", dtype)):
         layer.kernel = kernel
-        x = x0.to(dt).requires_grad_(True)
+        x = x0.detach().to(dt, copy=True).requires_grad_(True)
         layer(x).backward(g.to(dt))
         grads[kernel] = x.grad
     err = scaled_err(grads["fused"], grads["host_tiled"])
-    print(f"scaled input-gradient error fused {dtype} at {tokens} tokens: {err:.2e}")
+    record_property("scaled_input_grad_error", err)
     assert grads["fused"].dtype == dtype and err < BOUND[str(dtype).removeprefix("torch.")]
 
 
+def lora_grads(model, kernel: str, precision: str, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    """LoRA gradients of a next-token loss; float16 scales the loss by 2^12 (as the dynamic
+    loss scale would) so small gradients do not underflow, and unscales the result."""
+    adapter = lora(model, rank=2, alpha=4.0, targets=["q_proj", "v_proj", "down_proj"], seed=0)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in adapter.params.items():
+            if name.endswith("lora_B"):  # B starts at zero; make A's gradient non-zero too
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+    use_kernel(model, kernel)
+    scale = 4096.0 if precision == "float16" else 1.0
+    with autocast(precision, ids.device):
+        out = adapter.forward(ids[:, :-1]).float()
+    loss = torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), ids[:, 1:].reshape(-1))
+    (loss * scale).backward()
+    return {n: p.grad.detach() / scale for n, p in adapter.params.items()}
+
+
 @pytest.mark.parametrize("precision", ["float32", "float16", "bfloat16"])
-def test_lora_gradients_match_host_tiled(nf4_model, precision: str) -> None:
+def test_lora_gradients_match_host_tiled(nf4_model, precision: str, record_property) -> None:
+    """Fused at `precision` vs host_tiled float32 must be within the bound, or (in half precision,
+    where autocast's attention and LoRA matmuls dominate the error) no worse than host_tiled at
+    the same precision; fused vs host_tiled at the same precision must be within the bound."""
     ids = token_ids(nf4_model, 2, 24, seed=5)
-    grads = {}
-    for kernel, prec in (("host_tiled", "float32"), ("fused", precision)):
-        adapter = lora(nf4_model, rank=2, alpha=4.0, targets=["q_proj", "v_proj", "down_proj"], seed=0)
-        gen = torch.Generator().manual_seed(1)
-        with torch.no_grad():
-            for name, p in adapter.params.items():
-                if name.endswith("lora_B"):  # B starts at zero; make A's gradient non-zero too
-                    p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
-        use_kernel(nf4_model, kernel)
-        with autocast(prec, ids.device):
-            out = adapter.forward(ids[:, :-1]).float()
-        loss = torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), ids[:, 1:].reshape(-1))
-        loss.backward()
-        grads[kernel] = {n: p.grad.detach().clone() for n, p in adapter.params.items()}
-    worst = max(scaled_err(grads["fused"][n], grads["host_tiled"][n]) for n in grads["host_tiled"])
-    print(f"worst scaled LoRA-gradient error fused {precision} vs host_tiled fp32: {worst:.2e}")
-    assert worst < BOUND[precision]
+    ref = lora_grads(nf4_model, "host_tiled", "float32", ids)
+    fused = lora_grads(nf4_model, "fused", precision, ids)
+    same = lora_grads(nf4_model, "host_tiled", precision, ids)
+    vs_fp32 = max(scaled_err(fused[n], ref[n]) for n in ref)
+    host_vs_fp32 = max(scaled_err(same[n], ref[n]) for n in ref)
+    vs_same = max(scaled_err(fused[n], same[n]) for n in ref)
+    record_property("fused_vs_host_tiled_fp32", vs_fp32)
+    record_property("host_tiled_same_precision_vs_fp32", host_vs_fp32)
+    record_property("fused_vs_host_tiled_same_precision", vs_same)
+    assert vs_same < BOUND[precision]
+    assert vs_fp32 < max(BOUND[precision], 1.5 * host_vs_fp32)

@@ -162,6 +162,11 @@ def path(tokens: int, dtype: torch.dtype) -> str:
     return "fused-gemv-fp32" if dtype == torch.float32 else "fused-mma"
 
 
+MMA_LUT = False
+"""Small-token half-precision forward: dequantize through a byte -> packed-pair table with one
+packed multiply (faster; weights may differ from fp32-then-round by an ulp) instead of fp32."""
+
+
 def mma_config(n: int, k: int, sms: int) -> tuple[int, int]:
     """(row groups per warp, warps per block) for the tensor-core forward: as many rows per warp
     as keep a block per multiprocessor (each row group reuses the warp's x fragments), and
@@ -202,7 +207,10 @@ def linear(x: torch.Tensor, w: NF4Tensors) -> torch.Tensor:
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count
         rg, warps = mma_config(n, k, sms)
         mt = 8 if m <= 8 else 16
-        _launch(x.device, f"nf4_mma_fwd_{_DT_NAME[x.dtype]}_m{mt}_r{rg}", ((n + 16 * rg - 1) // (16 * rg),),
+        name = f"nf4_mma_fwd_{_DT_NAME[x.dtype]}_m{mt}_r{rg}"
+        if MMA_LUT:
+            rg, name = 1, f"nf4_mma_fwd_lut_{_DT_NAME[x.dtype]}_m{mt}"
+        _launch(x.device, name, ((n + 16 * rg - 1) // (16 * rg),),
                 32 * warps, [*w.args(), _ptr(x2), _ptr(y), np.int32(m), np.int32(n), np.int32(k)])
     return y.view(*lead, n)
 

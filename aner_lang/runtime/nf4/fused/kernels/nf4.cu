@@ -53,6 +53,17 @@ __device__ __forceinline__ u16 to16(BF16, float v) {
     return d;
 }
 
+__device__ __forceinline__ u32 mul2(F16, u32 a, u32 b) {
+    u32 d;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+__device__ __forceinline__ u32 mul2(BF16, u32 a, u32 b) {
+    u32 d;
+    asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+
 __device__ __forceinline__ void mma16816(F16, float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -323,6 +334,88 @@ __device__ void mma_fwd(const NF4& w, const u16* __restrict__ x, u16* __restrict
             }
 }
 
+// The same forward with cheaper dequantization, for speed: a 256-entry shared table maps a byte
+// straight to its two code values packed in T, scaled by the block's absmax in T with one packed
+// multiply (code and absmax rounded to T first, so values can differ from the fp32-then-round
+// weights by an ulp of T; the accumulation is still fp32). Byte 2j / 2j+1 of a thread's 16-byte
+// chunk are exactly the A pairs of k16-tile j (k = 4j, 4j+1 / 4j+2, 4j+3 in the map above).
+template <typename T, int MT>
+__device__ void mma_fwd_lut(const NF4& w, const u16* __restrict__ x, u16* __restrict__ y, int M, int N, int K) {
+    constexpr int NT = MT / 8;
+    __shared__ u32 lut[256];
+    __shared__ float red[8][NT][4][32];
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) lut[i] = pack2(T(), NF4_CODE[i >> 4], NF4_CODE[i & 15]);
+    __syncthreads();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int n_lo = blockIdx.x * 16 + g, n_hi = n_lo + 8;
+    float acc[NT][4];
+#pragma unroll
+    for (int s = 0; s < NT; ++s)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[s][i] = 0.f;
+    for (int c = warp * 128; c < K; c += warps * 128) {
+        const int k = c + 32 * t;
+        const bool k_ok = k < K;
+        u32 xb[NT][16];
+#pragma unroll
+        for (int s = 0; s < NT; ++s) {
+            const int tok = 8 * s + g;
+            if (k_ok && tok < M) {
+                const uint4* xr = reinterpret_cast<const uint4*>(x + static_cast<long long>(tok) * K + k);
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const uint4 q = __ldg(xr + i);
+                    xb[s][4 * i] = q.x; xb[s][4 * i + 1] = q.y; xb[s][4 * i + 2] = q.z; xb[s][4 * i + 3] = q.w;
+                }
+            } else {
+#pragma unroll
+                for (int i = 0; i < 16; ++i) xb[s][i] = 0u;
+            }
+        }
+        uint4 ql = make_uint4(0u, 0u, 0u, 0u), qh = ql;
+        u32 aml = 0u, amh = 0u;
+        if (k_ok && n_lo < N) {
+            const long long e = static_cast<long long>(n_lo) * K + k;
+            ql = __ldg(reinterpret_cast<const uint4*>(w.packed + (e >> 1)));
+            const float am = block_absmax(w, e >> 6);
+            aml = pack2(T(), am, am);
+        }
+        if (k_ok && n_hi < N) {
+            const long long e = static_cast<long long>(n_hi) * K + k;
+            qh = __ldg(reinterpret_cast<const uint4*>(w.packed + (e >> 1)));
+            const float am = block_absmax(w, e >> 6);
+            amh = pack2(T(), am, am);
+        }
+        const u32 lw[4] = {ql.x, ql.y, ql.z, ql.w}, hw[4] = {qh.x, qh.y, qh.z, qh.w};
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const int sh = 16 * (j & 1);
+            const u32 l = lw[j >> 1] >> sh, h = hw[j >> 1] >> sh;
+            const u32 a[4] = {mul2(T(), lut[l & 0xffu], aml), mul2(T(), lut[h & 0xffu], amh),
+                              mul2(T(), lut[(l >> 8) & 0xffu], aml), mul2(T(), lut[(h >> 8) & 0xffu], amh)};
+#pragma unroll
+            for (int s = 0; s < NT; ++s) mma16816(T(), acc[s], a, xb[s][2 * j], xb[s][2 * j + 1]);
+        }
+    }
+#pragma unroll
+    for (int s = 0; s < NT; ++s)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) red[warp][s][i][lane] = acc[s][i];
+    __syncthreads();
+    if (warp != 0) return;
+#pragma unroll
+    for (int s = 0; s < NT; ++s)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            float sum = 0.f;
+            for (int v = 0; v < warps; ++v) sum += red[v][s][i][lane];
+            const int n = n_lo + 8 * (i >> 1);
+            const int tok = 8 * s + 2 * t + (i & 1);
+            if (n < N && tok < M) y[static_cast<long long>(tok) * N + n] = to16(T(), sum);
+        }
+}
+
 // ---- tensor-core small-token backward to the input ------------------------------------------------
 
 // gx^T[K, M] = W^T[K, N] gy^T: W^T is the A operand (16 k rows per tile, reduction over n), gy^T
@@ -437,7 +530,14 @@ GEMV_F32(16)
         NF4_MAKE;                                                                                      \
         mma_bwd<TY, MT>(w, gy, gx, M, N, K, rows_per_split);                                           \
     }
+#define MMA_FWD_LUT(TY, NAME, MT)                                                                      \
+    extern "C" __global__ void __launch_bounds__(256)                                                  \
+        nf4_mma_fwd_lut_##NAME##_m##MT(NF4_ARGS, const u16* x, u16* y, int M, int N, int K) {            \
+        NF4_MAKE;                                                                                      \
+        mma_fwd_lut<TY, MT>(w, x, y, M, N, K);                                                         \
+    }
 #define MMA_ALL(TY, NAME)                                                                              \
+    MMA_FWD_LUT(TY, NAME, 8) MMA_FWD_LUT(TY, NAME, 16)                                                 \
     MMA_FWD(TY, NAME, 8, 1) MMA_FWD(TY, NAME, 8, 2) MMA_FWD(TY, NAME, 8, 4)                            \
     MMA_FWD(TY, NAME, 16, 1) MMA_FWD(TY, NAME, 16, 2) MMA_FWD(TY, NAME, 16, 4)                         \
     MMA_BWD(TY, NAME, 8) MMA_BWD(TY, NAME, 16)
