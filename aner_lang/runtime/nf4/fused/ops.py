@@ -172,7 +172,7 @@ def mma_config(n: int, k: int, sms: int) -> tuple[int, int]:
     as keep a block per multiprocessor (each row group reuses the warp's x fragments), and
     enough warps splitting K to keep 16-byte loads in flight."""
     rg = next((r for r in (4, 2) if n // (16 * r) >= sms), 1)
-    warps = max(1, min(8, k // 256))
+    warps = max(1, min(8, -(-k // 128)))  # one 128-wide K chunk per warp, up to 8 (H200 sweep)
     return rg, warps
 
 
