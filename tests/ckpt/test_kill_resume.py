@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from aner_lang.runtime import checkpoint
@@ -45,6 +46,7 @@ def _finish(proc: subprocess.Popen) -> None:
     assert b"finished after 24 updates" in out
 
 
+@pytest.mark.slow
 def test_sigkilled_run_resumes_bit_identically(tiny_gguf, tmp_path):
     whole = _setup(tmp_path / "whole", tiny_gguf)
     _finish(_aner(whole))

@@ -42,6 +42,7 @@ def test_otherwise_starts_a_run_where_there_is_no_checkpoint(tiny_model, tmp_pat
         resume(tmp_path / "none", model=tiny_model)
 
 
+@pytest.mark.slow
 def test_real_model_interrupted_after_one_update_continues_exactly(real_model, tmp_path):
     data = from_texts(TEXTS, context=24)
     opts = dict(learning_rate=2e-3, micro_batch=2, seed=1, schedule="linear")

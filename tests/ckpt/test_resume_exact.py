@@ -48,10 +48,12 @@ def _assert_resume_exact(gguf: Path, out: Path, device: str) -> None:
             assert whole.meta["loss_scale"]["scale"] != 256.0, name
 
 
+@pytest.mark.slow
 def test_resume_in_a_fresh_process_is_bit_identical_cpu(tiny_gguf, tmp_path):
     _assert_resume_exact(tiny_gguf, tmp_path, "cpu")
 
 
+@pytest.mark.slow
 @pytest.mark.cuda
 def test_resume_in_a_fresh_process_is_bit_identical_cuda(tiny_gguf, tmp_path):
     if not torch.cuda.is_available():
