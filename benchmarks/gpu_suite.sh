@@ -42,7 +42,7 @@ cat "$OUT/env.txt"
 
 rc=0
 if [[ $# -eq 0 ]]; then set -- -m cuda tests; fi
-timeout "${PYTEST_S:-300}" python3 -m pytest -q -p no:cacheprovider --continue-on-collection-errors --junitxml="$OUT/junit.xml" "$@" 2>&1 | tee "$OUT/pytest.log" || rc=1
+timeout "${PYTEST_S:-300}" python3 -m pytest -q -p no:cacheprovider --continue-on-collection-errors -o junit_family=legacy --junitxml="$OUT/junit.xml" "$@" 2>&1 | tee "$OUT/pytest.log" || rc=1
 
 timeout "${KERNEL_BENCH_S:-150}" python3 benchmarks/nf4_kernels.py "${bench[@]}" --out "$OUT/nf4_kernels.json" 2>&1 | tee "$OUT/nf4_kernels.log" || rc=1
 if [[ -f benchmarks/train_gpu.py ]]; then  # prints its JSON report last
