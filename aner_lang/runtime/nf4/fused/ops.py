@@ -9,7 +9,9 @@ CUDA graph. Which kernel a call uses depends on the number of tokens M (rows of 
   tensor-core tiles with fp32 accumulation. Backward to the input likewise, with fp32 atomics.
 * M > 16 ("many", training): the double-quantized weight is dequantized by one kernel at HBM speed
   into a buffer reused across layers, then cuBLAS (torch) does the matmul -- on the H200 this beats
-  a fused GEMM at these sizes, as bitsandbytes' own sm_90 heuristic also finds.
+  a fused GEMM at these sizes, as bitsandbytes' own sm_90 heuristic also finds. Dequantizing in
+  L2-sized row chunks (CHUNK_BYTES) was measured slower on the H200 (benchmarks/results/), so the
+  weight is dequantized whole by default.
 """
 
 from __future__ import annotations
