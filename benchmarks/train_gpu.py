@@ -83,8 +83,12 @@ def peft_side(path: Path, batches: list[torch.Tensor], tmp: Path) -> dict:
     import peft
     import transformers
 
-    dense = transformers.LlamaForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                          dtype=torch.float32)
+    # A model loaded with gguf_file= refuses save_pretrained; copy its weights into a plain one.
+    src = transformers.LlamaForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                        dtype=torch.float32)
+    dense = transformers.LlamaForCausalLM(src.config)
+    dense.load_state_dict(src.state_dict())
+    del src
     dense.save_pretrained(tmp / "hf")
     del dense
     q = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
