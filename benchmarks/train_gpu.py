@@ -127,7 +127,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         path = Path(args.model) if args.model else _fixture(tmp)
-        batches = _batches(49152, args.updates + 1, args.batch, args.context)
+        from aner_lang.runtime.gguf_reader import GGUFFile
+        vocab = GGUFFile(path).hyperparams().vocab_size  # the fixture's vocabulary may be small
+        batches = _batches(vocab, args.updates + 1, args.batch, args.context)
         ours = aner_side(path, batches)
         try:
             theirs = peft_side(path, batches, tmp)
