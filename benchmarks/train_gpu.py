@@ -86,7 +86,10 @@ def peft_side(path: Path, batches: list[torch.Tensor], tmp: Path) -> dict:
     # A model loaded with gguf_file= refuses save_pretrained; copy its weights into a plain one.
     src = transformers.LlamaForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
                                                         dtype=torch.float32)
-    dense = transformers.LlamaForCausalLM(src.config)
+    config = src.config
+    if hasattr(config, "quantization_config"):  # the GGUF loader marks the config as quantized
+        del config.quantization_config
+    dense = transformers.LlamaForCausalLM(config)
     dense.load_state_dict(src.state_dict())
     del src
     dense.save_pretrained(tmp / "hf")
