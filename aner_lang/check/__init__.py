@@ -24,6 +24,7 @@ imports (the LSP passes one that reads open editor buffers); it raises OSError f
 
 from __future__ import annotations
 
+import gc
 import os
 
 from aner_lang.builtins import registry
@@ -44,11 +45,18 @@ def file_resolver(path: str, importer: str | None) -> tuple[str, str]:
 def analyze(source: str, path: str | None = None, *, resolver: Resolver | None = None) -> Analysis:
     """Parse and check `source` (the text of the file at `path`, if it has one)."""
     key = os.path.normpath(path) if path else "<input>"
+    # Parsing and checking build many long-lived acyclic objects (AST, types, side tables); the
+    # cyclic GC rescanning them is pure overhead, so it is paused here (as in `parse`).
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
     try:
         return analyze_module(source, path, registry(), resolver or file_resolver, (key,), {})
     except Exception as exc:  # a bug in Aner: still a diagnostic, never a traceback
         module, diags = parse(source, path)
         return Analysis(path, source, module, diagnostics=diags + [internal_error(None, exc).at(path)])
+    finally:
+        if gc_was_enabled:
+            gc.enable()
 
 
 __all__ = ["Analysis", "CallInfo", "Definition", "Reference", "analyze", "file_resolver"]

@@ -4,7 +4,8 @@ Design:
 
 * One Lark LALR parser, built once per process, with the AST built *inside* the parse
   (``transformer=``): no intermediate tree, which keeps `aner check` on 10,000 lines well under a
-  second.
+  second. `_fast_parse` drives Lark's LALR tables and rule callbacks with a lean loop of its own;
+  on a syntax error Lark's own parse is re-run, so errors are exactly Lark's.
 * A post-lexer (`_Newlines`) decides which newlines separate statements: it drops newlines inside
   ``( )``/``[ ]``, after a token that cannot end an expression, and before ``}``, ``else`` or ``.``.
 * Error recovery: when the whole file does not parse, it is cut into top-level chunks (a line that
@@ -20,6 +21,7 @@ Design:
 
 from __future__ import annotations
 
+import gc
 import re
 import threading
 from functools import lru_cache
@@ -94,6 +96,7 @@ class _Lexer(Lexer):
         depth = 0
         prev: str | None = None
         pending: Token | None = None
+        str_new = str.__new__
         while pos < end:
             m = match(text, pos)
             if m is None:
@@ -102,10 +105,9 @@ class _Lexer(Lexer):
             kind = m.lastgroup
             value = m.group()
             new_pos = m.end()
-            newlines = value.count("\n") if kind == "_NL" or kind in ignore else 0
             if kind in ignore:
-                if newlines:
-                    line += newlines
+                if "\n" in value:
+                    line += value.count("\n")
                     line_start = pos + value.rfind("\n") + 1
                 pos = new_pos
                 continue
@@ -114,28 +116,61 @@ class _Lexer(Lexer):
                 if depth == 0 and prev is not None and prev not in _CONTINUES:
                     pending = new_token("_NL", value, pos + pos_off, line + line_off, col,
                                     line + line_off, col + 1, pos + pos_off + 1)
-                line += newlines
+                line += value.count("\n")
                 line_start = pos + value.rfind("\n") + 1
                 pos = new_pos
                 continue
             if kind == "NAME":
                 kind = keywords.get(value, "NAME")
+            elif kind in _OPEN:
+                depth += 1
+            elif kind in _CLOSE and depth:
+                depth -= 1
             if pending is not None:
                 if kind not in _JOINS_PREVIOUS:
                     yield pending
                 pending = None
-            if kind in _OPEN:
-                depth += 1
-            elif kind in _CLOSE and depth:
-                depth -= 1
             prev = kind
             ln = line + line_off
-            yield new_token(kind, value, pos + pos_off, ln, col, ln, col + len(value), new_pos + pos_off)
+            # Token(...) written out (its constructor is a Python-level call): hot path
+            tok = str_new(Token, value)
+            tok.type = kind
+            tok.start_pos = pos + pos_off
+            tok.value = value
+            tok.line = ln
+            tok.column = col
+            tok.end_line = ln
+            tok.end_column = col + len(value)
+            tok.end_pos = new_pos + pos_off
+            yield tok
             pos = new_pos
 
 
+def _span_maker():
+    """`Span(...)` for the parser's hot path: the frozen dataclass's `__init__` goes through
+    `object.__setattr__` per field; setting the slots directly builds the same object in half the time."""
+    new = object.__new__
+    s_line, s_col, s_end_line, s_end_col, s_start, s_end = (
+        Span.__dict__[f].__set__ for f in ("line", "col", "end_line", "end_col", "start", "end"))
+
+    def span(line: int, col: int, end_line: int, end_col: int, start: int, end: int) -> Span:
+        sp = new(Span)
+        s_line(sp, line)
+        s_col(sp, col)
+        s_end_line(sp, end_line)
+        s_end_col(sp, end_col)
+        s_start(sp, start)
+        s_end(sp, end)
+        return sp
+
+    return span
+
+
+_span = _span_maker()
+
+
 def _tspan(tok: Token) -> Span:
-    return Span(tok.line, tok.column, tok.end_line, tok.end_column, tok.start_pos, tok.end_pos)
+    return _span(tok.line, tok.column, tok.end_line, tok.end_column, tok.start_pos, tok.end_pos)
 
 
 def _sp(item) -> Span:
@@ -151,9 +186,9 @@ def _cover(first, last) -> Span:
         f = first.span
         line, col, start = f.line, f.col, f.start
     if type(last) is Token:
-        return Span(line, col, last.end_line, last.end_column, start, last.end_pos)
+        return _span(line, col, last.end_line, last.end_column, start, last.end_pos)
     e = last.span
-    return Span(line, col, e.end_line, e.end_col, start, e.end)
+    return _span(line, col, e.end_line, e.end_col, start, e.end)
 
 
 def _nodes(items) -> tuple:
@@ -369,9 +404,99 @@ def _parser() -> Lark:
                      start=["start", "expr"])
 
 
+@lru_cache(maxsize=1)
+def _tables():
+    """Lark's LALR tables re-keyed for `_fast_parse`: per state, token type -> (True, next state)
+    for a shift or (False, (rule size, rule origin, Lark's callback for the rule)) for a reduce."""
+    lark = _parser()
+    inner = lark.parser.parser.parser
+    table, callbacks = inner.parse_table, inner.callbacks
+    reduces: dict = {}
+    states = {}
+    for state, actions in table.states.items():
+        row = {}
+        for sym, (action, arg) in actions.items():
+            if action.name == "Shift":
+                row[sym] = (True, arg)
+            else:
+                key = id(arg)
+                if key not in reduces:
+                    reduces[key] = (len(arg.expansion), str(arg.origin.name), callbacks[arg])
+                row[sym] = (False, reduces[key])
+        states[state] = row
+    return states, table.start_states, table.end_states, lark.parser.lexer.lexer
+
+
+def _fast_parse(text: str, start: str):
+    """The LALR loop of Lark's parser (same tables, same rule callbacks), minus its per-token
+    overhead. Returns None on any syntax error; the caller then re-runs Lark's own parse, which
+    raises the usual exception."""
+    states, start_states, end_states, lexer = _tables()
+    end_state = end_states[start]
+    state = start_states[start]
+    state_stack = [state]
+    value_stack: list = []
+    push_state = state_stack.append
+    push_value = value_stack.append
+    row = states[state]
+    try:
+        for token in lexer.lex(text):
+            ttype = token.type
+            while True:
+                act = row.get(ttype)
+                if act is None:
+                    return None
+                if act[0]:
+                    state = act[1]
+                    push_state(state)
+                    push_value(token)
+                    row = states[state]
+                    break
+                size, origin, callback = act[1]
+                if size:
+                    values = value_stack[-size:]
+                    del state_stack[-size:]
+                    del value_stack[-size:]
+                else:
+                    values = []
+                value = callback(values)
+                state = states[state_stack[-1]][origin][1]
+                push_state(state)
+                push_value(value)
+                row = states[state]
+    except UnexpectedInput:
+        return None
+    while True:
+        act = row.get("$END")
+        if act is None or act[0]:
+            return None
+        size, origin, callback = act[1]
+        if size:
+            values = value_stack[-size:]
+            del state_stack[-size:]
+            del value_stack[-size:]
+        else:
+            values = []
+        value = callback(values)
+        state = states[state_stack[-1]][origin][1]
+        push_state(state)
+        push_value(value)
+        if state == end_state:
+            return value
+        row = states[state]
+
+
 def _parse_with_shift(text: str, start: str, shift: tuple[int, int, int]):
     _state.shifts.append(shift)
     try:
+        kept = len(_state.diagnostics)
+        try:
+            result = _fast_parse(text, start)
+        except UnexpectedInput:
+            result = None
+        if result is not None:
+            return result
+        del _state.diagnostics[kept:]  # the failed fast parse's; Lark's parse adds them again
         return _parser().parse(text, start=start)
     finally:
         _state.shifts.pop()
@@ -440,6 +565,11 @@ def parse(source: str, path: str | None = None) -> tuple[ast.Module, list[Diagno
     diagnostics, each attributed to `path`."""
     outer = _state.diagnostics
     _state.diagnostics = []
+    # The parse allocates ~10^5 small acyclic objects (tokens, spans, nodes) that all stay alive:
+    # the cyclic GC would rescan the growing heap again and again for nothing (it was ~40% of a
+    # large file's parse), so it is paused for the parse and resumed after.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
     try:
         broken: list[Span] = []
         try:
@@ -450,6 +580,8 @@ def parse(source: str, path: str | None = None) -> tuple[ast.Module, list[Diagno
         diags = [d.at(path) for d in _state.diagnostics]
     finally:
         _state.diagnostics = outer
+        if gc_was_enabled:
+            gc.enable()
     return ast.Module(path, tuple(body), tuple(broken)), diags
 
 
