@@ -133,10 +133,6 @@ def _quantize_nf4(module: LlamaModel) -> None:
                                "(aner_lang.runtime.nf4 is missing)", code="E-NF4-UNAVAILABLE",
                                notes=("use storage: float32 or float16",)) from None
     quantize_model(module)
-    if module.config.tie_word_embeddings:
-        # nn.Module.named_children() yields a shared module once, so a module-tree walk
-        # replaces `embed_tokens` but not its alias `lm_head`: re-tie them.
-        module.lm_head = module.embed_tokens
 
 
 def _scalar_metadata(meta: dict[str, Any]) -> dict[str, Any]:

@@ -18,10 +18,12 @@ def quantize_model(model: nn.Module, blocksize: int = 64) -> None:
     if blocksize != 64:
         raise ValueError("Aner's NF4 storage uses blocks of 64 (the bitsandbytes default)")
     converted: dict[int, NF4Linear] = {}
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if not isinstance(child, FrozenLinear) or isinstance(child, NF4Linear):
-                continue
-            if id(child) not in converted:
-                converted[id(child)] = NF4Linear.from_dense(child.dense_weight())
-            setattr(parent, name, converted[id(child)])
+    # remove_duplicate=False: a shared module (a tied lm_head) is visited under every name it
+    # has, so each alias is replaced by the one NF4Linear made for it and the tie survives.
+    for qualified, child in list(model.named_modules(remove_duplicate=False)):
+        if not isinstance(child, FrozenLinear) or isinstance(child, NF4Linear):
+            continue
+        if id(child) not in converted:
+            converted[id(child)] = NF4Linear.from_dense(child.dense_weight())
+        parent_name, _, name = qualified.rpartition(".")
+        setattr(model.get_submodule(parent_name), name, converted[id(child)])
