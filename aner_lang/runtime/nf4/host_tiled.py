@@ -8,6 +8,8 @@ memory is one tile whatever the model. Pure torch: runs on CPU and on CUDA tenso
 
 from __future__ import annotations
 
+from math import gcd
+
 import torch
 
 from aner_lang.runtime.nf4.quant import NESTED_BLOCKSIZE, NF4Weight, dequantize_range, nf4_code
@@ -29,15 +31,9 @@ def _scratch_buffer(numel: int, device: torch.device, dtype: torch.dtype) -> tor
 def tile_rows(w: NF4Weight, tile_bytes: int) -> int:
     """Rows per tile: as many as fit the budget in fp32, a whole number of blocks, at least one step."""
     n_out, n_in = w.shape
-    step = w.blocksize // _gcd(n_in, w.blocksize)  # rows whose elements start on a block boundary
+    step = w.blocksize // gcd(n_in, w.blocksize)  # rows whose elements start on a block boundary
     rows = max(step, (tile_bytes // (4 * n_in)) // step * step)
     return min(rows, n_out)
-
-
-def _gcd(a: int, b: int) -> int:
-    while b:
-        a, b = b, a % b
-    return a
 
 
 def _tiles(w: NF4Weight, dtype: torch.dtype, tile_bytes: int):
