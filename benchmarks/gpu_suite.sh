@@ -4,7 +4,7 @@
 # (default ./out): pytest.log + junit.xml, nf4_kernels.json/.log, train_gpu.log, env.txt.
 #
 # Usage (repository root, on the GPU machine):  benchmarks/gpu_suite.sh [--quick] [pytest args...]
-#   --quick       the kernel benchmark on the seed shapes only; --sweep: also tune the mma configs
+#   --quick       the kernel benchmark on the seed shapes only
 #   pytest args   replace the default selection (-m cuda tests)
 # Wheels: ./.whl (fill it here with /work/shared/device/wheels.sh --with-bnb). The real SmolLM2
 # GGUF is too large for one transfer: send .model/a and .model/b (shared/device/split-model.sh);
@@ -13,7 +13,7 @@ set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 bench=()
-while [[ "${1:-}" == --quick || "${1:-}" == --sweep ]]; do bench+=("$1"); shift; done
+while [[ "${1:-}" == --quick ]]; do bench+=("$1"); shift; done
 
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \

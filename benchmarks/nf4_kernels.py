@@ -22,7 +22,6 @@ import torch
 SEED_SHAPES = [(576, 576, 32), (1536, 576, 32), (49152, 576, 32), (4096, 4096, 128)]
 SWEEP = [(n, k, m) for n, k in ((4096, 4096), (4096, 14336)) for m in (1, 16, 512, 4096)]
 L2_FLUSH_BYTES = 200 * 2**20
-CHUNK_TRY = 16 * 2**20
 
 
 def time_graph(calls: list[Callable[[], object]], replays: int = 20) -> float:
@@ -120,53 +119,26 @@ def bench_shape(n: int, k: int, m: int, dtype: torch.dtype) -> dict:
         bnb_r = row(*_pair(measure([lambda p=p: bnb.matmul_4bit(x, p.t(), quant_state=state) for p in packs]),
                            nf4_bytes))
         ref = x.double() @ bnbf.dequantize_4bit(packed, state).double().T
-        chunked = lut = None
-        if m <= ops.SMALL_MAX_TOKENS and dtype != torch.float32:  # the table-dequant variant
-            ops.MMA_LUT = True
-            lut = row(*_pair(measure([lambda t=t: ops.linear(x, t) for t in nf4s]), nf4_bytes))
-            lut["rel_err_vs_fp64"] = rel_err(ops.linear(x, nf4), ref)
-            ops.MMA_LUT = False
-        if m > ops.SMALL_MAX_TOKENS:  # the many-token path with L2-sized row chunks, for comparison
-            saved, ops.CHUNK_BYTES = ops.CHUNK_BYTES, CHUNK_TRY
-            chunked = row(*_pair(measure([lambda t=t: ops.linear(x, t) for t in nf4s]), nf4_bytes))
-            ops.CHUNK_BYTES = saved
+        dequant_cublas = None
+        tiles: dict[int, float] = {}
+        if ops.path(m, dtype, x.device) == "fused-wgmma":  # every tile size, and the unfused path
+            picked = ops.wgmma_tile
+            for tile in ops.WGMMA_TILES:
+                ops.wgmma_tile = lambda *_, tile=tile: tile
+                tiles[tile] = measure([lambda t=t: ops.linear(x, t) for t in nf4s])[0]
+            ops.wgmma_tile = picked
+            uses = ops._uses_wgmma
+            ops._uses_wgmma = lambda *_: False
+            dequant_cublas = row(*_pair(measure([lambda t=t: ops.linear(x, t) for t in nf4s]), nf4_bytes))
+            ops._uses_wgmma = uses
         err = rel_err(ops.linear(x, nf4), ref)
+        err_f32_out = rel_err(ops.linear(x, nf4, out_dtype=torch.float32), ref)
     return {"out_features": n, "in_features": k, "tokens": m, "dtype": str(dtype).removeprefix("torch."),
-            "path": ops.path(m, dtype), "ours": ours, "ours_chunked": chunked, "ours_table_dequant": lut, "dense_bf16": dense_r, "bnb_matmul_4bit": bnb_r,
+            "path": ops.path(m, dtype, x.device), "ours": ours,
+            "ours_dequant_cublas": dequant_cublas, "wgmma_tiles_us": tiles,
+            "rel_err_fp32_out_vs_fp64": err_f32_out, "dense_bf16": dense_r, "bnb_matmul_4bit": bnb_r,
             "ours_vs_dense": ours["us"] / dense_r["us"], "ours_vs_bnb": ours["us"] / bnb_r["us"],
             "rel_err_vs_fp64": err, "weight_copies": c_nf4}
-
-
-def sweep_mma(shapes: list[tuple[int, int]], tokens: tuple[int, ...] = (1, 16)) -> list[dict]:
-    """Time every (row groups, warps) configuration of the tensor-core forward, to tune
-    ``ops.mma_config`` (the heuristic's pick is marked)."""
-    import bitsandbytes.functional as bnbf
-
-    from aner_lang.runtime.nf4.fused import ops
-
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    rows, default = [], ops.mma_config
-    for n, k in shapes:
-        w = torch.randn(n, k, device="cuda") * 0.05
-        packed, state = bnbf.quantize_4bit(w, blocksize=64, compress_statistics=True, quant_type="nf4")
-        base = ops.NF4Tensors(packed.reshape(-1), state.absmax.reshape(-1), state.state2.code.float(),
-                              state.state2.absmax.float(), state.offset.reshape(1).float(), n, k)
-        copies = max(1, min(32, math.ceil(L2_FLUSH_BYTES / packed.numel())))
-        nf4s = [base] + [ops.NF4Tensors(base.packed.clone(), base.qabsmax.clone(), base.code2, base.absmax2, base.offset,
-                                        n, k) for _ in range(copies - 1)]
-        for m in tokens:
-            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            for rg in (1, 2, 4):
-                for warps in (2, 4, 8):
-                    ops.mma_config = lambda n_, k_, s_, rg=rg, warps=warps: (rg, warps)
-                    us, _ = measure([lambda t=t: ops.linear(x, t) for t in nf4s])
-                    rows.append({"out_features": n, "in_features": k, "tokens": m, "row_groups": rg, "warps": warps,
-                                 "us": us, "GBps": packed.numel() * 1.03 / us / 1e3,
-                                 "heuristic": default(n, k, sms) == (rg, warps)})
-                    print(f"  sweep {n}x{k} M={m} rg={rg} warps={warps}: {us:7.2f} us"
-                          f"{'  <- heuristic' if rows[-1]['heuristic'] else ''}", flush=True)
-            ops.mma_config = default
-    return rows
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -181,7 +153,6 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="write the results JSON here")
     ap.add_argument("--quick", action="store_true", help="seed shapes only")
-    ap.add_argument("--sweep", action="store_true", help="also time every tensor-core kernel configuration")
     args = ap.parse_args()
     from aner_lang.runtime.nf4.fused import compiler
 
@@ -202,12 +173,9 @@ def main() -> None:
         print(f"{f'{n}x{k}':>18} {m:>5} {r['path']:>15} | {o['us']:8.2f} {o['GBps']:6.0f} {o['TFLOPs']:6.1f} | "
               f"{d['us']:8.2f} {d['GBps']:6.0f} {d['TFLOPs']:6.1f} | {b['us']:8.2f} {b['GBps']:6.0f} | "
               f"{r['ours_vs_dense']:8.2f} {r['ours_vs_bnb']:7.2f} {r['rel_err_vs_fp64']:8.1e}"
-              + (f"  chunked {r['ours_chunked']['us']:.2f} us" if r["ours_chunked"] else "")
-              + (f"  table-dequant {r['ours_table_dequant']['us']:.2f} us {r['ours_table_dequant']['GBps']:.0f} GB/s"
-                 if r["ours_table_dequant"] else ""), flush=True)
+              + (f"  dequant+cublas {r['ours_dequant_cublas']['us']:.2f} us" if r["ours_dequant_cublas"] else "")
+              + "".join(f"  m{t}:{us:.2f}" for t, us in r["wgmma_tiles_us"].items()), flush=True)
         torch.cuda.empty_cache()
-    if args.sweep:
-        result["mma_sweep"] = sweep_mma([(4096, 4096), (4096, 14336), (1536, 576)])
     if args.out:
         with open(args.out, "w", encoding="utf-8") as fh:
             json.dump(result, fh, indent=1)

@@ -35,7 +35,7 @@ def test_source_compiles_for_hopper_and_is_cached_on_disk(tmp_path, monkeypatch)
         pytest.skip(f"NVRTC not loadable: {exc}")
     cubin = path.read_bytes()
     assert cubin[:4] == b"\x7fELF" and path.parent == tmp_path
-    for name in ("nf4_dequant_bf16", "nf4_gemv_f32_m16", "nf4_mma_fwd_bf16_m16_r4", "nf4_mma_bwd_f16_m8"):
+    for name in ("nf4_dequant_bf16", "nf4_gemv_f32_m16", "nf4_mma_fwd_bf16_m16", "nf4_mma_bwd_f16_m8", "nf4_wgmma_fwd_bf16_m128"):
         assert name.encode() in cubin
     monkeypatch.setattr(compiler, "compile_cubin", lambda arch: pytest.fail("recompiled despite the disk cache"))
     assert compiler.cubin_path("sm_90") == path

@@ -80,18 +80,38 @@ def test_linear_forward(dtype: torch.dtype, n: int, k: int, m: int) -> None:
     y = ops.linear(x, w)
     assert y.dtype == dtype and y.shape == (m, n)
     assert rel_err(y, x.double() @ ref.double().T) < BOUND[dtype], ops.path(m, dtype)
+    if dtype != torch.float32:  # float32 outputs: the fp32 accumulators of the rounded operands
+        y32 = ops.linear(x, w, out_dtype=torch.float32)
+        assert y32.dtype == torch.float32
+        assert rel_err(y32, x.double() @ ref.to(dtype).double().T) < 1e-5, ops.path(m, dtype, x.device)
+
+
+def needs_wgmma() -> None:
+    if not ops._module(torch.device("cuda")).has_wgmma:
+        pytest.skip("the wgmma kernels need a Hopper GPU (sm_90a)")
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("n,k", SHAPES)
-@pytest.mark.parametrize("m", [1, 8, 13, 16])
-def test_linear_forward_table_dequant(dtype: torch.dtype, n: int, k: int, m: int, monkeypatch) -> None:
-    monkeypatch.setattr(ops, "MMA_LUT", True)
-    w, ref = quantized(n, k, seed=n + 2 * k + m)
+@pytest.mark.parametrize("tile", ops.WGMMA_TILES)
+@pytest.mark.parametrize("n,k,m", [(576, 576, 17), (1536, 576, 300), (250, 4160, 77), (4096, 1024, 512)])
+def test_wgmma_forward(dtype: torch.dtype, tile: int, n: int, k: int, m: int, monkeypatch) -> None:
+    """Every tile size, ragged rows (250), an odd number of k-steps (4160 = 65 x 64), partial token
+    tiles. With float32 outputs the result is the fp32-accumulated product of the rounded operands:
+    it must match torch's of the same operands to accumulation-order noise, so the dequantized
+    weights and the fragment layouts are exact, not merely close."""
+    needs_wgmma()
+    monkeypatch.setattr(ops, "wgmma_tile", lambda *_: tile)
+    w, ref = quantized(n, k, seed=n + k + m + tile)
     x = torch.randn(m, k, device="cuda", dtype=dtype)
+    assert ops.path(m, dtype, x.device) == "fused-wgmma"
     y = ops.linear(x, w)
     assert y.dtype == dtype and y.shape == (m, n)
     assert rel_err(y, x.double() @ ref.double().T) < BOUND[dtype]
+    y32 = ops.linear(x, w, out_dtype=torch.float32)
+    assert y32.dtype == torch.float32
+    same_operands = x.double() @ ref.to(dtype).double().T
+    assert rel_err(y32, same_operands) < 1e-5
+    assert torch.equal(y, y32.to(dtype))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -130,7 +150,7 @@ def test_disk_cache_reused(tmp_path, monkeypatch) -> None:
     mod = compiler.load(torch.cuda.current_device())
     assert mod.path.parent == tmp_path and mod.path.exists()
     assert mod.identity.startswith(f"nf4-fused src=sha256:{compiler.source_sha256()}")
-    assert mod.arch == "sm_" + "".join(map(str, torch.cuda.get_device_capability()))
+    assert mod.arch == compiler.target_arch("".join(map(str, torch.cuda.get_device_capability())))
     monkeypatch.setattr(compiler, "_MODULES", {})
     monkeypatch.setattr(compiler, "compile_cubin", lambda arch: pytest.fail("recompiled despite the disk cache"))
     assert compiler.load(torch.cuda.current_device()).path == mod.path

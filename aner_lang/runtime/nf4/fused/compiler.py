@@ -71,6 +71,13 @@ def compile_cubin(arch: str) -> bytes:
         nvrtc.destroyProgram(prog)
 
 
+def target_arch(capability: str) -> str:
+    """The NVRTC target for a compute capability such as "90": Hopper gets the arch-specific
+    ``sm_90a``, which the wgmma kernels need; elsewhere those kernels compile empty and the
+    Python side never launches them (``CompiledModule.has_wgmma``)."""
+    return f"sm_{capability}a" if capability == "90" else f"sm_{capability}"
+
+
 def cubin_path(arch: str) -> Path:
     """The on-disk cubin for ``arch``, compiled and written now if it is not there yet."""
     ident = module_identity(arch)
@@ -95,10 +102,19 @@ class CompiledModule:
     module: Any
     _functions: dict[str, Any]
 
-    def function(self, name: str) -> Any:
+    @property
+    def has_wgmma(self) -> bool:
+        """Whether the warpgroup-MMA kernels were compiled with bodies (Hopper's sm_90a)."""
+        return self.arch == "sm_90a"
+
+    def function(self, name: str, shared_bytes: int = 0) -> Any:
+        """A kernel by name; ``shared_bytes`` of dynamic shared memory above the default 48 KB
+        limit are allowed once, when the kernel is first looked up."""
         fn = self._functions.get(name)
         if fn is None:
             fn = self._functions[name] = self.module.get_function(name)
+            if shared_bytes > 48 * 1024:
+                fn.max_dynamic_shared_size_bytes = shared_bytes
         return fn
 
 
@@ -110,7 +126,7 @@ def load(device_index: int) -> CompiledModule:
     import cupy
 
     with cupy.cuda.Device(device_index):
-        arch = f"sm_{cupy.cuda.Device(device_index).compute_capability}"  # e.g. "90"
+        arch = target_arch(cupy.cuda.Device(device_index).compute_capability)  # e.g. "sm_90a"
         key = (device_index, arch)
         mod = _MODULES.get(key)
         if mod is None:

@@ -7,11 +7,17 @@ CUDA graph. Which kernel a call uses depends on the number of tokens M (rows of 
 * M <= 16 ("small", generation and evaluation): memory-bound fused kernels that dequantize in
   registers. float32: one warp per output row on CUDA cores. float16/bfloat16: mma.sync m16n8k16
   tensor-core tiles with fp32 accumulation. Backward to the input likewise, with fp32 atomics.
-* M > 16 ("many", training): the double-quantized weight is dequantized by one kernel at HBM speed
-  into a buffer reused across layers, then cuBLAS (torch) does the matmul -- on the H200 this beats
-  a fused GEMM at these sizes, as bitsandbytes' own sm_90 heuristic also finds. Dequantizing in
-  L2-sized row chunks (CHUNK_BYTES) was measured slower on the H200 (benchmarks/results/), so the
-  weight is dequantized whole by default.
+* M > 16 ("many", training), float16/bfloat16 on Hopper (sm_90a): one fused GEMM, warpgroup MMAs
+  (wgmma) whose A operand is the weight dequantized straight into registers and whose B operand is
+  x streamed through shared memory (``wgmma_tile`` picks the tokens per block).
+* M > 16 otherwise (float32, or a GPU without wgmma), and every backward with M > 16: the weight is
+  dequantized by one kernel into a buffer reused across layers, then cuBLAS (torch) multiplies.
+  Dequantizing in L2-sized row chunks (CHUNK_BYTES) was measured slower on the H200
+  (benchmarks/results/), so the weight is dequantized whole by default.
+
+``linear`` and ``grad_input`` take an ``out_dtype``: under a half-precision profile the fused
+backend asks for float32 outputs, which the kernels' fp32 accumulators give for free, so no
+frozen-base product is rounded to 16 bits on its way back into the fp32 residual stream.
 """
 
 from __future__ import annotations
@@ -66,17 +72,22 @@ def _ptr(t: torch.Tensor) -> np.uint64:
 _STREAMS: dict[int, object] = {}
 
 
-def _launch(device: torch.device, name: str, grid: tuple[int, ...], block: int, args: list) -> None:
+def _module(device: torch.device) -> compiler.CompiledModule:
+    return compiler.load(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def _launch(device: torch.device, name: str, grid: tuple[int, ...], block: int, args: list,
+            shared_bytes: int = 0) -> None:
     import cupy
 
+    mod = _module(device)
     index = device.index if device.index is not None else torch.cuda.current_device()
-    mod = compiler.load(index)
     handle = torch.cuda.current_stream(device).cuda_stream
     stream = _STREAMS.get(handle)
     if stream is None:
         stream = _STREAMS[handle] = cupy.cuda.ExternalStream(handle, index)
     with cupy.cuda.Device(index):
-        mod.function(name)(grid, (block,), tuple(args), stream=stream)
+        mod.function(name, shared_bytes)(grid, (block,), tuple(args), stream=stream, shared_mem=shared_bytes)
 
 
 def _rows(t: torch.Tensor, width: int) -> torch.Tensor:
@@ -154,28 +165,49 @@ def _many_grad_input(g2: torch.Tensor, w: NF4Tensors) -> torch.Tensor:
     return gx
 
 
+# ---- many-token forward on Hopper ----------------------------------------------------------------
+
+WGMMA_ROWS = 128  # weight rows per block: two warpgroups of 64
+WGMMA_TILES = (32, 64, 128, 256)  # tokens per block (the wgmma's N)
+
+
+def wgmma_smem_bytes(tile: int) -> int:
+    """Dynamic shared memory of one block (mirrors WgmmaShape in nf4.cu): 1024 alignment slack,
+    6 stages (4 for the largest tile) of x (tile x 128 bytes) and packed W rows (128 x 48), and
+    the byte -> code-pair and code2 tables."""
+    stages = 4 if tile == 256 else 6
+    return 1024 + stages * (tile * 128 + WGMMA_ROWS * 48) + 256 * 8 + 256 * 4
+
+
+def wgmma_tile(m: int, n: int, sms: int) -> int:
+    """Tokens per block: the largest tile that still gives (nearly) every multiprocessor a block,
+    since a larger tile dequantizes each weight fewer times; the smallest where none does."""
+    row_blocks = -(-n // WGMMA_ROWS)
+    return next((t for t in (256, 128, 64) if row_blocks * -(-m // t) >= 0.9 * sms), 32)
+
+
+def _uses_wgmma(m: int, dtype: torch.dtype, device: torch.device) -> bool:
+    return m > SMALL_MAX_TOKENS and dtype != torch.float32 and _module(device).has_wgmma
+
+
+def _wgmma_linear(x2: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype) -> torch.Tensor:
+    m, n = x2.shape[0], w.out_features
+    tile = wgmma_tile(m, n, torch.cuda.get_device_properties(x2.device).multi_processor_count)
+    return _out16_or_32(x2, w, out_dtype, f"nf4_wgmma_fwd_{_DT_NAME[x2.dtype]}_m{tile}",
+                        (-(-n // WGMMA_ROWS), -(-m // tile)), 256, wgmma_smem_bytes(tile))
+
+
 # ---- forward ---------------------------------------------------------------------------------
 
 
-def path(tokens: int, dtype: torch.dtype) -> str:
-    """Which implementation a call with this many tokens takes (for reports and benchmarks)."""
+def path(tokens: int, dtype: torch.dtype, device: torch.device | None = None) -> str:
+    """Which implementation a forward with this many tokens takes (for reports and benchmarks);
+    with a CUDA ``device`` the many-token answer says whether wgmma runs there."""
     if tokens > SMALL_MAX_TOKENS:
+        if device is not None and _uses_wgmma(tokens, dtype, device):
+            return "fused-wgmma"
         return "dequant+cublas"
     return "fused-gemv-fp32" if dtype == torch.float32 else "fused-mma"
-
-
-MMA_LUT = False
-"""Small-token half-precision forward: dequantize through a byte -> packed-pair table with one
-packed multiply (faster; weights may differ from fp32-then-round by an ulp) instead of fp32."""
-
-
-def mma_config(n: int, k: int, sms: int) -> tuple[int, int]:
-    """(row groups per warp, warps per block) for the tensor-core forward: as many rows per warp
-    as keep a block per multiprocessor (each row group reuses the warp's x fragments), and
-    enough warps splitting K to keep 16-byte loads in flight."""
-    rg = next((r for r in (4, 2) if n // (16 * r) >= sms), 1)
-    warps = max(1, min(8, -(-k // 128)))  # one 128-wide K chunk per warp, up to 8 (H200 sweep)
-    return rg, warps
 
 
 def _matrix(t: torch.Tensor, w: NF4Tensors, width: int, what: str) -> torch.Tensor:
@@ -191,30 +223,39 @@ def _matrix(t: torch.Tensor, w: NF4Tensors, width: int, what: str) -> torch.Tens
     return _rows(t, width)
 
 
-def linear(x: torch.Tensor, w: NF4Tensors) -> torch.Tensor:
-    """y = x @ W^T for x [..., K]; the result has x's dtype."""
+def linear(x: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """y = x @ W^T for x [..., K], computed in x's dtype; the result has ``out_dtype`` (default
+    x's dtype)."""
     n, k = w.out_features, w.in_features
+    out_dtype = out_dtype or x.dtype
     lead, x2 = x.shape[:-1], _matrix(x, w, k, "input")
     m = x2.shape[0]
     if m == 0:
-        return x.new_empty(*lead, n)
+        return x.new_empty(*lead, n, dtype=out_dtype)
+    if _uses_wgmma(m, x.dtype, x.device):
+        return _wgmma_linear(x2, w, out_dtype).view(*lead, n)
     if m > SMALL_MAX_TOKENS:
-        return _many_linear(x2, w).view(*lead, n)
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+        return _many_linear(x2, w).to(out_dtype).view(*lead, n)
     if x.dtype == torch.float32:
+        y = torch.empty(m, n, dtype=torch.float32, device=x.device)
         warps = 4
         _launch(x.device, f"nf4_gemv_f32_m{_bucket(m)}", ((n + warps - 1) // warps,), 32 * warps,
                 [*w.args(), _ptr(x2), _ptr(y), np.int32(m), np.int32(n), np.int32(k)])
-    else:
-        sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-        rg, warps = mma_config(n, k, sms)
-        mt = 8 if m <= 8 else 16
-        name = f"nf4_mma_fwd_{_DT_NAME[x.dtype]}_m{mt}_r{rg}"
-        if MMA_LUT:
-            rg, name = 1, f"nf4_mma_fwd_lut_{_DT_NAME[x.dtype]}_m{mt}"
-        _launch(x.device, name, ((n + 16 * rg - 1) // (16 * rg),),
-                32 * warps, [*w.args(), _ptr(x2), _ptr(y), np.int32(m), np.int32(n), np.int32(k)])
-    return y.view(*lead, n)
+        return y.to(out_dtype).view(*lead, n)
+    return _out16_or_32(x2, w, out_dtype, f"nf4_mma_fwd_{_DT_NAME[x.dtype]}_m{8 if m <= 8 else 16}",
+                        (-(-n // 16),), 256).view(*lead, n)
+
+
+def _out16_or_32(x2: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype, name: str, grid: tuple[int, ...],
+                 block: int, shared_bytes: int = 0) -> torch.Tensor:
+    """Launch a half-precision forward kernel that writes its fp32 accumulators either rounded to
+    x's dtype (y16) or as they are (y32), whichever ``out_dtype`` asks for."""
+    m, k = x2.shape
+    y = torch.empty(m, w.out_features, dtype=out_dtype if out_dtype == torch.float32 else x2.dtype, device=x2.device)
+    f32, none = y.dtype == torch.float32, np.uint64(0)
+    _launch(x2.device, name, grid, block, [*w.args(), _ptr(x2), none if f32 else _ptr(y), _ptr(y) if f32 else none,
+                                           np.int32(m), np.int32(w.out_features), np.int32(k)], shared_bytes)
+    return y.to(out_dtype)
 
 
 # ---- backward to the input -------------------------------------------------------------------

@@ -14,6 +14,7 @@
 //   nf4_dequant_{f32,f16,bf16}          W -> dense buffer (the many-token path feeds it to cuBLAS)
 //   nf4_gemv_f32_m{1,2,4,8,16}          y[M,N] = x[M,K] W^T, fp32, one warp per output row
 //   nf4_mma_fwd_{f16,bf16}_m{8,16}      y = x W^T on tensor cores (mma.sync m16n8k16, fp32 acc.)
+//   nf4_wgmma_fwd_{f16,bf16}_m{32..256} y = x W^T for many tokens, Hopper warpgroup MMAs (sm_90a)
 //   nf4_bwd_f32_m{1,2,4,8,16}           gx[M,K] += gy[M,N] W, fp32, atomics over N splits
 //   nf4_mma_bwd_{f16,bf16}_m{8,16}      gx[M,K] += gy W on tensor cores, fp32 atomics
 
@@ -116,33 +117,52 @@ __device__ __forceinline__ void dequant32(const NF4& w, const float* code, long 
 
 // ---- dequantize ---------------------------------------------------------------------------------
 
-// One thread per 32 weights: one 16-byte load in, 32 values out with 16-byte stores.
+// A warp takes 1024 consecutive weights (512 packed bytes) in four steps; in each, lane l reads the
+// 4 bytes at 8l and writes their 8 weights, so every warp-wide store covers one contiguous span
+// (512 bytes for 16-bit outputs). All four loads are issued before the first use.
 struct F32 {};
 
-__device__ __forceinline__ void store32(F32, float* o, const float (&v)[32]) {
+__device__ __forceinline__ void store8(F32, float* o, const float (&v)[8]) {
     float4* q = reinterpret_cast<float4*>(o);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) q[i] = make_float4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
+    q[0] = make_float4(v[0], v[1], v[2], v[3]);
+    q[1] = make_float4(v[4], v[5], v[6], v[7]);
 }
 template <typename T>
-__device__ __forceinline__ void store32(T, u16* o, const float (&v)[32]) {
-    uint4* q = reinterpret_cast<uint4*>(o);
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-        q[i] = make_uint4(pack2(T(), v[8 * i], v[8 * i + 1]), pack2(T(), v[8 * i + 2], v[8 * i + 3]),
-                          pack2(T(), v[8 * i + 4], v[8 * i + 5]), pack2(T(), v[8 * i + 6], v[8 * i + 7]));
+__device__ __forceinline__ void store8(T, u16* o, const float (&v)[8]) {
+    *reinterpret_cast<uint4*>(o) = make_uint4(pack2(T(), v[0], v[1]), pack2(T(), v[2], v[3]),
+                                              pack2(T(), v[4], v[5]), pack2(T(), v[6], v[7]));
 }
 
-// Elements [first, first + n) of the flat weight go to out[0, n); first % 64 == 0.
+// Elements [first, first + n) of the flat weight go to out[0, n); first % 64 == 0, n % 64 == 0.
 template <typename Tag, typename Out>
 __device__ void dequant(const NF4& w, long long first, long long n, Out* out) {
     __shared__ float code[16];
     load_code(code);
-    const long long e = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) * 32;
-    if (e >= n) return;
-    float v[32];
-    dequant32(w, code, first + e, v);
-    store32(Tag(), out + e, v);
+    const int lane = threadIdx.x & 31;
+    const long long base = (static_cast<long long>(blockIdx.x) * blockDim.x + (threadIdx.x & ~31)) * 32 + 8 * lane;
+    u32 q[4];
+    float am[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const long long e = base + 256 * i;
+        if (e < n) {
+            q[i] = __ldg(reinterpret_cast<const u32*>(w.packed + ((first + e) >> 1)));
+            am[i] = block_absmax(w, (first + e) >> 6);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const long long e = base + 256 * i;
+        if (e >= n) return;
+        float v[8];
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+            const u32 byte = (q[i] >> (8 * b)) & 0xffu;
+            v[2 * b] = code[byte >> 4] * am[i];
+            v[2 * b + 1] = code[byte & 15u] * am[i];
+        }
+        store8(Tag(), out + e, v);
+    }
 }
 
 #define NF4_ARGS const u8 *packed, const u8 *qabsmax, const float *code2, const float *absmax2, const float *offset
@@ -245,157 +265,98 @@ __device__ void bwd_f32(const NF4& w, const float* __restrict__ gy, float* __res
 
 // ---- tensor-core small-token forward -------------------------------------------------------------
 
-// y^T[N, M] = W[N, K] x^T: W is the mma's A operand (16 rows per tile), x^T its B operand (8 tokens
-// per mma, MT/8 mmas share each A fragment). The reduction index k is permuted so that each thread
-// reads 32 consecutive weights of a row (one 16-byte load) and the 32 matching x values (64 bytes):
-// in the 128-wide chunk at c, thread (g = lane/4, t = lane%4) owns k = c + 32t .. c + 32t + 31, and
-// k16-tile j takes its logical columns {2t, 2t+1, 2t+8, 2t+9} from k = c + 32t + 4j + {0, 1, 2, 3}.
-// The same map gives the B fragment, so a B register pair is two consecutive 32-bit words of x.
-// A block's warps split K (chunk stride = warps * 128); their partial tiles are summed in shared
-// memory. Each warp covers RG row groups of 16, reusing its x fragments for all of them.
-template <typename T, int MT, int RG>
-__device__ void mma_fwd(const NF4& w, const u16* __restrict__ x, u16* __restrict__ y, int M, int N, int K) {
-    constexpr int NT = MT / 8;
-    __shared__ float code[16];
-    __shared__ float red[8][RG][NT][4][32];
-    load_code(code);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    const int g = lane >> 2, t = lane & 3;
-    const int row_base = blockIdx.x * 16 * RG;
-    float acc[RG][NT][4];
-#pragma unroll
-    for (int r = 0; r < RG; ++r)
-#pragma unroll
-        for (int s = 0; s < NT; ++s)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) acc[r][s][i] = 0.f;
-    for (int c = warp * 128; c < K; c += warps * 128) {
-        // K % 64 == 0: the last chunk may be half full. Lanes past K feed zeros instead of
-        // skipping, because mma.sync needs the whole warp.
-        const int k = c + 32 * t;
-        const bool k_ok = k < K;
-        u32 xb[NT][16];
-#pragma unroll
-        for (int s = 0; s < NT; ++s) {
-            const int tok = 8 * s + g;
-            if (k_ok && tok < M) {
-                const uint4* xr = reinterpret_cast<const uint4*>(x + static_cast<long long>(tok) * K + k);
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    const uint4 q = __ldg(xr + i);
-                    xb[s][4 * i] = q.x; xb[s][4 * i + 1] = q.y; xb[s][4 * i + 2] = q.z; xb[s][4 * i + 3] = q.w;
-                }
-            } else {
-#pragma unroll
-                for (int i = 0; i < 16; ++i) xb[s][i] = 0u;
-            }
-        }
-#pragma unroll
-        for (int r = 0; r < RG; ++r) {
-            const int n_lo = row_base + 16 * r + g, n_hi = n_lo + 8;
-            float lo[32], hi[32];
-            if (k_ok && n_lo < N) dequant32(w, code, static_cast<long long>(n_lo) * K + k, lo);
-            else
-#pragma unroll
-                for (int i = 0; i < 32; ++i) lo[i] = 0.f;
-            if (k_ok && n_hi < N) dequant32(w, code, static_cast<long long>(n_hi) * K + k, hi);
-            else
-#pragma unroll
-                for (int i = 0; i < 32; ++i) hi[i] = 0.f;
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                const u32 a[4] = {pack2(T(), lo[4 * j], lo[4 * j + 1]), pack2(T(), hi[4 * j], hi[4 * j + 1]),
-                                  pack2(T(), lo[4 * j + 2], lo[4 * j + 3]), pack2(T(), hi[4 * j + 2], hi[4 * j + 3])};
-#pragma unroll
-                for (int s = 0; s < NT; ++s) mma16816(T(), acc[r][s], a, xb[s][2 * j], xb[s][2 * j + 1]);
-            }
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < RG; ++r)
-#pragma unroll
-        for (int s = 0; s < NT; ++s)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) red[warp][r][s][i][lane] = acc[r][s][i];
-    __syncthreads();
-    if (warp != 0) return;
-#pragma unroll
-    for (int r = 0; r < RG; ++r)
-#pragma unroll
-        for (int s = 0; s < NT; ++s)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                float sum = 0.f;
-                for (int v = 0; v < warps; ++v) sum += red[v][r][s][i][lane];
-                // D fragment: c0, c1 at row g, tokens 2t, 2t+1; c2, c3 at row g + 8.
-                const int n = row_base + 16 * r + g + 8 * (i >> 1);
-                const int tok = 8 * s + 2 * t + (i & 1);
-                if (n < N && tok < M) y[static_cast<long long>(tok) * N + n] = to16(T(), sum);
-            }
-}
+// y^T[N, M] = W[N, K] x^T for M <= 16: W is the mma's A operand (16 rows per block), x^T its B
+// operand (8 tokens per mma, MT/8 mmas share each A fragment). The reduction index k is permuted so
+// that each thread reads 32 consecutive weights of a row (one 16-byte load) and the 32 matching x
+// values (64 bytes): in the 128-wide chunk at c, thread (g = lane/4, t = lane%4) owns k = c + 32t ..
+// c + 32t + 31, and k16-tile j takes its logical columns {2t, 2t+1, 2t+8, 2t+9} from k = c + 32t +
+// 4j + {0, 1, 2, 3}, i.e. from bytes 2j and 2j+1 of the thread's 16 bytes. The same map gives the B
+// fragment, so a B register pair is two consecutive 32-bit words of x.
+// Memory-bound: a warp issues the loads of U chunks (weights, absmax inputs, x) before it uses any,
+// and a byte becomes its two weights through a byte -> code-pair table (one shared load, two fp32
+// products, one rounding: the same values as everywhere else). The block's warps split K; their
+// partial tiles are summed in shared memory.
+constexpr int SMALL_WARPS = 8;
 
-// The same forward with cheaper dequantization, for speed: a 256-entry shared table maps a byte
-// straight to its two code values packed in T, scaled by the block's absmax in T with one packed
-// multiply (code and absmax rounded to T first, so values can differ from the fp32-then-round
-// weights by an ulp of T; the accumulation is still fp32). Byte 2j / 2j+1 of a thread's 16-byte
-// chunk are exactly the A pairs of k16-tile j (k = 4j, 4j+1 / 4j+2, 4j+3 in the map above).
-template <typename T, int MT>
-__device__ void mma_fwd_lut(const NF4& w, const u16* __restrict__ x, u16* __restrict__ y, int M, int N, int K) {
+template <int U, int NT>
+struct SmallBatch {
+    uint4 q[U][2];  // packed bytes of rows lo/hi
+    u32 qa[U][2];   // absmax codes
+    float a2[U][2];
+    u32 xb[U][NT][16];
+};
+
+template <typename T, int MT, int U>
+__device__ void mma_fwd(const NF4& w, const u16* __restrict__ x, u16* __restrict__ y16, float* __restrict__ y32,
+                        int M, int N, int K) {
     constexpr int NT = MT / 8;
-    __shared__ u32 lut[256];
-    __shared__ float red[8][NT][4][32];
-    for (int i = threadIdx.x; i < 256; i += blockDim.x) lut[i] = pack2(T(), NF4_CODE[i >> 4], NF4_CODE[i & 15]);
+    __shared__ float2 pairs[256];
+    __shared__ float code2[256];
+    __shared__ float red[SMALL_WARPS][NT][4][32];
+    pairs[threadIdx.x] = make_float2(NF4_CODE[threadIdx.x >> 4], NF4_CODE[threadIdx.x & 15]);
+    code2[threadIdx.x] = __ldg(w.code2 + threadIdx.x);
     __syncthreads();
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int n_lo = blockIdx.x * 16 + g, n_hi = n_lo + 8;
+    const int rows[2] = {blockIdx.x * 16 + g, blockIdx.x * 16 + g + 8};
     float acc[NT][4];
 #pragma unroll
     for (int s = 0; s < NT; ++s)
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[s][i] = 0.f;
-    for (int c = warp * 128; c < K; c += warps * 128) {
-        const int k = c + 32 * t;
-        const bool k_ok = k < K;
-        u32 xb[NT][16];
+    for (int c0 = warp * 128; c0 < K; c0 += U * SMALL_WARPS * 128) {
+        SmallBatch<U, NT> b;
 #pragma unroll
-        for (int s = 0; s < NT; ++s) {
-            const int tok = 8 * s + g;
-            if (k_ok && tok < M) {
-                const uint4* xr = reinterpret_cast<const uint4*>(x + static_cast<long long>(tok) * K + k);
+        for (int u = 0; u < U; ++u) {
+            const int k = c0 + u * SMALL_WARPS * 128 + 32 * t;
+            const bool k_ok = k < K;  // K % 64 == 0: a chunk may be half full; lanes past K feed zeros
 #pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    const uint4 q = __ldg(xr + i);
-                    xb[s][4 * i] = q.x; xb[s][4 * i + 1] = q.y; xb[s][4 * i + 2] = q.z; xb[s][4 * i + 3] = q.w;
+            for (int h = 0; h < 2; ++h) {
+                const bool ok = k_ok && rows[h] < N;
+                const long long e = static_cast<long long>(ok ? rows[h] : 0) * K + (k_ok ? k : 0);
+                b.q[u][h] = ok ? __ldg(reinterpret_cast<const uint4*>(w.packed + (e >> 1))) : make_uint4(0u, 0u, 0u, 0u);
+                b.qa[u][h] = ok ? __ldg(w.qabsmax + (e >> 6)) : 0u;
+                b.a2[u][h] = ok ? __ldg(w.absmax2 + (e >> 14)) : 0.f;
+            }
+#pragma unroll
+            for (int s = 0; s < NT; ++s) {
+                const int tok = 8 * s + g;
+                if (k_ok && tok < M) {
+                    const uint4* xr = reinterpret_cast<const uint4*>(x + static_cast<long long>(tok) * K + k);
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        const uint4 v = __ldg(xr + i);
+                        b.xb[u][s][4 * i] = v.x; b.xb[u][s][4 * i + 1] = v.y;
+                        b.xb[u][s][4 * i + 2] = v.z; b.xb[u][s][4 * i + 3] = v.w;
+                    }
+                } else {
+#pragma unroll
+                    for (int i = 0; i < 16; ++i) b.xb[u][s][i] = 0u;
                 }
-            } else {
-#pragma unroll
-                for (int i = 0; i < 16; ++i) xb[s][i] = 0u;
             }
         }
-        uint4 ql = make_uint4(0u, 0u, 0u, 0u), qh = ql;
-        u32 aml = 0u, amh = 0u;
-        if (k_ok && n_lo < N) {
-            const long long e = static_cast<long long>(n_lo) * K + k;
-            ql = __ldg(reinterpret_cast<const uint4*>(w.packed + (e >> 1)));
-            const float am = block_absmax(w, e >> 6);
-            aml = pack2(T(), am, am);
-        }
-        if (k_ok && n_hi < N) {
-            const long long e = static_cast<long long>(n_hi) * K + k;
-            qh = __ldg(reinterpret_cast<const uint4*>(w.packed + (e >> 1)));
-            const float am = block_absmax(w, e >> 6);
-            amh = pack2(T(), am, am);
-        }
-        const u32 lw[4] = {ql.x, ql.y, ql.z, ql.w}, hw[4] = {qh.x, qh.y, qh.z, qh.w};
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            const int sh = 16 * (j & 1);
-            const u32 l = lw[j >> 1] >> sh, h = hw[j >> 1] >> sh;
-            const u32 a[4] = {mul2(T(), lut[l & 0xffu], aml), mul2(T(), lut[h & 0xffu], amh),
-                              mul2(T(), lut[(l >> 8) & 0xffu], aml), mul2(T(), lut[(h >> 8) & 0xffu], amh)};
+        for (int u = 0; u < U; ++u) {
+            float am[2];
+            u32 words[2][4];
 #pragma unroll
-            for (int s = 0; s < NT; ++s) mma16816(T(), acc[s], a, xb[s][2 * j], xb[s][2 * j + 1]);
+            for (int h = 0; h < 2; ++h) {
+                am[h] = __fadd_rn(__fmul_rn(code2[b.qa[u][h]], b.a2[u][h]), w.offset);
+                words[h][0] = b.q[u][h].x; words[h][1] = b.q[u][h].y; words[h][2] = b.q[u][h].z; words[h][3] = b.q[u][h].w;
+            }
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                // a0/a1: rows lo/hi, byte 2j (cols 2t, 2t+1); a2/a3: byte 2j + 1 (cols 2t+8, 2t+9).
+                u32 a[4];
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const int byte = 2 * j + (i >> 1);
+                    const float2 c = pairs[(words[i & 1][byte >> 2] >> (8 * (byte & 3))) & 0xffu];
+                    a[i] = pack2(T(), c.x * am[i & 1], c.y * am[i & 1]);
+                }
+#pragma unroll
+                for (int s = 0; s < NT; ++s) mma16816(T(), acc[s], a, b.xb[u][s][2 * j], b.xb[u][s][2 * j + 1]);
+            }
         }
     }
 #pragma unroll
@@ -409,10 +370,15 @@ __device__ void mma_fwd_lut(const NF4& w, const u16* __restrict__ x, u16* __rest
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             float sum = 0.f;
-            for (int v = 0; v < warps; ++v) sum += red[v][s][i][lane];
-            const int n = n_lo + 8 * (i >> 1);
-            const int tok = 8 * s + 2 * t + (i & 1);
-            if (n < N && tok < M) y[static_cast<long long>(tok) * N + n] = to16(T(), sum);
+#pragma unroll
+            for (int v = 0; v < SMALL_WARPS; ++v) sum += red[v][s][i][lane];
+            // D fragment: c0, c1 at row g, tokens 2t, 2t+1; c2, c3 at row g + 8.
+            const int n = rows[i >> 1], tok = 8 * s + 2 * t + (i & 1);
+            if (n < N && tok < M) {
+                const long long o = static_cast<long long>(tok) * N + n;
+                if (y32) y32[o] = sum;
+                else y16[o] = to16(T(), sum);
+            }
         }
 }
 
@@ -500,6 +466,283 @@ __device__ void mma_bwd(const NF4& w, const u16* __restrict__ gy, float* __restr
             }
 }
 
+// ---- many-token forward on Hopper: wgmma with the NF4 operand dequantized in registers ------------
+
+// y^T[N, M] = W[N, K] x^T as warpgroup MMAs (sm_90a): W is the A operand, dequantized from NF4
+// straight into registers; x^T is the B operand, copied into shared memory by cp.async in the
+// canonical K-major 128-byte-swizzled layout (a row = one token's 64 k = 128 bytes, its 16-byte
+// chunk c stored at c ^ (row % 8)). A block is 2 warpgroups x 64 rows of W = 128 rows, times BM
+// tokens; each k-step of 64 is 4 wgmma m64nBMk16. The packed W rows of a step come through shared
+// memory too (a row's 32 bytes padded to 48, so the 8 rows a warp reads at once hit distinct
+// banks). Pipelining: STAGES shared buffers, loads issued STAGES - 2 steps ahead; wgmma is
+// asynchronous, so the next step's dequantization runs while the tensor cores work on this one
+// (wait_group 1), with the A registers double-buffered (the loop is unrolled by 2 for that).
+// The weight is dequantized exactly as everywhere else (fp32 product, then rounded to T).
+// Rows past N and tokens past M are zero-filled on load and never stored.
+
+typedef unsigned long long u64;
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ u32 smem_addr(const void* p) { return static_cast<u32>(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool full) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(full ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory"); }
+template <int R>
+__device__ __forceinline__ void fence_regs(float (&d)[R]) {  // reads of d stay after the wait
+#pragma unroll
+    for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+// Keeps A fragments live until the wait that retires the wgmmas reading them, so the register
+// allocator cannot hand their registers to the next step (ptxas would then serialize the wgmmas).
+struct WgmmaInputs {
+    u32 a[4][4];  // A fragments of the 4 k16 tiles
+    u64 desc[4];  // their B descriptors
+};
+__device__ __forceinline__ void fence_regs(WgmmaInputs& in) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(in.a[j][i])::"memory");
+        asm volatile("" : "+l"(in.desc[j])::"memory");
+    }
+}
+
+// Shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row groups 1024 bytes apart.
+__device__ __forceinline__ u64 sw128_desc(const void* p) {
+    return static_cast<u64>((smem_addr(p) & 0x3FFFFu) >> 4) | (1ull << 16) | (static_cast<u64>(1024 >> 4) << 32) |
+           (1ull << 62);
+}
+
+// The wgmma RS instructions (A from registers); the operand lists are spelled out, one per register.
+__device__ __forceinline__ void wgmma_n32(BF16, float (&d)[16], const u32 (&a)[4], u64 b) {
+    asm volatile(
+        "{.reg .pred p; setp.ne.b32 p, %21, 0; "
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, p, 1, 1, 0;}"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+__device__ __forceinline__ void wgmma_n32(F16, float (&d)[16], const u32 (&a)[4], u64 b) {
+    asm volatile(
+        "{.reg .pred p; setp.ne.b32 p, %21, 0; "
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, p, 1, 1, 0;}"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+__device__ __forceinline__ void wgmma_n64(BF16, float (&d)[32], const u32 (&a)[4], u64 b) {
+    asm volatile(
+        "{.reg .pred p; setp.ne.b32 p, %37, 0; "
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 0;}"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+__device__ __forceinline__ void wgmma_n64(F16, float (&d)[32], const u32 (&a)[4], u64 b) {
+    asm volatile(
+        "{.reg .pred p; setp.ne.b32 p, %37, 0; "
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 0;}"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+__device__ __forceinline__ void wgmma_n128(BF16, float (&d)[64], const u32 (&a)[4], u64 b) {
+    asm volatile(
+        "{.reg .pred p; setp.ne.b32 p, %69, 0; "
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, p, 1, 1, 0;}"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+__device__ __forceinline__ void wgmma_n128(F16, float (&d)[64], const u32 (&a)[4], u64 b) {
+    asm volatile(
+        "{.reg .pred p; setp.ne.b32 p, %69, 0; "
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, p, 1, 1, 0;}"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+__device__ __forceinline__ void wgmma_n256(BF16, float (&d)[128], const u32 (&a)[4], u64 b) {
+    asm volatile(
+        "{.reg .pred p; setp.ne.b32 p, %133, 0; "
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, {%128,%129,%130,%131}, %132, p, 1, 1, 0;}"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+__device__ __forceinline__ void wgmma_n256(F16, float (&d)[128], const u32 (&a)[4], u64 b) {
+    asm volatile(
+        "{.reg .pred p; setp.ne.b32 p, %133, 0; "
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, {%128,%129,%130,%131}, %132, p, 1, 1, 0;}"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+
+template <typename T>
+__device__ __forceinline__ void wgmma_tile(T, float (&d)[16], const u32 (&a)[4], u64 b) { wgmma_n32(T(), d, a, b); }
+template <typename T>
+__device__ __forceinline__ void wgmma_tile(T, float (&d)[32], const u32 (&a)[4], u64 b) { wgmma_n64(T(), d, a, b); }
+template <typename T>
+__device__ __forceinline__ void wgmma_tile(T, float (&d)[64], const u32 (&a)[4], u64 b) { wgmma_n128(T(), d, a, b); }
+template <typename T>
+__device__ __forceinline__ void wgmma_tile(T, float (&d)[128], const u32 (&a)[4], u64 b) { wgmma_n256(T(), d, a, b); }
+
+#endif
+
+template <int BM>
+struct WgmmaShape {
+    static constexpr int STAGES = BM == 256 ? 4 : 6;
+    static constexpr int X_BYTES = BM * 128;  // one stage of x: BM tokens x 64 k
+    static constexpr int W_STRIDE = 48;       // one W row's 32 packed bytes, padded
+    static constexpr int W_BYTES = 128 * W_STRIDE;
+    static constexpr int TABLES = 256 * 8 + 256 * 4;  // byte -> code pair (float2), code2
+    static constexpr int SMEM = 1024 + STAGES * (X_BYTES + W_BYTES) + TABLES;
+};
+
+template <typename T, int BM>
+__device__ void wgmma_fwd(const NF4& w, const u16* __restrict__ x, u16* __restrict__ y16, float* __restrict__ y32,
+                          int M, int N, int K) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using S = WgmmaShape<BM>;
+    constexpr int STAGES = S::STAGES;
+    extern __shared__ u8 dyn[];
+    u8* const xs = dyn + ((1024u - (smem_addr(dyn) & 1023u)) & 1023u);  // swizzle atoms need 1024 alignment
+    u8* const ws = xs + STAGES * S::X_BYTES;
+    float2* const pairs = reinterpret_cast<float2*>(ws + STAGES * S::W_BYTES);  // byte -> (code[hi], code[lo])
+    float* const code2 = reinterpret_cast<float*>(pairs + 256);
+    const int tid = threadIdx.x;
+    pairs[tid] = make_float2(NF4_CODE[tid >> 4], NF4_CODE[tid & 15]);
+    code2[tid] = __ldg(w.code2 + tid);
+    const int n0 = blockIdx.x * 128, m0 = blockIdx.y * BM, steps = K / 64;
+
+    // Loads: thread tid copies 16-byte chunk c = tid % 8 of x rows tid / 8 + 32 j, and chunk tid % 2
+    // of W row tid / 2; the pointers advance by one k-step (64 k) per step.
+    constexpr int XJ = BM / 32;
+    const int xr = tid >> 3, xc = tid & 7, wr = tid >> 1, wc = tid & 1;
+    const u16* xsrc[XJ];
+    bool xok[XJ];
+#pragma unroll
+    for (int j = 0; j < XJ; ++j) {
+        xok[j] = m0 + xr + 32 * j < M;
+        xsrc[j] = x + static_cast<long long>(xok[j] ? m0 + xr + 32 * j : 0) * K + 8 * xc;
+    }
+    const u32 xdst = smem_addr(xs) + xr * 128 + ((xc ^ (xr & 7)) << 4);  // (xr + 32 j) % 8 == xr % 8
+    const bool wok = n0 + wr < N;
+    const u8* const wsrc = w.packed + static_cast<long long>(wok ? n0 + wr : 0) * (K / 2) + 16 * wc;
+    const u32 wdst = smem_addr(ws) + wr * S::W_STRIDE + 16 * wc;
+    // The loop runs an even number of steps (ptxas serializes the wgmmas if a step is conditional);
+    // a padding step reads zeros for x, so whatever its A holds adds nothing.
+    const int padded = (steps + 1) & ~1;
+    auto load = [&](int s) {  // step s's x tile and W rows into stage s % STAGES (one commit group)
+        if (s < padded) {
+            const int st = s % STAGES;
+            const bool real = s < steps;
+            const int k0 = real ? 64 * s : 0;
+#pragma unroll
+            for (int j = 0; j < XJ; ++j)
+                cp_async16(xdst + st * S::X_BYTES + j * 32 * 128, xsrc[j] + k0, xok[j] && real);
+            cp_async16(wdst + st * S::W_BYTES, wsrc + k0 / 2, wok && real);
+        }
+        cp_async_commit();
+    };
+
+    const int lane = tid & 31, t = lane & 3;
+    const int r_lo = 64 * (tid >> 7) + 16 * ((tid >> 5) & 3) + (lane >> 2);  // this thread's rows r_lo, r_lo + 8
+    const u32 pick = 0x4440u | t;  // __byte_perm selector: byte t of a word, zero-extended
+    const u8* qsrc[2];
+    long long bsrc[2];
+    bool row_ok[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        row_ok[h] = n0 + r_lo + 8 * h < N;
+        bsrc[h] = static_cast<long long>(row_ok[h] ? n0 + r_lo + 8 * h : 0) * (K / 64);
+        qsrc[h] = w.qabsmax + bsrc[h];
+    }
+    auto scale_load = [&](int s, u32 (&q)[2], float (&a2)[2]) {  // absmax inputs of step s, 2 steps early
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const bool ok = row_ok[h] && s < steps;
+            q[h] = ok ? __ldg(qsrc[h] + s) : 0u;
+            a2[h] = ok ? __ldg(w.absmax2 + ((bsrc[h] + s) >> 8)) : 0.f;
+        }
+    };
+
+    float d[BM / 2];
+#pragma unroll
+    for (int i = 0; i < BM / 2; ++i) d[i] = 0.f;
+    __syncthreads();  // tables
+#pragma unroll 1
+    for (int s = 0; s < STAGES - 2; ++s) load(s);
+    u32 q[2][2];
+    float a2[2][2];
+    scale_load(0, q[0], a2[0]);
+    scale_load(1, q[1], a2[1]);
+
+    auto step = [&](int s, WgmmaInputs& in, WgmmaInputs& prev, u32 (&qs)[2], float (&as)[2]) {
+        cp_async_wait<STAGES - 3>();
+        fence_async_smem();
+        __syncthreads();  // step s landed for all; step s - 2 finished in both warpgroups
+        load(s + STAGES - 2);
+        const int st = s % STAGES;
+        float am[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) am[h] = __fadd_rn(__fmul_rn(code2[qs[h]], as[h]), w.offset);
+        scale_load(s + 2, qs, as);
+        u32 words[2][8];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const uint4* row = reinterpret_cast<const uint4*>(ws + st * S::W_BYTES + (r_lo + 8 * h) * S::W_STRIDE);
+            const uint4 u = row[0], v = row[1];
+            words[h][0] = u.x; words[h][1] = u.y; words[h][2] = u.z; words[h][3] = u.w;
+            words[h][4] = v.x; words[h][5] = v.y; words[h][6] = v.z; words[h][7] = v.w;
+        }
+        // k16 tile j: a0/a1 = rows lo/hi at k 2t, 2t+1 (byte t of word 2j); a2/a3 at 2t+8, 2t+9 (word 2j+1).
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const float2 c = pairs[__byte_perm(words[i & 1][2 * j + (i >> 1)], 0u, pick)];
+                in.a[j][i] = pack2(T(), c.x * am[i & 1], c.y * am[i & 1]);
+            }
+        const u64 desc = sw128_desc(xs + st * S::X_BYTES);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) in.desc[j] = desc + 2 * j;  // +32 bytes per k16
+        fence_regs(in);  // every input computed before the first wgmma of the step, none between them
+        wgmma_fence();
+#pragma unroll
+        for (int j = 0; j < 4; ++j) wgmma_tile(T(), d, in.a[j], in.desc[j]);
+        wgmma_commit();
+        wgmma_wait<1>();  // the previous step's wgmmas are done: its A registers may be rewritten
+        fence_regs(prev);
+    };
+    WgmmaInputs even = {}, odd = {};
+#pragma unroll 1
+    for (int s = 0; s < padded; s += 2) {
+        step(s, even, odd, q[0], a2[0]);
+        step(s + 1, odd, even, q[1], a2[1]);
+    }
+    wgmma_wait<0>();
+    fence_regs(d);
+    cp_async_wait<0>();
+
+    // D fragment: d[4j + 2h + c] is W row r_lo + 8h, token 8j + 2t + c.
+#pragma unroll
+    for (int j = 0; j < BM / 8; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                const int n = n0 + r_lo + 8 * h, m = m0 + 8 * j + 2 * t + c;
+                if (n < N && m < M) {
+                    const long long o = static_cast<long long>(m) * N + n;
+                    if (y32) y32[o] = d[4 * j + 2 * h + c];
+                    else y16[o] = to16(T(), d[4 * j + 2 * h + c]);
+                }
+            }
+#endif
+}
+
 // ---- extern "C" entry points ----------------------------------------------------------------------
 
 #define GEMV_F32(MT)                                                                                   \
@@ -518,11 +761,11 @@ GEMV_F32(4)
 GEMV_F32(8)
 GEMV_F32(16)
 
-#define MMA_FWD(TY, NAME, MT, RG)                                                                      \
-    extern "C" __global__ void __launch_bounds__(256)                                                  \
-        nf4_mma_fwd_##NAME##_m##MT##_r##RG(NF4_ARGS, const u16* x, u16* y, int M, int N, int K) {       \
+#define MMA_FWD(TY, NAME, MT)                                                                          \
+    extern "C" __global__ void __launch_bounds__(256, 2)                                               \
+        nf4_mma_fwd_##NAME##_m##MT(NF4_ARGS, const u16* x, u16* y16, float* y32, int M, int N, int K) { \
         NF4_MAKE;                                                                                      \
-        mma_fwd<TY, MT, RG>(w, x, y, M, N, K);                                                         \
+        mma_fwd<TY, MT, 2>(w, x, y16, y32, M, N, K);                                                   \
     }
 #define MMA_BWD(TY, NAME, MT)                                                                          \
     extern "C" __global__ void __launch_bounds__(128)                                                  \
@@ -530,16 +773,15 @@ GEMV_F32(16)
         NF4_MAKE;                                                                                      \
         mma_bwd<TY, MT>(w, gy, gx, M, N, K, rows_per_split);                                           \
     }
-#define MMA_FWD_LUT(TY, NAME, MT)                                                                      \
-    extern "C" __global__ void __launch_bounds__(256)                                                  \
-        nf4_mma_fwd_lut_##NAME##_m##MT(NF4_ARGS, const u16* x, u16* y, int M, int N, int K) {            \
-        NF4_MAKE;                                                                                      \
-        mma_fwd_lut<TY, MT>(w, x, y, M, N, K);                                                         \
-    }
-#define MMA_ALL(TY, NAME)                                                                              \
-    MMA_FWD_LUT(TY, NAME, 8) MMA_FWD_LUT(TY, NAME, 16)                                                 \
-    MMA_FWD(TY, NAME, 8, 1) MMA_FWD(TY, NAME, 8, 2) MMA_FWD(TY, NAME, 8, 4)                            \
-    MMA_FWD(TY, NAME, 16, 1) MMA_FWD(TY, NAME, 16, 2) MMA_FWD(TY, NAME, 16, 4)                         \
-    MMA_BWD(TY, NAME, 8) MMA_BWD(TY, NAME, 16)
+#define MMA_ALL(TY, NAME) MMA_FWD(TY, NAME, 8) MMA_FWD(TY, NAME, 16) MMA_BWD(TY, NAME, 8) MMA_BWD(TY, NAME, 16)
 MMA_ALL(F16, f16)
 MMA_ALL(BF16, bf16)
+
+#define WGMMA_FWD(TY, NAME, BM)                                                                        \
+    extern "C" __global__ void __launch_bounds__(256, 1) nf4_wgmma_fwd_##NAME##_m##BM(                 \
+        NF4_ARGS, const u16* x, u16* y16, float* y32, int M, int N, int K) {                           \
+        NF4_MAKE;                                                                                      \
+        wgmma_fwd<TY, BM>(w, x, y16, y32, M, N, K);                                                    \
+    }
+WGMMA_FWD(BF16, bf16, 32) WGMMA_FWD(BF16, bf16, 64) WGMMA_FWD(BF16, bf16, 128) WGMMA_FWD(BF16, bf16, 256)
+WGMMA_FWD(F16, f16, 32) WGMMA_FWD(F16, f16, 64) WGMMA_FWD(F16, f16, 128) WGMMA_FWD(F16, f16, 256)
