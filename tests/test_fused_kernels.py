@@ -20,7 +20,7 @@ pytest.importorskip("cupy")
 
 from aner_lang.runtime.nf4.fused import compiler, ops  # noqa: E402
 from aner_lang.runtime.nf4.fused.backend import nf4_tensors  # noqa: E402
-from aner_lang.runtime.nf4.quant import dequantize_nf4, quantize_nf4  # noqa: E402
+from aner_lang.runtime.nf4.quant import block_absmax, dequantize_nf4, nf4_code, quantize_nf4  # noqa: E402
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # Relative Frobenius error of the result vs a float64 matmul over the same dequantized weight:
@@ -28,12 +28,26 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 BOUND = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 1.5e-2}
 
 
+def random_nf4(n: int, k: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    return quantize_nf4(torch.randn(n, k, generator=gen) * 0.05)
+
+
 def quantized(n: int, k: int, seed: int) -> tuple[ops.NF4Tensors, torch.Tensor]:
     """A random weight quantized by our bitsandbytes-compatible quantizer, with its fp32
     dequantization by the reference (CPU) code that host_tiled uses."""
-    gen = torch.Generator().manual_seed(seed)
-    q = quantize_nf4(torch.randn(n, k, generator=gen) * 0.05)
+    q = random_nf4(n, k, seed)
     return nf4_tensors(q.to("cuda")), dequantize_nf4(q).cuda()
+
+
+def code_rounded_weight(n: int, k: int, seed: int, dtype: torch.dtype) -> torch.Tensor:
+    """The small-token kernels' operands in float64: each NF4 code rounded to ``dtype``, times its
+    block's fp32 absmax (they scale per-block partial sums instead of each weight)."""
+    q = random_nf4(n, k, seed)
+    raw = q.packed.long()
+    codes = nf4_code()[torch.stack((raw >> 4, raw & 15), -1).reshape(-1)].to(dtype).double()
+    scales = block_absmax(q, 0, q.numel // q.blocksize).double()
+    return (codes.view(-1, q.blocksize) * scales[:, None]).view(n, k).cuda()
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -52,21 +66,24 @@ def test_dequantize_is_bit_identical_to_reference(dtype: torch.dtype) -> None:
 SHAPES = [(576, 576), (1536, 576), (4096, 1024), (250, 4160)]
 
 
-@pytest.fixture(params=[0, 1 << 20], ids=["whole", "chunked"])
-def chunking(request, monkeypatch) -> int:
-    """Run the many-token path with the weight dequantized whole and in 1 MiB row chunks."""
-    monkeypatch.setattr(ops, "CHUNK_BYTES", request.param)
-    return request.param
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n,k", [(4096, 1024), (250, 4160)])
-def test_many_token_chunks(dtype: torch.dtype, n: int, k: int, chunking: int) -> None:
+def test_many_token_dequant_path(dtype: torch.dtype, n: int, k: int, monkeypatch) -> None:
+    """The dequantize + cuBLAS path (float32, GPUs without wgmma, every many-token backward), with
+    float32 outputs from half-precision operands, and a partial-row dequantization."""
+    monkeypatch.setattr(ops, "_uses_wgmma", lambda *_: False)
     w, ref = quantized(n, k, seed=11)
     x = torch.randn(40, k, device="cuda", dtype=dtype)
+    assert ops.path(40, dtype) == "dequant+cublas"
     assert rel_err(ops.linear(x, w), x.double() @ ref.double().T) < BOUND[dtype]
     gy = torch.randn(40, n, device="cuda", dtype=dtype)
     assert rel_err(ops.grad_input(gy, w), gy.double() @ ref.double()) < BOUND[dtype]
+    if dtype != torch.float32:
+        y32 = ops.linear(x, w, out_dtype=torch.float32)
+        gx32 = ops.grad_input(gy, w, out_dtype=torch.float32)
+        assert y32.dtype == gx32.dtype == torch.float32
+        assert rel_err(y32, x.double() @ ref.to(dtype).double().T) < 1e-5
+        assert rel_err(gx32, gy.double() @ ref.to(dtype).double()) < 1e-5
     part = ops.dequantize(w, dtype, rows=(64, 192))
     assert torch.equal(part, ref[64:192].to(dtype))
 
@@ -83,7 +100,9 @@ def test_linear_forward(dtype: torch.dtype, n: int, k: int, m: int) -> None:
     if dtype != torch.float32:  # float32 outputs: the fp32 accumulators of the rounded operands
         y32 = ops.linear(x, w, out_dtype=torch.float32)
         assert y32.dtype == torch.float32
-        assert rel_err(y32, x.double() @ ref.to(dtype).double().T) < 1e-5, ops.path(m, dtype, x.device)
+        small = m <= ops.SMALL_MAX_TOKENS
+        operands = code_rounded_weight(n, k, n + k + m, dtype) if small else ref.to(dtype).double()
+        assert rel_err(y32, x.double() @ operands.T) < 1e-5, ops.path(m, dtype, x.device)
 
 
 def needs_wgmma() -> None:

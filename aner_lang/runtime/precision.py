@@ -29,6 +29,25 @@ def autocast(precision: str, device: torch.device) -> ContextManager:
     return torch.autocast(device_type=device.type, dtype=DTYPES[precision])
 
 
+def compute_dtype(t: torch.Tensor) -> torch.dtype:
+    """The dtype a matmul on ``t`` runs in: the autocast dtype inside an autocast region of t's
+    device type (the precision profile), else t's own."""
+    if torch.is_autocast_enabled(t.device.type):
+        return torch.get_autocast_dtype(t.device.type)
+    return t.dtype
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """``a @ b`` computed in a's dtype, returned in ``out_dtype``. On CUDA, half-precision operands
+    give float32 results straight from cuBLAS's fp32 accumulators (``torch.mm``'s ``out_dtype``),
+    so a frozen-base product is never rounded to 16 bits on its way into the fp32 residual
+    stream; elsewhere the product is cast."""
+    with torch.autocast(a.device.type, enabled=False):
+        if a.is_cuda and out_dtype == torch.float32 and a.dtype in (torch.float16, torch.bfloat16):
+            return torch.mm(a, b, out_dtype=torch.float32)
+        return torch.mm(a, b).to(out_dtype)
+
+
 def check_precision_supported(precision: str, device: torch.device) -> None:
     """Reject a precision this device cannot run, before any training starts."""
     if precision == "float32":

@@ -13,6 +13,7 @@ from math import gcd
 import torch
 
 from aner_lang.runtime.nf4.quant import NESTED_BLOCKSIZE, NF4Weight, dequantize_range, nf4_code
+from aner_lang.runtime.precision import compute_dtype, matmul
 
 DEFAULT_TILE_BYTES = 8 * 1024 * 1024
 
@@ -53,20 +54,24 @@ def _tiles(w: NF4Weight, dtype: torch.dtype, tile_bytes: int):
 
 
 def linear(x: torch.Tensor, w: NF4Weight, tile_bytes: int = DEFAULT_TILE_BYTES) -> torch.Tensor:
-    """y = x @ W^T for x [..., in]; W is never materialized whole."""
-    x2 = x.reshape(-1, x.shape[-1])
+    """y = x @ W^T for x [..., in] in the compute dtype (autocast's, else x's), returned in x's
+    dtype; W is never materialized whole."""
+    dtype = compute_dtype(x)
+    x2 = x.reshape(-1, x.shape[-1]).to(dtype)
     y = torch.empty(x2.shape[0], w.shape[0], device=x.device, dtype=x.dtype)
-    for r0, r1, tile in _tiles(w, x.dtype, tile_bytes):
-        y[:, r0:r1] = x2 @ tile.t()
+    for r0, r1, tile in _tiles(w, dtype, tile_bytes):
+        y[:, r0:r1] = matmul(x2, tile.t(), x.dtype)
     return y.reshape(*x.shape[:-1], w.shape[0])
 
 
 def grad_input(grad_y: torch.Tensor, w: NF4Weight, tile_bytes: int = DEFAULT_TILE_BYTES) -> torch.Tensor:
-    """dL/dx = grad_y @ W for grad_y [..., out], accumulated tile by tile."""
-    g2 = grad_y.reshape(-1, grad_y.shape[-1])
+    """dL/dx = grad_y @ W for grad_y [..., out] in the compute dtype, accumulated tile by tile in
+    grad_y's dtype."""
+    dtype = compute_dtype(grad_y)
+    g2 = grad_y.reshape(-1, grad_y.shape[-1]).to(dtype)
     gx = torch.zeros(g2.shape[0], w.shape[1], device=grad_y.device, dtype=grad_y.dtype)
-    for r0, r1, tile in _tiles(w, grad_y.dtype, tile_bytes):
-        gx.addmm_(g2[:, r0:r1], tile)
+    for r0, r1, tile in _tiles(w, dtype, tile_bytes):
+        gx += matmul(g2[:, r0:r1], tile, grad_y.dtype)
     return gx.reshape(*grad_y.shape[:-1], w.shape[1])
 
 

@@ -13,6 +13,7 @@ from aner_lang.errors import AnerRuntimeError
 from aner_lang.runtime.nf4.fused import compiler, ops
 from aner_lang.runtime.nf4.fused.availability import require_fused
 from aner_lang.runtime.nf4.quant import NF4Weight
+from aner_lang.runtime.precision import compute_dtype
 
 _PRECISION = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
@@ -24,14 +25,6 @@ def nf4_tensors(w: NF4Weight) -> ops.NF4Tensors:
         raise AnerRuntimeError(f"fused NF4 kernels support blocksize 64, this weight has {w.blocksize}",
                                code="E-KERNEL-SHAPE", notes=("use kernel: host_tiled",))
     return ops.NF4Tensors(w.packed, w.qabsmax, w.code2, w.absmax2, w.offset.reshape(1), w.shape[0], w.shape[1])
-
-
-def _compute_dtype(t: torch.Tensor) -> torch.dtype:
-    """The autocast dtype inside an autocast region (the precision profile), else the input's.
-    The fused matmul then runs in that dtype on tensor cores."""
-    if t.is_cuda and torch.is_autocast_enabled("cuda"):
-        return torch.get_autocast_dtype("cuda")
-    return t.dtype
 
 
 class FusedBackend:
@@ -47,10 +40,11 @@ class FusedBackend:
         # backward of an fp32 residual stream stays fp32 (half-precision gradients through 30
         # layers drifted 0.1-0.3 from host_tiled on the real model's LoRA gradients). The kernels
         # write x's dtype from their fp32 accumulators, so nothing is rounded to 16 bits between.
-        return ops.linear(x.to(_compute_dtype(x)), nf4_tensors(w), out_dtype=x.dtype)
+        return ops.linear(x.to(compute_dtype(x)), nf4_tensors(w), out_dtype=x.dtype)
 
     def grad_input(self, grad_y: torch.Tensor, w: NF4Weight) -> torch.Tensor:
-        return ops.grad_input(grad_y, nf4_tensors(w))
+        # In the compute dtype too (the autograd Function restores the forward's autocast state).
+        return ops.grad_input(grad_y.to(compute_dtype(grad_y)), nf4_tensors(w), out_dtype=grad_y.dtype)
 
     def identity(self, device: torch.device, dtype: torch.dtype = torch.float32) -> str:
         """The kernel identity string for computations in ``dtype`` on ``device``."""

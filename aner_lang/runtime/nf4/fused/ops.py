@@ -12,8 +12,7 @@ CUDA graph. Which kernel a call uses depends on the number of tokens M (rows of 
   x streamed through shared memory (``wgmma_tile`` picks the tokens per block).
 * M > 16 otherwise (float32, or a GPU without wgmma), and every backward with M > 16: the weight is
   dequantized by one kernel into a buffer reused across layers, then cuBLAS (torch) multiplies.
-  Dequantizing in L2-sized row chunks (CHUNK_BYTES) was measured slower on the H200
-  (benchmarks/results/), so the weight is dequantized whole by default.
+  (Dequantizing in L2-sized row chunks was measured slower on the H200, see benchmarks/results/.)
 
 ``linear`` and ``grad_input`` take an ``out_dtype``: under a half-precision profile the fused
 backend asks for float32 outputs, which the kernels' fp32 accumulators give for free, so no
@@ -29,6 +28,7 @@ import torch
 
 from aner_lang.errors import AnerRuntimeError
 from aner_lang.runtime.nf4.fused import compiler
+from aner_lang.runtime.precision import matmul
 
 SMALL_MAX_TOKENS = 16
 _DT_NAME = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}
@@ -128,41 +128,12 @@ def dequantize(w: NF4Tensors, dtype: torch.dtype, *, rows: tuple[int, int] | Non
     return out.view(r1 - r0, k)
 
 
-def chunk_rows(w: NF4Tensors, dtype: torch.dtype) -> int:
-    """Rows dequantized per step of the many-token path: a chunk of at most CHUNK_BYTES, so the
-    dense chunk the matmul reads is still in L2 (60 MB on the H200). 0 = the whole weight at once."""
-    if not CHUNK_BYTES:
-        return w.out_features
-    per_row = w.in_features * torch.finfo(dtype).bits // 8
-    return max(64, CHUNK_BYTES // per_row // 64 * 64)
+def _many_linear(x2: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype) -> torch.Tensor:
+    return matmul(x2, dequantize(w, x2.dtype, reuse=True).t(), out_dtype)
 
 
-CHUNK_BYTES = 0
-"""Many-token path: dequantize in row chunks of this many bytes (0 = whole weight, one matmul)."""
-
-
-def _many_linear(x2: torch.Tensor, w: NF4Tensors) -> torch.Tensor:
-    n = w.out_features
-    step = chunk_rows(w, x2.dtype)
-    if step >= n:
-        return torch.nn.functional.linear(x2, dequantize(w, x2.dtype, reuse=True))
-    yt = torch.empty(n, x2.shape[0], dtype=x2.dtype, device=x2.device)
-    for r0 in range(0, n, step):
-        r1 = min(n, r0 + step)
-        torch.mm(dequantize(w, x2.dtype, rows=(r0, r1), reuse=True), x2.t(), out=yt[r0:r1])
-    return yt.t().contiguous()
-
-
-def _many_grad_input(g2: torch.Tensor, w: NF4Tensors) -> torch.Tensor:
-    n = w.out_features
-    step = chunk_rows(w, g2.dtype)
-    if step >= n:
-        return g2 @ dequantize(w, g2.dtype, reuse=True)
-    gx = torch.zeros(g2.shape[0], w.in_features, dtype=g2.dtype, device=g2.device)
-    for r0 in range(0, n, step):
-        r1 = min(n, r0 + step)
-        gx.addmm_(g2[:, r0:r1], dequantize(w, g2.dtype, rows=(r0, r1), reuse=True))
-    return gx
+def _many_grad_input(g2: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype) -> torch.Tensor:
+    return matmul(g2, dequantize(w, g2.dtype, reuse=True), out_dtype)
 
 
 # ---- many-token forward on Hopper ----------------------------------------------------------------
@@ -173,10 +144,9 @@ WGMMA_TILES = (32, 64, 128, 256)  # tokens per block (the wgmma's N)
 
 def wgmma_smem_bytes(tile: int) -> int:
     """Dynamic shared memory of one block (mirrors WgmmaShape in nf4.cu): 1024 alignment slack,
-    6 stages (4 for the largest tile) of x (tile x 128 bytes) and packed W rows (128 x 48), and
-    the byte -> code-pair and code2 tables."""
-    stages = 4 if tile == 256 else 6
-    return 1024 + stages * (tile * 128 + WGMMA_ROWS * 48) + 256 * 8 + 256 * 4
+    6 stages (5 for the largest tile) of x (tile x 128 bytes) and packed W rows (128 x 48)."""
+    stages = 5 if tile == 256 else 6
+    return 1024 + stages * (tile * 128 + WGMMA_ROWS * 48)
 
 
 def wgmma_tile(m: int, n: int, sms: int) -> int:
@@ -235,7 +205,7 @@ def linear(x: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype | None = None)
     if _uses_wgmma(m, x.dtype, x.device):
         return _wgmma_linear(x2, w, out_dtype).view(*lead, n)
     if m > SMALL_MAX_TOKENS:
-        return _many_linear(x2, w).to(out_dtype).view(*lead, n)
+        return _many_linear(x2, w, out_dtype).view(*lead, n)
     if x.dtype == torch.float32:
         y = torch.empty(m, n, dtype=torch.float32, device=x.device)
         warps = 4
@@ -261,15 +231,17 @@ def _out16_or_32(x2: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype, name: 
 # ---- backward to the input -------------------------------------------------------------------
 
 
-def grad_input(grad_y: torch.Tensor, w: NF4Tensors) -> torch.Tensor:
-    """dL/dx = grad_y @ W for grad_y [..., N]; the result has grad_y's dtype."""
+def grad_input(grad_y: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """dL/dx = grad_y @ W for grad_y [..., N], computed in grad_y's dtype with fp32 accumulation;
+    the result has ``out_dtype`` (default grad_y's dtype)."""
     n, k = w.out_features, w.in_features
+    out_dtype = out_dtype or grad_y.dtype
     lead, g2 = grad_y.shape[:-1], _matrix(grad_y, w, n, "output gradient")
     m = g2.shape[0]
     if m == 0:
-        return grad_y.new_empty(*lead, k)
+        return grad_y.new_empty(*lead, k, dtype=out_dtype)
     if m > SMALL_MAX_TOKENS:
-        return _many_grad_input(g2, w).view(*lead, k)
+        return _many_grad_input(g2, w, out_dtype).view(*lead, k)
     gx = torch.zeros(m, k, dtype=torch.float32, device=grad_y.device)
     sms = torch.cuda.get_device_properties(grad_y.device).multi_processor_count
     if grad_y.dtype == torch.float32:
@@ -278,13 +250,13 @@ def grad_input(grad_y: torch.Tensor, w: NF4Tensors) -> torch.Tensor:
         rows = _split_rows(n, kblocks, sms, align=1)
         _launch(grad_y.device, f"nf4_bwd_f32_m{_bucket(m)}", (kblocks, (n + rows - 1) // rows), threads,
                 [*w.args(), _ptr(g2), _ptr(gx), np.int32(m), np.int32(n), np.int32(k), np.int32(rows)])
-        return gx.view(*lead, k)
+        return gx.to(out_dtype).view(*lead, k)
     kblocks = (k + 255) // 256
     rows = _split_rows(n, kblocks, sms, align=64)
     mt = 8 if m <= 8 else 16
     _launch(grad_y.device, f"nf4_mma_bwd_{_DT_NAME[grad_y.dtype]}_m{mt}", (kblocks, (n + rows - 1) // rows), 128,
             [*w.args(), _ptr(g2), _ptr(gx), np.int32(m), np.int32(n), np.int32(k), np.int32(rows)])
-    return gx.to(grad_y.dtype).view(*lead, k)
+    return gx.to(out_dtype).view(*lead, k)
 
 
 def _split_rows(n: int, kblocks: int, sms: int, *, align: int) -> int:

@@ -266,55 +266,51 @@ __device__ void bwd_f32(const NF4& w, const float* __restrict__ gy, float* __res
 // ---- tensor-core small-token forward -------------------------------------------------------------
 
 // y^T[N, M] = W[N, K] x^T for M <= 16: W is the mma's A operand (16 rows per block), x^T its B
-// operand (8 tokens per mma, MT/8 mmas share each A fragment). The reduction index k is permuted so
-// that each thread reads 32 consecutive weights of a row (one 16-byte load) and the 32 matching x
-// values (64 bytes): in the 128-wide chunk at c, thread (g = lane/4, t = lane%4) owns k = c + 32t ..
-// c + 32t + 31, and k16-tile j takes its logical columns {2t, 2t+1, 2t+8, 2t+9} from k = c + 32t +
-// 4j + {0, 1, 2, 3}, i.e. from bytes 2j and 2j+1 of the thread's 16 bytes. The same map gives the B
-// fragment, so a B register pair is two consecutive 32-bit words of x.
-// Memory-bound: a warp issues the loads of U chunks (weights, absmax inputs, x) before it uses any,
-// and a byte becomes its two weights through a byte -> code-pair table (one shared load, two fp32
-// products, one rounding: the same values as everywhere else). The block's warps split K; their
-// partial tiles are summed in shared memory.
+// operand (8 tokens per mma, MT/8 mmas share each A fragment). Memory-bound, so the work per
+// weight is kept to a few instructions and no shared-memory bank conflicts:
+// * The reduction runs one 64-block at a time, so one absmax scales a whole row of each partial
+//   product: the mma multiplies the raw NF4 code values (rounded to T) and the block's fp32
+//   partial sums are scaled by its absmax, y = sum_b absmax_b * sum_{k in b} code_k x_k. (Unlike
+//   the many-token paths, which round code * absmax to T, the code alone is rounded: the same
+//   error bound, one fewer multiply per weight.)
+// * In a block, thread (g = lane/4, t = lane%4) owns k = 16t .. 16t + 15 of rows g and g + 8 (8
+//   bytes each); k16-tile j takes its logical columns {2t, 2t+1, 2t+8, 2t+9} from k = 16t + 4j +
+//   {0, 1, 2, 3}, i.e. bytes 2j and 2j + 1. The same map gives the B fragment: two consecutive
+//   32-bit words of x.
+// * A byte becomes its pair of T codes through a 256-entry table held once per lane (32 copies,
+//   copy l in bank l), so every lookup of a warp is one conflict-free shared load.
+// * A warp issues the loads of U blocks (weights, absmax inputs, x) before it uses any; the
+//   block's warps split K and their partial tiles are summed in shared memory.
 constexpr int SMALL_WARPS = 8;
 
 template <int U, int NT>
 struct SmallBatch {
-    uint4 q[U][2];  // packed bytes of rows lo/hi
+    uint2 q[U][2];  // packed bytes of rows lo/hi
     u32 qa[U][2];   // absmax codes
     float a2[U][2];
-    u32 xb[U][NT][16];
+    u32 xb[U][NT][8];
 };
 
 template <typename T, int MT, int U>
 __device__ void mma_fwd(const NF4& w, const u16* __restrict__ x, u16* __restrict__ y16, float* __restrict__ y32,
                         int M, int N, int K) {
     constexpr int NT = MT / 8;
-    __shared__ float2 pairs[256];
+    __shared__ u32 table[256 * 32];  // table[byte * 32 + lane] = (code[byte >> 4], code[byte & 15]) in T
     __shared__ float code2[256];
     __shared__ float red[SMALL_WARPS][NT][4][32];
-    pairs[threadIdx.x] = make_float2(NF4_CODE[threadIdx.x >> 4], NF4_CODE[threadIdx.x & 15]);
-    code2[threadIdx.x] = __ldg(w.code2 + threadIdx.x);
-    __syncthreads();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int rows[2] = {blockIdx.x * 16 + g, blockIdx.x * 16 + g + 8};
-    float acc[NT][4];
-#pragma unroll
-    for (int s = 0; s < NT; ++s)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc[s][i] = 0.f;
-    for (int c0 = warp * 128; c0 < K; c0 += U * SMALL_WARPS * 128) {
-        SmallBatch<U, NT> b;
+    auto load = [&](int c0, SmallBatch<U, NT>& b) {
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            const int k = c0 + u * SMALL_WARPS * 128 + 32 * t;
-            const bool k_ok = k < K;  // K % 64 == 0: a chunk may be half full; lanes past K feed zeros
+            const int k = c0 + u * SMALL_WARPS * 64 + 16 * t;
+            const bool k_ok = k < K;
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const bool ok = k_ok && rows[h] < N;
                 const long long e = static_cast<long long>(ok ? rows[h] : 0) * K + (k_ok ? k : 0);
-                b.q[u][h] = ok ? __ldg(reinterpret_cast<const uint4*>(w.packed + (e >> 1))) : make_uint4(0u, 0u, 0u, 0u);
+                b.q[u][h] = ok ? __ldg(reinterpret_cast<const uint2*>(w.packed + (e >> 1))) : make_uint2(0u, 0u);
                 b.qa[u][h] = ok ? __ldg(w.qabsmax + (e >> 6)) : 0u;
                 b.a2[u][h] = ok ? __ldg(w.absmax2 + (e >> 14)) : 0.f;
             }
@@ -323,41 +319,61 @@ __device__ void mma_fwd(const NF4& w, const u16* __restrict__ x, u16* __restrict
                 const int tok = 8 * s + g;
                 if (k_ok && tok < M) {
                     const uint4* xr = reinterpret_cast<const uint4*>(x + static_cast<long long>(tok) * K + k);
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) {
-                        const uint4 v = __ldg(xr + i);
-                        b.xb[u][s][4 * i] = v.x; b.xb[u][s][4 * i + 1] = v.y;
-                        b.xb[u][s][4 * i + 2] = v.z; b.xb[u][s][4 * i + 3] = v.w;
-                    }
+                    const uint4 v0 = __ldg(xr), v1 = __ldg(xr + 1);
+                    b.xb[u][s][0] = v0.x; b.xb[u][s][1] = v0.y; b.xb[u][s][2] = v0.z; b.xb[u][s][3] = v0.w;
+                    b.xb[u][s][4] = v1.x; b.xb[u][s][5] = v1.y; b.xb[u][s][6] = v1.z; b.xb[u][s][7] = v1.w;
                 } else {
 #pragma unroll
-                    for (int i = 0; i < 16; ++i) b.xb[u][s][i] = 0u;
+                    for (int i = 0; i < 8; ++i) b.xb[u][s][i] = 0u;
                 }
             }
         }
+    };
+    SmallBatch<U, NT> b;
+    int c0 = warp * 64;
+    load(c0, b);  // the first loads fly while the tables are written
+    for (int i = threadIdx.x; i < 256 * 32; i += blockDim.x)
+        table[i] = pack2(T(), NF4_CODE[(i >> 9) & 15], NF4_CODE[(i >> 5) & 15]);
+    code2[threadIdx.x] = __ldg(w.code2 + threadIdx.x);
+    __syncthreads();
+    const u32* const my_table = table + lane;
+    float acc[NT][4];
+#pragma unroll
+    for (int s = 0; s < NT; ++s)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[s][i] = 0.f;
+    for (;;) {
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            float am[2];
-            u32 words[2][4];
+            float part[NT][4];
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                am[h] = __fadd_rn(__fmul_rn(code2[b.qa[u][h]], b.a2[u][h]), w.offset);
-                words[h][0] = b.q[u][h].x; words[h][1] = b.q[u][h].y; words[h][2] = b.q[u][h].z; words[h][3] = b.q[u][h].w;
-            }
+            for (int s = 0; s < NT; ++s)
 #pragma unroll
-            for (int j = 0; j < 8; ++j) {
+                for (int i = 0; i < 4; ++i) part[s][i] = 0.f;
+            const u32 words[2][2] = {{b.q[u][0].x, b.q[u][0].y}, {b.q[u][1].x, b.q[u][1].y}};
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
                 // a0/a1: rows lo/hi, byte 2j (cols 2t, 2t+1); a2/a3: byte 2j + 1 (cols 2t+8, 2t+9).
                 u32 a[4];
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
                     const int byte = 2 * j + (i >> 1);
-                    const float2 c = pairs[(words[i & 1][byte >> 2] >> (8 * (byte & 3))) & 0xffu];
-                    a[i] = pack2(T(), c.x * am[i & 1], c.y * am[i & 1]);
+                    a[i] = my_table[((words[i & 1][byte >> 2] >> (8 * (byte & 3))) & 0xffu) * 32];
                 }
 #pragma unroll
-                for (int s = 0; s < NT; ++s) mma16816(T(), acc[s], a, b.xb[u][s][2 * j], b.xb[u][s][2 * j + 1]);
+                for (int s = 0; s < NT; ++s) mma16816(T(), part[s], a, b.xb[u][s][2 * j], b.xb[u][s][2 * j + 1]);
             }
+            float am[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) am[h] = __fadd_rn(__fmul_rn(code2[b.qa[u][h]], b.a2[u][h]), w.offset);
+#pragma unroll
+            for (int s = 0; s < NT; ++s)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) acc[s][i] = fmaf(am[i >> 1], part[s][i], acc[s][i]);
         }
+        c0 += U * SMALL_WARPS * 64;
+        if (c0 >= K) break;
+        load(c0, b);
     }
 #pragma unroll
     for (int s = 0; s < NT; ++s)
@@ -592,12 +608,11 @@ __device__ __forceinline__ void wgmma_tile(T, float (&d)[128], const u32 (&a)[4]
 
 template <int BM>
 struct WgmmaShape {
-    static constexpr int STAGES = BM == 256 ? 4 : 6;
+    static constexpr int STAGES = BM == 256 ? 5 : 6;
     static constexpr int X_BYTES = BM * 128;  // one stage of x: BM tokens x 64 k
     static constexpr int W_STRIDE = 48;       // one W row's 32 packed bytes, padded
     static constexpr int W_BYTES = 128 * W_STRIDE;
-    static constexpr int TABLES = 256 * 8 + 256 * 4;  // byte -> code pair (float2), code2
-    static constexpr int SMEM = 1024 + STAGES * (X_BYTES + W_BYTES) + TABLES;
+    static constexpr int SMEM = 1024 + STAGES * (X_BYTES + W_BYTES);
 };
 
 template <typename T, int BM>
@@ -609,10 +624,9 @@ __device__ void wgmma_fwd(const NF4& w, const u16* __restrict__ x, u16* __restri
     extern __shared__ u8 dyn[];
     u8* const xs = dyn + ((1024u - (smem_addr(dyn) & 1023u)) & 1023u);  // swizzle atoms need 1024 alignment
     u8* const ws = xs + STAGES * S::X_BYTES;
-    float2* const pairs = reinterpret_cast<float2*>(ws + STAGES * S::W_BYTES);  // byte -> (code[hi], code[lo])
-    float* const code2 = reinterpret_cast<float*>(pairs + 256);
+    __shared__ float code[16], code2[256];  // static: lookups address them by immediate offsets
     const int tid = threadIdx.x;
-    pairs[tid] = make_float2(NF4_CODE[tid >> 4], NF4_CODE[tid & 15]);
+    if (tid < 16) code[tid] = NF4_CODE[tid];
     code2[tid] = __ldg(w.code2 + tid);
     const int n0 = blockIdx.x * 128, m0 = blockIdx.y * BM, steps = K / 64;
 
@@ -632,39 +646,31 @@ __device__ void wgmma_fwd(const NF4& w, const u16* __restrict__ x, u16* __restri
     const u8* const wsrc = w.packed + static_cast<long long>(wok ? n0 + wr : 0) * (K / 2) + 16 * wc;
     const u32 wdst = smem_addr(ws) + wr * S::W_STRIDE + 16 * wc;
     // The loop runs an even number of steps (ptxas serializes the wgmmas if a step is conditional);
-    // a padding step reads zeros for x, so whatever its A holds adds nothing.
+    // a padding step loads step 0 again (finite values) and its absmax is 0, so it adds nothing.
     const int padded = (steps + 1) & ~1;
     auto load = [&](int s) {  // step s's x tile and W rows into stage s % STAGES (one commit group)
         if (s < padded) {
-            const int st = s % STAGES;
-            const bool real = s < steps;
-            const int k0 = real ? 64 * s : 0;
+            const int st = s % STAGES, k0 = s < steps ? 64 * s : 0;
 #pragma unroll
-            for (int j = 0; j < XJ; ++j)
-                cp_async16(xdst + st * S::X_BYTES + j * 32 * 128, xsrc[j] + k0, xok[j] && real);
-            cp_async16(wdst + st * S::W_BYTES, wsrc + k0 / 2, wok && real);
+            for (int j = 0; j < XJ; ++j) cp_async16(xdst + st * S::X_BYTES + j * 32 * 128, xsrc[j] + k0, xok[j]);
+            cp_async16(wdst + st * S::W_BYTES, wsrc + k0 / 2, wok);
         }
         cp_async_commit();
     };
 
     const int lane = tid & 31, t = lane & 3;
     const int r_lo = 64 * (tid >> 7) + 16 * ((tid >> 5) & 3) + (lane >> 2);  // this thread's rows r_lo, r_lo + 8
-    const u32 pick = 0x4440u | t;  // __byte_perm selector: byte t of a word, zero-extended
-    const u8* qsrc[2];
-    long long bsrc[2];
-    bool row_ok[2];
+    // Rotations bringing nibble bits 8t+4.. (high) / 8t.. (low) of a word to bits 2..5 (= index * 4).
+    const u32 rot_hi = 8 * t + 2, rot_lo = (8 * t + 30) & 31;
+    u32 blk[2];  // first 64-block of each row (block indices fit 32 bits: N * K < 2^37)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        row_ok[h] = n0 + r_lo + 8 * h < N;
-        bsrc[h] = static_cast<long long>(row_ok[h] ? n0 + r_lo + 8 * h : 0) * (K / 64);
-        qsrc[h] = w.qabsmax + bsrc[h];
-    }
+    for (int h = 0; h < 2; ++h) blk[h] = static_cast<u32>(min(n0 + r_lo + 8 * h, N - 1)) * static_cast<u32>(K / 64);
     auto scale_load = [&](int s, u32 (&q)[2], float (&a2)[2]) {  // absmax inputs of step s, 2 steps early
+        const int sc = min(s, steps - 1);  // past the end: any valid block (scaled by 0 below)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            const bool ok = row_ok[h] && s < steps;
-            q[h] = ok ? __ldg(qsrc[h] + s) : 0u;
-            a2[h] = ok ? __ldg(w.absmax2 + ((bsrc[h] + s) >> 8)) : 0.f;
+            q[h] = __ldg(w.qabsmax + blk[h] + sc);
+            a2[h] = s < steps ? __ldg(w.absmax2 + ((blk[h] + sc) >> 8)) : 0.f;
         }
     };
 
@@ -679,48 +685,62 @@ __device__ void wgmma_fwd(const NF4& w, const u16* __restrict__ x, u16* __restri
     scale_load(0, q[0], a2[0]);
     scale_load(1, q[1], a2[1]);
 
-    auto step = [&](int s, WgmmaInputs& in, WgmmaInputs& prev, u32 (&qs)[2], float (&as)[2]) {
-        cp_async_wait<STAGES - 3>();
-        fence_async_smem();
-        __syncthreads();  // step s landed for all; step s - 2 finished in both warpgroups
-        load(s + STAGES - 2);
-        const int st = s % STAGES;
+    // Step u's A fragments from stage u % STAGES: scales loaded 2 steps early, bytes from shared memory.
+    auto dequant = [&](int u, WgmmaInputs& in, u32 (&qs)[2], float (&as)[2]) {
+        const int st = u % STAGES;
         float am[2];
 #pragma unroll
-        for (int h = 0; h < 2; ++h) am[h] = __fadd_rn(__fmul_rn(code2[qs[h]], as[h]), w.offset);
-        scale_load(s + 2, qs, as);
+        for (int h = 0; h < 2; ++h) am[h] = u < steps ? __fadd_rn(__fmul_rn(code2[qs[h]], as[h]), w.offset) : 0.f;
+        scale_load(u + 2, qs, as);
         u32 words[2][8];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const uint4* row = reinterpret_cast<const uint4*>(ws + st * S::W_BYTES + (r_lo + 8 * h) * S::W_STRIDE);
-            const uint4 u = row[0], v = row[1];
-            words[h][0] = u.x; words[h][1] = u.y; words[h][2] = u.z; words[h][3] = u.w;
+            const uint4 p = row[0], v = row[1];
+            words[h][0] = p.x; words[h][1] = p.y; words[h][2] = p.z; words[h][3] = p.w;
             words[h][4] = v.x; words[h][5] = v.y; words[h][6] = v.z; words[h][7] = v.w;
         }
         // k16 tile j: a0/a1 = rows lo/hi at k 2t, 2t+1 (byte t of word 2j); a2/a3 at 2t+8, 2t+9 (word 2j+1).
+        // A nibble's byte offset in the code table comes from one rotate and one mask.
+        const u8* const table = reinterpret_cast<const u8*>(code);
 #pragma unroll
         for (int j = 0; j < 4; ++j)
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                const float2 c = pairs[__byte_perm(words[i & 1][2 * j + (i >> 1)], 0u, pick)];
-                in.a[j][i] = pack2(T(), c.x * am[i & 1], c.y * am[i & 1]);
+                const u32 word = words[i & 1][2 * j + (i >> 1)];
+                const float hi = *reinterpret_cast<const float*>(table + (__funnelshift_r(word, word, rot_hi) & 0x3Cu));
+                const float lo = *reinterpret_cast<const float*>(table + (__funnelshift_r(word, word, rot_lo) & 0x3Cu));
+                in.a[j][i] = pack2(T(), hi * am[i & 1], lo * am[i & 1]);
             }
         const u64 desc = sw128_desc(xs + st * S::X_BYTES);
 #pragma unroll
         for (int j = 0; j < 4; ++j) in.desc[j] = desc + 2 * j;  // +32 bytes per k16
+    };
+    // Step s issues the wgmmas of step s (A dequantized during step s - 1), then dequantizes step
+    // s + 1 while they run. A warp stays blocked until the tensor cores have read its A registers,
+    // so issuing first lets the warpgroup the tensor cores serve first start dequantizing early.
+    auto step = [&](int s, WgmmaInputs& in, WgmmaInputs& next, u32 (&qs)[2], float (&as)[2]) {
+        cp_async_wait<STAGES - 4>();
+        fence_async_smem();
+        __syncthreads();  // steps s and s + 1 landed for all; step s - 2 finished in both warpgroups
+        load(s + STAGES - 2);
         fence_regs(in);  // every input computed before the first wgmma of the step, none between them
         wgmma_fence();
 #pragma unroll
         for (int j = 0; j < 4; ++j) wgmma_tile(T(), d, in.a[j], in.desc[j]);
         wgmma_commit();
-        wgmma_wait<1>();  // the previous step's wgmmas are done: its A registers may be rewritten
-        fence_regs(prev);
+        wgmma_wait<1>();  // step s - 1's wgmmas are done: their A registers may be rewritten
+        fence_regs(next);
+        dequant(s + 1, next, qs, as);
     };
     WgmmaInputs even = {}, odd = {};
+    cp_async_wait<STAGES - 3>();
+    __syncthreads();  // step 0 landed
+    dequant(0, even, q[0], a2[0]);
 #pragma unroll 1
     for (int s = 0; s < padded; s += 2) {
-        step(s, even, odd, q[0], a2[0]);
-        step(s + 1, odd, even, q[1], a2[1]);
+        step(s, even, odd, q[1], a2[1]);
+        step(s + 1, odd, even, q[0], a2[0]);
     }
     wgmma_wait<0>();
     fence_regs(d);
@@ -765,7 +785,7 @@ GEMV_F32(16)
     extern "C" __global__ void __launch_bounds__(256, 2)                                               \
         nf4_mma_fwd_##NAME##_m##MT(NF4_ARGS, const u16* x, u16* y16, float* y32, int M, int N, int K) { \
         NF4_MAKE;                                                                                      \
-        mma_fwd<TY, MT, 2>(w, x, y16, y32, M, N, K);                                                   \
+        mma_fwd<TY, MT, MT == 8 ? 4 : 2>(w, x, y16, y32, M, N, K);                                     \
     }
 #define MMA_BWD(TY, NAME, MT)                                                                          \
     extern "C" __global__ void __launch_bounds__(128)                                                  \
