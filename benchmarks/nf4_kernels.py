@@ -20,7 +20,8 @@ from collections.abc import Callable
 import torch
 
 SEED_SHAPES = [(576, 576, 32), (1536, 576, 32), (49152, 576, 32), (4096, 4096, 128)]
-SWEEP = [(n, k, m) for n, k in ((4096, 4096), (4096, 14336)) for m in (1, 16, 512, 4096)]
+SWEEP = [(n, k, m) for n, k in ((4096, 4096), (4096, 14336)) for m in (1, 16, 512, 4096)] + \
+    [(14336, 4096, 32), (14336, 4096, 128), (49152, 576, 128)]  # where the fused wgmma GEMM is picked
 L2_FLUSH_BYTES = 200 * 2**20
 
 
@@ -121,20 +122,20 @@ def bench_shape(n: int, k: int, m: int, dtype: torch.dtype) -> dict:
         ref = x.double() @ bnbf.dequantize_4bit(packed, state).double().T
         dequant_cublas = None
         tiles: dict[int, float] = {}
-        if ops.path(m, dtype, x.device) == "fused-wgmma":  # every tile size, and the unfused path
-            picked = ops.wgmma_tile
+        if m > ops.SMALL_MAX_TOKENS and ops._module(x.device).has_wgmma:  # every wgmma tile, and the unfused path
+            picked, uses = ops.wgmma_tile, ops._uses_wgmma
+            ops._uses_wgmma = lambda *_: True
             for tile in ops.WGMMA_TILES:
                 ops.wgmma_tile = lambda *_, tile=tile: tile
                 tiles[tile] = measure([lambda t=t: ops.linear(x, t) for t in nf4s])[0]
             ops.wgmma_tile = picked
-            uses = ops._uses_wgmma
             ops._uses_wgmma = lambda *_: False
             dequant_cublas = row(*_pair(measure([lambda t=t: ops.linear(x, t) for t in nf4s]), nf4_bytes))
             ops._uses_wgmma = uses
         err = rel_err(ops.linear(x, nf4), ref)
         err_f32_out = rel_err(ops.linear(x, nf4, out_dtype=torch.float32), ref)
     return {"out_features": n, "in_features": k, "tokens": m, "dtype": str(dtype).removeprefix("torch."),
-            "path": ops.path(m, dtype, x.device), "ours": ours,
+            "path": ops.path(m, dtype, x.device, n), "ours": ours,
             "ours_dequant_cublas": dequant_cublas, "wgmma_tiles_us": tiles,
             "rel_err_fp32_out_vs_fp64": err_f32_out, "dense_bf16": dense_r, "bnb_matmul_4bit": bnb_r,
             "ours_vs_dense": ours["us"] / dense_r["us"], "ours_vs_bnb": ours["us"] / bnb_r["us"],

@@ -17,7 +17,7 @@ def main() -> None:
     ap.add_argument("n", type=int, help="out features")
     ap.add_argument("k", type=int, help="in features")
     ap.add_argument("m", type=int, help="tokens")
-    ap.add_argument("--tile", type=int, help="force the wgmma tokens-per-block tile")
+    ap.add_argument("--tile", type=int, help="force the wgmma path with this tokens-per-block tile")
     ap.add_argument("--dtype", default="bfloat16", choices=("float32", "float16", "bfloat16"))
     ap.add_argument("--calls", type=int, default=4)
     args = ap.parse_args()
@@ -30,11 +30,12 @@ def main() -> None:
     x = torch.randn(args.m, args.k, device="cuda", dtype=dtype)
     if args.tile:
         ops.wgmma_tile = lambda *_: args.tile
+        ops._uses_wgmma = lambda *_: True
     for _ in range(args.calls):
         ops.linear(x, w)
     torch.cuda.synchronize()
     mod = compiler.load(torch.cuda.current_device())
-    print(f"path {ops.path(args.m, dtype, x.device)}  cubin {mod.path}")
+    print(f"path {ops.path(args.m, dtype, x.device, args.n)}  cubin {mod.path}")
 
 
 if __name__ == "__main__":

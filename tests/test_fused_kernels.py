@@ -102,7 +102,7 @@ def test_linear_forward(dtype: torch.dtype, n: int, k: int, m: int) -> None:
         assert y32.dtype == torch.float32
         small = m <= ops.SMALL_MAX_TOKENS
         operands = code_rounded_weight(n, k, n + k + m, dtype) if small else ref.to(dtype).double()
-        assert rel_err(y32, x.double() @ operands.T) < 1e-5, ops.path(m, dtype, x.device)
+        assert rel_err(y32, x.double() @ operands.T) < 1e-5, ops.path(m, dtype, x.device, n)
 
 
 def needs_wgmma() -> None:
@@ -120,6 +120,7 @@ def test_wgmma_forward(dtype: torch.dtype, tile: int, n: int, k: int, m: int, mo
     weights and the fragment layouts are exact, not merely close."""
     needs_wgmma()
     monkeypatch.setattr(ops, "wgmma_tile", lambda *_: tile)
+    monkeypatch.setattr(ops, "_uses_wgmma", lambda m_, *_: m_ > ops.SMALL_MAX_TOKENS)  # whatever the shape rule says
     w, ref = quantized(n, k, seed=n + k + m + tile)
     x = torch.randn(m, k, device="cuda", dtype=dtype)
     assert ops.path(m, dtype, x.device) == "fused-wgmma"

@@ -7,11 +7,14 @@ CUDA graph. Which kernel a call uses depends on the number of tokens M (rows of 
 * M <= 16 ("small", generation and evaluation): memory-bound fused kernels that dequantize in
   registers. float32: one warp per output row on CUDA cores. float16/bfloat16: mma.sync m16n8k16
   tensor-core tiles with fp32 accumulation. Backward to the input likewise, with fp32 atomics.
-* M > 16 ("many", training), float16/bfloat16 on Hopper (sm_90a): one fused GEMM, warpgroup MMAs
-  (wgmma) whose A operand is the weight dequantized straight into registers and whose B operand is
-  x streamed through shared memory (``wgmma_tile`` picks the tokens per block).
-* M > 16 otherwise (float32, or a GPU without wgmma), and every backward with M > 16: the weight is
-  dequantized by one kernel into a buffer reused across layers, then cuBLAS (torch) multiplies.
+* 16 < M <= 128 on wide weights (about one 128-row block per multiprocessor or more, e.g. the
+  lm_head), float16/bfloat16 on Hopper (sm_90a): one fused GEMM, warpgroup MMAs (wgmma) whose A
+  operand is the weight dequantized straight into registers and whose B operand is x streamed
+  through shared memory (``_uses_wgmma`` is the rule, ``wgmma_tile`` picks the tokens per block).
+* Other M > 16 (training batches, float32, narrow weights, GPUs without wgmma), and every
+  backward with M > 16: the weight is dequantized by one kernel into a buffer reused across
+  layers, then cuBLAS (torch) multiplies. On the H200 this beats the fused GEMM there, whose
+  dequantization is redone per token tile and does not overlap its MMAs (benchmarks/results/).
   (Dequantizing in L2-sized row chunks was measured slower on the H200, see benchmarks/results/.)
 
 ``linear`` and ``grad_input`` take an ``out_dtype``: under a half-precision profile the fused
@@ -150,14 +153,20 @@ def wgmma_smem_bytes(tile: int) -> int:
 
 
 def wgmma_tile(m: int, n: int, sms: int) -> int:
-    """Tokens per block: the largest tile that still gives (nearly) every multiprocessor a block,
-    since a larger tile dequantizes each weight fewer times; the smallest where none does."""
-    row_blocks = -(-n // WGMMA_ROWS)
-    return next((t for t in (256, 128, 64) if row_blocks * -(-m // t) >= 0.9 * sms), 32)
+    """Tokens per block: the smallest tile that holds all M tokens (each extra token tile
+    dequantizes the whole weight again); the largest tile past that."""
+    return next((t for t in WGMMA_TILES if m <= t), WGMMA_TILES[-1])
 
 
-def _uses_wgmma(m: int, dtype: torch.dtype, device: torch.device) -> bool:
-    return m > SMALL_MAX_TOKENS and dtype != torch.float32 and _module(device).has_wgmma
+def _uses_wgmma(m: int, dtype: torch.dtype, device: torch.device, n: int = 0) -> bool:
+    """The fused GEMM where it beat dequantize + cuBLAS on the H200 (benchmarks/results/): up to
+    128 tokens (one token tile), on weights with enough 128-row blocks to give about every
+    multiprocessor one (the lm_head, wide MLP projections). Elsewhere its per-token-tile
+    dequantization costs more than writing the dense weight once."""
+    if not (SMALL_MAX_TOKENS < m <= WGMMA_TILES[2] and dtype != torch.float32 and _module(device).has_wgmma):
+        return False
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return -(-n // WGMMA_ROWS) >= 0.75 * sms
 
 
 def _wgmma_linear(x2: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype) -> torch.Tensor:
@@ -170,11 +179,12 @@ def _wgmma_linear(x2: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype) -> to
 # ---- forward ---------------------------------------------------------------------------------
 
 
-def path(tokens: int, dtype: torch.dtype, device: torch.device | None = None) -> str:
+def path(tokens: int, dtype: torch.dtype, device: torch.device | None = None, out_features: int = 0) -> str:
     """Which implementation a forward with this many tokens takes (for reports and benchmarks);
-    with a CUDA ``device`` the many-token answer says whether wgmma runs there."""
+    with a CUDA ``device`` and the weight's ``out_features`` the many-token answer says whether
+    wgmma runs there."""
     if tokens > SMALL_MAX_TOKENS:
-        if device is not None and _uses_wgmma(tokens, dtype, device):
+        if device is not None and _uses_wgmma(tokens, dtype, device, out_features):
             return "fused-wgmma"
         return "dequant+cublas"
     return "fused-gemv-fp32" if dtype == torch.float32 else "fused-mma"
@@ -202,7 +212,7 @@ def linear(x: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype | None = None)
     m = x2.shape[0]
     if m == 0:
         return x.new_empty(*lead, n, dtype=out_dtype)
-    if _uses_wgmma(m, x.dtype, x.device):
+    if _uses_wgmma(m, x.dtype, x.device, n):
         return _wgmma_linear(x2, w, out_dtype).view(*lead, n)
     if m > SMALL_MAX_TOKENS:
         return _many_linear(x2, w, out_dtype).view(*lead, n)
