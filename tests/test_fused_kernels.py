@@ -63,7 +63,7 @@ def test_dequantize_is_bit_identical_to_reference(dtype: torch.dtype) -> None:
     assert torch.equal(out, ref.to(dtype))
 
 
-SHAPES = [(576, 576), (1536, 576), (4096, 1024), (250, 4160)]
+SHAPES = [(576, 576), (1536, 576), (4096, 1024), (250, 4160), (259, 576)]  # 259: an odd vocabulary
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -9,6 +9,7 @@ CuPy never import it.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Protocol
 
 import torch
@@ -59,8 +60,10 @@ def resolve_kernel(kernel: str) -> str:
     return kernel
 
 
+@lru_cache(maxsize=None)
 def get_backend(kernel: str, tile_bytes: int = host_tiled.DEFAULT_TILE_BYTES) -> NF4Backend:
-    """The backend object for a resolved kernel name."""
+    """The backend object for a resolved kernel name (stateless, so one per name and tile size:
+    every NF4Linear forward asks for it)."""
     if kernel == "host_tiled":
         return HostTiled(tile_bytes)
     if kernel == "fused":

@@ -118,19 +118,19 @@ class CompiledModule:
         return fn
 
 
-_MODULES: dict[tuple[int, str], CompiledModule] = {}
+_MODULES: dict[int, CompiledModule] = {}
 
 
 def load(device_index: int) -> CompiledModule:
-    """The compiled module for a CUDA device, from the process cache, the disk cache or NVRTC."""
-    import cupy
+    """The compiled module for a CUDA device, from the process cache (a dict lookup: this runs on
+    every launch), the disk cache or NVRTC."""
+    mod = _MODULES.get(device_index)
+    if mod is None:
+        import cupy
 
-    with cupy.cuda.Device(device_index):
-        arch = target_arch(cupy.cuda.Device(device_index).compute_capability)  # e.g. "sm_90a"
-        key = (device_index, arch)
-        mod = _MODULES.get(key)
-        if mod is None:
+        with cupy.cuda.Device(device_index):
+            arch = target_arch(cupy.cuda.Device(device_index).compute_capability)  # e.g. "sm_90a"
             path = cubin_path(arch)
-            mod = _MODULES[key] = CompiledModule(arch, module_identity(arch), path,
-                                                 cupy.RawModule(path=str(path)), {})
-        return mod
+            mod = _MODULES[device_index] = CompiledModule(arch, module_identity(arch), path,
+                                                          cupy.RawModule(path=str(path)), {})
+    return mod

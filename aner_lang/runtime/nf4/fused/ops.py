@@ -25,6 +25,7 @@ frozen-base product is rounded to 16 bits on its way back into the fp32 residual
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 import torch
@@ -51,9 +52,9 @@ class NF4Tensors:
 
     def __post_init__(self) -> None:
         n, k = self.out_features, self.in_features
-        if k % 64 or n % 2:
-            raise AnerRuntimeError(f"fused NF4 kernels need in_features % 64 == 0 and an even out_features, "
-                                   f"got a {n}x{k} weight", code="E-KERNEL-SHAPE")
+        if k % 64:
+            raise AnerRuntimeError(f"fused NF4 kernels need in_features % 64 == 0, got a {n}x{k} weight",
+                                   code="E-KERNEL-SHAPE", notes=("use kernel: host_tiled",))
         for name in ("packed", "qabsmax", "code2", "absmax2", "offset"):
             t = getattr(self, name)
             if not t.is_cuda or not t.is_contiguous():
@@ -75,22 +76,31 @@ def _ptr(t: torch.Tensor) -> np.uint64:
 _STREAMS: dict[int, object] = {}
 
 
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def _module(device: torch.device) -> compiler.CompiledModule:
-    return compiler.load(device.index if device.index is not None else torch.cuda.current_device())
+    return compiler.load(_index(device))
+
+
+@lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def _launch(device: torch.device, name: str, grid: tuple[int, ...], block: int, args: list,
             shared_bytes: int = 0) -> None:
     import cupy
 
-    mod = _module(device)
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = _index(device)
     handle = torch.cuda.current_stream(device).cuda_stream
     stream = _STREAMS.get(handle)
     if stream is None:
         stream = _STREAMS[handle] = cupy.cuda.ExternalStream(handle, index)
-    with cupy.cuda.Device(index):
-        mod.function(name, shared_bytes)(grid, (block,), tuple(args), stream=stream, shared_mem=shared_bytes)
+    with cupy.cuda.Device(index):  # the first lookup of a kernel loads the module on this device
+        compiler.load(index).function(name, shared_bytes)(grid, (block,), tuple(args), stream=stream,
+                                                          shared_mem=shared_bytes)
 
 
 def _rows(t: torch.Tensor, width: int) -> torch.Tensor:
@@ -165,13 +175,12 @@ def _uses_wgmma(m: int, dtype: torch.dtype, device: torch.device, n: int = 0) ->
     dequantization costs more than writing the dense weight once."""
     if not (SMALL_MAX_TOKENS < m <= WGMMA_TILES[2] and dtype != torch.float32 and _module(device).has_wgmma):
         return False
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return -(-n // WGMMA_ROWS) >= 0.75 * sms
+    return -(-n // WGMMA_ROWS) >= 0.75 * _sm_count(_index(device))
 
 
 def _wgmma_linear(x2: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype) -> torch.Tensor:
     m, n = x2.shape[0], w.out_features
-    tile = wgmma_tile(m, n, torch.cuda.get_device_properties(x2.device).multi_processor_count)
+    tile = wgmma_tile(m, n, _sm_count(_index(x2.device)))
     return _out16_or_32(x2, w, out_dtype, f"nf4_wgmma_fwd_{_DT_NAME[x2.dtype]}_m{tile}",
                         (-(-n // WGMMA_ROWS), -(-m // tile)), 256, wgmma_smem_bytes(tile))
 
@@ -250,10 +259,10 @@ def grad_input(grad_y: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype | Non
     m = g2.shape[0]
     if m == 0:
         return grad_y.new_empty(*lead, k, dtype=out_dtype)
-    if m > SMALL_MAX_TOKENS:
+    if m > SMALL_MAX_TOKENS or (n % 2 and grad_y.dtype != torch.float32):  # the mma kernel reads gy in pairs
         return _many_grad_input(g2, w, out_dtype).view(*lead, k)
     gx = torch.zeros(m, k, dtype=torch.float32, device=grad_y.device)
-    sms = torch.cuda.get_device_properties(grad_y.device).multi_processor_count
+    sms = _sm_count(_index(grad_y.device))
     if grad_y.dtype == torch.float32:
         threads = 128
         kblocks = (k // 8 + threads - 1) // threads
