@@ -162,7 +162,7 @@ def wgmma_smem_bytes(tile: int) -> int:
     return 1024 + stages * (tile * 128 + WGMMA_ROWS * 48)
 
 
-def wgmma_tile(m: int, n: int, sms: int) -> int:
+def wgmma_tile(m: int) -> int:
     """Tokens per block: the smallest tile that holds all M tokens (each extra token tile
     dequantizes the whole weight again); the largest tile past that."""
     return next((t for t in WGMMA_TILES if m <= t), WGMMA_TILES[-1])
@@ -180,7 +180,7 @@ def _uses_wgmma(m: int, dtype: torch.dtype, device: torch.device, n: int = 0) ->
 
 def _wgmma_linear(x2: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype) -> torch.Tensor:
     m, n = x2.shape[0], w.out_features
-    tile = wgmma_tile(m, n, _sm_count(_index(x2.device)))
+    tile = wgmma_tile(m)
     return _out16_or_32(x2, w, out_dtype, f"nf4_wgmma_fwd_{_DT_NAME[x2.dtype]}_m{tile}",
                         (-(-n // WGMMA_ROWS), -(-m // tile)), 256, wgmma_smem_bytes(tile))
 
