@@ -1,0 +1,102 @@
+"""Compile the fused NF4 kernels without a GPU and report what the compiler says about them.
+
+NVRTC needs no GPU: with the `nvidia-cuda-nvrtc` wheel (a dev dependency) this compiles the
+package's CUDA source exactly as the GPU machine does (same options; sm_90a for Hopper), and
+reports per kernel the registers, spills and ptxas's wgmma serialization warnings (C75xx), which
+cost device time to discover otherwise.
+
+    python tools/nvrtc_check.py [--arch sm_90a]
+
+CuPy's NVRTC binding would need CuPy, which installs only on CUDA machines; this calls the
+library through ctypes instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import re
+import sys
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+from aner_lang.runtime.nf4.fused import compiler
+
+
+@dataclass
+class Report:
+    ok: bool
+    log: str
+    registers: dict[str, int] = field(default_factory=dict)
+    spills: dict[str, int] = field(default_factory=dict)  # kernel -> spill store bytes
+    serialized: list[str] = field(default_factory=list)  # kernels whose wgmmas ptxas serialized
+
+
+def library() -> ctypes.CDLL | None:
+    """libnvrtc from the installed nvidia-cuda-nvrtc wheel (None where it is not installed). Its
+    builtins library is loaded first, by path, so NVRTC finds it without LD_LIBRARY_PATH."""
+    try:
+        files = metadata.distribution("nvidia-cuda-nvrtc").files or []
+    except metadata.PackageNotFoundError:
+        return None
+    libs = {Path(str(f)).name: Path(str(metadata.distribution("nvidia-cuda-nvrtc").locate_file(f)))
+            for f in files if ".so" in str(f)}
+    main = next((p for n, p in libs.items() if re.fullmatch(r"libnvrtc\.so\.\d+", n)), None)
+    builtins = next((p for n, p in libs.items() if re.fullmatch(r"libnvrtc-builtins\.so\.[\d.]+", n)), None)
+    if main is None or builtins is None:
+        return None
+    ctypes.CDLL(str(builtins), mode=ctypes.RTLD_GLOBAL)
+    return ctypes.CDLL(str(main))
+
+
+def compile_report(lib: ctypes.CDLL, arch: str = "sm_90a") -> Report:
+    """Compile the kernel source for ``arch`` with the package's options plus ptxas -v."""
+    prog = ctypes.c_void_p()
+    src = compiler.source_text().encode()
+    if lib.nvrtcCreateProgram(ctypes.byref(prog), src, compiler.SOURCE_NAME.encode(), 0, None, None):
+        raise RuntimeError("nvrtcCreateProgram failed")
+    try:
+        opts = [o.encode() for o in (*compiler.OPTIONS, f"--gpu-architecture={arch}", "--ptxas-options=-v")]
+        rc = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
+        size = ctypes.c_size_t()
+        lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+        buf = ctypes.create_string_buffer(size.value)
+        lib.nvrtcGetProgramLog(prog, buf)
+    finally:
+        lib.nvrtcDestroyProgram(ctypes.byref(prog))
+    log = buf.value.decode(errors="replace")
+    report = Report(ok=rc == 0, log=log)
+    kernel = None
+    for line in log.splitlines():
+        if m := re.search(r"Compiling entry function '(\w+)'", line):
+            kernel = m.group(1)
+        elif (m := re.search(r"(\d+) bytes spill stores", line)) and kernel:
+            report.spills[kernel] = int(m.group(1))
+        elif (m := re.search(r"Used (\d+) registers", line)) and kernel:
+            report.registers[kernel] = int(m.group(1))
+        if m := re.search(r"\(C75\d\d\).*serialized.*function '(\w+)'", line):
+            report.serialized.append(m.group(1))
+    return report
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", default="sm_90a")
+    args = ap.parse_args()
+    lib = library()
+    if lib is None:
+        print("nvidia-cuda-nvrtc is not installed (pip install -e '.[dev]')", file=sys.stderr)
+        return 2
+    r = compile_report(lib, args.arch)
+    if not r.ok:
+        print(r.log, file=sys.stderr)
+        return 1
+    for name in sorted(r.registers):
+        print(f"{name:40s} {r.registers[name]:4d} registers  {r.spills.get(name, 0):4d} spill bytes"
+              + ("  WGMMA SERIALIZED" if name in r.serialized else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
