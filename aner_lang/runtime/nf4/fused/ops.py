@@ -6,7 +6,8 @@ CUDA graph. Which kernel a call uses depends on the number of tokens M (rows of 
 
 * M <= 16 ("small", generation and evaluation): memory-bound fused kernels that dequantize in
   registers. float32: one warp per output row on CUDA cores. float16/bfloat16: mma.sync m16n8k16
-  tensor-core tiles with fp32 accumulation. Backward to the input likewise, with fp32 atomics.
+  tensor-core tiles with fp32 accumulation, multiplying the rounded NF4 codes and scaling each
+  64-block's partial sums by its absmax. Backward to the input likewise, with fp32 atomics.
 * 16 < M <= 128 on wide weights (about one 128-row block per multiprocessor or more, e.g. the
   lm_head), float16/bfloat16 on Hopper (sm_90a): one fused GEMM, warpgroup MMAs (wgmma) whose A
   operand is the weight dequantized straight into registers and whose B operand is x streamed
@@ -168,7 +169,7 @@ def wgmma_tile(m: int) -> int:
     return next((t for t in WGMMA_TILES if m <= t), WGMMA_TILES[-1])
 
 
-def _uses_wgmma(m: int, dtype: torch.dtype, device: torch.device, n: int = 0) -> bool:
+def _uses_wgmma(m: int, dtype: torch.dtype, device: torch.device, n: int) -> bool:
     """The fused GEMM where it beat dequantize + cuBLAS on the H200 (benchmarks/results/): up to
     128 tokens (one token tile), on weights with enough 128-row blocks to give about every
     multiprocessor one (the lm_head, wide MLP projections). Elsewhere its per-token-tile

@@ -612,8 +612,7 @@ struct WgmmaShape {
     static constexpr int X_BYTES = BM * 128;  // one stage of x: BM tokens x 64 k
     static constexpr int W_STRIDE = 48;       // one W row's 32 packed bytes, padded
     static constexpr int W_BYTES = 128 * W_STRIDE;
-    static constexpr int SMEM = 1024 + STAGES * (X_BYTES + W_BYTES);
-};
+};  // dynamic shared memory: 1024 (alignment slack) + STAGES * (X_BYTES + W_BYTES), ops.wgmma_smem_bytes
 
 template <typename T, int BM>
 __device__ void wgmma_fwd(const NF4& w, const u16* __restrict__ x, u16* __restrict__ y16, float* __restrict__ y32,
