@@ -65,13 +65,12 @@ def linear(x: torch.Tensor, w: NF4Weight, tile_bytes: int = DEFAULT_TILE_BYTES) 
 
 
 def grad_input(grad_y: torch.Tensor, w: NF4Weight, tile_bytes: int = DEFAULT_TILE_BYTES) -> torch.Tensor:
-    """dL/dx = grad_y @ W for grad_y [..., out] in the compute dtype, accumulated tile by tile in
-    grad_y's dtype."""
-    dtype = compute_dtype(grad_y)
-    g2 = grad_y.reshape(-1, grad_y.shape[-1]).to(dtype)
+    """dL/dx = grad_y @ W for grad_y [..., out], accumulated tile by tile in grad_y's dtype (the
+    autograd Function runs it outside autocast)."""
+    g2 = grad_y.reshape(-1, grad_y.shape[-1])
     gx = torch.zeros(g2.shape[0], w.shape[1], device=grad_y.device, dtype=grad_y.dtype)
-    for r0, r1, tile in _tiles(w, dtype, tile_bytes):
-        gx += matmul(g2[:, r0:r1], tile, grad_y.dtype)
+    for r0, r1, tile in _tiles(w, grad_y.dtype, tile_bytes):
+        gx.addmm_(g2[:, r0:r1], tile)
     return gx.reshape(*grad_y.shape[:-1], w.shape[1])
 
 

@@ -43,7 +43,7 @@ class FusedBackend:
         return ops.linear(x.to(compute_dtype(x)), nf4_tensors(w), out_dtype=x.dtype)
 
     def grad_input(self, grad_y: torch.Tensor, w: NF4Weight) -> torch.Tensor:
-        return ops.grad_input(grad_y.to(compute_dtype(grad_y)), nf4_tensors(w), out_dtype=grad_y.dtype)
+        return ops.grad_input(grad_y, nf4_tensors(w))  # outside autocast: in the gradient's dtype
 
     def identity(self, device: torch.device, dtype: torch.dtype = torch.float32) -> str:
         """The kernel identity string for computations in ``dtype`` on ``device``."""
