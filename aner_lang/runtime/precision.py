@@ -100,15 +100,22 @@ class LossScaler:
 
     @torch.no_grad()
     def unscale_(self, grads: Iterable[torch.Tensor]) -> bool:
-        """Unscale gradients in place; True when any of them is non-finite (an overflow)."""
-        grads = list(grads)
-        if self.enabled:
-            inv = float(torch.tensor(1.0 / float(self.state.scale), dtype=torch.float32))
-            if inv != 1.0:
-                inv_t = torch.tensor(inv, dtype=torch.float32)
-                for g in grads:
-                    g.mul_(inv_t.to(g.device))
-        return any(not bool(torch.isfinite(g).all()) for g in grads)
+        """Unscale gradients in place; True when any of them is non-finite (an overflow).
+
+        GradScaler's own fused kernel (one launch per device and dtype, one host sync in all),
+        with its inverse scale float32(1 / float64(scale)); without scaling the inverse is 1,
+        which leaves every value as it is and still finds the non-finite ones."""
+        inv = float(torch.tensor(1.0 / float(self.state.scale), dtype=torch.float32)) if self.enabled else 1.0
+        groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+        for g in grads:
+            groups.setdefault((g.device, g.dtype), []).append(g)
+        found = []
+        for (device, _), group in groups.items():
+            found_inf = torch.zeros(1, dtype=torch.float32, device=device)
+            torch._amp_foreach_non_finite_check_and_unscale_(
+                group, found_inf, torch.tensor(inv, dtype=torch.float32, device=device))
+            found.append(found_inf.cpu())
+        return any(bool(f) for f in found)
 
     def update(self, found_inf: bool) -> None:
         """GradScaler.update: back off on overflow, grow after growth_interval good updates."""

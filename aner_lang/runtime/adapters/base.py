@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from aner_lang.errors import AnerRuntimeError
+from aner_lang.runtime.host_copy import host_copies
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -124,8 +125,7 @@ class Adapter:
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """All adapter tensors (trainable and stored frozen), detached CPU copies."""
-        return {k: v.detach().cpu().contiguous().clone()
-                for k, v in {**self.params, **self.frozen}.items()}
+        return host_copies({**self.params, **self.frozen})
 
     def load_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
         """Copy saved tensors into this adapter (same config), exactly."""

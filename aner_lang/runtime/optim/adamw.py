@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from aner_lang.runtime.host_copy import host_copies
+
 
 @dataclass
 class AdamWState:
@@ -75,10 +77,10 @@ class AdamW:
         """Moments and steps as contiguous CPU tensors, keyed for `TrainState`."""
         out: dict[str, torch.Tensor] = {}
         for name, st in self.state.items():
-            out[f"optim/exp_avg/{name}"] = st.exp_avg.detach().cpu().contiguous().clone()
-            out[f"optim/exp_avg_sq/{name}"] = st.exp_avg_sq.detach().cpu().contiguous().clone()
-            out[f"optim/step/{name}"] = st.step.clone()
-        return out
+            out[f"optim/exp_avg/{name}"] = st.exp_avg
+            out[f"optim/exp_avg_sq/{name}"] = st.exp_avg_sq
+            out[f"optim/step/{name}"] = st.step
+        return host_copies(out)
 
     def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
         """Inverse of `state_tensors`: moments copied into fresh storage of this optimizer."""
