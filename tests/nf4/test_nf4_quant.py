@@ -71,3 +71,19 @@ def test_round_trip_error_is_bounded_by_half_the_largest_code_gap() -> None:
     widest_gap = 1.0 - 0.6961928009986877  # between -1 and the next NF4 code
     bound = blocks.abs().max(-1, keepdim=True)[0] * widest_gap / 2 * 1.05
     assert torch.all((d.reshape(-1, 64) - blocks).abs() <= bound)
+
+
+def test_nf4_linear_hands_out_one_weight_until_its_buffers_change() -> None:
+    """Backends keep what they derive from a weight (the fused kernels' argument pack) in the
+    NF4Weight, so NF4Linear must give every forward the same one, and a fresh one once a buffer is
+    another tensor (moved, replaced), never one that points at the old storage."""
+    from aner_lang.runtime.nf4.linear import NF4Linear
+
+    lin = NF4Linear.from_dense(torch.randn(8, 128))
+    w = lin.weight_nf4
+    w.views["probe"] = object()
+    assert lin.weight_nf4 is w
+    lin.packed = lin.packed.clone()
+    fresh = lin.weight_nf4
+    assert fresh is not w and fresh.packed is lin.packed and fresh.views == {}
+    assert torch.equal(dequantize_nf4(fresh), dequantize_nf4(w))

@@ -31,6 +31,7 @@ class NF4Linear(FrozenLinear):
         self.blocksize = weight.blocksize
         self.kernel = kernel
         self.tile_bytes = tile_bytes
+        self._nf4: NF4Weight | None = None
 
     @classmethod
     def from_dense(cls, weight: torch.Tensor, **kwargs) -> "NF4Linear":
@@ -38,9 +39,15 @@ class NF4Linear(FrozenLinear):
 
     @property
     def weight_nf4(self) -> NF4Weight:
-        """The current tensors (wherever the module now lives) as an `NF4Weight`."""
-        return NF4Weight(*(getattr(self, p) for p in _PARTS),
-                         shape=(self.out_features, self.in_features), blocksize=self.blocksize)
+        """The current tensors (wherever the module now lives) as an `NF4Weight`: the same object
+        while the buffers are the same tensors, so what a backend derives from it is built once
+        (every forward asks)."""
+        parts = tuple(self._buffers[p] for p in _PARTS)
+        w = self._nf4
+        if w is None or any(a is not getattr(w, p) for a, p in zip(parts, _PARTS)):
+            w = self._nf4 = NF4Weight(*parts, shape=(self.out_features, self.in_features),
+                                      blocksize=self.blocksize)
+        return w
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return nf4_matmul(x, self.weight_nf4, get_backend(self.kernel, self.tile_bytes))

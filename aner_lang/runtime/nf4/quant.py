@@ -17,7 +17,7 @@ blocks.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import torch
@@ -75,6 +75,9 @@ class NF4Weight:
     offset: torch.Tensor
     shape: tuple[int, int]
     blocksize: int = 64
+    # Forms of this weight a backend derives once and reuses (the fused kernels' argument pack),
+    # keyed by backend name; NF4Linear hands every forward the same NF4Weight while its buffers stay.
+    views: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def numel(self) -> int:

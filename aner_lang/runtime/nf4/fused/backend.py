@@ -19,12 +19,17 @@ _PRECISION = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16
 
 
 def nf4_tensors(w: NF4Weight) -> ops.NF4Tensors:
-    """The kernels' view of an NF4Weight (cheap: no copy, no host sync; NF4Linear builds a new
-    NF4Weight per call, so nothing is cached on it)."""
-    if w.blocksize != 64:
-        raise AnerRuntimeError(f"fused NF4 kernels support blocksize 64, this weight has {w.blocksize}",
-                               code="E-KERNEL-SHAPE", notes=("use kernel: host_tiled",))
-    return ops.NF4Tensors(w.packed, w.qabsmax, w.code2, w.absmax2, w.offset.reshape(1), w.shape[0], w.shape[1])
+    """The kernels' view of an NF4Weight (no copy, no host sync), checked and packed once per
+    weight: kept in ``w.views`` and reused while the tensors still live where it points (a deep
+    copy of a module copies the view too, with the old pointers)."""
+    view = w.views.get("fused")
+    if view is None or not view.points_at(w.packed, w.qabsmax, w.code2, w.absmax2, w.offset):
+        if w.blocksize != 64:
+            raise AnerRuntimeError(f"fused NF4 kernels support blocksize 64, this weight has {w.blocksize}",
+                                   code="E-KERNEL-SHAPE", notes=("use kernel: host_tiled",))
+        view = w.views["fused"] = ops.NF4Tensors(w.packed, w.qabsmax, w.code2, w.absmax2, w.offset.reshape(1),
+                                                 w.shape[0], w.shape[1])
+    return view
 
 
 class FusedBackend:

@@ -25,6 +25,7 @@ frozen-base product is rounded to 16 bits on its way back into the fp32 residual
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -37,6 +38,9 @@ from aner_lang.runtime.precision import matmul
 
 SMALL_MAX_TOKENS = 16
 _DT_NAME = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}
+
+
+_POINTERS = ("packed", "qabsmax", "code2", "absmax2", "offset")
 
 
 @dataclass(frozen=True)
@@ -56,7 +60,7 @@ class NF4Tensors:
         if k % 64:
             raise AnerRuntimeError(f"fused NF4 kernels need in_features % 64 == 0, got a {n}x{k} weight",
                                    code="E-KERNEL-SHAPE", notes=("use kernel: host_tiled",))
-        for name in ("packed", "qabsmax", "code2", "absmax2", "offset"):
+        for name in _POINTERS:
             t = getattr(self, name)
             if not t.is_cuda or not t.is_contiguous():
                 raise AnerRuntimeError(f"fused NF4 kernels need '{name}' as a contiguous CUDA tensor",
@@ -65,9 +69,15 @@ class NF4Tensors:
             raise AnerRuntimeError(f"NF4 tensors do not match a {n}x{k} weight "
                                    f"({self.packed.numel()} packed bytes, {self.qabsmax.numel()} absmax codes)",
                                    code="E-KERNEL-SHAPE")
+        object.__setattr__(self, "_pointers", tuple(_ptr(getattr(self, p)) for p in _POINTERS))
 
     def args(self) -> list:
-        return [_ptr(self.packed), _ptr(self.qabsmax), _ptr(self.code2), _ptr(self.absmax2), _ptr(self.offset)]
+        """The kernels' leading arguments: the five device pointers."""
+        return list(self._pointers)
+
+    def points_at(self, *tensors: torch.Tensor) -> bool:
+        """Whether the pointers are still those of ``tensors`` (given in ``args`` order)."""
+        return all(t.data_ptr() == p for t, p in zip(tensors, self._pointers))
 
 
 def _ptr(t: torch.Tensor) -> np.uint64:
@@ -90,16 +100,38 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+class _StreamHandle:
+    """A raw CUDA stream in the CUDA stream protocol, which CuPy's ``Stream.from_external`` takes."""
+
+    def __init__(self, handle: int) -> None:
+        self.handle = handle
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.handle)
+
+
+def _stream(index: int):
+    """CuPy's handle on torch's current stream of device ``index`` (one per raw stream). The raw
+    handle comes from torch's C accessor: ``torch.cuda.current_stream`` builds a Python Stream
+    object per call, a measurable share of a launch."""
+    import cupy
+
+    handle = torch._C._cuda_getCurrentRawStream(index)
+    stream = _STREAMS.get(handle)
+    if stream is None:
+        stream = _STREAMS[handle] = cupy.cuda.Stream.from_external(_StreamHandle(handle))
+    return stream
+
+
 def _launch(device: torch.device, name: str, grid: tuple[int, ...], block: int, args: list,
             shared_bytes: int = 0) -> None:
     import cupy
 
     index = _index(device)
-    handle = torch.cuda.current_stream(device).cuda_stream
-    stream = _STREAMS.get(handle)
-    if stream is None:
-        stream = _STREAMS[handle] = cupy.cuda.ExternalStream(handle, index)
-    with cupy.cuda.Device(index):  # the first lookup of a kernel loads the module on this device
+    stream = _stream(index)
+    # A kernel's first lookup loads the module on CuPy's current device: make it ``index`` where it
+    # is not already (entering the context costs host time on every launch).
+    with nullcontext() if cupy.cuda.runtime.getDevice() == index else cupy.cuda.Device(index):
         compiler.load(index).function(name, shared_bytes)(grid, (block,), tuple(args), stream=stream,
                                                           shared_mem=shared_bytes)
 
