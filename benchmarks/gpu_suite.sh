@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one command that qualifies Aner on a GPU machine: installs the carried wheels, runs every
 # @pytest.mark.cuda test of the repository and the GPU benchmarks, and writes results under $OUT
-# (default ./out): pytest.log + junit.xml, nf4_kernels.json/.log, train_gpu.log, env.txt.
+# (default ./out): pytest.log + junit.xml, nf4_kernels.json/.log, nf4_backward.json/.log, train_gpu.log, env.txt.
 #
 # Usage (repository root, on the GPU machine):  benchmarks/gpu_suite.sh [--quick] [--no-bench|--no-tests] [pytest args...]
 #   --quick       the kernel benchmark on the seed shapes only
@@ -60,6 +60,7 @@ if (( run_tests )); then
 fi
 if (( run_bench )); then
   timeout "${KERNEL_BENCH_S:-150}" python3 benchmarks/nf4_kernels.py "${bench[@]}" --out "$OUT/nf4_kernels.json" 2>&1 | tee "$OUT/nf4_kernels.log" || rc=1
+  timeout "${BACKWARD_BENCH_S:-120}" python3 benchmarks/nf4_backward.py --out "$OUT/nf4_backward.json" 2>&1 | tee "$OUT/nf4_backward.log" || rc=1
   model=(); [[ -s "$gguf" ]] && model=("$gguf")  # train_gpu prints its JSON report last
   timeout "${TRAIN_BENCH_S:-130}" python3 benchmarks/train_gpu.py "${model[@]}" 2>&1 | tee "$OUT/train_gpu.log" || rc=1
 fi
