@@ -111,11 +111,10 @@ class LossScaler:
             groups.setdefault((g.device, g.dtype), []).append(g)
         found = []
         for (device, _), group in groups.items():
-            found_inf = torch.zeros(1, dtype=torch.float32, device=device)
+            found.append(torch.zeros(1, dtype=torch.float32, device=device))
             torch._amp_foreach_non_finite_check_and_unscale_(
-                group, found_inf, torch.tensor(inv, dtype=torch.float32, device=device))
-            found.append(found_inf.cpu())
-        return any(bool(f) for f in found)
+                group, found[-1], torch.tensor(inv, dtype=torch.float32, device=device))
+        return any(bool(f.item()) for f in found)  # read once every group's check is queued
 
     def update(self, found_inf: bool) -> None:
         """GradScaler.update: back off on overflow, grow after growth_interval good updates."""
