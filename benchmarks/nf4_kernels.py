@@ -15,13 +15,14 @@ import argparse
 import json
 import math
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 
 SEED_SHAPES = [(576, 576, 32), (1536, 576, 32), (49152, 576, 32), (4096, 4096, 128)]
 SWEEP = [(n, k, m) for n, k in ((4096, 4096), (4096, 14336)) for m in (1, 16, 512, 4096)] + \
-    [(14336, 4096, 32), (14336, 4096, 128), (49152, 576, 128)]  # where the fused wgmma GEMM is picked
+    [(14336, 4096, 32), (14336, 4096, 128), (49152, 576, 128), (4096, 4096, 1024)]  # fused GEMM shapes
 L2_FLUSH_BYTES = 200 * 2**20
 
 
@@ -121,25 +122,37 @@ def bench_shape(n: int, k: int, m: int, dtype: torch.dtype) -> dict:
                            nf4_bytes))
         ref = x.double() @ bnbf.dequantize_4bit(packed, state).double().T
         dequant_cublas = None
-        tiles: dict[int, float] = {}
-        if m > ops.SMALL_MAX_TOKENS and ops._module(x.device).has_wgmma:  # every wgmma tile, and the unfused path
-            picked, uses = ops.wgmma_tile, ops._uses_wgmma
-            ops._uses_wgmma = lambda *_: True
-            for tile in ops.WGMMA_TILES:
-                ops.wgmma_tile = lambda *_, tile=tile: tile
-                tiles[tile] = measure([lambda t=t: ops.linear(x, t) for t in nf4s])[0]
-            ops.wgmma_tile = picked
-            ops._uses_wgmma = lambda *_: False
-            dequant_cublas = row(*_pair(measure([lambda t=t: ops.linear(x, t) for t in nf4s]), nf4_bytes))
-            ops._uses_wgmma = uses
+        tiles: dict[str, float] = {}
+        if m > ops.SMALL_MAX_TOKENS and ops._module(x.device).has_wgmma:  # every fused tile, and the unfused path
+            for kind, choices in (("wgmma", ops.WGMMA_TILES), ("ws", ops.WS_TILES)):
+                for tile in choices:
+                    with forced_path(ops, kind, tile):
+                        tiles[f"{kind}{tile}"] = measure([lambda t=t: ops.linear(x, t) for t in nf4s])[0]
+            with forced_path(ops, "dequant", 0):
+                dequant_cublas = row(*_pair(measure([lambda t=t: ops.linear(x, t) for t in nf4s]), nf4_bytes))
         err = rel_err(ops.linear(x, nf4), ref)
         err_f32_out = rel_err(ops.linear(x, nf4, out_dtype=torch.float32), ref)
     return {"out_features": n, "in_features": k, "tokens": m, "dtype": str(dtype).removeprefix("torch."),
-            "path": ops.path(m, dtype, x.device, n), "ours": ours,
-            "ours_dequant_cublas": dequant_cublas, "wgmma_tiles_us": tiles,
+            "path": ops.path(m, dtype, x.device, n, k), "ours": ours,
+            "ours_dequant_cublas": dequant_cublas, "fused_tiles_us": tiles,
             "rel_err_fp32_out_vs_fp64": err_f32_out, "dense_bf16": dense_r, "bnb_matmul_4bit": bnb_r,
             "ours_vs_dense": ours["us"] / dense_r["us"], "ours_vs_bnb": ours["us"] / bnb_r["us"],
             "rel_err_vs_fp64": err, "weight_copies": c_nf4}
+
+
+@contextmanager
+def forced_path(ops, kind: str, tile: int) -> Iterator[None]:
+    """``ops.linear`` on one many-token path whatever the shape rules say: "wgmma" or "ws" (the
+    warp-specialized GEMM) with ``tile`` tokens per block, or "dequant" (dequantize + cuBLAS)."""
+    saved = {a: getattr(ops, a) for a in ("_uses_wgmma", "_uses_ws", "wgmma_tile", "ws_tile")}
+    ops._uses_wgmma = lambda *_: kind == "wgmma"
+    ops._uses_ws = lambda *_: kind == "ws"
+    ops.wgmma_tile = ops.ws_tile = lambda *_: tile
+    try:
+        yield
+    finally:
+        for a, v in saved.items():
+            setattr(ops, a, v)
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -175,7 +188,7 @@ def main() -> None:
               f"{d['us']:8.2f} {d['GBps']:6.0f} {d['TFLOPs']:6.1f} | {b['us']:8.2f} {b['GBps']:6.0f} | "
               f"{r['ours_vs_dense']:8.2f} {r['ours_vs_bnb']:7.2f} {r['rel_err_vs_fp64']:8.1e}"
               + (f"  dequant+cublas {r['ours_dequant_cublas']['us']:.2f} us" if r["ours_dequant_cublas"] else "")
-              + "".join(f"  m{t}:{us:.2f}" for t, us in r["wgmma_tiles_us"].items()), flush=True)
+              + "".join(f"  {t}:{us:.2f}" for t, us in r["fused_tiles_us"].items()), flush=True)
         torch.cuda.empty_cache()
     if args.out:
         with open(args.out, "w", encoding="utf-8") as fh:

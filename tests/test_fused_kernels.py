@@ -72,6 +72,7 @@ def test_many_token_dequant_path(dtype: torch.dtype, n: int, k: int, monkeypatch
     """The dequantize + cuBLAS path (float32, GPUs without wgmma, every many-token backward), with
     float32 outputs from half-precision operands, and a partial-row dequantization."""
     monkeypatch.setattr(ops, "_uses_wgmma", lambda *_: False)
+    monkeypatch.setattr(ops, "_uses_ws", lambda *_: False)
     w, ref = quantized(n, k, seed=11)
     x = torch.randn(40, k, device="cuda", dtype=dtype)
     assert ops.path(40, dtype) == "dequant+cublas"
@@ -102,7 +103,7 @@ def test_linear_forward(dtype: torch.dtype, n: int, k: int, m: int) -> None:
         assert y32.dtype == torch.float32
         small = m <= ops.SMALL_MAX_TOKENS
         operands = code_rounded_weight(n, k, n + k + m, dtype) if small else ref.to(dtype).double()
-        assert rel_err(y32, x.double() @ operands.T) < 1e-5, ops.path(m, dtype, x.device, n)
+        assert rel_err(y32, x.double() @ operands.T) < 1e-5, ops.path(m, dtype, x.device, n, k)
 
 
 def needs_wgmma() -> None:
@@ -121,6 +122,7 @@ def test_wgmma_forward(dtype: torch.dtype, tile: int, n: int, k: int, m: int, mo
     needs_wgmma()
     monkeypatch.setattr(ops, "wgmma_tile", lambda *_: tile)
     monkeypatch.setattr(ops, "_uses_wgmma", lambda m_, *_: m_ > ops.SMALL_MAX_TOKENS)  # whatever the shape rule says
+    monkeypatch.setattr(ops, "_uses_ws", lambda *_: False)
     w, ref = quantized(n, k, seed=n + k + m + tile)
     x = torch.randn(m, k, device="cuda", dtype=dtype)
     assert ops.path(m, dtype, x.device) == "fused-wgmma"
@@ -131,6 +133,31 @@ def test_wgmma_forward(dtype: torch.dtype, tile: int, n: int, k: int, m: int, mo
     assert y32.dtype == torch.float32
     same_operands = x.double() @ ref.to(dtype).double().T
     assert rel_err(y32, same_operands) < 1e-5
+    assert torch.equal(y, y32.to(dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("tile", ops.WS_TILES)
+@pytest.mark.parametrize("n,k,m", [(576, 576, 17), (1536, 576, 300), (250, 4160, 77), (4096, 1024, 512),
+                                   (130, 64, 129), (259, 1536, 1000)])
+def test_ws_forward(dtype: torch.dtype, tile: int, n: int, k: int, m: int, monkeypatch) -> None:
+    """The warp-specialized GEMM, checked as strictly as the register-operand one: both tiles,
+    ragged rows (250, 130, 259), one k-step (64: fewer than the pipeline's stages), 65 (4160: every
+    stage refilled many times, an odd count), partial token tiles, several token tiles.
+    With float32 outputs it must equal torch's fp32-accumulated product of the same rounded
+    operands to accumulation-order noise: any stale stage, swizzle or fragment error shows."""
+    needs_wgmma()
+    monkeypatch.setattr(ops, "ws_tile", lambda *_: tile)
+    monkeypatch.setattr(ops, "_uses_ws", lambda m_, *_: m_ > ops.SMALL_MAX_TOKENS)  # whatever the shape rule says
+    w, ref = quantized(n, k, seed=n + k + m + tile)
+    x = torch.randn(m, k, device="cuda", dtype=dtype)
+    assert ops.path(m, dtype, x.device, n, k) == "fused-wgmma-ws"
+    y = ops.linear(x, w)
+    assert y.dtype == dtype and y.shape == (m, n)
+    assert rel_err(y, x.double() @ ref.double().T) < BOUND[dtype]
+    y32 = ops.linear(x, w, out_dtype=torch.float32)
+    assert y32.dtype == torch.float32
+    assert rel_err(y32, x.double() @ ref.to(dtype).double().T) < 1e-5
     assert torch.equal(y, y32.to(dtype))
 
 

@@ -530,29 +530,42 @@ __device__ __forceinline__ u64 sw128_desc(const void* p) {
 
 // wgmma with N columns keeps N/2 fp32 accumulators per thread; inline PTX needs one operand per
 // register, so the accumulator list (WG_D_N, operands 0..N/2-1) and the numbers of the operands
-// after it are spelled out once per N. RS: A from 4 registers, B from a shared-memory descriptor.
-// The scale-d predicate is always true (accumulators start at 0).
+// after it are spelled out once per N. RS: A from 4 registers, B from a shared-memory descriptor;
+// SS: both from descriptors. The scale-d predicate is always true (accumulators start at 0).
 #define WG_D_32 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
 #define WG_REGS_32 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}"
 #define WG_RS_32 ", {%16,%17,%18,%19}, %20, p, 1, 1, 0;}"
 #define WG_RS_P_32 "%21"
+#define WG_SS_32 ", %16, %17, p, 1, 1, 0, 0;}"
+#define WG_SS_P_32 "%18"
 #define WG_D_64 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
 #define WG_REGS_64 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}"
 #define WG_RS_64 ", {%32,%33,%34,%35}, %36, p, 1, 1, 0;}"
 #define WG_RS_P_64 "%37"
+#define WG_SS_64 ", %32, %33, p, 1, 1, 0, 0;}"
+#define WG_SS_P_64 "%34"
 #define WG_D_128 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
 #define WG_REGS_128 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}"
 #define WG_RS_128 ", {%64,%65,%66,%67}, %68, p, 1, 1, 0;}"
 #define WG_RS_P_128 "%69"
+#define WG_SS_128 ", %64, %65, p, 1, 1, 0, 0;}"
+#define WG_SS_P_128 "%66"
 #define WG_D_256 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
 #define WG_REGS_256 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}"
 #define WG_RS_256 ", {%128,%129,%130,%131}, %132, p, 1, 1, 0;}"
 #define WG_RS_P_256 "%133"
+#define WG_SS_256 ", %128, %129, p, 1, 1, 0, 0;}"
+#define WG_SS_P_256 "%130"
 #define WGMMA(N, TAG, TY)                                                                              \
     __device__ __forceinline__ void wgmma_rs(TAG, float (&d)[N / 2], const u32 (&a)[4], u64 b) {        \
         asm volatile("{.reg .pred p; setp.ne.b32 p, " WG_RS_P_##N ", 0; wgmma.mma_async.sync.aligned.m64n" #N \
                      "k16.f32." TY "." TY " " WG_REGS_##N WG_RS_##N                                     \
                      : WG_D_##N : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));            \
+    }                                                                                                  \
+    __device__ __forceinline__ void wgmma_ss(TAG, float (&d)[N / 2], u64 a, u64 b) {                    \
+        asm volatile("{.reg .pred p; setp.ne.b32 p, " WG_SS_P_##N ", 0; wgmma.mma_async.sync.aligned.m64n" #N \
+                     "k16.f32." TY "." TY " " WG_REGS_##N WG_SS_##N                                     \
+                     : WG_D_##N : "l"(a), "l"(b), "r"(1));                                                \
     }
 WGMMA(32, BF16, "bf16") WGMMA(64, BF16, "bf16") WGMMA(128, BF16, "bf16") WGMMA(256, BF16, "bf16")
 WGMMA(32, F16, "f16") WGMMA(64, F16, "f16") WGMMA(128, F16, "f16") WGMMA(256, F16, "f16")
@@ -565,6 +578,50 @@ struct WgmmaShape {
     static constexpr int W_STRIDE = 48;       // one W row's 32 packed bytes, padded
     static constexpr int W_BYTES = 128 * W_STRIDE;
 };  // dynamic shared memory: 1024 (alignment slack) + STAGES * (X_BYTES + W_BYTES), ops.wgmma_smem_bytes
+
+// x's tile of one k-step, BM tokens x 64 k (16-bit), copied by 256 threads with cp.async into a
+// 128-byte-swizzled K-major shared tile (the wgmma B layout): thread tid copies 16-byte chunk
+// tid % 8 of token rows tid / 8 + 32 j, zero-filled past M.
+template <int BM>
+struct XTile {
+    static constexpr int J = BM / 32;
+    const u16* src[J];
+    bool ok[J];
+    u32 dst;
+    __device__ __forceinline__ XTile(const u16* x, int tid, int m0, int M, int K, u32 tile) {
+        const int r = tid >> 3, c = tid & 7;
+#pragma unroll
+        for (int j = 0; j < J; ++j) {
+            ok[j] = m0 + r + 32 * j < M;
+            src[j] = x + static_cast<long long>(ok[j] ? m0 + r + 32 * j : 0) * K + 8 * c;
+        }
+        dst = tile + r * 128 + ((c ^ (r & 7)) << 4);  // (r + 32 j) % 8 == r % 8: one swizzle for all j
+    }
+    // The k-step starting at column k0 into the tile at byte offset `offset`.
+    __device__ __forceinline__ void load(u32 offset, int k0) const {
+#pragma unroll
+        for (int j = 0; j < J; ++j) cp_async16(dst + offset + j * 32 * 128, src[j] + k0, ok[j]);
+    }
+};
+
+// Writes a warpgroup's m64nBM fp32 accumulators as y[token, row] (fp32, or rounded to T): the D
+// fragment's d[4j + 2h + e] is W row n + 8h, token m + 8j + e (n, m: this thread's first).
+template <typename T, int BM>
+__device__ __forceinline__ void store_d(const float (&d)[BM / 2], int n, int m, int M, int N, u16* y16, float* y32) {
+#pragma unroll
+    for (int j = 0; j < BM / 8; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int r = n + 8 * h, tok = m + 8 * j + e;
+                if (r < N && tok < M) {
+                    const long long o = static_cast<long long>(tok) * N + r;
+                    if (y32) y32[o] = d[4 * j + 2 * h + e];
+                    else y16[o] = to16(T(), d[4 * j + 2 * h + e]);
+                }
+            }
+}
 
 template <typename T, int BM>
 __device__ void wgmma_fwd(const NF4& w, const u16* __restrict__ x, u16* __restrict__ y16, float* __restrict__ y32,
@@ -581,18 +638,10 @@ __device__ void wgmma_fwd(const NF4& w, const u16* __restrict__ x, u16* __restri
     code2[tid] = __ldg(w.code2 + tid);
     const int n0 = blockIdx.x * 128, m0 = blockIdx.y * BM, steps = K / 64;
 
-    // Loads: thread tid copies 16-byte chunk c = tid % 8 of x rows tid / 8 + 32 j, and chunk tid % 2
-    // of W row tid / 2; the pointers advance by one k-step (64 k) per step.
-    constexpr int XJ = BM / 32;
-    const int xr = tid >> 3, xc = tid & 7, wr = tid >> 1, wc = tid & 1;
-    const u16* xsrc[XJ];
-    bool xok[XJ];
-#pragma unroll
-    for (int j = 0; j < XJ; ++j) {
-        xok[j] = m0 + xr + 32 * j < M;
-        xsrc[j] = x + static_cast<long long>(xok[j] ? m0 + xr + 32 * j : 0) * K + 8 * xc;
-    }
-    const u32 xdst = smem_addr(xs) + xr * 128 + ((xc ^ (xr & 7)) << 4);  // (xr + 32 j) % 8 == xr % 8
+    // Loads: x as XTile says, and thread tid copies 16-byte chunk tid % 2 of W row tid / 2; the
+    // pointers advance by one k-step (64 k) per step.
+    const XTile<BM> xt(x, tid, m0, M, K, smem_addr(xs));
+    const int wr = tid >> 1, wc = tid & 1;
     const bool wok = n0 + wr < N;
     const u8* const wsrc = w.packed + static_cast<long long>(wok ? n0 + wr : 0) * (K / 2) + 16 * wc;
     const u32 wdst = smem_addr(ws) + wr * S::W_STRIDE + 16 * wc;
@@ -602,8 +651,7 @@ __device__ void wgmma_fwd(const NF4& w, const u16* __restrict__ x, u16* __restri
     auto load = [&](int s) {  // step s's x tile and W rows into stage s % STAGES (one commit group)
         if (s < padded) {
             const int st = s % STAGES, k0 = s < steps ? 64 * s : 0;
-#pragma unroll
-            for (int j = 0; j < XJ; ++j) cp_async16(xdst + st * S::X_BYTES + j * 32 * 128, xsrc[j] + k0, xok[j]);
+            xt.load(st * S::X_BYTES, k0);
             cp_async16(wdst + st * S::W_BYTES, wsrc + k0 / 2, wok);
         }
         cp_async_commit();
@@ -670,9 +718,9 @@ __device__ void wgmma_fwd(const NF4& w, const u16* __restrict__ x, u16* __restri
     // Step s issues the wgmmas of step s (A dequantized during step s - 1), then dequantizes step
     // s + 1, meant to run while they do. Measured on the H200 (4096x4096, 512 tokens, tile 128) the
     // two do not overlap: 51 us in all, 26 us without the dequantization, 22 us without the MMAs
-    // (the same with the dequantization first). A warp-specialized version (a producer warpgroup
-    // filling an mbarrier ring, the consumers taking turns at the tensor cores) measured the same,
-    // 52 us: the block is issue-bound, not waiting on memory. ncu: ~250 instructions per warp per
+    // (the same with the dequantization first). Warp-specialized versions (one producer
+    // warpgroup feeding these consumers; ws_fwd below, two producer warpgroups and SS wgmmas)
+    // measured 47-52 us: the block is issue-bound, not waiting on memory. ncu: ~250 instructions per warp per
     // k-step (about 4.5 per weight dequantized, 1 of them a shared load), 1.8 instructions per
     // cycle, stalls spread over dependencies, dispatch and shared-memory latency.
     auto step = [&](int s, WgmmaInputs& in, WgmmaInputs& next, u32 (&qs)[2], float (&as)[2]) {
@@ -702,20 +750,153 @@ __device__ void wgmma_fwd(const NF4& w, const u16* __restrict__ x, u16* __restri
     fence_regs(d);
     cp_async_wait<0>();
 
-    // D fragment: d[4j + 2h + c] is W row r_lo + 8h, token 8j + 2t + c.
+    store_d<T, BM>(d, n0 + r_lo, m0 + 2 * t, M, N, y16, y32);
+#endif
+}
+
+// ---- many-token forward on Hopper: producer warps dequantize into shared memory ------------------
+
+// y^T[N, M] = W[N, K] x^T with both wgmma operands in shared memory (SS), warp-specialized: two
+// producer warpgroups dequantize each k-step's 128 W rows x 64 k into a 128-byte-swizzled K-major
+// tile (the layout cp.async gives x) and copy x's BM tokens x 64 k beside it; two consumer
+// warpgroups (64 W rows each) only issue wgmmas. Stages are handed over with mbarriers: "full"
+// completes when all 256 producers stored their rows and their cp.asyncs landed (cp.async's own
+// arrive), "empty" when both consumer warpgroups' wgmmas reading the stage retired. The
+// dequantization so runs beside the tensor cores instead of between their instructions.
+// Producer thread p dequantizes half a row: row p / 2, k 32 (p % 2) .. + 32 of the step, which lies
+// in one 64-block, so one absmax per thread and step.
+
+__device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 c) {
+    u32 d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+template <int BM>
+struct WsShape {
+    static constexpr int X_BYTES = BM * 128;  // BM tokens x 64 k, 16-bit
+    static constexpr int W_BYTES = 128 * 128;  // 128 rows x 64 k, 16-bit
+    static constexpr int STAGES = 192 * 1024 / (X_BYTES + W_BYTES);
+};  // dynamic shared memory: 1024 (alignment slack) + STAGES * (W_BYTES + X_BYTES), ops.ws_smem_bytes
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(u32 bar) {
+    asm volatile("{.reg .b64 st; mbarrier.arrive.shared::cta.b64 st, [%0];}" ::"r"(bar) : "memory");
+}
+// Arrives once this thread's earlier cp.asyncs have landed (counts as one of the expected arrivals).
+__device__ __forceinline__ void mbar_arrive_cp_async(u32 bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+    asm volatile(
+        "{.reg .pred done; WAIT: mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1; @!done bra WAIT;}" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+}
+#endif
+
+template <typename T, int BM>
+__device__ void ws_fwd(const NF4& w, const u16* __restrict__ x, u16* __restrict__ y16, float* __restrict__ y32,
+                       int M, int N, int K) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using S = WsShape<BM>;
+    constexpr int STAGES = S::STAGES, STAGE_BYTES = S::W_BYTES + S::X_BYTES;
+    extern __shared__ u8 dyn[];
+    u8* const tiles = dyn + ((1024u - (smem_addr(dyn) & 1023u)) & 1023u);  // stage st: W tile, then x tile
+    __shared__ float code2[256];
+    __shared__ u64 full[STAGES], empty[STAGES];
+    const int tid = threadIdx.x;
+    if (tid < 256) code2[tid] = __ldg(w.code2 + tid);
+    if (tid < STAGES) {
+        mbar_init(smem_addr(full + tid), 512);  // 256 producers' stores + their 256 cp.async arrivals
+        mbar_init(smem_addr(empty + tid), 256);  // 256 consumer threads
+    }
+    __syncthreads();
+    const int n0 = blockIdx.x * 128, m0 = blockIdx.y * BM, steps = K / 64;
+
+    if (tid < 256) {  // ---- producers
+        const int row = tid >> 1, half = tid & 1;
+        const bool wok = n0 + row < N;
+        const u8* const wsrc = w.packed + static_cast<long long>(wok ? n0 + row : 0) * (K / 2) + 16 * half;
+        const u32 blk = static_cast<u32>(wok ? n0 + row : 0) * static_cast<u32>(K / 64);
+        const u32 wdst = smem_addr(tiles) + row * 128;
+        const XTile<BM> xt(x, tid, m0, M, K, smem_addr(tiles) + S::W_BYTES);
+        uint4 q = __ldg(reinterpret_cast<const uint4*>(wsrc));
+        u32 qa = __ldg(w.qabsmax + blk);
+        float a2 = __ldg(w.absmax2 + (blk >> 8));
+#pragma unroll 1
+        for (int s = 0; s < steps; ++s) {
+            const int st = s % STAGES;
+            // the next step's inputs, in flight while this one is waited for and dequantized
+            const int sn = min(s + 1, steps - 1);
+            const uint4 qn = __ldg(reinterpret_cast<const uint4*>(wsrc + 32 * sn));
+            const u32 qan = __ldg(w.qabsmax + blk + sn);
+            const float a2n = __ldg(w.absmax2 + ((blk + sn) >> 8));
+            if (s >= STAGES) mbar_wait(smem_addr(empty + st), ((s / STAGES) - 1) & 1);
+            const u32 stage = st * STAGE_BYTES;
+            xt.load(stage, 64 * s);
+            mbar_arrive_cp_async(smem_addr(full + st));
+            const float am = wok ? absmax_of(code2[qa], a2, w.offset) : 0.f;
+            const u32 words[4] = {q.x, q.y, q.z, q.w};
+            u32 lut_lo[4], lut_hi[4];  // this block's 16 values T(code * am): low bytes, high bytes
 #pragma unroll
-    for (int j = 0; j < BM / 8; ++j)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-            for (int c = 0; c < 2; ++c) {
-                const int n = n0 + r_lo + 8 * h, m = m0 + 8 * j + 2 * t + c;
-                if (n < N && m < M) {
-                    const long long o = static_cast<long long>(m) * N + n;
-                    if (y32) y32[o] = d[4 * j + 2 * h + c];
-                    else y16[o] = to16(T(), d[4 * j + 2 * h + c]);
-                }
+            for (int j = 0; j < 4; ++j) {
+                const u32 p0 = pack2(T(), NF4_CODE[4 * j] * am, NF4_CODE[4 * j + 1] * am);
+                const u32 p1 = pack2(T(), NF4_CODE[4 * j + 2] * am, NF4_CODE[4 * j + 3] * am);
+                lut_lo[j] = prmt(p0, p1, 0x6420u);
+                lut_hi[j] = prmt(p0, p1, 0x7531u);
             }
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {  // 16-byte chunk 4 half + c of the row: 8 weights, word c
+                const u32 word = words[c];
+                u32 out[4];
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {  // bytes 2h, 2h + 1: nibbles n0..n3 = weights 1, 0, 3, 2
+                    const u32 sel = word >> (16 * h), low3 = sel & 0x7777u;
+                    const u32 big = prmt(sel << 4, sel, 0xD9C8u);  // byte j: 0xFF if nibble j >= 8
+                    const u32 lo = (prmt(lut_lo[2], lut_lo[3], low3) & big) | (prmt(lut_lo[0], lut_lo[1], low3) & ~big);
+                    const u32 hi = (prmt(lut_hi[2], lut_hi[3], low3) & big) | (prmt(lut_hi[0], lut_hi[1], low3) & ~big);
+                    out[2 * h] = prmt(lo, hi, 0x4051u);  // (weight 0, weight 1) as T pairs, then (2, 3)
+                    out[2 * h + 1] = prmt(lo, hi, 0x6273u);
+                }
+                const u32 dst = wdst + stage + (((4 * half + c) ^ (row & 7)) << 4);
+                asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(dst), "r"(out[0]), "r"(out[1]),
+                             "r"(out[2]), "r"(out[3])
+                             : "memory");
+            }
+            fence_async_smem();  // the stores, for the consumers' wgmmas (async proxy)
+            mbar_arrive(smem_addr(full + st));
+            q = qn;
+            qa = qan;
+            a2 = a2n;
+        }
+    } else {  // ---- consumers: warpgroup c multiplies W rows 64 c .. + 64
+        const int c = (tid >> 7) - 2;
+        float d[BM / 2];
+#pragma unroll
+        for (int i = 0; i < BM / 2; ++i) d[i] = 0.f;
+#pragma unroll 1
+        for (int s = 0; s < steps; ++s) {
+            const int st = s % STAGES;
+            mbar_wait(smem_addr(full + st), (s / STAGES) & 1);
+            fence_async_smem();
+            const u8* const stage = tiles + st * STAGE_BYTES;
+            const u64 da = sw128_desc(stage + c * 64 * 128), db = sw128_desc(stage + S::W_BYTES);
+            wgmma_fence();
+#pragma unroll
+            for (int j = 0; j < 4; ++j) wgmma_ss(T(), d, da + 2 * j, db + 2 * j);  // +32 bytes per k16
+            wgmma_commit();
+            wgmma_wait<1>();  // step s - 1's wgmmas retired: its stage may be refilled
+            if (s > 0) mbar_arrive(smem_addr(empty + (s - 1) % STAGES));
+        }
+        wgmma_wait<0>();
+        fence_regs(d);
+        const int lane = tid & 31;
+        store_d<T, BM>(d, n0 + 64 * c + 16 * ((tid >> 5) & 3) + (lane >> 2), m0 + 2 * (lane & 3), M, N, y16, y32);
+    }
 #endif
 }
 
@@ -753,11 +934,13 @@ GEMV_F32(16)
 MMA_ALL(F16, f16)
 MMA_ALL(BF16, bf16)
 
-#define WGMMA_FWD(TY, NAME, BM)                                                                        \
-    extern "C" __global__ void __launch_bounds__(256, 1) nf4_wgmma_fwd_##NAME##_m##BM(                 \
+// nf4_<KIND>_fwd_<dtype>_m<BM>: one block of THREADS per 128 W rows x BM tokens, KIND##_fwd does it.
+#define GEMM_FWD(KIND, THREADS, TY, NAME, BM)                                                          \
+    extern "C" __global__ void __launch_bounds__(THREADS, 1) nf4_##KIND##_fwd_##NAME##_m##BM(          \
         NF4_ARGS, const u16* x, u16* y16, float* y32, int M, int N, int K) {                           \
         NF4_MAKE;                                                                                      \
-        wgmma_fwd<TY, BM>(w, x, y16, y32, M, N, K);                                                    \
+        KIND##_fwd<TY, BM>(w, x, y16, y32, M, N, K);                                                   \
     }
-WGMMA_FWD(BF16, bf16, 32) WGMMA_FWD(BF16, bf16, 64) WGMMA_FWD(BF16, bf16, 128) WGMMA_FWD(BF16, bf16, 256)
-WGMMA_FWD(F16, f16, 32) WGMMA_FWD(F16, f16, 64) WGMMA_FWD(F16, f16, 128) WGMMA_FWD(F16, f16, 256)
+#define GEMM_FWD_ALL(KIND, THREADS, BM) GEMM_FWD(KIND, THREADS, BF16, bf16, BM) GEMM_FWD(KIND, THREADS, F16, f16, BM)
+GEMM_FWD_ALL(wgmma, 256, 32) GEMM_FWD_ALL(wgmma, 256, 64) GEMM_FWD_ALL(wgmma, 256, 128) GEMM_FWD_ALL(wgmma, 256, 256)
+GEMM_FWD_ALL(ws, 512, 64) GEMM_FWD_ALL(ws, 512, 128)
