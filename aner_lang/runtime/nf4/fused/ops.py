@@ -10,10 +10,10 @@ CUDA graph. Which kernel a call uses depends on the number of tokens M (rows of 
   64-block's partial sums by its absmax. Backward to the input likewise, with fp32 atomics.
 * 16 < M <= 128 on wide weights (about one 128-row block per multiprocessor or more, e.g. the
   lm_head), float16/bfloat16 on Hopper (sm_90a): one fused GEMM on warpgroup MMAs (wgmma).
-  Mostly the warp-specialized one (``_uses_ws``, ``ws_tile``): two producer warpgroups dequantize
-  W into shared memory and copy x beside it, two consumer warpgroups only issue wgmmas with both
-  operands in shared memory. Up to 32 tokens on narrow inputs, the one whose A operand is the
-  weight dequantized straight into the MMA warps' registers (``_uses_wgmma``, ``wgmma_tile``).
+  From 33 tokens the warp-specialized one (``_uses_ws``, ``ws_tile``): two producer warpgroups
+  dequantize W into shared memory and copy x beside it, two consumer warpgroups only issue wgmmas
+  with both operands in shared memory. Up to 32 tokens the one whose A operand is the weight
+  dequantized straight into the MMA warps' registers (``_uses_wgmma``, ``wgmma_tile``).
   Both run about 0.6-0.75 us per 64-wide k-step per block whatever the load, so neither wins
   past one wave of blocks: at 512 tokens on 4096x4096 the warp-specialized one took 47-51 us
   against 39 us for dequantize + cuBLAS (H200, 2026-12-03) whether its producers kept one or
@@ -231,7 +231,7 @@ def _wgmma_linear(x2: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype) -> to
 # ---- many-token forward on Hopper, warp-specialized ---------------------------------------------
 
 WS_TILES = (64, 128)  # tokens per block of the warp-specialized kernel
-WS_MIN_K = 1024  # below this many input features, up to 32 tokens: the register-operand kernel's 32 tile
+WS_MIN_TOKENS = 33  # below: the register-operand kernel's 32-token tile
 
 
 def ws_smem_bytes(tile: int) -> int:
@@ -247,12 +247,12 @@ def ws_tile(m: int) -> int:
     return WS_TILES[0] if m <= WS_TILES[0] else WS_TILES[1]
 
 
-def _uses_ws(m: int, dtype: torch.dtype, device: torch.device, n: int, k: int) -> bool:
-    """Where a fused GEMM is picked (``_uses_wgmma``), the warp-specialized one, except for up to
-    32 tokens on narrow inputs: on the H200 it beat the register-operand kernel by 20% on
-    14336x4096 at 32 tokens and 14% on 49152x576 at 128, tied on 14336x4096 at 77-128, and lost
-    by 7% on 49152x576 at 32 (9 k-steps, where the 32-token tile's shorter pipeline wins)."""
-    return _uses_wgmma(m, dtype, device, n) and (k >= WS_MIN_K or m > 32)
+def _uses_ws(m: int, dtype: torch.dtype, device: torch.device, n: int) -> bool:
+    """Where a fused GEMM is picked (``_uses_wgmma``) for 33 or more tokens, the warp-specialized
+    one. H200, 2026-12-03: 31.0 us against 37.1 on 49152x576 (SmolLM2's lm_head) at 128 tokens,
+    within 2% either way on 14336x4096 at 32-128 tokens; at 32 tokens on 49152x576 the
+    register-operand kernel's 32-token tile wins (22.5 against 25.5 us)."""
+    return m >= WS_MIN_TOKENS and _uses_wgmma(m, dtype, device, n)
 
 
 def _ws_linear(x2: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype) -> torch.Tensor:
@@ -265,13 +265,12 @@ def _ws_linear(x2: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype) -> torch
 # ---- forward ---------------------------------------------------------------------------------
 
 
-def path(tokens: int, dtype: torch.dtype, device: torch.device | None = None, out_features: int = 0,
-         in_features: int = 0) -> str:
+def path(tokens: int, dtype: torch.dtype, device: torch.device | None = None, out_features: int = 0) -> str:
     """Which implementation a forward with this many tokens takes (for reports and benchmarks);
-    with a CUDA ``device`` and the weight's shape the many-token answer says which fused GEMM,
-    if any, runs there."""
+    with a CUDA ``device`` and the weight's ``out_features`` the many-token answer says which
+    fused GEMM, if any, runs there."""
     if tokens > SMALL_MAX_TOKENS:
-        if device is not None and _uses_ws(tokens, dtype, device, out_features, in_features):
+        if device is not None and _uses_ws(tokens, dtype, device, out_features):
             return "fused-wgmma-ws"
         if device is not None and _uses_wgmma(tokens, dtype, device, out_features):
             return "fused-wgmma"
@@ -301,7 +300,7 @@ def linear(x: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype | None = None)
     m = x2.shape[0]
     if m == 0:
         return x.new_empty(*lead, n, dtype=out_dtype)
-    if _uses_ws(m, x.dtype, x.device, n, k):
+    if _uses_ws(m, x.dtype, x.device, n):
         return _ws_linear(x2, w, out_dtype).view(*lead, n)
     if _uses_wgmma(m, x.dtype, x.device, n):
         return _wgmma_linear(x2, w, out_dtype).view(*lead, n)
