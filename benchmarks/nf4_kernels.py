@@ -133,7 +133,7 @@ def bench_shape(n: int, k: int, m: int, dtype: torch.dtype) -> dict:
         err = rel_err(ops.linear(x, nf4), ref)
         err_f32_out = rel_err(ops.linear(x, nf4, out_dtype=torch.float32), ref)
     return {"out_features": n, "in_features": k, "tokens": m, "dtype": str(dtype).removeprefix("torch."),
-            "path": ops.path(m, dtype, x.device, n), "ours": ours,
+            "path": ops.path(m, dtype, x.device, n, k), "ours": ours,
             "ours_dequant_cublas": dequant_cublas, "fused_tiles_us": tiles,
             "rel_err_fp32_out_vs_fp64": err_f32_out, "dense_bf16": dense_r, "bnb_matmul_4bit": bnb_r,
             "ours_vs_dense": ours["us"] / dense_r["us"], "ours_vs_bnb": ours["us"] / bnb_r["us"],

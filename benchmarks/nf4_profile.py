@@ -35,7 +35,7 @@ def main() -> None:
         for _ in range(args.calls):
             ops.linear(x, w)
         torch.cuda.synchronize()
-        path = ops.path(args.m, dtype, x.device, args.n)
+        path = ops.path(args.m, dtype, x.device, args.n, args.k)
     mod = compiler.load(torch.cuda.current_device())
     print(f"path {path}  cubin {mod.path}")
 

@@ -103,7 +103,7 @@ def test_linear_forward(dtype: torch.dtype, n: int, k: int, m: int) -> None:
         assert y32.dtype == torch.float32
         small = m <= ops.SMALL_MAX_TOKENS
         operands = code_rounded_weight(n, k, n + k + m, dtype) if small else ref.to(dtype).double()
-        assert rel_err(y32, x.double() @ operands.T) < 1e-5, ops.path(m, dtype, x.device, n)
+        assert rel_err(y32, x.double() @ operands.T) < 1e-5, ops.path(m, dtype, x.device, n, k)
 
 
 def needs_wgmma() -> None:
@@ -151,7 +151,7 @@ def test_ws_forward(dtype: torch.dtype, tile: int, n: int, k: int, m: int, monke
     monkeypatch.setattr(ops, "_uses_ws", lambda m_, *_: m_ > ops.SMALL_MAX_TOKENS)  # whatever the shape rule says
     w, ref = quantized(n, k, seed=n + k + m + tile)
     x = torch.randn(m, k, device="cuda", dtype=dtype)
-    assert ops.path(m, dtype, x.device, n) == "fused-wgmma-ws"
+    assert ops.path(m, dtype, x.device, n, k) == "fused-wgmma-ws"
     y = ops.linear(x, w)
     assert y.dtype == dtype and y.shape == (m, n)
     assert rel_err(y, x.double() @ ref.double().T) < BOUND[dtype]

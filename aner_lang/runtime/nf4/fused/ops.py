@@ -10,15 +10,16 @@ CUDA graph. Which kernel a call uses depends on the number of tokens M (rows of 
   64-block's partial sums by its absmax. Backward to the input likewise, with fp32 atomics.
 * 16 < M <= 128 on wide weights (about one 128-row block per multiprocessor or more, e.g. the
   lm_head), float16/bfloat16 on Hopper (sm_90a): one fused GEMM on warpgroup MMAs (wgmma).
-  From 33 tokens the warp-specialized one (``_uses_ws``, ``ws_tile``): two producer warpgroups
-  dequantize W into shared memory and copy x beside it, two consumer warpgroups only issue wgmmas
-  with both operands in shared memory. Up to 32 tokens the one whose A operand is the weight
-  dequantized straight into the MMA warps' registers (``_uses_wgmma``, ``wgmma_tile``).
+  Mostly the warp-specialized one (``_uses_ws``, ``ws_tile``): two producer warpgroups dequantize
+  W into shared memory and copy x beside it, two consumer warpgroups only issue wgmmas with both
+  operands in shared memory. Up to 32 tokens on narrow inputs (under 1024 features), the one whose
+  A operand is the weight dequantized straight into the MMA warps' registers (``_uses_wgmma``,
+  ``wgmma_tile``).
   Both run about 0.6-0.75 us per 64-wide k-step per block whatever the load, so neither wins
   past one wave of blocks: at 512 tokens on 4096x4096 the warp-specialized one took 47-51 us
   against 39 us for dequantize + cuBLAS (H200, 2026-12-03) whether its producers kept one or
-  four k-steps of W in flight and with or without their proxy fence, so the dequantization
-  and the MMAs still do not overlap.
+  four k-steps of W in flight and with or without their proxy fence: the dequantization and the
+  MMAs still do not overlap.
 * Other M > 16 (training batches, float32, narrow weights, GPUs without wgmma), and every
   backward with M > 16: the weight is dequantized by one kernel into a buffer reused across
   layers, then cuBLAS (torch) multiplies. On the H200 this beats the fused GEMM there, whose
@@ -231,7 +232,7 @@ def _wgmma_linear(x2: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype) -> to
 # ---- many-token forward on Hopper, warp-specialized ---------------------------------------------
 
 WS_TILES = (64, 128)  # tokens per block of the warp-specialized kernel
-WS_MIN_TOKENS = 33  # below: the register-operand kernel's 32-token tile
+WS_MIN_K = 1024  # below this many input features, up to 32 tokens: the register-operand kernel's 32 tile
 
 
 def ws_smem_bytes(tile: int) -> int:
@@ -247,12 +248,13 @@ def ws_tile(m: int) -> int:
     return WS_TILES[0] if m <= WS_TILES[0] else WS_TILES[1]
 
 
-def _uses_ws(m: int, dtype: torch.dtype, device: torch.device, n: int) -> bool:
-    """Where a fused GEMM is picked (``_uses_wgmma``) for 33 or more tokens, the warp-specialized
-    one. H200, 2026-12-03: 31.0 us against 37.1 on 49152x576 (SmolLM2's lm_head) at 128 tokens,
-    within 2% either way on 14336x4096 at 32-128 tokens; at 32 tokens on 49152x576 the
-    register-operand kernel's 32-token tile wins (22.5 against 25.5 us)."""
-    return m >= WS_MIN_TOKENS and _uses_wgmma(m, dtype, device, n)
+def _uses_ws(m: int, dtype: torch.dtype, device: torch.device, n: int, k: int) -> bool:
+    """Where a fused GEMM is picked (``_uses_wgmma``), the warp-specialized one, except for up to
+    32 tokens on narrow inputs. H200, three runs on 2026-12-03: 14336x4096 at 32 tokens 46-49 us
+    against 50-61 for the register-operand kernel's 32-token tile, 49152x576 (SmolLM2's lm_head)
+    at 128 tokens 31 against 37 us, 14336x4096 at 77-128 tokens within 2% either way; but
+    49152x576 at 32 tokens (9 k-steps) 24.4-25.6 against 22.5-22.8 us for the 32-token tile."""
+    return _uses_wgmma(m, dtype, device, n) and (k >= WS_MIN_K or m > 32)
 
 
 def _ws_linear(x2: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype) -> torch.Tensor:
@@ -265,12 +267,13 @@ def _ws_linear(x2: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype) -> torch
 # ---- forward ---------------------------------------------------------------------------------
 
 
-def path(tokens: int, dtype: torch.dtype, device: torch.device | None = None, out_features: int = 0) -> str:
+def path(tokens: int, dtype: torch.dtype, device: torch.device | None = None, out_features: int = 0,
+         in_features: int = 0) -> str:
     """Which implementation a forward with this many tokens takes (for reports and benchmarks);
-    with a CUDA ``device`` and the weight's ``out_features`` the many-token answer says which
-    fused GEMM, if any, runs there."""
+    with a CUDA ``device`` and the weight's shape the many-token answer says which fused GEMM,
+    if any, runs there."""
     if tokens > SMALL_MAX_TOKENS:
-        if device is not None and _uses_ws(tokens, dtype, device, out_features):
+        if device is not None and _uses_ws(tokens, dtype, device, out_features, in_features):
             return "fused-wgmma-ws"
         if device is not None and _uses_wgmma(tokens, dtype, device, out_features):
             return "fused-wgmma"
@@ -300,7 +303,7 @@ def linear(x: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype | None = None)
     m = x2.shape[0]
     if m == 0:
         return x.new_empty(*lead, n, dtype=out_dtype)
-    if _uses_ws(m, x.dtype, x.device, n):
+    if _uses_ws(m, x.dtype, x.device, n, k):
         return _ws_linear(x2, w, out_dtype).view(*lead, n)
     if _uses_wgmma(m, x.dtype, x.device, n):
         return _wgmma_linear(x2, w, out_dtype).view(*lead, n)
