@@ -491,6 +491,9 @@ typedef unsigned long long u64;
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 __device__ __forceinline__ u32 smem_addr(const void* p) { return static_cast<u32>(__cvta_generic_to_shared(p)); }
+// The first 1024-byte-aligned byte of dynamic shared memory (128-byte swizzle atoms need that
+// alignment; the launch asks for 1024 bytes of slack).
+__device__ __forceinline__ u8* align1024(u8* p) { return p + ((1024u - (smem_addr(p) & 1023u)) & 1023u); }
 __device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool full) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(full ? 16 : 0) : "memory");
 }
@@ -630,7 +633,7 @@ __device__ void wgmma_fwd(const NF4& w, const u16* __restrict__ x, u16* __restri
     using S = WgmmaShape<BM>;
     constexpr int STAGES = S::STAGES;
     extern __shared__ u8 dyn[];
-    u8* const xs = dyn + ((1024u - (smem_addr(dyn) & 1023u)) & 1023u);  // swizzle atoms need 1024 alignment
+    u8* const xs = align1024(dyn);
     u8* const ws = xs + STAGES * S::X_BYTES;
     __shared__ float code[16], code2[256];  // static: lookups address them by immediate offsets
     const int tid = threadIdx.x;
@@ -720,9 +723,9 @@ __device__ void wgmma_fwd(const NF4& w, const u16* __restrict__ x, u16* __restri
     // two do not overlap: 51 us in all, 26 us without the dequantization, 22 us without the MMAs
     // (the same with the dequantization first). Warp-specialized versions (one producer
     // warpgroup feeding these consumers; ws_fwd below, two producer warpgroups and SS wgmmas)
-    // measured 47-52 us: the block is issue-bound, not waiting on memory. ncu: ~250 instructions per warp per
-    // k-step (about 4.5 per weight dequantized, 1 of them a shared load), 1.8 instructions per
-    // cycle, stalls spread over dependencies, dispatch and shared-memory latency.
+    // measured 47-52 us: the block is issue-bound, not waiting on memory. ncu: ~250 instructions
+    // per warp per k-step (about 4.5 per weight dequantized, 1 of them a shared load), 1.8
+    // instructions per cycle, stalls spread over dependencies, dispatch and shared-memory latency.
     auto step = [&](int s, WgmmaInputs& in, WgmmaInputs& next, u32 (&qs)[2], float (&as)[2]) {
         cp_async_wait<STAGES - 4>();
         fence_async_smem();
@@ -809,7 +812,7 @@ __device__ void ws_fwd(const NF4& w, const u16* __restrict__ x, u16* __restrict_
     using S = WsShape<BM>;
     constexpr int STAGES = S::STAGES, STAGE_BYTES = S::W_BYTES + S::X_BYTES;
     extern __shared__ u8 dyn[];
-    u8* const tiles = dyn + ((1024u - (smem_addr(dyn) & 1023u)) & 1023u);  // stage st: W tile, then x tile
+    u8* const tiles = align1024(dyn);  // stage st: W tile, then x tile
     __shared__ float code2[256];
     __shared__ u64 full[STAGES], empty[STAGES];
     const int tid = threadIdx.x;
