@@ -19,7 +19,15 @@ CUDA graph. Which kernel a call uses depends on the number of tokens M (rows of 
   past one wave of blocks: at 512 tokens on 4096x4096 the warp-specialized one took 47-51 us
   against 39 us for dequantize + cuBLAS (H200, 2026-12-03) whether its producers kept one or
   four k-steps of W in flight and with or without their proxy fence: the dequantization and the
-  MMAs still do not overlap.
+  MMAs still do not overlap. Taken apart on that shape (H200, 2026-12-03, variants timed in one
+  run): the consumers' wgmmas alone 27 us, the producers alone 32.5 us, the whole pipeline with
+  the dequantization arithmetic left out 38.8 us (dense bf16: 23 us). So moving the tiles into
+  shared memory (producer stores of W, cp.async of x, the handshakes) already costs more than the
+  1.3x target allows, before any dequantization; one producer warpgroup doing whole 64-weight
+  rows (26% fewer instructions) or sleeping barrier waits did not change it. A design under the
+  target has to move less through shared memory, not only dequantize faster. The obvious one, x
+  read from global memory straight into the wgmma's register operand (4-byte loads, one step
+  ahead), was slower still: 77 us, its loads waiting on L2 with L1 at 91% of its throughput.
 * Other M > 16 (training batches, float32, narrow weights, GPUs without wgmma), and every
   backward with M > 16: the weight is dequantized by one kernel into a buffer reused across
   layers, then cuBLAS (torch) multiplies. On the H200 this beats the fused GEMM there, whose
