@@ -123,12 +123,14 @@ def bench_shape(n: int, k: int, m: int, dtype: torch.dtype) -> dict:
     def row(us: float, weight_bytes: int, how: str) -> dict:
         return {"us": us, "GBps": (weight_bytes + act_bytes) / us / 1e3, "TFLOPs": flops / us / 1e6, "timed": how}
 
+    # ops.linear picks its path at each call, so forced_path below retargets these same calls.
+    ours_calls = [lambda t=t: ops.linear(x, t) for t in nf4s]
     with torch.no_grad():
         # The GPU needs a while to settle after the previous (possibly heavy) shape: on the H200 the
         # first method timed on 14336x4096 at 32 tokens, right after 4096x14336 at 4096 tokens, read
         # 10-13% slow for about 60 ms (50.6, then 46.9, 45.2, 44.5 us for the same kernel; 2026-12-03).
-        _warm(lambda: [ops.linear(x, t) for t in nf4s], seconds=0.2)
-        ours = row(*_pair(measure([lambda t=t: ops.linear(x, t) for t in nf4s]), nf4_bytes))
+        _warm(lambda: [c() for c in ours_calls], seconds=0.2)
+        ours = row(*_pair(measure(ours_calls), nf4_bytes))
         dense_r = row(*_pair(measure([lambda d=d: torch.nn.functional.linear(x, d) for d in denses]), 2 * n * k))
         bnb_r = row(*_pair(measure([lambda p=p: bnb.matmul_4bit(x, p.t(), quant_state=state) for p in packs]),
                            nf4_bytes))
@@ -139,9 +141,9 @@ def bench_shape(n: int, k: int, m: int, dtype: torch.dtype) -> dict:
             for kind, choices in (("wgmma", ops.WGMMA_TILES), ("ws", ops.WS_TILES)):
                 for tile in choices:
                     with forced_path(ops, kind, tile):
-                        tiles[f"{kind}{tile}"] = measure([lambda t=t: ops.linear(x, t) for t in nf4s])[0]
+                        tiles[f"{kind}{tile}"] = measure(ours_calls)[0]
             with forced_path(ops, "dequant", 0):
-                dequant_cublas = row(*_pair(measure([lambda t=t: ops.linear(x, t) for t in nf4s]), nf4_bytes))
+                dequant_cublas = row(*_pair(measure(ours_calls), nf4_bytes))
         err = rel_err(ops.linear(x, nf4), ref)
         err_f32_out = rel_err(ops.linear(x, nf4, out_dtype=torch.float32), ref)
     return {"out_features": n, "in_features": k, "tokens": m, "dtype": str(dtype).removeprefix("torch."),
