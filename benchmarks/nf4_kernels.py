@@ -138,10 +138,11 @@ def bench_shape(n: int, k: int, m: int, dtype: torch.dtype) -> dict:
         dequant_cublas = None
         tiles: dict[str, float] = {}
         if m > ops.SMALL_MAX_TOKENS and ops._module(x.device).has_wgmma:  # every fused tile, and the unfused path
-            for kind, choices in (("wgmma", ops.WGMMA_TILES), ("ws", ops.WS_TILES)):
+            for kind, choices in (("wgmma", ops.WGMMA_TILES), ("ws", ops.WS_TILES), ("tma", ops.TMA_KERNELS)):
                 for tile in choices:
                     with forced_path(ops, kind, tile):
-                        tiles[f"{kind}{tile}"] = measure(ours_calls)[0]
+                        name = "t{}r{}".format(*tile) if kind == "tma" else tile
+                        tiles[f"{kind}{name}"] = measure(ours_calls)[0]
             with forced_path(ops, "dequant", 0):
                 dequant_cublas = row(*_pair(measure(ours_calls), nf4_bytes))
         err = rel_err(ops.linear(x, nf4), ref)
@@ -155,13 +156,16 @@ def bench_shape(n: int, k: int, m: int, dtype: torch.dtype) -> dict:
 
 
 @contextmanager
-def forced_path(ops, kind: str, tile: int) -> Iterator[None]:
+def forced_path(ops, kind: str, tile: int | tuple[int, int]) -> Iterator[None]:
     """``ops.linear`` on one many-token path whatever the shape rules say: "wgmma" or "ws" (the
-    warp-specialized GEMM) with ``tile`` tokens per block, or "dequant" (dequantize + cuBLAS)."""
-    saved = {a: getattr(ops, a) for a in ("_uses_wgmma", "_uses_ws", "wgmma_tile", "ws_tile")}
+    warp-specialized GEMM) with ``tile`` tokens per block, "tma" with the block shape ``tile``
+    (tokens, weight rows), or "dequant" (dequantize + cuBLAS)."""
+    saved = {a: getattr(ops, a) for a in ("_uses_wgmma", "_uses_ws", "_uses_tma", "wgmma_tile", "ws_tile",
+                                          "tma_kernel")}
     ops._uses_wgmma = lambda *_: kind == "wgmma"
     ops._uses_ws = lambda *_: kind == "ws"
-    ops.wgmma_tile = ops.ws_tile = lambda *_: tile
+    ops._uses_tma = lambda *_: kind == "tma"
+    ops.wgmma_tile = ops.ws_tile = ops.tma_kernel = lambda *_: tile
     try:
         yield
     finally:

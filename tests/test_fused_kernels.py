@@ -73,6 +73,7 @@ def test_many_token_dequant_path(dtype: torch.dtype, n: int, k: int, monkeypatch
     float32 outputs from half-precision operands, and a partial-row dequantization."""
     monkeypatch.setattr(ops, "_uses_wgmma", lambda *_: False)
     monkeypatch.setattr(ops, "_uses_ws", lambda *_: False)
+    monkeypatch.setattr(ops, "_uses_tma", lambda *_: False)
     w, ref = quantized(n, k, seed=11)
     x = torch.randn(40, k, device="cuda", dtype=dtype)
     assert ops.path(40, dtype) == "dequant+cublas"
@@ -123,6 +124,7 @@ def test_wgmma_forward(dtype: torch.dtype, tile: int, n: int, k: int, m: int, mo
     monkeypatch.setattr(ops, "wgmma_tile", lambda *_: tile)
     monkeypatch.setattr(ops, "_uses_wgmma", lambda m_, *_: m_ > ops.SMALL_MAX_TOKENS)  # whatever the shape rule says
     monkeypatch.setattr(ops, "_uses_ws", lambda *_: False)
+    monkeypatch.setattr(ops, "_uses_tma", lambda *_: False)
     check_fused_gemm("fused-wgmma", dtype, n, k, m, seed=n + k + m + tile)
 
 
@@ -156,7 +158,29 @@ def test_ws_forward(dtype: torch.dtype, tile: int, n: int, k: int, m: int, monke
     needs_wgmma()
     monkeypatch.setattr(ops, "ws_tile", lambda *_: tile)
     monkeypatch.setattr(ops, "_uses_ws", lambda m_, *_: m_ > ops.SMALL_MAX_TOKENS)  # whatever the shape rule says
+    monkeypatch.setattr(ops, "_uses_tma", lambda *_: False)
     check_fused_gemm("fused-wgmma-ws", dtype, n, k, m, seed=n + k + m + tile)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("kernel", ops.TMA_KERNELS, ids=lambda c: "t{}r{}".format(*c))
+@pytest.mark.parametrize("n,k,m", [(576, 576, 17), (1536, 576, 300), (250, 4160, 77), (4096, 1024, 512),
+                                   (130, 64, 129), (259, 1536, 1000), (200, 192, 600)])
+def test_tma_forward(dtype: torch.dtype, kernel: tuple[int, int], n: int, k: int, m: int, monkeypatch) -> None:
+    """The TMA-fed GEMM in every block shape, checked as strictly as the others: ragged rows (250,
+    130, 259, 200: partial row blocks), one k-step (64: the zero-filled padding steps do
+    the rest), 65 (4160: an odd count, every stage refilled), partial and several token tiles."""
+    needs_wgmma()
+    monkeypatch.setattr(ops, "tma_kernel", lambda *_: kernel)
+    monkeypatch.setattr(ops, "_uses_tma", lambda m_, *_: m_ > ops.SMALL_MAX_TOKENS)  # whatever the shape rule says
+    check_fused_gemm("fused-tma", dtype, n, k, m, seed=n + k + m + sum(kernel))
+
+
+@pytest.mark.parametrize("n,k,m", [(4096, 4096, 512), (4096, 14336, 512), (14336, 4096, 128)])
+def test_tma_forward_as_routed(n: int, k: int, m: int) -> None:
+    """The benchmark's 512-token shapes take the TMA-fed GEMM by the shape rules themselves."""
+    needs_wgmma()
+    check_fused_gemm("fused-tma", torch.bfloat16, n, k, m, seed=n + k + m)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

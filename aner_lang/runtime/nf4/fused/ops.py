@@ -8,8 +8,21 @@ CUDA graph. Which kernel a call uses depends on the number of tokens M (rows of 
   registers. float32: one warp per output row on CUDA cores. float16/bfloat16: mma.sync m16n8k16
   tensor-core tiles with fp32 accumulation, multiplying the rounded NF4 codes and scaling each
   64-block's partial sums by its absmax. Backward to the input likewise, with fp32 atomics.
-* 16 < M <= 128 on wide weights (about one 128-row block per multiprocessor or more, e.g. the
-  lm_head), float16/bfloat16 on Hopper (sm_90a): one fused GEMM on warpgroup MMAs (wgmma).
+* 64 < M < 1024, float16/bfloat16 on Hopper (sm_90a), K >= 1024 (``_uses_tma``): the TMA-fed
+  fused GEMM (``tma_kernel`` picks the block shape). One producer thread copies x's tile and the
+  packed weight bytes with the Tensor Memory Accelerator into a ring of shared-memory stages; the
+  two MMA warpgroups dequantize their weight rows straight into the wgmma's register operand
+  (per-block tables of the 16 rounded values in registers, byte-permute lookups) and multiply by
+  x's tile in shared memory. H200, 2026-12-03, three runs, each against dense bf16 and dequantize
+  + cuBLAS in the same run: 4096x4096 at 512 tokens 34.2-35.9 us (dense 23.7-25.2, dequantize +
+  cuBLAS 39.2-39.8); 4096x14336 at 512: 112-117 (dense 86.7-88.4, 124.8-131.7); 14336x4096 at
+  128: 42.4-43.5 (the warp-specialized GEMM below: 50.4-52.2); from 1024 tokens cuBLAS on the
+  dequantized weight ties, then wins (4096x4096 at 2048: 113 against 126 us). Taken apart on 4096x4096 at 512 tokens (64 rows x 256 tokens per block): without the
+  dequantization arithmetic 29.4 us, without the MMAs 21.6 us: the two overlap, unlike in the
+  older fused GEMMs below, but the MMA pipeline alone is already ~1.2x cuBLAS. Clusters of 2 or 4
+  blocks sharing x's tile by TMA multicast measured 1.4-3.5x slower and were dropped.
+* Otherwise 16 < M <= 128 on wide weights (about one 128-row block per multiprocessor or more,
+  e.g. the lm_head), float16/bfloat16 on Hopper (sm_90a): one fused GEMM on warpgroup MMAs (wgmma).
   Mostly the warp-specialized one (``_uses_ws``, ``ws_tile``): two producer warpgroups dequantize
   W into shared memory and copy x beside it, two consumer warpgroups only issue wgmmas with both
   operands in shared memory. Up to 32 tokens on narrow inputs (under 1024 features), the one whose
@@ -28,10 +41,10 @@ CUDA graph. Which kernel a call uses depends on the number of tokens M (rows of 
   target has to move less through shared memory, not only dequantize faster. The obvious one, x
   read from global memory straight into the wgmma's register operand (4-byte loads, one step
   ahead), was slower still: 77 us, its loads waiting on L2 with L1 at 91% of its throughput.
-* Other M > 16 (training batches, float32, narrow weights, GPUs without wgmma), and every
-  backward with M > 16: the weight is dequantized by one kernel into a buffer reused across
-  layers, then cuBLAS (torch) multiplies. On the H200 this beats the fused GEMM there, whose
-  dequantization is redone per token tile and does not overlap its MMAs (benchmarks/results/).
+* Other M > 16 (from 1024 tokens, float32, few input features or narrow weights, GPUs without
+  wgmma), and every backward with M > 16: the weight is dequantized by one kernel into a buffer
+  reused across layers, then cuBLAS (torch) multiplies. On the H200 this beats the fused GEMMs
+  there (benchmarks/results/).
   Splitting that into chunks was measured slower on the H200 (2026-12-02) for every shape and
   M from 512 to 4096: 2, 4 or 8 chunks of rows or of K (fp32 accumulation), one after the other or
   with the next chunk's dequantization overlapped on a side stream; e.g. 4096x4096 at 512 tokens
@@ -52,7 +65,7 @@ import numpy as np
 import torch
 
 from aner_lang.errors import AnerRuntimeError
-from aner_lang.runtime.nf4.fused import compiler
+from aner_lang.runtime.nf4.fused import compiler, tensor_map
 from aner_lang.runtime.precision import matmul
 
 SMALL_MAX_TOKENS = 16
@@ -84,6 +97,9 @@ class NF4Tensors:
             if not t.is_cuda or not t.is_contiguous():
                 raise AnerRuntimeError(f"fused NF4 kernels need '{name}' as a contiguous CUDA tensor",
                                        code="E-KERNEL-DEVICE")
+        if self.packed.data_ptr() % 16:  # 16-byte loads and TMA copies
+            raise AnerRuntimeError(f"fused NF4 kernels need the packed bytes of the {n}x{k} weight 16-byte aligned",
+                                   code="E-KERNEL-DEVICE", notes=("pass a tensor of its own, not a view into a buffer",))
         if self.packed.numel() != n * k // 2 or self.qabsmax.numel() != n * k // 64:
             raise AnerRuntimeError(f"NF4 tensors do not match a {n}x{k} weight "
                                    f"({self.packed.numel()} packed bytes, {self.qabsmax.numel()} absmax codes)",
@@ -274,6 +290,59 @@ def _ws_linear(x2: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype) -> torch
                         (-(-n // WGMMA_ROWS), -(-m // tile)), 512, ws_smem_bytes(tile))
 
 
+# ---- many-token forward on Hopper, TMA-fed -------------------------------------------------------
+
+TMA_KERNELS = ((256, 128), (256, 64), (128, 128), (128, 64))  # (tokens, weight rows) per block, most work first
+TMA_TOKENS = (64, 1024)  # 64 < M < 1024; from 1024 tokens cuBLAS on the dequantized weight ties or wins
+TMA_MIN_K = 1024  # fewer k-steps than this do not fill the copy pipeline (49152x576: ws wins)
+
+
+def tma_smem_bytes(tile: int, rows: int) -> int:
+    """Dynamic shared memory of one TMA-fed block (mirrors TmaShape in nf4.cu): 1024 alignment
+    slack, up to 8 stages of an x tile (tile x 128 bytes) and the rows' packed bytes (rows x 32)
+    within 200 KB."""
+    stage = tile * 128 + rows * 32
+    return 1024 + min(8, 200 * 1024 // stage) * stage
+
+
+def _tma_blocks(m: int, n: int, shape: tuple[int, int]) -> int:
+    return -(-n // shape[1]) * -(-m // shape[0])
+
+
+def tma_kernel(m: int, n: int, device: torch.device) -> tuple[int, int]:
+    """The block shape: the most work per block (each token tile dequantizes the weight again,
+    each row block reads x again) that still gives about every multiprocessor a block, with token
+    tiles no larger than M needs; failing that, the shape with the most blocks. On the H200
+    (2026-12-03, two runs) this picked the fastest of the four on each of the 8 shapes measured
+    (128 to 2048 tokens)."""
+    sms = _sm_count(_index(device))
+    shapes = [c for c in TMA_KERNELS if c[0] == 128 or m > 128]
+    return next((c for c in shapes if _tma_blocks(m, n, c) >= 0.75 * sms),
+                max(shapes, key=lambda c: _tma_blocks(m, n, c)))
+
+
+def _uses_tma(m: int, dtype: torch.dtype, device: torch.device, n: int, k: int) -> bool:
+    """The TMA-fed GEMM where it beat dequantize + cuBLAS and the other fused GEMMs on the H200
+    (benchmarks/results/): half precision, 64 < M < 1024 (TMA_TOKENS; at 1024 tokens on 4096x4096
+    the two measured 62.3-63.0 against 60.5-64.2 us in three runs), K >= TMA_MIN_K, and a grid of
+    at least 0.45 blocks per multiprocessor (4096x4096 at 128 tokens, 64 blocks: 23 us against 28
+    for cuBLAS); smaller grids were not measured."""
+    if not (TMA_TOKENS[0] < m < TMA_TOKENS[1] and k >= TMA_MIN_K and dtype != torch.float32
+            and _module(device).has_wgmma):
+        return False
+    return _tma_blocks(m, n, tma_kernel(m, n, device)) >= 0.45 * _sm_count(_index(device))
+
+
+def _tma_linear(x2: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype) -> torch.Tensor:
+    m, k = x2.shape
+    n = w.out_features
+    tile, rows = tma_kernel(m, n, x2.device)
+    maps = (tensor_map.tiled_2d(x2.data_ptr(), 2, k, m, 64, tile, True),
+            tensor_map.tiled_2d(w.packed.data_ptr(), 1, k // 2, n, 32, rows, False))
+    return _out16_or_32(x2, w, out_dtype, f"nf4_tma_fwd_{_DT_NAME[x2.dtype]}_m{tile}_r{rows}",
+                        (-(-n // rows), -(-m // tile)), 384, tma_smem_bytes(tile, rows), maps)
+
+
 # ---- forward ---------------------------------------------------------------------------------
 
 
@@ -283,6 +352,8 @@ def path(tokens: int, dtype: torch.dtype, device: torch.device | None = None, ou
     with a CUDA ``device`` and the weight's shape the many-token answer says which fused GEMM,
     if any, runs there."""
     if tokens > SMALL_MAX_TOKENS:
+        if device is not None and _uses_tma(tokens, dtype, device, out_features, in_features):
+            return "fused-tma"
         if device is not None and _uses_ws(tokens, dtype, device, out_features, in_features):
             return "fused-wgmma-ws"
         if device is not None and _uses_wgmma(tokens, dtype, device, out_features):
@@ -313,6 +384,8 @@ def linear(x: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype | None = None)
     m = x2.shape[0]
     if m == 0:
         return x.new_empty(*lead, n, dtype=out_dtype)
+    if _uses_tma(m, x.dtype, x.device, n, k):
+        return _tma_linear(x2, w, out_dtype).view(*lead, n)
     if _uses_ws(m, x.dtype, x.device, n, k):
         return _ws_linear(x2, w, out_dtype).view(*lead, n)
     if _uses_wgmma(m, x.dtype, x.device, n):
@@ -330,13 +403,15 @@ def linear(x: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype | None = None)
 
 
 def _out16_or_32(x2: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype, name: str, grid: tuple[int, ...],
-                 block: int, shared_bytes: int = 0) -> torch.Tensor:
+                 block: int, shared_bytes: int = 0, maps: tuple[np.ndarray, ...] = ()) -> torch.Tensor:
     """Launch a half-precision forward kernel that writes its fp32 accumulators either rounded to
-    x's dtype (y16) or as they are (y32), whichever ``out_dtype`` asks for."""
+    x's dtype (y16) or as they are (y32), whichever ``out_dtype`` asks for. A kernel given tensor
+    ``maps`` (x's first) takes them ahead of the weight and reads x through them, not a pointer."""
     m, k = x2.shape
     y = torch.empty(m, w.out_features, dtype=out_dtype if out_dtype == torch.float32 else x2.dtype, device=x2.device)
     f32, none = y.dtype == torch.float32, np.uint64(0)
-    _launch(x2.device, name, grid, block, [*w.args(), _ptr(x2), none if f32 else _ptr(y), _ptr(y) if f32 else none,
+    inputs = [*maps, *w.args()] if maps else [*w.args(), _ptr(x2)]
+    _launch(x2.device, name, grid, block, [*inputs, none if f32 else _ptr(y), _ptr(y) if f32 else none,
                                            np.int32(m), np.int32(w.out_features), np.int32(k)], shared_bytes)
     return y.to(out_dtype)
 

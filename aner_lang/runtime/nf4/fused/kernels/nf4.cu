@@ -608,11 +608,12 @@ struct XTile {
 };
 
 // Writes a warpgroup's m64nBM fp32 accumulators as y[token, row] (fp32, or rounded to T): the D
-// fragment's d[4j + 2h + e] is W row n + 8h, token m + 8j + e (n, m: this thread's first).
-template <typename T, int BM>
+// fragment's d[4j + 2h + e] is W row n + 8h, token m + 8j + e (n, m: this thread's first); only
+// the 8-token groups j in [J0, J1).
+template <typename T, int BM, int J0 = 0, int J1 = BM / 8>
 __device__ __forceinline__ void store_d(const float (&d)[BM / 2], int n, int m, int M, int N, u16* y16, float* y32) {
 #pragma unroll
-    for (int j = 0; j < BM / 8; ++j)
+    for (int j = J0; j < J1; ++j)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
 #pragma unroll
@@ -779,6 +780,42 @@ __device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 c) {
     return d;
 }
 
+// The 16 values T(code * am) of one 64-block as byte tables for lut_lookup: lo[j] / hi[j] hold the
+// low / high bytes of values 4j .. 4j + 3 (the rounding every path uses, done once per block).
+template <typename T>
+__device__ __forceinline__ void lut_build(float am, u32 (&lo)[4], u32 (&hi)[4]) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const u32 p0 = pack2(T(), NF4_CODE[4 * j] * am, NF4_CODE[4 * j + 1] * am);
+        const u32 p1 = pack2(T(), NF4_CODE[4 * j + 2] * am, NF4_CODE[4 * j + 3] * am);
+        lo[j] = prmt(p0, p1, 0x6420u);
+        hi[j] = prmt(p0, p1, 0x7531u);
+    }
+}
+// The same tables built by the 4 lanes of a quad that share am: this lane computes values
+// 4t .. 4t + 3 (code4: their codes, t = lane % 4) and takes the rest from the others.
+template <typename T>
+__device__ __forceinline__ void lut_build_shared(float am, const float (&code4)[4], int lane, u32 (&lo)[4],
+                                                 u32 (&hi)[4]) {
+    const u32 p0 = pack2(T(), code4[0] * am, code4[1] * am), p1 = pack2(T(), code4[2] * am, code4[3] * am);
+    const u32 mlo = prmt(p0, p1, 0x6420u), mhi = prmt(p0, p1, 0x7531u);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        lo[j] = __shfl_sync(0xffffffffu, mlo, (lane & ~3) | j);
+        hi[j] = __shfl_sync(0xffffffffu, mhi, (lane & ~3) | j);
+    }
+}
+// The weights of the two packed bytes in bits 0..15 of sel as T pairs (first weight in the low
+// half): out0 for byte 0, out1 for byte 1.
+__device__ __forceinline__ void lut_lookup(u32 sel, const u32 (&lo_t)[4], const u32 (&hi_t)[4], u32& out0, u32& out1) {
+    const u32 low3 = sel & 0x7777u;                 // nibbles n0..n3 = weights 1, 0, 3, 2
+    const u32 big = prmt(sel << 4, sel, 0xD9C8u);  // byte j: 0xFF if nibble j >= 8
+    const u32 lo = (prmt(lo_t[2], lo_t[3], low3) & big) | (prmt(lo_t[0], lo_t[1], low3) & ~big);
+    const u32 hi = (prmt(hi_t[2], hi_t[3], low3) & big) | (prmt(hi_t[0], hi_t[1], low3) & ~big);
+    out0 = prmt(lo, hi, 0x4051u);
+    out1 = prmt(lo, hi, 0x6273u);
+}
+
 template <int BM>
 struct WsShape {
     static constexpr int X_BYTES = BM * 128;  // BM tokens x 64 k, 16-bit
@@ -848,27 +885,14 @@ __device__ void ws_fwd(const NF4& w, const u16* __restrict__ x, u16* __restrict_
             mbar_arrive_cp_async(smem_addr(full + st));
             const float am = wok ? absmax_of(code2[qa], a2, w.offset) : 0.f;
             const u32 words[4] = {q.x, q.y, q.z, q.w};
-            u32 lut_lo[4], lut_hi[4];  // this block's 16 values T(code * am): low bytes, high bytes
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const u32 p0 = pack2(T(), NF4_CODE[4 * j] * am, NF4_CODE[4 * j + 1] * am);
-                const u32 p1 = pack2(T(), NF4_CODE[4 * j + 2] * am, NF4_CODE[4 * j + 3] * am);
-                lut_lo[j] = prmt(p0, p1, 0x6420u);
-                lut_hi[j] = prmt(p0, p1, 0x7531u);
-            }
+            u32 lut_lo[4], lut_hi[4];
+            lut_build<T>(am, lut_lo, lut_hi);
 #pragma unroll
             for (int c = 0; c < 4; ++c) {  // 16-byte chunk 4 half + c of the row: 8 weights, word c
                 const u32 word = words[c];
-                u32 out[4];
+                u32 out[4];  // (weight 0, weight 1) as T pairs, then (2, 3), ...
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {  // bytes 2h, 2h + 1: nibbles n0..n3 = weights 1, 0, 3, 2
-                    const u32 sel = word >> (16 * h), low3 = sel & 0x7777u;
-                    const u32 big = prmt(sel << 4, sel, 0xD9C8u);  // byte j: 0xFF if nibble j >= 8
-                    const u32 lo = (prmt(lut_lo[2], lut_lo[3], low3) & big) | (prmt(lut_lo[0], lut_lo[1], low3) & ~big);
-                    const u32 hi = (prmt(lut_hi[2], lut_hi[3], low3) & big) | (prmt(lut_hi[0], lut_hi[1], low3) & ~big);
-                    out[2 * h] = prmt(lo, hi, 0x4051u);  // (weight 0, weight 1) as T pairs, then (2, 3)
-                    out[2 * h + 1] = prmt(lo, hi, 0x6273u);
-                }
+                for (int h = 0; h < 2; ++h) lut_lookup(word >> (16 * h), lut_lo, lut_hi, out[2 * h], out[2 * h + 1]);
                 const u32 dst = wdst + stage + (((4 * half + c) ^ (row & 7)) << 4);
                 asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(dst), "r"(out[0]), "r"(out[1]),
                              "r"(out[2]), "r"(out[3])
@@ -903,6 +927,206 @@ __device__ void ws_fwd(const NF4& w, const u16* __restrict__ x, u16* __restrict_
         fence_regs(d);
         const int lane = tid & 31;
         store_d<T, BM>(d, n0 + 64 * c + 16 * ((tid >> 5) & 3) + (lane >> 2), m0 + 2 * (lane & 3), M, N, y16, y32);
+    }
+#endif
+}
+
+// ---- many-token forward on Hopper: TMA-fed tiles, the weight dequantized into wgmma registers ------
+
+// y^T[N, M] = W[N, K] x^T with the weight as the wgmma's register operand A and x's tile as B in
+// shared memory, like wgmma_fwd, but no MMA thread copies anything: one producer thread issues TMA
+// copies (x: BM tokens x 64 k, 128-byte swizzled; W: the block's ROWS x 32 packed bytes of the
+// step) into a ring of stages handed over with mbarriers, so no thread waits on its own copies and
+// no proxy fence stands between the copies and the wgmmas (wgmma_fwd's and ws_fwd's cost: ops'
+// docstring). The MMA warps read their rows' packed bytes from the stage, look the nibbles up in a
+// per-block table of the 16 rounded values T(code * absmax) held in registers (byte permutes, no
+// shared-memory table: those lookups compete with the wgmmas for shared-memory bandwidth), and
+// issue the step's wgmmas while the other warpgroup's run.
+// ROWS = 64 (SPLIT): both warpgroups take the same 64 rows, warpgroup c the k-steps s % 2 == c,
+// and their sums are added at the end: each weight is dequantized once per token tile while two
+// warpgroups keep the tensor cores fed. ROWS = 128: warpgroup c takes rows 64 c .. + 64 over every
+// k-step. The producer's warpgroup hands its registers to the MMA warpgroups (setmaxnreg), which
+// a 256-token tile's 128 accumulators per thread need.
+
+struct __align__(64) TmaDesc {
+    u64 bits[16];
+};  // a CUtensorMap encoded on the host (tensor_map.tiled_2d), passed as a __grid_constant__ parameter
+
+template <int BM, bool SPLIT>
+struct TmaShape {
+    static constexpr int ROWS = SPLIT ? 64 : 128;
+    static constexpr int X_BYTES = BM * 128;  // stage: x tile first (1024-byte aligned), then W bytes
+    static constexpr int W_BYTES = ROWS * 32;
+    static constexpr int STAGE_BYTES = X_BYTES + W_BYTES;
+    static constexpr int STAGES = 200 * 1024 / STAGE_BYTES < 8 ? 200 * 1024 / STAGE_BYTES : 8;
+    static constexpr int WARPS_PER_STEP = SPLIT ? 4 : 8;  // consumer warps releasing a stage
+    // The lookup table of a row's block is shared by the 4 lanes holding that row: on 128-token
+    // tiles (half the MMA work per dequantized weight) each lane computes a quarter and shuffles,
+    // measured 8-11% faster on the H200 for ROWS = 64; on 256-token tiles within noise either way.
+    static constexpr bool SHARED_LUT = BM == 128;
+};  // dynamic shared memory: 1024 (alignment slack) + STAGES * STAGE_BYTES, ops.tma_smem_bytes
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
+    asm volatile("{.reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;}" ::"r"(bar), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void tma_load_2d(u32 dst, const TmaDesc* map, int c0, int c1, u32 bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
+            dst),
+        "l"(reinterpret_cast<u64>(map)), "r"(c0), "r"(c1), "r"(bar)
+        : "memory");
+}
+#endif
+
+template <typename T, int BM, bool SPLIT>
+__device__ void tma_fwd(const TmaDesc& tx, const TmaDesc& tw, const NF4& w, u16* __restrict__ y16,
+                        float* __restrict__ y32, int M, int N, int K) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using S = TmaShape<BM, SPLIT>;
+    constexpr int STAGES = S::STAGES, STRIDE = SPLIT ? 2 : 1;
+    extern __shared__ u8 dyn[];
+    u8* const tiles = align1024(dyn);
+    __shared__ float code2[256];
+    __shared__ u64 full[STAGES], empty[STAGES];
+    const int tid = threadIdx.x;
+    if (tid < 256) code2[tid] = __ldg(w.code2 + tid);
+    if (tid < STAGES) {
+        mbar_init(smem_addr(full + tid), 1);  // the producer's expect_tx; the TMA bytes complete it
+        mbar_init(smem_addr(empty + tid), S::WARPS_PER_STEP);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");  // visible to the TMA unit
+    }
+    __syncthreads();
+    const int n0 = blockIdx.x * S::ROWS, m0 = blockIdx.y * BM, steps = K / 64;
+    // Every warpgroup runs an even number of k-steps (ptxas serializes the wgmmas if a step is
+    // conditional): the padding steps lie past K, where TMA fills both tiles with zeros.
+    const int padded = SPLIT ? (steps + 3) & ~3 : (steps + 1) & ~1;
+
+    if (tid >= 256) {  // ---- producer: one thread issues every copy
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
+        if (tid == 256) {
+            for (int s = 0; s < padded; ++s) {
+                const int st = s % STAGES;
+                if (s >= STAGES) mbar_wait(smem_addr(empty + st), ((s / STAGES) - 1) & 1);
+                const u32 stage = smem_addr(tiles) + st * S::STAGE_BYTES, bar = smem_addr(full + st);
+                mbar_expect_tx(bar, S::STAGE_BYTES);
+                tma_load_2d(stage, &tx, 64 * s, m0, bar);
+                tma_load_2d(stage + S::X_BYTES, &tw, 32 * s, n0, bar);
+            }
+        }
+        return;
+    }
+
+    // ---- MMA warpgroups
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;" ::: "memory");
+    const int c = tid >> 7, lane = tid & 31, t = lane & 3;
+    const int r_lo = (SPLIT ? 0 : 64 * c) + 16 * ((tid >> 5) & 3) + (lane >> 2);  // rows r_lo, r_lo + 8
+    const int first = SPLIT ? c : 0;
+    const u32 gather = 0x40u + 0x11u * t;  // prmt selector: byte t of two words into bits 0..15
+    float code4[4];                         // this lane's share of a shared table (S::SHARED_LUT)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) code4[i] = S::SHARED_LUT ? NF4_CODE[4 * t + i] : 0.f;
+    u32 blk[2];  // first 64-block of each row (rows past N: the last row's, finite and never stored)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) blk[h] = static_cast<u32>(min(n0 + r_lo + 8 * h, N - 1)) * static_cast<u32>(K / 64);
+    auto scale_load = [&](int s, u32 (&q)[2], float (&a2)[2]) {  // absmax inputs of step s
+        const u32 sc = min(s, steps - 1);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            q[h] = __ldg(w.qabsmax + blk[h] + sc);
+            a2[h] = __ldg(w.absmax2 + ((blk[h] + sc) >> 8));
+        }
+    };
+    // Step s's A fragments; k16 tile j: a[j][h] = row h at k 2t, 2t+1 (byte t of word 2j of the
+    // row's 32 bytes), a[j][2 + h] at k 2t+8, 2t+9 (byte t of word 2j+1). The scales of this
+    // warpgroup's step after next are loaded here.
+    auto dequant = [&](int s, WgmmaInputs& in, u32 (&q)[2], float (&a2)[2]) {
+        const int st = s % STAGES;
+        float am[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) am[h] = absmax_of(code2[q[h]], a2[h], w.offset);
+        scale_load(s + 2 * STRIDE, q, a2);
+        const u8* const wb = tiles + st * S::STAGE_BYTES + S::X_BYTES;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const uint4* row = reinterpret_cast<const uint4*>(wb + (r_lo + 8 * h) * 32);
+            const uint4 p = row[0], v = row[1];
+            const u32 words[8] = {p.x, p.y, p.z, p.w, v.x, v.y, v.z, v.w};
+            u32 lo[4], hi[4];
+            if constexpr (S::SHARED_LUT) lut_build_shared<T>(am[h], code4, lane, lo, hi);
+            else lut_build<T>(am[h], lo, hi);
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                lut_lookup(prmt(words[2 * j], words[2 * j + 1], gather), lo, hi, in.a[j][h], in.a[j][2 + h]);
+        }
+        const u64 desc = sw128_desc(tiles + st * S::STAGE_BYTES);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) in.desc[j] = desc + 2 * j;  // +32 bytes per k16
+    };
+    float d[BM / 2];
+#pragma unroll
+    for (int i = 0; i < BM / 2; ++i) d[i] = 0.f;
+    auto issue = [&](WgmmaInputs& in) {
+        fence_regs(in);
+        wgmma_fence();
+#pragma unroll
+        for (int j = 0; j < 4; ++j) wgmma_rs(T(), d, in.a[j], in.desc[j]);
+        wgmma_commit();
+    };
+    auto ready = [&](int s) {  // waits for step s's tiles (none past the last step: nothing comes)
+        if (s < padded) mbar_wait(smem_addr(full + s % STAGES), (s / STAGES) & 1);
+    };
+    auto release = [&](int s) {  // step s's wgmmas retired: its stage may be refilled
+        if (lane == 0) mbar_arrive(smem_addr(empty + s % STAGES));
+    };
+    u32 q[2][2];
+    float a2[2][2];
+    scale_load(first, q[0], a2[0]);
+    scale_load(first + STRIDE, q[1], a2[1]);
+    WgmmaInputs even = {}, odd = {};
+    ready(first);
+    dequant(first, even, q[0], a2[0]);
+#pragma unroll 1
+    for (int s = first; s < padded; s += 2 * STRIDE) {
+        // step s (A ready) runs while step s + STRIDE is dequantized, then the other way round
+        issue(even);
+        if (s > first) {
+            wgmma_wait<1>();
+            release(s - STRIDE);
+        }
+        ready(s + STRIDE);
+        fence_regs(odd);
+        dequant(s + STRIDE, odd, q[1], a2[1]);
+        issue(odd);
+        wgmma_wait<1>();
+        release(s);
+        ready(s + 2 * STRIDE);
+        fence_regs(even);
+        dequant(min(s + 2 * STRIDE, padded - STRIDE), even, q[0], a2[0]);  // past the end: read, never issued
+    }
+    wgmma_wait<0>();
+    fence_regs(d);
+    const int n = n0 + r_lo, m = m0 + 2 * t;
+    if constexpr (SPLIT) {  // add the two warpgroups' sums: each keeps half the tokens, gives the other half
+        constexpr int H = BM / 4;  // accumulators per half
+        asm volatile("bar.sync 1, 256;" ::: "memory");  // both warpgroups' wgmmas retired: tiles are free
+        float* const red = reinterpret_cast<float*>(tiles) + (tid & 127);  // [BM / 2][128], this thread's column
+        const int give = c == 0 ? H : 0;  // d is indexed by constants only (registers), hence the branches
+#pragma unroll
+        for (int i = 0; i < H; ++i) red[(give + i) * 128] = c == 0 ? d[H + i] : d[i];
+        asm volatile("bar.sync 1, 256;" ::: "memory");
+        if (c == 0) {
+#pragma unroll
+            for (int i = 0; i < H; ++i) d[i] += red[i * 128];
+            store_d<T, BM, 0, BM / 16>(d, n, m, M, N, y16, y32);
+        } else {
+#pragma unroll
+            for (int i = 0; i < H; ++i) d[H + i] += red[(H + i) * 128];
+            store_d<T, BM, BM / 16, BM / 8>(d, n, m, M, N, y16, y32);
+        }
+    } else {
+        store_d<T, BM>(d, n, m, M, N, y16, y32);
     }
 #endif
 }
@@ -951,3 +1175,15 @@ MMA_ALL(BF16, bf16)
 #define GEMM_FWD_ALL(KIND, THREADS, BM) GEMM_FWD(KIND, THREADS, BF16, bf16, BM) GEMM_FWD(KIND, THREADS, F16, f16, BM)
 GEMM_FWD_ALL(wgmma, 256, 32) GEMM_FWD_ALL(wgmma, 256, 64) GEMM_FWD_ALL(wgmma, 256, 128) GEMM_FWD_ALL(wgmma, 256, 256)
 GEMM_FWD_ALL(ws, 512, 64) GEMM_FWD_ALL(ws, 512, 128)
+
+// nf4_tma_fwd_<dtype>_m<BM>_r<ROWS>: one block of 384 threads (2 MMA warpgroups, 1 copy warpgroup) per
+// ROWS W rows x BM tokens; tx, tw: the tensor maps of x and of the packed weight (ops._tensor_map).
+#define TMA_FWD(TY, NAME, BM, SPLIT, ROWS)                                                             \
+    extern "C" __global__ void __launch_bounds__(384, 1) nf4_tma_fwd_##NAME##_m##BM##_r##ROWS(         \
+        const __grid_constant__ TmaDesc tx, const __grid_constant__ TmaDesc tw, NF4_ARGS, u16* y16,       \
+        float* y32, int M, int N, int K) {                                                             \
+        NF4_MAKE;                                                                                      \
+        tma_fwd<TY, BM, SPLIT>(tx, tw, w, y16, y32, M, N, K);                                         \
+    }
+#define TMA_FWD_ALL(BM, SPLIT, ROWS) TMA_FWD(BF16, bf16, BM, SPLIT, ROWS) TMA_FWD(F16, f16, BM, SPLIT, ROWS)
+TMA_FWD_ALL(128, true, 64) TMA_FWD_ALL(256, true, 64) TMA_FWD_ALL(128, false, 128) TMA_FWD_ALL(256, false, 128)

@@ -1,0 +1,53 @@
+"""The fused backend's path rules, checked without a GPU: which kernel and block shape a shape gets.
+
+The rules encode H200 measurements (ops' docstring); these tests pin the decisions those
+measurements support, so a change to a threshold is a deliberate one.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from aner_lang.runtime.nf4.fused import ops  # noqa: E402
+
+H200_SMS = 132
+
+
+class _Hopper:
+    has_wgmma = True
+
+
+@pytest.fixture
+def hopper(monkeypatch) -> torch.device:
+    monkeypatch.setattr(ops, "_sm_count", lambda index: H200_SMS)
+    monkeypatch.setattr(ops, "_index", lambda device: 0)
+    monkeypatch.setattr(ops, "_module", lambda device: _Hopper())
+    return torch.device("cuda", 0)
+
+
+@pytest.mark.parametrize("n,m,shape", [
+    (4096, 512, (256, 64)),    # 128 blocks: 35 us; 256x128 (64 blocks) 58 us
+    (14336, 512, (256, 128)),  # 224 blocks
+    (4096, 1024, (256, 128)),
+    (4096, 256, (128, 64)),    # 256-token tiles would leave too few blocks
+    (4096, 128, (128, 64)),    # no shape reaches 0.75 blocks per SM: the most blocks
+    (14336, 128, (128, 128)),
+])
+def test_tma_block_shape(hopper: torch.device, n: int, m: int, shape: tuple[int, int]) -> None:
+    assert ops.tma_kernel(m, n, hopper) == shape
+
+
+@pytest.mark.parametrize("m,n,k,path", [
+    (512, 4096, 4096, "fused-tma"),
+    (512, 4096, 14336, "fused-tma"),
+    (1023, 4096, 4096, "fused-tma"),
+    (1024, 4096, 4096, "dequant+cublas"),  # cuBLAS on the dequantized weight ties from here, then wins
+    (128, 49152, 576, "fused-wgmma-ws"),   # 9 k-steps: too few for the copy pipeline
+    (512, 576, 1536, "dequant+cublas"),    # 36 blocks at most: a grid the TMA kernel was not measured on
+    (64, 14336, 4096, "fused-wgmma-ws"),
+])
+def test_many_token_paths(hopper: torch.device, m: int, n: int, k: int, path: str) -> None:
+    assert ops.path(m, torch.bfloat16, hopper, n, k) == path
+    assert ops.path(m, torch.float32, hopper, n, k) == "dequant+cublas"
