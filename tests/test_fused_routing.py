@@ -45,7 +45,9 @@ def test_tma_block_shape(hopper: torch.device, n: int, m: int, shape: tuple[int,
     (1023, 4096, 4096, "fused-tma"),
     (1024, 4096, 4096, "dequant+cublas"),  # cuBLAS on the dequantized weight ties from here, then wins
     (128, 49152, 576, "fused-wgmma-ws"),   # 9 k-steps: too few for the copy pipeline
-    (512, 576, 1536, "dequant+cublas"),    # 36 blocks at most: a grid the TMA kernel was not measured on
+    (900, 576, 1536, "dequant+cublas"),    # SmolLM2's down projection: a small weight, 24 k-steps
+    (512, 4096, 2048, "dequant+cublas"),   # fewer k-steps than any shape the TMA kernel won on
+    (128, 2048, 4096, "dequant+cublas"),   # 32 blocks: a grid the TMA kernel was not measured on
     (64, 14336, 4096, "fused-wgmma-ws"),
 ])
 def test_many_token_paths(hopper: torch.device, m: int, n: int, k: int, path: str) -> None:

@@ -8,7 +8,7 @@ CUDA graph. Which kernel a call uses depends on the number of tokens M (rows of 
   registers. float32: one warp per output row on CUDA cores. float16/bfloat16: mma.sync m16n8k16
   tensor-core tiles with fp32 accumulation, multiplying the rounded NF4 codes and scaling each
   64-block's partial sums by its absmax. Backward to the input likewise, with fp32 atomics.
-* 64 < M < 1024, float16/bfloat16 on Hopper (sm_90a), K >= 1024 (``_uses_tma``): the TMA-fed
+* 64 < M < 1024, float16/bfloat16 on Hopper (sm_90a), K >= 4096 (``_uses_tma``): the TMA-fed
   fused GEMM (``tma_kernel`` picks the block shape). One producer thread copies x's tile and the
   packed weight bytes with the Tensor Memory Accelerator into a ring of shared-memory stages; the
   two MMA warpgroups dequantize their weight rows straight into the wgmma's register operand
@@ -294,7 +294,10 @@ def _ws_linear(x2: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype) -> torch
 
 TMA_KERNELS = ((256, 128), (256, 64), (128, 128), (128, 64))  # (tokens, weight rows) per block, most work first
 TMA_TOKENS = (64, 1024)  # 64 < M < 1024; from 1024 tokens cuBLAS on the dequantized weight ties or wins
-TMA_MIN_K = 1024  # fewer k-steps than this do not fill the copy pipeline (49152x576: ws wins)
+# A block takes about 0.5 us per 64-wide k-step, so few k-steps leave little to overlap: at K = 576
+# (9 steps, 49152x576) the warp-specialized GEMM won, and on small weights (SmolLM2's 576x1536)
+# dequantize + cuBLAS costs about 6 us in all. The wins measured were all at K >= 4096.
+TMA_MIN_K = 4096
 
 
 def tma_smem_bytes(tile: int, rows: int) -> int:
