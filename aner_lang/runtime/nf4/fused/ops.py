@@ -13,10 +13,10 @@ CUDA graph. Which kernel a call uses depends on the number of tokens M (rows of 
   packed weight bytes with the Tensor Memory Accelerator into a ring of shared-memory stages; the
   two MMA warpgroups dequantize their weight rows straight into the wgmma's register operand
   (per-block tables of the 16 rounded values in registers, byte-permute lookups) and multiply by
-  x's tile in shared memory. H200, 2026-12-03, three runs, each against dense bf16 and dequantize
-  + cuBLAS in the same run: 4096x4096 at 512 tokens 34.2-35.9 us (dense 23.7-25.2, dequantize +
-  cuBLAS 39.2-39.8); 4096x14336 at 512: 112-117 (dense 86.7-88.4, 124.8-131.7); 14336x4096 at
-  128: 42.4-43.5 (the warp-specialized GEMM below: 50.4-52.2); from 1024 tokens cuBLAS on the
+  x's tile in shared memory. H200, 2026-12-03, four runs, each against dense bf16 and dequantize
+  + cuBLAS in the same run: 4096x4096 at 512 tokens 34.2-36.0 us (dense 23.7-25.9, dequantize +
+  cuBLAS 39.2-39.8); 4096x14336 at 512: 112-118 (dense 86.7-89.8, 124.8-131.7); 14336x4096 at
+  128: 42.4-43.7 (the warp-specialized GEMM below: 50.4-52.3); from 1024 tokens cuBLAS on the
   dequantized weight ties, then wins (4096x4096 at 2048: 113 against 126 us). Taken apart on 4096x4096 at 512 tokens (64 rows x 256 tokens per block): without the
   dequantization arithmetic 29.4 us, without the MMAs 21.6 us: the two overlap, unlike in the
   older fused GEMMs below, but the MMA pipeline alone is already ~1.2x cuBLAS. Clusters of 2 or 4
