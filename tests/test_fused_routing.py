@@ -48,7 +48,9 @@ def test_tma_block_shape(hopper: torch.device, n: int, m: int, shape: tuple[int,
     (900, 576, 1536, "dequant+cublas"),    # SmolLM2's down projection: a small weight, 24 k-steps
     (512, 4096, 2048, "dequant+cublas"),   # fewer k-steps than any shape the TMA kernel won on
     (128, 2048, 4096, "dequant+cublas"),   # 32 blocks: a grid the TMA kernel was not measured on
-    (64, 14336, 4096, "fused-wgmma-ws"),
+    (64, 14336, 4096, "fused-tma"),        # up to 64 tokens only on weights wide enough for a fused GEMM
+    (32, 4096, 4096, "dequant+cublas"),
+    (32, 49152, 576, "fused-wgmma"),
 ])
 def test_many_token_paths(hopper: torch.device, m: int, n: int, k: int, path: str) -> None:
     assert ops.path(m, torch.bfloat16, hopper, n, k) == path

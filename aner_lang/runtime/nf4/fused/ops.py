@@ -8,17 +8,18 @@ CUDA graph. Which kernel a call uses depends on the number of tokens M (rows of 
   registers. float32: one warp per output row on CUDA cores. float16/bfloat16: mma.sync m16n8k16
   tensor-core tiles with fp32 accumulation, multiplying the rounded NF4 codes and scaling each
   64-block's partial sums by its absmax. Backward to the input likewise, with fp32 atomics.
-* 64 < M < 1024, float16/bfloat16 on Hopper (sm_90a), K >= 4096 (``_uses_tma``): the TMA-fed
-  fused GEMM (``tma_kernel`` picks the block shape). One producer thread copies x's tile and the
-  packed weight bytes with the Tensor Memory Accelerator into a ring of shared-memory stages; the
-  two MMA warpgroups dequantize their weight rows straight into the wgmma's register operand
-  (per-block tables of the 16 rounded values in registers, byte-permute lookups) and multiply by
-  x's tile in shared memory. H200, 2026-12-03, four runs, each against dense bf16 and dequantize
-  + cuBLAS in the same run: 4096x4096 at 512 tokens 34.2-36.0 us (dense 23.7-25.9, dequantize +
-  cuBLAS 39.2-39.8); 4096x14336 at 512: 112-118 (dense 86.7-89.8, 124.8-131.7); 14336x4096 at
-  128: 42.4-43.7 (the warp-specialized GEMM below: 50.4-52.3); from 1024 tokens cuBLAS on the
-  dequantized weight ties, then wins (4096x4096 at 2048: 113 against 126 us). Taken apart on 4096x4096 at 512 tokens (64 rows x 256 tokens per block): without the
-  dequantization arithmetic 29.4 us, without the MMAs 21.6 us: the two overlap, unlike in the
+* 16 < M < 1024, float16/bfloat16 on Hopper (sm_90a), K >= 4096, on weights wide enough to fill the
+  GPU (``_uses_tma``): the TMA-fed fused GEMM (``tma_kernel`` picks the block shape). One producer
+  thread copies x's tile and the packed weight bytes with the Tensor Memory Accelerator into a ring
+  of shared-memory stages; the two MMA warpgroups dequantize their weight rows straight into the
+  wgmma's register operand (per-block tables of the 16 rounded values in registers, byte-permute
+  lookups) and multiply by x's tile in shared memory. H200, 2026-12-03, four runs, each against
+  dense bf16 and dequantize + cuBLAS in the same run: 4096x4096 at 512 tokens 34.2-36.0 us (dense
+  23.7-25.9, dequantize + cuBLAS 39.2-39.8); 4096x14336 at 512: 112-118 (dense 86.7-89.8,
+  124.8-131.7); 14336x4096 at 128: 42.4-43.7 (the warp-specialized GEMM below: 50.4-52.3); from 1024
+  tokens cuBLAS on the dequantized weight ties, then wins (4096x4096 at 2048: 113 against 126 us).
+  Taken apart on 4096x4096 at 512 tokens (64 rows x 256 tokens per block, 35.5 us whole): without
+  the dequantization arithmetic 29.4 us, without the MMAs 21.6 us: the two overlap, unlike in the
   older fused GEMMs below, but the MMA pipeline alone is already ~1.2x cuBLAS. Clusters of 2 or 4
   blocks sharing x's tile by TMA multicast measured 1.4-3.5x slower and were dropped.
 * Otherwise 16 < M <= 128 on wide weights (about one 128-row block per multiprocessor or more,
@@ -99,7 +100,8 @@ class NF4Tensors:
                                        code="E-KERNEL-DEVICE")
         if self.packed.data_ptr() % 16:  # 16-byte loads and TMA copies
             raise AnerRuntimeError(f"fused NF4 kernels need the packed bytes of the {n}x{k} weight 16-byte aligned",
-                                   code="E-KERNEL-DEVICE", notes=("pass a tensor of its own, not a view into a buffer",))
+                                   code="E-KERNEL-DEVICE",
+                                   notes=("pass a tensor of its own, not a view into a buffer",))
         if self.packed.numel() != n * k // 2 or self.qabsmax.numel() != n * k // 64:
             raise AnerRuntimeError(f"NF4 tensors do not match a {n}x{k} weight "
                                    f"({self.packed.numel()} packed bytes, {self.qabsmax.numel()} absmax codes)",
@@ -273,8 +275,8 @@ def ws_tile(m: int) -> int:
 
 
 def _uses_ws(m: int, dtype: torch.dtype, device: torch.device, n: int, k: int) -> bool:
-    """Where a fused GEMM is picked (``_uses_wgmma``), the warp-specialized one, except for up to
-    32 tokens on narrow inputs. H200, three runs on 2026-12-03: 14336x4096 at 32 tokens 46-49 us
+    """Where a fused GEMM is picked (``_uses_wgmma``) and the TMA-fed one is not (``_uses_tma``:
+    tried first), the warp-specialized one, except for up to 32 tokens on narrow inputs. H200, three runs on 2026-12-03: 14336x4096 at 32 tokens 46-49 us
     against 50-61 for the register-operand kernel's 32-token tile, 49152x576 (SmolLM2's lm_head)
     at 128 tokens 31 against 37 us, 14336x4096 at 77-128 tokens within 2% either way; but
     49152x576 at 32 tokens (9 k-steps) 24.4-25.6 against 22.5-22.8 us for the 32-token tile.
@@ -293,7 +295,7 @@ def _ws_linear(x2: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype) -> torch
 # ---- many-token forward on Hopper, TMA-fed -------------------------------------------------------
 
 TMA_KERNELS = ((256, 128), (256, 64), (128, 128), (128, 64))  # (tokens, weight rows) per block, most work first
-TMA_TOKENS = (64, 1024)  # 64 < M < 1024; from 1024 tokens cuBLAS on the dequantized weight ties or wins
+TMA_TOKENS = (64, 1024)  # M < 1024 (from 1024 cuBLAS on the dequantized weight ties or wins); M <= 64: wide weights
 # A block takes about 0.5 us per 64-wide k-step, so few k-steps leave little to overlap: at K = 576
 # (9 steps, 49152x576) the warp-specialized GEMM won, and on small weights (SmolLM2's 576x1536)
 # dequantize + cuBLAS costs about 6 us in all. The wins measured were all at K >= 4096.
@@ -326,13 +328,17 @@ def tma_kernel(m: int, n: int, device: torch.device) -> tuple[int, int]:
 
 def _uses_tma(m: int, dtype: torch.dtype, device: torch.device, n: int, k: int) -> bool:
     """The TMA-fed GEMM where it beat dequantize + cuBLAS and the other fused GEMMs on the H200
-    (benchmarks/results/): half precision, 64 < M < 1024 (TMA_TOKENS; at 1024 tokens on 4096x4096
-    the two measured 62.3-63.0 against 60.5-64.2 us in three runs), K >= TMA_MIN_K, and a grid of
-    at least 0.45 blocks per multiprocessor (4096x4096 at 128 tokens, 64 blocks: 23 us against 28
-    for cuBLAS); smaller grids were not measured."""
-    if not (TMA_TOKENS[0] < m < TMA_TOKENS[1] and k >= TMA_MIN_K and dtype != torch.float32
+    (benchmarks/results/): half precision, K >= TMA_MIN_K, M < 1024 (TMA_TOKENS; at 1024 tokens on
+    4096x4096 the two measured 62.3-63.0 against 60.5-64.2 us in three runs), and
+    * up to 64 tokens, on the wide weights where a fused GEMM already beats cuBLAS (``_uses_wgmma``):
+      14336x4096 at 32 tokens 41.5-41.7 us against 44.4-44.7 for the warp-specialized one;
+    * past 64 tokens, on a grid of at least 0.45 blocks per multiprocessor (4096x4096 at 128
+      tokens, 64 blocks: 23 us against 28 for cuBLAS); smaller grids were not measured."""
+    if not (SMALL_MAX_TOKENS < m < TMA_TOKENS[1] and k >= TMA_MIN_K and dtype != torch.float32
             and _module(device).has_wgmma):
         return False
+    if m <= TMA_TOKENS[0]:
+        return _uses_wgmma(m, dtype, device, n)
     return _tma_blocks(m, n, tma_kernel(m, n, device)) >= 0.45 * _sm_count(_index(device))
 
 
