@@ -15,8 +15,6 @@
 //   nf4_gemv_f32_m{1,2,4,8,16}          y[M,N] = x[M,K] W^T, fp32, one warp per output row
 //   nf4_mma_fwd_{f16,bf16}_m{8,16}      y = x W^T on tensor cores (mma.sync m16n8k16, fp32 acc.)
 //   nf4_wgmma_fwd_{f16,bf16}_m{32..256} y = x W^T for many tokens, Hopper warpgroup MMAs (sm_90a)
-//   nf4_ws_fwd_{f16,bf16}_m{64,128}     the same, warp-specialized (producers dequantize into smem)
-//   nf4_tma_fwd_{f16,bf16}_m{128,256}_r{64,128}  the same, tiles copied by TMA (tensor maps)
 //   nf4_bwd_f32_m{1,2,4,8,16}           gx[M,K] += gy[M,N] W, fp32, atomics over N splits
 //   nf4_mma_bwd_{f16,bf16}_m{8,16}      gx[M,K] += gy W on tensor cores, fp32 atomics
 
