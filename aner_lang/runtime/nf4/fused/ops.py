@@ -58,6 +58,7 @@ frozen-base product is rounded to 16 bits on its way back into the fp32 residual
 
 from __future__ import annotations
 
+import math
 from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import lru_cache
@@ -310,8 +311,10 @@ def tma_smem_bytes(tile: int, rows: int) -> int:
     return 1024 + min(8, 200 * 1024 // stage) * stage
 
 
-def _tma_blocks(m: int, n: int, shape: tuple[int, int]) -> int:
-    return -(-n // shape[1]) * -(-m // shape[0])
+def _tma_grid(m: int, n: int, shape: tuple[int, int]) -> tuple[int, int]:
+    """The launch grid of block shape (tokens, rows): row blocks x token blocks. The shape rules
+    count these same blocks."""
+    return -(-n // shape[1]), -(-m // shape[0])
 
 
 def tma_kernel(m: int, n: int, device: torch.device) -> tuple[int, int]:
@@ -322,8 +325,8 @@ def tma_kernel(m: int, n: int, device: torch.device) -> tuple[int, int]:
     (128 to 2048 tokens)."""
     sms = _sm_count(_index(device))
     shapes = [c for c in TMA_KERNELS if c[0] == 128 or m > 128]
-    return next((c for c in shapes if _tma_blocks(m, n, c) >= 0.75 * sms),
-                max(shapes, key=lambda c: _tma_blocks(m, n, c)))
+    return next((c for c in shapes if math.prod(_tma_grid(m, n, c)) >= 0.75 * sms),
+                max(shapes, key=lambda c: math.prod(_tma_grid(m, n, c))))
 
 
 def _uses_tma(m: int, dtype: torch.dtype, device: torch.device, n: int, k: int) -> bool:
@@ -339,7 +342,7 @@ def _uses_tma(m: int, dtype: torch.dtype, device: torch.device, n: int, k: int) 
         return False
     if m <= TMA_TOKENS[0]:
         return _uses_wgmma(m, dtype, device, n)
-    return _tma_blocks(m, n, tma_kernel(m, n, device)) >= 0.45 * _sm_count(_index(device))
+    return math.prod(_tma_grid(m, n, tma_kernel(m, n, device))) >= 0.45 * _sm_count(_index(device))
 
 
 def _tma_linear(x2: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype) -> torch.Tensor:
@@ -349,7 +352,7 @@ def _tma_linear(x2: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype) -> torc
     maps = (tensor_map.tiled_2d(x2.data_ptr(), 2, k, m, 64, tile, True),
             tensor_map.tiled_2d(w.packed.data_ptr(), 1, k // 2, n, 32, rows, False))
     return _out16_or_32(x2, w, out_dtype, f"nf4_tma_fwd_{_DT_NAME[x2.dtype]}_m{tile}_r{rows}",
-                        (-(-n // rows), -(-m // tile)), 384, tma_smem_bytes(tile, rows), maps)
+                        _tma_grid(m, n, (tile, rows)), 384, tma_smem_bytes(tile, rows), maps)
 
 
 # ---- forward ---------------------------------------------------------------------------------
