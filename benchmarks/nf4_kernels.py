@@ -141,7 +141,7 @@ def bench_shape(n: int, k: int, m: int, dtype: torch.dtype) -> dict:
             for kind, choices in (("wgmma", ops.WGMMA_TILES), ("ws", ops.WS_TILES), ("tma", ops.TMA_KERNELS)):
                 for tile in choices:
                     with forced_path(ops, kind, tile):
-                        name = "t{}r{}".format(*tile) if kind == "tma" else tile
+                        name = "t{}r{}k{}".format(*tile) if kind == "tma" else tile
                         tiles[f"{kind}{name}"] = measure(ours_calls)[0]
             with forced_path(ops, "dequant", 0):
                 dequant_cublas = row(*_pair(measure(ours_calls), nf4_bytes))
@@ -159,7 +159,7 @@ def bench_shape(n: int, k: int, m: int, dtype: torch.dtype) -> dict:
 def forced_path(ops, kind: str, tile: int | tuple[int, int]) -> Iterator[None]:
     """``ops.linear`` on one many-token path whatever the shape rules say: "wgmma" or "ws" (the
     warp-specialized GEMM) with ``tile`` tokens per block, "tma" with the block shape ``tile``
-    (tokens, weight rows), or "dequant" (dequantize + cuBLAS)."""
+    (tokens, weight rows, k-splits), or "dequant" (dequantize + cuBLAS)."""
     saved = {a: getattr(ops, a) for a in ("_uses_wgmma", "_uses_ws", "_uses_tma", "wgmma_tile", "ws_tile",
                                           "tma_kernel")}
     ops._uses_wgmma = lambda *_: kind == "wgmma"

@@ -75,7 +75,8 @@ def test_kernels_build_for_hopper_without_spills_or_serialized_wgmma() -> None:
     assert report.ok, report.log[-3000:]
     assert {"nf4_dequant_bf16", "nf4_mma_fwd_bf16_m16", "nf4_mma_bwd_f16_m8",
             "nf4_wgmma_fwd_bf16_m128", "nf4_wgmma_fwd_f16_m256", "nf4_ws_fwd_bf16_m128",
-            "nf4_ws_fwd_f16_m64", "nf4_tma_fwd_bf16_m256_r64", "nf4_tma_fwd_f16_m128_r128"} <= set(report.registers)
+            "nf4_ws_fwd_f16_m64", "nf4_tma_fwd_bf16_m256_r64", "nf4_tma_fwd_f16_m128_r128",
+            "nf4_tma_fwd_bf16_m256_r128_k2"} <= set(report.registers)
     assert report.serialized == []
     assert {k: v for k, v in report.spills.items() if v} == {}
     assert check.compile_report(lib, "sm_80").ok

@@ -163,7 +163,7 @@ def test_ws_forward(dtype: torch.dtype, tile: int, n: int, k: int, m: int, monke
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("kernel", ops.TMA_KERNELS, ids=lambda c: "t{}r{}".format(*c))
+@pytest.mark.parametrize("kernel", ops.TMA_KERNELS, ids=lambda c: "t{}r{}k{}".format(*c))
 @pytest.mark.parametrize("n,k,m", [(576, 576, 17), (1536, 576, 300), (250, 4160, 77), (4096, 1024, 512),
                                    (130, 64, 129), (259, 1536, 1000), (200, 192, 600)])
 def test_tma_forward(dtype: torch.dtype, kernel: tuple[int, int], n: int, k: int, m: int, monkeypatch) -> None:

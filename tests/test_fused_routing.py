@@ -27,16 +27,18 @@ def hopper(monkeypatch) -> torch.device:
     return torch.device("cuda", 0)
 
 
-@pytest.mark.parametrize("n,m,shape", [
-    (4096, 512, (256, 64)),    # 128 blocks: 35 us; 256x128 (64 blocks) 58 us
-    (14336, 512, (256, 128)),  # 224 blocks
-    (4096, 1024, (256, 128)),
-    (4096, 256, (128, 64)),    # 256-token tiles would leave too few blocks
-    (4096, 128, (128, 64)),    # no shape reaches 0.75 blocks per SM: the most blocks
-    (14336, 128, (128, 128)),
+@pytest.mark.parametrize("n,k,m,shape", [
+    (4096, 4096, 512, (256, 64, 1)),     # 128 blocks: 35 us; 256x128 (64 blocks) 58 us; k split only from 8192
+    (4096, 14336, 512, (256, 128, 2)),   # 64 clusters of 2: 110 us against 120 for 256x64
+    (14336, 4096, 512, (256, 128, 1)),   # 112 blocks
+    (4096, 4096, 1024, (256, 128, 1)),
+    (4096, 4096, 256, (128, 64, 1)),     # 256-token tiles would leave too few blocks
+    (4096, 14336, 256, (128, 128, 2)),   # 74 us against 79 for 128x64
+    (4096, 4096, 128, (128, 64, 1)),     # no shape reaches 0.75 blocks per SM: the most blocks
+    (14336, 4096, 128, (128, 128, 1)),
 ])
-def test_tma_block_shape(hopper: torch.device, n: int, m: int, shape: tuple[int, int]) -> None:
-    assert ops.tma_kernel(m, n, hopper) == shape
+def test_tma_block_shape(hopper: torch.device, n: int, k: int, m: int, shape: tuple[int, int, int]) -> None:
+    assert ops.tma_kernel(m, n, k, hopper) == shape
 
 
 @pytest.mark.parametrize("m,n,k,path", [

@@ -13,7 +13,9 @@ CUDA graph. Which kernel a call uses depends on the number of tokens M (rows of 
   thread copies x's tile and the packed weight bytes with the Tensor Memory Accelerator into a ring
   of shared-memory stages; the two MMA warpgroups dequantize their weight rows straight into the
   wgmma's register operand (per-block tables of the 16 rounded values in registers, byte-permute
-  lookups) and multiply by x's tile in shared memory. H200, 2026-12-03, four runs, each against
+  lookups) and multiply by x's tile in shared memory. On long inputs (K >= TMA_SPLIT_MIN_K) a
+  cluster of two blocks splits a tile's k-steps and adds the sums through distributed shared
+  memory, so each block reads half as much of x for the same work. H200, 2026-12-03, four runs, each against
   dense bf16 and dequantize + cuBLAS in the same run: 4096x4096 at 512 tokens 34.2-36.0 us (dense
   23.7-25.9, dequantize + cuBLAS 39.2-39.8); 4096x14336 at 512: 112-118 (dense 86.7-89.8,
   124.8-131.7); 14336x4096 at 128: 42.4-43.7 (the warp-specialized GEMM below: 50.4-52.3); from 1024
@@ -295,7 +297,14 @@ def _ws_linear(x2: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype) -> torch
 
 # ---- many-token forward on Hopper, TMA-fed -------------------------------------------------------
 
-TMA_KERNELS = ((256, 128), (256, 64), (128, 128), (128, 64))  # (tokens, weight rows) per block, most work first
+# (tokens, weight rows, k-splits) per block, most work first (k-splits: a cluster of that many
+# blocks shares one tile's k-steps and adds their sums through distributed shared memory)
+TMA_KERNELS = ((256, 128, 1), (256, 128, 2), (256, 64, 1), (128, 128, 1), (128, 128, 2), (128, 64, 1))
+# Splitting k halves the x tiles each block reads for the same dequantization work per weight as
+# a 64-row block: on the H200 (2026-12-03, one run) 4096x14336 at 512 tokens 109.7 us against
+# 119.8 for 256 tokens x 64 rows, at 256 tokens 73.8 against 78.6 for 128 x 64; at K = 4096 it
+# tied or lost (4096x4096 at 512: 34.3 against 34.5, at 256: 24.7 against 23.6).
+TMA_SPLIT_MIN_K = 8192
 TMA_TOKENS = (64, 1024)  # M < 1024 (from 1024 cuBLAS on the dequantized weight ties or wins); M <= 64: wide weights
 # A block takes about 0.5 us per 64-wide k-step, so few k-steps leave little to overlap: at K = 576
 # (9 steps, 49152x576) the warp-specialized GEMM won, and on small weights (SmolLM2's 576x1536)
@@ -311,20 +320,22 @@ def tma_smem_bytes(tile: int, rows: int) -> int:
     return 1024 + min(8, 200 * 1024 // stage) * stage
 
 
-def _tma_grid(m: int, n: int, shape: tuple[int, int]) -> tuple[int, int]:
-    """The launch grid of block shape (tokens, rows): row blocks x token blocks. The shape rules
-    count these same blocks."""
-    return -(-n // shape[1]), -(-m // shape[0])
+def _tma_grid(m: int, n: int, shape: tuple[int, int, int]) -> tuple[int, int, int]:
+    """The launch grid of block shape (tokens, rows, k-splits): row blocks x token blocks x
+    k-splits. The shape rules count these same blocks."""
+    return -(-n // shape[1]), -(-m // shape[0]), shape[2]
 
 
-def tma_kernel(m: int, n: int, device: torch.device) -> tuple[int, int]:
+def tma_kernel(m: int, n: int, k: int, device: torch.device) -> tuple[int, int, int]:
     """The block shape: the most work per block (each token tile dequantizes the weight again,
     each row block reads x again) that still gives about every multiprocessor a block, with token
-    tiles no larger than M needs; failing that, the shape with the most blocks. On the H200
-    (2026-12-03, two runs) this picked the fastest of the four on each of the 8 shapes measured
-    (128 to 2048 tokens)."""
+    tiles no larger than M needs and k split only from TMA_SPLIT_MIN_K; failing that, the shape
+    with the most blocks. On the H200 (2026-12-03) this picked the fastest shape on each of the
+    8 shapes measured without k-splits (128 to 2048 tokens, two runs); of the 9 measured with them
+    (64 to 768 tokens, one run) on 7, within 1% on 4096x4096 at 512 tokens, and not on 4096x4096
+    at 768 (256 x 64: 64.4 us; 256 x 128, 96 blocks, just under the 0.75 per SM: 56.8)."""
     sms = _sm_count(_index(device))
-    shapes = [c for c in TMA_KERNELS if c[0] == 128 or m > 128]
+    shapes = [c for c in TMA_KERNELS if (c[0] == 128 or m > 128) and (c[2] == 1 or k >= TMA_SPLIT_MIN_K)]
     return next((c for c in shapes if math.prod(_tma_grid(m, n, c)) >= 0.75 * sms),
                 max(shapes, key=lambda c: math.prod(_tma_grid(m, n, c))))
 
@@ -342,17 +353,17 @@ def _uses_tma(m: int, dtype: torch.dtype, device: torch.device, n: int, k: int) 
         return False
     if m <= TMA_TOKENS[0]:
         return _uses_wgmma(m, dtype, device, n)
-    return math.prod(_tma_grid(m, n, tma_kernel(m, n, device))) >= 0.45 * _sm_count(_index(device))
+    return math.prod(_tma_grid(m, n, tma_kernel(m, n, k, device))) >= 0.45 * _sm_count(_index(device))
 
 
 def _tma_linear(x2: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype) -> torch.Tensor:
     m, k = x2.shape
     n = w.out_features
-    tile, rows = tma_kernel(m, n, x2.device)
+    tile, rows, splits = shape = tma_kernel(m, n, k, x2.device)
     maps = (tensor_map.tiled_2d(x2.data_ptr(), 2, k, m, 64, tile, True),
             tensor_map.tiled_2d(w.packed.data_ptr(), 1, k // 2, n, 32, rows, False))
-    return _out16_or_32(x2, w, out_dtype, f"nf4_tma_fwd_{_DT_NAME[x2.dtype]}_m{tile}_r{rows}",
-                        _tma_grid(m, n, (tile, rows)), 384, tma_smem_bytes(tile, rows), maps)
+    name = f"nf4_tma_fwd_{_DT_NAME[x2.dtype]}_m{tile}_r{rows}" + ("_k2" if splits == 2 else "")
+    return _out16_or_32(x2, w, out_dtype, name, _tma_grid(m, n, shape), 384, tma_smem_bytes(tile, rows), maps)
 
 
 # ---- forward ---------------------------------------------------------------------------------

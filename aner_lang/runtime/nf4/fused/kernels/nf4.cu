@@ -15,6 +15,8 @@
 //   nf4_gemv_f32_m{1,2,4,8,16}          y[M,N] = x[M,K] W^T, fp32, one warp per output row
 //   nf4_mma_fwd_{f16,bf16}_m{8,16}      y = x W^T on tensor cores (mma.sync m16n8k16, fp32 acc.)
 //   nf4_wgmma_fwd_{f16,bf16}_m{32..256} y = x W^T for many tokens, Hopper warpgroup MMAs (sm_90a)
+//   nf4_ws_fwd_{f16,bf16}_m{64,128}     the same, warp-specialized (producers dequantize into smem)
+//   nf4_tma_fwd_{f16,bf16}_m{128,256}_r{64,128}[_k2]  the same, tiles copied by TMA (tensor maps)
 //   nf4_bwd_f32_m{1,2,4,8,16}           gx[M,K] += gy[M,N] W, fp32, atomics over N splits
 //   nf4_mma_bwd_{f16,bf16}_m{8,16}      gx[M,K] += gy W on tensor cores, fp32 atomics
 
@@ -945,8 +947,10 @@ __device__ void ws_fwd(const NF4& w, const u16* __restrict__ x, u16* __restrict_
 // ROWS = 64 (SPLIT): both warpgroups take the same 64 rows, warpgroup c the k-steps s % 2 == c,
 // and their sums are added at the end: each weight is dequantized once per token tile while two
 // warpgroups keep the tensor cores fed. ROWS = 128: warpgroup c takes rows 64 c .. + 64 over every
-// k-step. The producer's warpgroup hands its registers to the MMA warpgroups (setmaxnreg), which
-// a 256-token tile's 128 accumulators per thread need.
+// k-step. KS = 2 (ROWS = 128): a cluster of two CTAs along grid z, each over half the k-steps, adds
+// its sums through distributed shared memory, so each CTA reads half of x for the same
+// dequantization work per weight as ROWS = 64. The producer's warpgroup hands its registers to
+// the MMA warpgroups (setmaxnreg), which a 256-token tile's 128 accumulators per thread need.
 
 struct __align__(64) TmaDesc {
     u64 bits[16];
@@ -978,12 +982,52 @@ __device__ __forceinline__ void tma_load_2d(u32 dst, const TmaDesc* map, int c0,
         "l"(reinterpret_cast<u64>(map)), "r"(c0), "r"(c1), "r"(bar)
         : "memory");
 }
+__device__ __forceinline__ void cluster_sync() {  // every thread of the cluster's CTAs; memory ordered
+    asm volatile("barrier.cluster.arrive.release.aligned; barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+// Adds a partner's share of the BM-token tile's sums to this thread's accumulators d: the thread
+// keeps the half of the tokens `keep_first` says (d's first or last BM / 4 values), hands the other
+// half to the partner's thread through shared memory ([2 halves][BM / 16][NT threads] float4, this
+// thread's slot at shared::cluster address `give` in the partner's CTA, at `mine` in its own),
+// and adds the half the partner handed it. `sync` is the barrier both sides pass, before the
+// hand-over (the shared memory is free) and after it.
+template <int BM, int NT, typename Sync>
+__device__ __forceinline__ void add_partner_half(float (&d)[BM / 2], bool keep_first, u32 give, u32 mine, Sync sync) {
+    constexpr int H = BM / 4;
+    constexpr u32 CHUNK = NT * 16, HALF = H / 4 * CHUNK;
+    sync();
+#pragma unroll
+    for (int i = 0; i < H; i += 4) {  // d is indexed by constants only (registers), hence the selects
+        const u32 to = give + (keep_first ? HALF : 0) + i / 4 * CHUNK;
+        asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(to),
+                     "f"(keep_first ? d[H + i] : d[i]), "f"(keep_first ? d[H + i + 1] : d[i + 1]),
+                     "f"(keep_first ? d[H + i + 2] : d[i + 2]), "f"(keep_first ? d[H + i + 3] : d[i + 3])
+                     : "memory");
+    }
+    sync();
+    const u32 got = mine + (keep_first ? 0 : HALF);
+    float v[H];
+#pragma unroll
+    for (int i = 0; i < H; i += 4)
+        asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                     : "=f"(v[i]), "=f"(v[i + 1]), "=f"(v[i + 2]), "=f"(v[i + 3])
+                     : "r"(got + i / 4 * CHUNK)
+                     : "memory");
+    if (keep_first) {
+#pragma unroll
+        for (int i = 0; i < H; ++i) d[i] += v[i];
+    } else {
+#pragma unroll
+        for (int i = 0; i < H; ++i) d[H + i] += v[i];
+    }
+}
 #endif
 
-template <typename T, int BM, bool SPLIT>
+template <typename T, int BM, bool SPLIT, int KS>
 __device__ void tma_fwd(const TmaDesc& tx, const TmaDesc& tw, const NF4& w, u16* __restrict__ y16,
                         float* __restrict__ y32, int M, int N, int K) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    static_assert(KS == 1 || (KS == 2 && !SPLIT), "a k-split pairs two CTAs of 128 rows");
     using S = TmaShape<BM, SPLIT>;
     constexpr int STAGES = S::STAGES, STRIDE = SPLIT ? 2 : 1;
     extern __shared__ u8 dyn[];
@@ -1000,8 +1044,10 @@ __device__ void tma_fwd(const TmaDesc& tx, const TmaDesc& tw, const NF4& w, u16*
     __syncthreads();
     const int n0 = blockIdx.x * S::ROWS, m0 = blockIdx.y * BM, steps = K / 64;
     // Every warpgroup runs an even number of k-steps (ptxas serializes the wgmmas if a step is
-    // conditional): the padding steps lie past K, where TMA fills both tiles with zeros.
-    const int padded = SPLIT ? (steps + 3) & ~3 : (steps + 1) & ~1;
+    // conditional): the padding steps lie past K, where TMA fills both tiles with zeros. KS = 2:
+    // the cluster's CTA z takes the k-steps from s0 = z * padded on (steps counted from s0 below).
+    const int share = (steps + KS - 1) / KS;
+    const int padded = SPLIT ? (share + 3) & ~3 : (share + 1) & ~1, s0 = blockIdx.z * padded;
 
     if (tid >= 256) {  // ---- producer: one thread issues every copy
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
@@ -1011,8 +1057,8 @@ __device__ void tma_fwd(const TmaDesc& tx, const TmaDesc& tw, const NF4& w, u16*
                 if (s >= STAGES) mbar_wait(smem_addr(empty + st), ((s / STAGES) - 1) & 1);
                 const u32 stage = smem_addr(tiles) + st * S::STAGE_BYTES, bar = smem_addr(full + st);
                 mbar_expect_tx(bar, S::STAGE_BYTES);
-                tma_load_2d(stage, &tx, 64 * s, m0, bar);
-                tma_load_2d(stage + S::X_BYTES, &tw, 32 * s, n0, bar);
+                tma_load_2d(stage, &tx, 64 * (s0 + s), m0, bar);
+                tma_load_2d(stage + S::X_BYTES, &tw, 32 * (s0 + s), n0, bar);
             }
         }
         return;
@@ -1031,7 +1077,7 @@ __device__ void tma_fwd(const TmaDesc& tx, const TmaDesc& tw, const NF4& w, u16*
 #pragma unroll
     for (int h = 0; h < 2; ++h) blk[h] = static_cast<u32>(min(n0 + r_lo + 8 * h, N - 1)) * static_cast<u32>(K / 64);
     auto scale_load = [&](int s, u32 (&q)[2], float (&a2)[2]) {  // absmax inputs of step s
-        const u32 sc = min(s, steps - 1);
+        const u32 sc = min(s0 + s, steps - 1);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             q[h] = __ldg(w.qabsmax + blk[h] + sc);
@@ -1108,23 +1154,25 @@ __device__ void tma_fwd(const TmaDesc& tx, const TmaDesc& tw, const NF4& w, u16*
     wgmma_wait<0>();
     fence_regs(d);
     const int n = n0 + r_lo, m = m0 + 2 * t;
-    if constexpr (SPLIT) {  // add the two warpgroups' sums: each keeps half the tokens, gives the other half
-        constexpr int H = BM / 4;  // accumulators per half
-        asm volatile("bar.sync 1, 256;" ::: "memory");  // both warpgroups' wgmmas retired: tiles are free
-        float* const red = reinterpret_cast<float*>(tiles) + (tid & 127);  // [BM / 2][128], this thread's column
-        const int give = c == 0 ? H : 0;  // d is indexed by constants only (registers), hence the branches
-#pragma unroll
-        for (int i = 0; i < H; ++i) red[(give + i) * 128] = c == 0 ? d[H + i] : d[i];
-        asm volatile("bar.sync 1, 256;" ::: "memory");
-        if (c == 0) {
-#pragma unroll
-            for (int i = 0; i < H; ++i) d[i] += red[i * 128];
-            store_d<T, BM, 0, BM / 16>(d, n, m, M, N, y16, y32);
+    if constexpr (SPLIT || KS == 2) {  // add the partner's sums: each side stores half the tokens
+        // SPLIT: the other warpgroup, through this CTA's tiles; KS = 2: the same thread of the
+        // cluster's other CTA, through its tiles (distributed shared memory)
+        bool first;
+        u32 mine, give;
+        if constexpr (SPLIT) {
+            first = c == 0;
+            mine = give = smem_addr(tiles) + 16 * (tid & 127);
+            add_partner_half<BM, 128>(d, first, give, mine, [] { asm volatile("bar.sync 1, 256;" ::: "memory"); });
         } else {
-#pragma unroll
-            for (int i = 0; i < H; ++i) d[H + i] += red[(H + i) * 128];
-            store_d<T, BM, BM / 16, BM / 8>(d, n, m, M, N, y16, y32);
+            u32 rank;
+            asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+            first = rank == 0;
+            mine = smem_addr(tiles) + 16 * tid;
+            asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(give) : "r"(mine), "r"(rank ^ 1));
+            add_partner_half<BM, 256>(d, first, give, mine, cluster_sync);
         }
+        if (first) store_d<T, BM, 0, BM / 16>(d, n, m, M, N, y16, y32);
+        else store_d<T, BM, BM / 16, BM / 8>(d, n, m, M, N, y16, y32);
     } else {
         store_d<T, BM>(d, n, m, M, N, y16, y32);
     }
@@ -1176,14 +1224,23 @@ MMA_ALL(BF16, bf16)
 GEMM_FWD_ALL(wgmma, 256, 32) GEMM_FWD_ALL(wgmma, 256, 64) GEMM_FWD_ALL(wgmma, 256, 128) GEMM_FWD_ALL(wgmma, 256, 256)
 GEMM_FWD_ALL(ws, 512, 64) GEMM_FWD_ALL(ws, 512, 128)
 
-// nf4_tma_fwd_<dtype>_m<BM>_r<ROWS>: one block of 384 threads (2 MMA warpgroups, 1 copy warpgroup) per
-// ROWS W rows x BM tokens; tx, tw: the tensor maps of x and of the packed weight (ops._tensor_map).
-#define TMA_FWD(TY, NAME, BM, SPLIT, ROWS)                                                             \
-    extern "C" __global__ void __launch_bounds__(384, 1) nf4_tma_fwd_##NAME##_m##BM##_r##ROWS(         \
-        const __grid_constant__ TmaDesc tx, const __grid_constant__ TmaDesc tw, NF4_ARGS, u16* y16,       \
-        float* y32, int M, int N, int K) {                                                             \
+// nf4_tma_fwd_<dtype>_m<BM>_r<ROWS>[_k2]: one block of 384 threads (2 MMA warpgroups, 1 copy
+// warpgroup) per ROWS W rows x BM tokens; tx, tw: the tensor maps of x and of the packed weight
+// (tensor_map.tiled_2d). _k2: clusters of 2 blocks along grid z split the k-steps and add their sums.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define CLUSTER_Z(KS) __cluster_dims__(1, 1, KS)
+#else
+#define CLUSTER_Z(KS)  // no clusters before Hopper (the body is empty there)
+#endif
+#define TMA_FWD(TY, NAME, BM, SPLIT, ROWS, KS, SUFFIX)                                                 \
+    extern "C" __global__ void __launch_bounds__(384, 1) CLUSTER_Z(KS)                                 \
+        nf4_tma_fwd_##NAME##_m##BM##_r##ROWS##SUFFIX(const __grid_constant__ TmaDesc tx,               \
+                                                      const __grid_constant__ TmaDesc tw, NF4_ARGS,     \
+                                                      u16* y16, float* y32, int M, int N, int K) {      \
         NF4_MAKE;                                                                                      \
-        tma_fwd<TY, BM, SPLIT>(tx, tw, w, y16, y32, M, N, K);                                         \
+        tma_fwd<TY, BM, SPLIT, KS>(tx, tw, w, y16, y32, M, N, K);                                     \
     }
-#define TMA_FWD_ALL(BM, SPLIT, ROWS) TMA_FWD(BF16, bf16, BM, SPLIT, ROWS) TMA_FWD(F16, f16, BM, SPLIT, ROWS)
-TMA_FWD_ALL(128, true, 64) TMA_FWD_ALL(256, true, 64) TMA_FWD_ALL(128, false, 128) TMA_FWD_ALL(256, false, 128)
+#define TMA_FWD_ALL(BM, SPLIT, ROWS, KS, SUFFIX) \
+    TMA_FWD(BF16, bf16, BM, SPLIT, ROWS, KS, SUFFIX) TMA_FWD(F16, f16, BM, SPLIT, ROWS, KS, SUFFIX)
+TMA_FWD_ALL(128, true, 64, 1, ) TMA_FWD_ALL(256, true, 64, 1, ) TMA_FWD_ALL(128, false, 128, 1, )
+TMA_FWD_ALL(256, false, 128, 1, ) TMA_FWD_ALL(128, false, 128, 2, _k2) TMA_FWD_ALL(256, false, 128, 2, _k2)
