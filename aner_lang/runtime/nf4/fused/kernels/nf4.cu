@@ -1087,13 +1087,26 @@ __device__ void tma_fwd(const TmaDesc& tx, const TmaDesc& tw, const NF4& w, u16*
     // Step s's A fragments; k16 tile j: a[j][h] = row h at k 2t, 2t+1 (byte t of word 2j of the
     // row's 32 bytes), a[j][2 + h] at k 2t+8, 2t+9 (byte t of word 2j+1). The scales of this
     // warpgroup's step after next are loaded here.
-    auto dequant = [&](int s, WgmmaInputs& in, u32 (&q)[2], float (&a2)[2]) {
-        const int st = s % STAGES;
+    // A step's place in the stage ring (stage, parity of its fill), advanced without divisions
+    struct Ring {
+        u32 stage, parity;
+    };
+    static_assert(STAGES > 2 * STRIDE, "a position advances by at most one lap");
+    auto advance = [](Ring r, u32 n) {
+        r.stage += n;
+        if (r.stage >= STAGES) {
+            r.stage -= STAGES;
+            r.parity ^= 1u;
+        }
+        return r;
+    };
+    const u64 desc0 = sw128_desc(tiles);  // stage 0's x tile; the address field (bits 0..13) never carries
+    auto dequant = [&](int s, Ring at, WgmmaInputs& in, u32 (&q)[2], float (&a2)[2]) {
         float am[2];
 #pragma unroll
         for (int h = 0; h < 2; ++h) am[h] = absmax_of(code2[q[h]], a2[h], w.offset);
         scale_load(s + 2 * STRIDE, q, a2);
-        const u8* const wb = tiles + st * S::STAGE_BYTES + S::X_BYTES;
+        const u8* const wb = tiles + at.stage * S::STAGE_BYTES + S::X_BYTES;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const uint4* row = reinterpret_cast<const uint4*>(wb + (r_lo + 8 * h) * 32);
@@ -1106,9 +1119,9 @@ __device__ void tma_fwd(const TmaDesc& tx, const TmaDesc& tw, const NF4& w, u16*
             for (int j = 0; j < 4; ++j)
                 lut_lookup(prmt(words[2 * j], words[2 * j + 1], gather), lo, hi, in.a[j][h], in.a[j][2 + h]);
         }
-        const u64 desc = sw128_desc(tiles + st * S::STAGE_BYTES);
+        const u32 lo = static_cast<u32>(desc0) + at.stage * (S::STAGE_BYTES >> 4);
 #pragma unroll
-        for (int j = 0; j < 4; ++j) in.desc[j] = desc + 2 * j;  // +32 bytes per k16
+        for (int j = 0; j < 4; ++j) in.desc[j] = (desc0 & ~0xFFFFFFFFull) | (lo + 2 * j);  // +32 bytes per k16
     };
     float d[BM / 2];
 #pragma unroll
@@ -1120,36 +1133,41 @@ __device__ void tma_fwd(const TmaDesc& tx, const TmaDesc& tw, const NF4& w, u16*
         for (int j = 0; j < 4; ++j) wgmma_rs(T(), d, in.a[j], in.desc[j]);
         wgmma_commit();
     };
-    auto ready = [&](int s) {  // waits for step s's tiles (none past the last step: nothing comes)
-        if (s < padded) mbar_wait(smem_addr(full + s % STAGES), (s / STAGES) & 1);
+    auto ready = [&](int s, Ring at) {  // waits for step s's tiles (none past the last step: nothing comes)
+        if (s < padded) mbar_wait(smem_addr(full + at.stage), at.parity);
     };
-    auto release = [&](int s) {  // step s's wgmmas retired: its stage may be refilled
-        if (lane == 0) mbar_arrive(smem_addr(empty + s % STAGES));
+    auto release = [&](Ring at) {  // the step's wgmmas retired: its stage may be refilled
+        if (lane == 0) mbar_arrive(smem_addr(empty + at.stage));
     };
     u32 q[2][2];
     float a2[2][2];
     scale_load(first, q[0], a2[0]);
     scale_load(first + STRIDE, q[1], a2[1]);
     WgmmaInputs even = {}, odd = {};
-    ready(first);
-    dequant(first, even, q[0], a2[0]);
+    Ring at = advance({0, 0}, first), before = at;  // steps s and s - STRIDE
+    ready(first, at);
+    dequant(first, at, even, q[0], a2[0]);
 #pragma unroll 1
     for (int s = first; s < padded; s += 2 * STRIDE) {
         // step s (A ready) runs while step s + STRIDE is dequantized, then the other way round
+        const Ring next = advance(at, STRIDE), after = advance(at, 2 * STRIDE);
         issue(even);
         if (s > first) {
             wgmma_wait<1>();
-            release(s - STRIDE);
+            release(before);
         }
-        ready(s + STRIDE);
+        ready(s + STRIDE, next);
         fence_regs(odd);
-        dequant(s + STRIDE, odd, q[1], a2[1]);
+        dequant(s + STRIDE, next, odd, q[1], a2[1]);
         issue(odd);
         wgmma_wait<1>();
-        release(s);
-        ready(s + 2 * STRIDE);
+        release(at);
+        ready(s + 2 * STRIDE, after);
         fence_regs(even);
-        dequant(min(s + 2 * STRIDE, padded - STRIDE), even, q[0], a2[0]);  // past the end: read, never issued
+        // past the end: step s + STRIDE's stage again (landed; the other warpgroup's may not have), never issued
+        dequant(s + 2 * STRIDE, s + 2 * STRIDE < padded ? after : next, even, q[0], a2[0]);
+        before = next;
+        at = after;
     }
     wgmma_wait<0>();
     fence_regs(d);
