@@ -15,14 +15,19 @@ CUDA graph. Which kernel a call uses depends on the number of tokens M (rows of 
   wgmma's register operand (per-block tables of the 16 rounded values in registers, byte-permute
   lookups) and multiply by x's tile in shared memory. On long inputs (K >= TMA_SPLIT_MIN_K) a
   cluster of two blocks splits a tile's k-steps and adds the sums through distributed shared
-  memory, so each block reads half as much of x for the same work. H200, 2026-12-03, four runs, each against
-  dense bf16 and dequantize + cuBLAS in the same run: 4096x4096 at 512 tokens 34.2-36.0 us (dense
-  23.7-25.9, dequantize + cuBLAS 39.2-39.8); 4096x14336 at 512: 112-118 (dense 86.7-89.8,
-  124.8-131.7); 14336x4096 at 128: 42.4-43.7 (the warp-specialized GEMM below: 50.4-52.3); from 1024
-  tokens cuBLAS on the dequantized weight ties, then wins (4096x4096 at 2048: 113 against 126 us).
-  Taken apart on 4096x4096 at 512 tokens (64 rows x 256 tokens per block, 35.5 us whole): without
-  the dequantization arithmetic 29.4 us, without the MMAs 21.6 us: the two overlap, unlike in the
-  older fused GEMMs below, but the MMA pipeline alone is already ~1.2x cuBLAS. Clusters of 2 or 4
+  memory, so each block reads half as much of x for the same work. H200, 2026-12-03, each against
+  dense bf16 and dequantize + cuBLAS in the same run (benchmarks/results/): 4096x4096 at 512 tokens
+  33.7 us (dense 25.3, dequantize + cuBLAS 39.7; four earlier runs of the kernel before its ring
+  bookkeeping lost its divisions: 34.2-36.0); 4096x14336 at 512, k split: 105.6 (dense 86.8,
+  123.0); 14336x4096 at 128: 42.4 (the warp-specialized GEMM below: 52.0); from 1024 tokens cuBLAS
+  on the dequantized weight ties (4096x4096 at 1024: 61.7 against 59.6 for the TMA kernel in the
+  last run, 62.3-63.0 against 60.5-64.2 in three before), then wins (at 2048: 113 against 126 us).
+  The MMA warps issue every instruction of the dequantization between their wgmmas, and the time
+  follows that count: 6-7% fewer instructions per k-step (no s % STAGES) made the 256 x 64 block 7%
+  faster (34.2 -> 31.6 us on 4096x4096 at 512, same run).
+  Taken apart before that change on 4096x4096 at 512 tokens (64 rows x 256 tokens per block, 35.5
+  us whole): without the dequantization arithmetic 29.4 us, without the MMAs 21.6 us: the two
+  partly overlap, unlike in the older fused GEMMs below, and the MMA pipeline alone is ~1.2x cuBLAS. Clusters of 2 or 4
   blocks sharing x's tile by TMA multicast measured 1.4-3.5x slower and were dropped.
 * Otherwise 16 < M <= 128 on wide weights (about one 128-row block per multiprocessor or more,
   e.g. the lm_head), float16/bfloat16 on Hopper (sm_90a): one fused GEMM on warpgroup MMAs (wgmma).
