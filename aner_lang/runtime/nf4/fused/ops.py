@@ -15,20 +15,24 @@ CUDA graph. Which kernel a call uses depends on the number of tokens M (rows of 
   wgmma's register operand (per-block tables of the 16 rounded values in registers, byte-permute
   lookups) and multiply by x's tile in shared memory. On long inputs (K >= TMA_SPLIT_MIN_K) a
   cluster of two blocks splits a tile's k-steps and adds the sums through distributed shared
-  memory, so each block reads half as much of x for the same work. H200, 2026-12-03, each against
-  dense bf16 and dequantize + cuBLAS in the same run (benchmarks/results/): 4096x4096 at 512 tokens
-  33.7 us (dense 25.3, dequantize + cuBLAS 39.7; four earlier runs of the kernel before its ring
-  bookkeeping lost its divisions: 34.2-36.0); 4096x14336 at 512, k split: 105.6 (dense 86.8,
-  123.0); 14336x4096 at 128: 42.4 (the warp-specialized GEMM below: 52.0); from 1024 tokens cuBLAS
-  on the dequantized weight ties (4096x4096 at 1024: 61.7 against 59.6 for the TMA kernel in the
-  last run, 62.3-63.0 against 60.5-64.2 in three before), then wins (at 2048: 113 against 126 us).
-  The MMA warps issue every instruction of the dequantization between their wgmmas, and the time
-  follows that count: 6-7% fewer instructions per k-step (no s % STAGES) made the 256 x 64 block 7%
-  faster (34.2 -> 31.6 us on 4096x4096 at 512, same run).
+  memory, so each block reads half as much of x for the same work. H200, 2026-12-03, four runs of
+  benchmarks/nf4_kernels.py, each against dense bf16 and dequantize + cuBLAS in the same run:
+  4096x4096 at 512 tokens 33.3-33.9 us (dense 25.2-25.5, so 1.30-1.35x; dequantize + cuBLAS 39.7;
+  34.2-36.0 in four earlier runs, before the ring bookkeeping below); 4096x14336 at 512, k split:
+  104.6-107.4 (dense 83.1-87.7, 1.19-1.29x; dequantize + cuBLAS 123.0); 14336x4096 at 128: 42.4
+  (the warp-specialized GEMM below: 52.0); from 1024 tokens cuBLAS on the dequantized weight ties
+  (4096x4096 at 1024: 59.7-61.7 against 59.6 for the TMA kernel in one run, 62.3-63.0 against
+  60.5-64.2 in three before), then wins (at 2048: 113 against 126 us).
+  The MMA warps issue every dequantization instruction between their wgmmas: 6-7% fewer per k-step
+  (ring positions instead of s % STAGES) made the 256 x 64 block 7% faster (34.2 -> 31.6 us on
+  4096x4096 at 512, one run). Not any instruction: a shared table of each byte's two codes (26%
+  fewer, bit-identical) was 13% slower there and 30% on 128-token tiles, its loads competing with
+  the wgmmas' reads of x's tile.
   Taken apart before that change on 4096x4096 at 512 tokens (64 rows x 256 tokens per block, 35.5
   us whole): without the dequantization arithmetic 29.4 us, without the MMAs 21.6 us: the two
-  partly overlap, unlike in the older fused GEMMs below, and the MMA pipeline alone is ~1.2x cuBLAS. Clusters of 2 or 4
-  blocks sharing x's tile by TMA multicast measured 1.4-3.5x slower and were dropped.
+  partly overlap, unlike in the older fused GEMMs below, and the MMA pipeline alone is ~1.2x
+  cuBLAS. Clusters of 2 or 4 blocks sharing x's tile by TMA multicast measured 1.4-3.5x slower and
+  were dropped.
 * Otherwise 16 < M <= 128 on wide weights (about one 128-row block per multiprocessor or more,
   e.g. the lm_head), float16/bfloat16 on Hopper (sm_90a): one fused GEMM on warpgroup MMAs (wgmma).
   Mostly the warp-specialized one (``_uses_ws``, ``ws_tile``): two producer warpgroups dequantize
