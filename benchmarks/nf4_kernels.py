@@ -156,7 +156,7 @@ def bench_shape(n: int, k: int, m: int, dtype: torch.dtype) -> dict:
 
 
 @contextmanager
-def forced_path(ops, kind: str, tile: int | tuple[int, int]) -> Iterator[None]:
+def forced_path(ops, kind: str, tile: int | tuple[int, int, int]) -> Iterator[None]:
     """``ops.linear`` on one many-token path whatever the shape rules say: "wgmma" or "ws" (the
     warp-specialized GEMM) with ``tile`` tokens per block, "tma" with the block shape ``tile``
     (tokens, weight rows, k-splits), or "dequant" (dequantize + cuBLAS)."""

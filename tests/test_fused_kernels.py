@@ -166,10 +166,11 @@ def test_ws_forward(dtype: torch.dtype, tile: int, n: int, k: int, m: int, monke
 @pytest.mark.parametrize("kernel", ops.TMA_KERNELS, ids=lambda c: "t{}r{}k{}".format(*c))
 @pytest.mark.parametrize("n,k,m", [(576, 576, 17), (1536, 576, 300), (250, 4160, 77), (4096, 1024, 512),
                                    (130, 64, 129), (259, 1536, 1000), (200, 192, 600)])
-def test_tma_forward(dtype: torch.dtype, kernel: tuple[int, int], n: int, k: int, m: int, monkeypatch) -> None:
+def test_tma_forward(dtype: torch.dtype, kernel: tuple[int, int, int], n: int, k: int, m: int, monkeypatch) -> None:
     """The TMA-fed GEMM in every block shape, checked as strictly as the others: ragged rows (250,
     130, 259, 200: partial row blocks), one k-step (64: the zero-filled padding steps do
-    the rest), 65 (4160: an odd count, every stage refilled), partial and several token tiles."""
+    the rest; split in two, the second block of the cluster sees only padding), 65 (4160: an odd
+    count, every stage refilled, uneven halves when split), partial and several token tiles."""
     needs_wgmma()
     monkeypatch.setattr(ops, "tma_kernel", lambda *_: kernel)
     monkeypatch.setattr(ops, "_uses_tma", lambda m_, *_: m_ > ops.SMALL_MAX_TOKENS)  # whatever the shape rule says
