@@ -288,12 +288,12 @@ def ws_tile(m: int) -> int:
 
 def _uses_ws(m: int, dtype: torch.dtype, device: torch.device, n: int, k: int) -> bool:
     """Where a fused GEMM is picked (``_uses_wgmma``) and the TMA-fed one is not (``_uses_tma``:
-    tried first), the warp-specialized one, except for up to 32 tokens on narrow inputs. H200, three runs on 2026-12-03: 14336x4096 at 32 tokens 46-49 us
-    against 50-61 for the register-operand kernel's 32-token tile, 49152x576 (SmolLM2's lm_head)
-    at 128 tokens 31 against 37 us, 14336x4096 at 77-128 tokens within 2% either way; but
-    49152x576 at 32 tokens (9 k-steps) 24.4-25.6 against 22.5-22.8 us for the 32-token tile.
-    With the benchmark's per-shape warm-up (a later run that day) 14336x4096 at 32 tokens is closer:
-    44.8 against 45.1 us."""
+    tried first), the warp-specialized one, except for up to 32 tokens on narrow inputs. H200, three
+    runs on 2026-12-03: 14336x4096 at 32 tokens 46-49 us against 50-61 for the register-operand
+    kernel's 32-token tile (with the benchmark's per-shape warm-up, a later run that day: 44.8
+    against 45.1), 49152x576 (SmolLM2's lm_head) at 128 tokens 31 against 37 us, 14336x4096 at
+    77-128 tokens within 2% either way; but 49152x576 at 32 tokens (9 k-steps) 24.4-25.6 against
+    22.5-22.8 us for the 32-token tile. 14336x4096 (32 to 128 tokens) now takes the TMA-fed GEMM."""
     return _uses_wgmma(m, dtype, device, n) and (k >= WS_MIN_K or m > WGMMA_TILES[0])
 
 
