@@ -78,7 +78,7 @@ import numpy as np
 import torch
 
 from aner_lang.errors import AnerRuntimeError
-from aner_lang.runtime.nf4.fused import compiler, tensor_map
+from aner_lang.runtime.nf4.fused import compiler, programmatic, tensor_map
 from aner_lang.runtime.precision import matmul
 
 SMALL_MAX_TOKENS = 16
@@ -173,7 +173,10 @@ def _stream(index: int):
 
 
 def _launch(device: torch.device, name: str, grid: tuple[int, ...], block: int, args: list,
-            shared_bytes: int = 0) -> None:
+            shared_bytes: int = 0, overlapping: bool = False) -> None:
+    """Launch kernel ``name`` on torch's current stream; ``overlapping`` (a kernel that starts with
+    griddepcontrol.wait) lets its blocks be scheduled while the previous kernel finishes
+    (programmatic.launch)."""
     import cupy
 
     index = _index(device)
@@ -181,8 +184,11 @@ def _launch(device: torch.device, name: str, grid: tuple[int, ...], block: int, 
     # A kernel's first lookup loads the module on CuPy's current device: make it ``index`` where it
     # is not already (entering the context costs host time on every launch).
     with nullcontext() if cupy.cuda.runtime.getDevice() == index else cupy.cuda.Device(index):
-        compiler.load(index).function(name, shared_bytes)(grid, (block,), tuple(args), stream=stream,
-                                                          shared_mem=shared_bytes)
+        fn = compiler.load(index).function(name, shared_bytes)
+        if overlapping:
+            programmatic.launch(fn.kernel.ptr, grid, block, shared_bytes, stream.ptr, args)
+        else:
+            fn(grid, (block,), tuple(args), stream=stream, shared_mem=shared_bytes)
 
 
 def _rows(t: torch.Tensor, width: int) -> torch.Tensor:
@@ -444,7 +450,8 @@ def _out16_or_32(x2: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype, name: 
     f32, none = y.dtype == torch.float32, np.uint64(0)
     inputs = [*maps, *w.args()] if maps else [*w.args(), _ptr(x2)]
     _launch(x2.device, name, grid, block, [*inputs, none if f32 else _ptr(y), _ptr(y) if f32 else none,
-                                           np.int32(m), np.int32(w.out_features), np.int32(k)], shared_bytes)
+                                           np.int32(m), np.int32(w.out_features), np.int32(k)], shared_bytes,
+            overlapping=bool(maps))
     return y.to(out_dtype)
 
 

@@ -1226,6 +1226,8 @@ __device__ void tma_fwd(const TmaDesc& tx, const TmaDesc& tw, const NF4& w, u16*
     }
     wgmma_wait<0>();
     fence_regs(d);
+    // The next kernel, if launched to overlap this one, may be scheduled once every block is here
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     // SPLIT: the other warpgroup's sums are added, through this CTA's tiles; KS = 2: those of the
     // same thread of the cluster's other CTA, through its tiles (distributed shared memory). Each
     // side then stores half the tokens.
@@ -1312,16 +1314,21 @@ GEMM_FWD_ALL(ws, 512, 64) GEMM_FWD_ALL(ws, 512, 128)
 // nf4_tma_fwd_<dtype>_m<BM>_r<ROWS>[_k2]: one block of 384 threads (2 MMA warpgroups, 1 copy
 // warpgroup) per ROWS W rows x BM tokens; tx, tw: the tensor maps of x and of the packed weight
 // (tensor_map.tiled_2d). _k2: clusters of 2 blocks along grid z split the k-steps and add their sums.
+// Launched to overlap the kernel before it (ops._launch(overlapping=True)), a block waits here,
+// before it reads anything, until that kernel has completed and its writes are visible.
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define CLUSTER_Z(KS) __cluster_dims__(1, 1, KS)
+#define AFTER_PREVIOUS_KERNEL asm volatile("griddepcontrol.wait;" ::: "memory")
 #else
 #define CLUSTER_Z(KS)  // no clusters before Hopper (the body is empty there)
+#define AFTER_PREVIOUS_KERNEL
 #endif
 #define TMA_FWD(TY, NAME, BM, SPLIT, ROWS, KS, SUFFIX)                                                 \
     extern "C" __global__ void __launch_bounds__(384, 1) CLUSTER_Z(KS)                                 \
         nf4_tma_fwd_##NAME##_m##BM##_r##ROWS##SUFFIX(const __grid_constant__ TmaDesc tx,               \
                                                       const __grid_constant__ TmaDesc tw, NF4_ARGS,     \
                                                       u16* y16, float* y32, int M, int N, int K) {      \
+        AFTER_PREVIOUS_KERNEL;                                                                         \
         NF4_MAKE;                                                                                      \
         tma_fwd<TY, BM, SPLIT, KS>(tx, tw, w, y16, y32, M, N, K);                                     \
     }
