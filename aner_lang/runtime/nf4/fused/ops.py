@@ -8,21 +8,22 @@ CUDA graph. Which kernel a call uses depends on the number of tokens M (rows of 
   registers. float32: one warp per output row on CUDA cores. float16/bfloat16: mma.sync m16n8k16
   tensor-core tiles with fp32 accumulation, multiplying the rounded NF4 codes and scaling each
   64-block's partial sums by its absmax. Backward to the input likewise, with fp32 atomics.
-* 16 < M < 1024, float16/bfloat16 on Hopper (sm_90a), K >= 4096, on weights wide enough to fill the
+* 16 < M <= 1024, float16/bfloat16 on Hopper (sm_90a), K >= 4096, on weights wide enough to fill the
   GPU (``_uses_tma``): the TMA-fed fused GEMM (``tma_kernel`` picks the block shape). One producer
   thread copies x's tile and the packed weight bytes with the Tensor Memory Accelerator into a ring
   of shared-memory stages; the two MMA warpgroups dequantize their weight rows straight into the
   wgmma's register operand (per-block tables of the 16 rounded values in registers, byte-permute
   lookups) and multiply by x's tile in shared memory. On long inputs (K >= TMA_SPLIT_MIN_K) a
   cluster of two blocks splits a tile's k-steps and adds the sums through distributed shared
-  memory, so each block reads half as much of x for the same work. H200, 2026-12-03, four runs of
-  benchmarks/nf4_kernels.py, each against dense bf16 and dequantize + cuBLAS in the same run:
-  4096x4096 at 512 tokens 33.3-33.9 us (dense 25.2-25.5, so 1.30-1.35x; dequantize + cuBLAS 39.7;
-  34.2-36.0 in four earlier runs, before the ring bookkeeping below); 4096x14336 at 512, k split:
-  104.6-107.4 (dense 83.1-87.7, 1.19-1.29x; dequantize + cuBLAS 123.0); 14336x4096 at 128: 42.4
-  (the warp-specialized GEMM below: 52.0); from 1024 tokens cuBLAS on the dequantized weight ties
-  (4096x4096 at 1024: 59.7-61.7 against 59.6 for the TMA kernel in one run, 62.3-63.0 against
-  60.5-64.2 in three before), then wins (at 2048: 113 against 126 us).
+  memory, so each block reads half as much of x for the same work. The 16-bit results leave
+  through shared memory as whole 128-byte rows, and the kernel is launched to overlap the one
+  before it (programmatic.py). H200, 2026-12-03, three runs of benchmarks/nf4_kernels.py, each
+  against dense bf16 and dequantize + cuBLAS in the same run: 4096x4096 at 512 tokens 31.2-32.8 us
+  (dense 25.5-26.3, so 1.19-1.28x; dequantize + cuBLAS 39.7; 33.3-33.9 before those two changes);
+  4096x14336 at 512, k split: 105.5-108.5 (dense 83.8-84.7, 1.25-1.28x; dequantize + cuBLAS
+  125.7); 14336x4096 at 128: 40.3 (the warp-specialized GEMM below: 53.5); 4096x4096 at 1024, 256
+  x 128 blocks: 59.2-61.4 against 61.6-62.6 for dequantize + cuBLAS; past that cuBLAS on the
+  dequantized weight wins (at 4096: 213-215 against 249-252 us).
   The MMA warps issue every dequantization instruction between their wgmmas: 6-7% fewer per k-step
   (ring positions instead of s % STAGES) made the 256 x 64 block 7% faster (34.2 -> 31.6 us on
   4096x4096 at 512, one run). Not any instruction: a shared table of each byte's two codes (26%
@@ -320,7 +321,7 @@ TMA_KERNELS = ((256, 128, 1), (256, 128, 2), (256, 64, 1), (128, 128, 1), (128, 
 # 119.8 for 256 tokens x 64 rows, at 256 tokens 73.8 against 78.6 for 128 x 64; at K = 4096 it
 # tied or lost (4096x4096 at 512: 34.3 against 34.5, at 256: 24.7 against 23.6).
 TMA_SPLIT_MIN_K = 8192
-TMA_TOKENS = (64, 1024)  # M < 1024 (from 1024 cuBLAS on the dequantized weight ties or wins); M <= 64: wide weights
+TMA_TOKENS = (64, 1024)  # M <= 1024 (past it cuBLAS on the dequantized weight wins); M <= 64: wide weights
 # A block takes about 0.5 us per 64-wide k-step, so few k-steps leave little to overlap: at K = 576
 # (9 steps, 49152x576) the warp-specialized GEMM won, and on small weights (SmolLM2's 576x1536)
 # dequantize + cuBLAS costs about 6 us in all. The wins measured were all at K >= 4096.
@@ -357,13 +358,14 @@ def tma_kernel(m: int, n: int, k: int, device: torch.device) -> tuple[int, int, 
 
 def _uses_tma(m: int, dtype: torch.dtype, device: torch.device, n: int, k: int) -> bool:
     """The TMA-fed GEMM where it beat dequantize + cuBLAS and the other fused GEMMs on the H200
-    (benchmarks/results/): half precision, K >= TMA_MIN_K, M < 1024 (TMA_TOKENS; at 1024 tokens on
-    4096x4096 the two measured 62.3-63.0 against 60.5-64.2 us in three runs), and
+    (benchmarks/results/): half precision, K >= TMA_MIN_K, M <= 1024 (TMA_TOKENS; at 1024 tokens on
+    4096x4096 the 256x128 blocks took 59.2-61.4 us against 61.6-62.6 in three runs, at 4096 tokens
+    249-252 against 213-215), and
     * up to 64 tokens, on the wide weights where a fused GEMM already beats cuBLAS (``_uses_wgmma``):
       14336x4096 at 32 tokens 41.5-41.7 us against 44.4-44.7 for the warp-specialized one;
     * past 64 tokens, on a grid of at least 0.45 blocks per multiprocessor (4096x4096 at 128
       tokens, 64 blocks: 23 us against 28 for cuBLAS); smaller grids were not measured."""
-    if not (SMALL_MAX_TOKENS < m < TMA_TOKENS[1] and k >= TMA_MIN_K and dtype != torch.float32
+    if not (SMALL_MAX_TOKENS < m <= TMA_TOKENS[1] and k >= TMA_MIN_K and dtype != torch.float32
             and _module(device).has_wgmma):
         return False
     if m <= TMA_TOKENS[0]:
