@@ -213,6 +213,34 @@ def test_kernels_follow_torch_stream_and_graph_capture() -> None:
     assert rel_err(y, x.double() @ ref.double().T) < BOUND[torch.bfloat16]
 
 
+def test_overlapping_launches_wait_for_the_previous_kernel(monkeypatch) -> None:
+    """TMA GEMMs launched to overlap the kernel before them (programmatic dependent launch), six in a
+    chain where each reads the previous one's output, captured in one CUDA graph: bit for bit the
+    ordinary launches' result, so no block read its input before the kernel writing it finished."""
+    needs_wgmma()
+    w, _ = quantized(4096, 4096, seed=11)
+    x = (torch.randn(512, 4096, device="cuda") * 0.05).to(torch.bfloat16)
+    assert ops.path(512, torch.bfloat16, x.device, 4096, 4096) == "fused-tma"
+
+    def chain() -> torch.Tensor:
+        y = x
+        for _ in range(6):
+            y = ops.linear(y, w) * 0.05
+        return y
+
+    overlapping = chain()
+    launch = ops._launch
+    with monkeypatch.context() as m:
+        m.setattr(ops, "_launch", lambda *a, overlapping=False, **k: launch(*a, **k))
+        ordinary = chain()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = chain()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(overlapping, ordinary) and torch.equal(captured, ordinary)
+
+
 def test_disk_cache_reused(tmp_path, monkeypatch) -> None:
     """A second process (an empty process cache) loads the cubin from disk instead of compiling."""
     monkeypatch.setenv("ANER_KERNEL_CACHE", str(tmp_path))

@@ -54,7 +54,7 @@ CUDA graph. Which kernel a call uses depends on the number of tokens M (rows of 
   target has to move less through shared memory, not only dequantize faster. The obvious one, x
   read from global memory straight into the wgmma's register operand (4-byte loads, one step
   ahead), was slower still: 77 us, its loads waiting on L2 with L1 at 91% of its throughput.
-* Other M > 16 (from 1024 tokens, float32, few input features or narrow weights, GPUs without
+* Other M > 16 (past 1024 tokens, float32, few input features or narrow weights, GPUs without
   wgmma), and every backward with M > 16: the weight is dequantized by one kernel into a buffer
   reused across layers, then cuBLAS (torch) multiplies. On the H200 this beats the fused GEMMs
   there (benchmarks/results/).
