@@ -446,7 +446,8 @@ def _out16_or_32(x2: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype, name: 
                  block: int, shared_bytes: int = 0, maps: tuple[np.ndarray, ...] = ()) -> torch.Tensor:
     """Launch a half-precision forward kernel that writes its fp32 accumulators either rounded to
     x's dtype (y16) or as they are (y32), whichever ``out_dtype`` asks for. A kernel given tensor
-    ``maps`` (x's first) takes them ahead of the weight and reads x through them, not a pointer."""
+    ``maps`` (x's first) takes them ahead of the weight and reads x through them, not a pointer;
+    those are the TMA GEMMs, which start with griddepcontrol.wait, so they are launched overlapping."""
     m, k = x2.shape
     y = torch.empty(m, w.out_features, dtype=out_dtype if out_dtype == torch.float32 else x2.dtype, device=x2.device)
     f32, none = y.dtype == torch.float32, np.uint64(0)

@@ -8,7 +8,7 @@ block of the previous kernel has signalled (``griddepcontrol.launch_dependents``
 the kernel itself holds them (``griddepcontrol.wait``, the first thing the TMA GEMM does) until
 that kernel has completed and its writes are visible. So the result is the same as an ordinary
 launch; only the launch latency is hidden. CUDA graphs capture the relation as a programmatic
-edge. CuPy's launch takes no attribute list, hence ctypes, as for tensor_map's encoder.
+edge. CuPy's launch takes no attribute list, hence the driver's own call (driver.py).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from functools import lru_cache
 import numpy as np
 
 from aner_lang.errors import AnerRuntimeError
+from aner_lang.runtime.nf4.fused import driver
 
 _PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CUlaunchAttributeID
 
@@ -34,14 +35,8 @@ class _Config(ctypes.Structure):  # CUlaunchConfig
 
 @lru_cache(maxsize=1)
 def _launch_kernel_ex():
-    try:
-        fn = ctypes.CDLL("libcuda.so.1").cuLaunchKernelEx
-    except (OSError, AttributeError) as exc:
-        raise AnerRuntimeError(f"the CUDA driver has no cuLaunchKernelEx: {exc}", code="E-KERNEL-UNAVAILABLE",
-                               notes=("TMA kernels need a CUDA 12+ driver",)) from None
-    fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.POINTER(_Config), ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
-    return fn
+    return driver.function("cuLaunchKernelEx",
+                           [ctypes.POINTER(_Config), ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p])
 
 
 def launch(function: int, grid: tuple[int, ...], block: int, shared_bytes: int, stream: int, args: list) -> None:

@@ -1,11 +1,10 @@
 """CUDA tensor maps (TMA descriptors) for the fused kernels that copy tiles with the Tensor Memory
 Accelerator, encoded by the driver's ``cuTensorMapEncodeTiled``.
 
-Neither CuPy nor torch exposes that call, so it is reached through ctypes in the driver library the
-CUDA runtime already loaded. A map is 128 opaque bytes, passed to the kernel by value (a
-``__grid_constant__`` parameter; CuPy passes a NumPy structured array as a struct). It depends only
-on its arguments, so maps are cached by them: a weight's map is encoded once, an activation's once
-per buffer the caching allocator hands out.
+Neither CuPy nor torch exposes that call (driver.py reaches it). A map is 128 opaque bytes, passed
+to the kernel by value (a ``__grid_constant__`` parameter; CuPy passes a NumPy structured array as a
+struct). It depends only on its arguments, so maps are cached by them: a weight's map is encoded
+once, an activation's once per buffer the caching allocator hands out.
 """
 
 from __future__ import annotations
@@ -16,6 +15,7 @@ from functools import lru_cache
 import numpy as np
 
 from aner_lang.errors import AnerRuntimeError
+from aner_lang.runtime.nf4.fused import driver
 
 # cuda.h enumerators
 _DATA_TYPE = {1: 0, 2: 1}  # element bytes -> CU_TENSOR_MAP_DATA_TYPE_UINT8 / _UINT16
@@ -27,16 +27,10 @@ TENSOR_MAP = np.dtype({"names": ["bits"], "formats": [(np.uint64, (16,))], "item
 
 @lru_cache(maxsize=1)
 def _encode():
-    try:
-        fn = ctypes.CDLL("libcuda.so.1").cuTensorMapEncodeTiled
-    except (OSError, AttributeError) as exc:
-        raise AnerRuntimeError(f"the CUDA driver has no cuTensorMapEncodeTiled: {exc}",
-                               code="E-KERNEL-UNAVAILABLE", notes=("TMA kernels need a CUDA 12+ driver",)) from None
     u64p, u32p = ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint32)
-    fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, u64p, u64p, u32p, u32p,
-                   ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
-    return fn
+    return driver.function("cuTensorMapEncodeTiled",
+                           [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, u64p, u64p, u32p, u32p,
+                            ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int])
 
 
 @lru_cache(maxsize=1024)
