@@ -116,10 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(fn=lambda a: _delegate("aner_lsp.server", "the language server", None))
     p = sub.add_parser("fixture", help="write a tiny deterministic GGUF model (for tests)", add_help=False)
     p.add_argument("rest", nargs=argparse.REMAINDER)
-    p.set_defaults(fn=lambda a: _delegate("aner_lang.runtime.fixture", "the fixture writer", a.rest))
+    p.set_defaults(fn=lambda a: _delegate("aner_lang.testing.fixture", "the fixture writer", a.rest))
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["fixture"]:  # everything after `fixture` belongs to the fixture writer
-        return _delegate("aner_lang.runtime.fixture", "the fixture writer", argv[1:])
+        return _delegate("aner_lang.testing.fixture", "the fixture writer", argv[1:])
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:

@@ -27,12 +27,14 @@ from pathlib import Path
 
 from safetensors.torch import load_file, save_file
 
-from aner_lang.runtime import adapters, checkpoint, fingerprint
-from aner_lang.runtime.data import from_texts
-from aner_lang.runtime.fixture import smollm2_gguf_path
-from aner_lang.runtime.model import load_model
-from aner_lang.runtime.profile import profile
-from aner_lang.runtime.trainer import train
+from aner_lang.runtime import adapters
+from aner_lang.runtime.io import fingerprint
+from aner_lang.runtime.train import checkpoint
+from aner_lang.runtime.tasks.data import from_texts
+from aner_lang.testing.fixture import smollm2_gguf_path
+from aner_lang.runtime.load.loader import load_model
+from aner_lang.runtime.train.profile import profile
+from aner_lang.runtime.train.trainer import train
 
 REFERENCE_WRITE_S, REFERENCE_RELOAD_S, TARGET_S = 4.4, 11.3, 0.2
 

@@ -18,7 +18,7 @@ import sys
 OURS = """
 import time, json, sys
 t = time.perf_counter()
-from aner_lang.runtime.model import load_model
+from aner_lang.runtime.load.loader import load_model
 m = load_model(sys.argv[1], storage=sys.argv[2], device="cpu")
 print(json.dumps({"seconds": time.perf_counter() - t, "params": m.parameter_count()}))
 """
@@ -46,7 +46,7 @@ def main() -> int:
     ap.add_argument("--storage", default="float32")
     ap.add_argument("--skip-baseline", action="store_true")
     args = ap.parse_args()
-    from aner_lang.runtime.fixture import smollm2_gguf_path
+    from aner_lang.testing.fixture import smollm2_gguf_path
 
     path = smollm2_gguf_path()
     if path is None:

@@ -49,10 +49,10 @@ def _measure(step, batches) -> dict:
 
 def aner_side(path: Path, batches: list[torch.Tensor]) -> dict:
     from aner_lang.runtime import adapters as A
-    from aner_lang.runtime.data import Dataset, Example, Record
-    from aner_lang.runtime.model import load_model
-    from aner_lang.runtime.profile import profile
-    from aner_lang.runtime.trainer import train
+    from aner_lang.runtime.tasks.data import Dataset, Example, Record
+    from aner_lang.runtime.load.loader import load_model
+    from aner_lang.runtime.train.profile import profile
+    from aner_lang.runtime.train.trainer import train
 
     model = load_model(path, storage="nf4_double_quant", device="cuda")
     prof = profile(precision="float16", optimizer="adamw", kernel="fused")
@@ -130,7 +130,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         path = Path(args.model) if args.model else _fixture(tmp)
-        from aner_lang.runtime.gguf_reader import GGUFFile
+        from aner_lang.runtime.io.gguf import GGUFFile
         vocab = GGUFFile(path).hyperparams().vocab_size  # the fixture's vocabulary may be small
         batches = _batches(vocab, args.updates + 1, args.batch, args.context)
         ours = aner_side(path, batches)

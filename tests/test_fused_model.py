@@ -19,7 +19,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("cupy")
 
 from aner_lang.runtime.adapters import lora  # noqa: E402
-from aner_lang.runtime.precision import autocast  # noqa: E402
+from aner_lang.runtime.model.precision import autocast  # noqa: E402
 
 BOUND = {"float32": 1e-3, "float16": 0.05, "bfloat16": 0.05}
 SHAPES = [(1, 8), (2, 40)]
@@ -27,7 +27,7 @@ SHAPES = [(1, 8), (2, 40)]
 
 @pytest.fixture(scope="module")
 def nf4_model(smollm2_path):
-    from aner_lang.runtime.model import load_model
+    from aner_lang.runtime.load.loader import load_model
 
     return load_model(smollm2_path, storage="nf4_double_quant", device="cuda")
 

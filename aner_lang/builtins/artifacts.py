@@ -1,6 +1,6 @@
 """Declarations of checkpoint and export builtins: resume, save/load adapters, merge, GGUF.
 
-Implementations live in `aner_lang.runtime.checkpoint`, `.export_peft` and `.export_gguf` and
+Implementations live in `aner_lang.runtime.train.checkpoint`, `.adapters.files`, `.adapters.merge` and `.export.gguf` and
 load only when first called. Paths are relative to the script's directory.
 """
 
@@ -44,33 +44,33 @@ _BUILTINS = (
         "Adapter", "The adapter of the latest checkpoint under dir with its full training "
         "state; train() continues it bit-identically to an uninterrupted run. Every file's "
         "sha256, the base model, and the profile (when given) are verified.",
-        _RT + "checkpoint:resume_builtin",
+        _RT + "train.checkpoint:resume_builtin",
         examples=('let a = resume("runs/r2", model: base, otherwise: lora(base, rank: 2))',),
         native=True, requires=_NATIVE, needs_context=True, category=_CATEGORY),
     Builtin(
         "latest_checkpoint", (Param("dir", "String", doc="a checkpoint directory"),),
         "Checkpoint?", "The verified latest checkpoint under dir, or none if there is none.",
-        _RT + "checkpoint:latest_builtin",
+        _RT + "train.checkpoint:latest_builtin",
         examples=('let ck = latest_checkpoint("runs/r2")',),
         native=True, requires=_NATIVE, needs_context=True, category=_CATEGORY),
     Builtin(
         "save_adapter", (Param("adapter", "Adapter"), Param("dir", "String", doc="output folder"),
                          Param("format", "Format", "peft", keyword_only=True)),
         "String", "Write the adapter's tensors (never the base) and return the folder written.",
-        _RT + "export_peft:save_adapter_builtin",
+        _RT + "adapters.files:save_adapter_builtin",
         examples=('adapter.save_adapter("out/adapter", format: peft)',),
         native=True, requires=_NATIVE, needs_context=True, category=_CATEGORY),
     Builtin(
         "load_adapter", (Param("model", "Model", doc="the base to attach it to"),
                          Param("dir", "String", doc="written by save_adapter or by peft")),
         "Adapter", "Read an adapter saved in either Format (PEFT LoRA/DoRA folders from other "
-        "tools too) onto model.", _RT + "export_peft:load_adapter_builtin",
+        "tools too) onto model.", _RT + "adapters.files:load_adapter_builtin",
         examples=('let a = load_adapter(base, "out/adapter")',),
         native=True, requires=_NATIVE, needs_context=True, category=_CATEGORY),
     Builtin(
         "merge", (Param("adapter", "Adapter"),), "Model",
         "The adapter folded into a dense float32 copy of its base (dequantized NF4 + delta): "
-        "the same logits, no adapter needed.", _RT + "export_gguf:merge",
+        "the same logits, no adapter needed.", _RT + "adapters.merge:merge",
         examples=("let merged = merge(adapter)",), native=True, requires=_NATIVE,
         category=_CATEGORY),
     Builtin(
@@ -78,7 +78,7 @@ _BUILTINS = (
                         Param("dtype", "GGUFDtype", "f16", keyword_only=True)),
         "String", "Write model as a llama.cpp GGUF file (q/k rows re-permuted, tokenizer and "
         "metadata copied from its source GGUF); HF transformers and load_model read it.",
-        _RT + "export_gguf:export_gguf_builtin",
+        _RT + "export.gguf:export_gguf_builtin",
         examples=('export_gguf(merge(adapter), "out/merged.gguf", dtype: f16)',),
         native=True, requires=_NATIVE, needs_context=True, category=_CATEGORY),
 )

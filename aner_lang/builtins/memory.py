@@ -30,7 +30,7 @@ def _memory(receiver: str) -> Builtin:
          Param("profile", "Profile?", "none", "the training profile (optimizer, paging)")),
         "MemoryReport",
         "Bytes held per category by a model, or by an adapter trained under a profile.",
-        "aner_lang.runtime.memory:memory_report",
+        "aner_lang.runtime.train.memory:memory_report",
         examples=('let report = memory(base)\nprint("packed base: ${report.packed_base}")',),
         native=True, requires=("torch",), category=_CATEGORY)
 

@@ -84,7 +84,7 @@ _FORWARD_BUILTINS = (
                      Param("stop_at_eos", "Bool", "true", "stop at the end-of-sequence token",
                            keyword_only=True)),
         "String", "Continue `prompt` with up to max_tokens new tokens (greedy by default) and "
-        "return only the new text.", "aner_lang.runtime.generate:generate_builtin",
+        "return only the new text.", "aner_lang.runtime.tasks.generate:generate_builtin",
         examples=('print(generate(base, "The capital of France is", max_tokens: 8))',),
         constraints=_SAMPLING_CONSTRAINTS, native=True, requires=_NATIVE, category=_CATEGORY),
     Builtin(
@@ -92,7 +92,7 @@ _FORWARD_BUILTINS = (
                  Param("system", "String?", "none", "a system prompt (the template's default "
                        "when none)", keyword_only=True), *_SAMPLING),
         "String", "Reply to one user message, rendered with the model's GGUF chat template.",
-        "aner_lang.runtime.generate:chat_builtin",
+        "aner_lang.runtime.tasks.generate:chat_builtin",
         examples=('print(chat(base, "What is the capital of France?", max_tokens: 16))',),
         constraints=_SAMPLING_CONSTRAINTS, native=True, requires=_NATIVE + ("jinja2",),
         category=_CATEGORY),
@@ -101,14 +101,14 @@ _FORWARD_BUILTINS = (
                      Param("batch_size", "Int", "8", "examples per forward pass",
                            keyword_only=True)),
         "Evaluation", "Mean next-token loss and perplexity over the dataset's scored tokens.",
-        "aner_lang.runtime.evaluate:evaluate",
+        "aner_lang.runtime.tasks.evaluate:evaluate",
         examples=('let e = evaluate(base, held_out)\nprint("perplexity ${e.perplexity}")',),
         constraints=(Constraint("batch_size >= 1", "batch_size must be at least 1"),),
         native=True, requires=_NATIVE, category=_CATEGORY),
     Builtin(
         "model_info", (_receiver("Model"),), "ModelInfo",
         "The model's hyper-parameters as read from its GGUF file.",
-        "aner_lang.runtime.model:model_info",
+        "aner_lang.runtime.model.info:model_info",
         examples=('print("${model_info(base).layers} layers")',),
         native=True, requires=_NATIVE, category=_CATEGORY),
     Builtin(
@@ -116,12 +116,12 @@ _FORWARD_BUILTINS = (
                      Param("special", "Bool", "true", "match special-token text such as "
                            "<|im_end|> as one token", keyword_only=True)),
         "List[Int]", "Token ids of `text` in the model's vocabulary (BOS added when the "
-        "vocabulary asks for it).", "aner_lang.runtime.model:tokenize",
+        "vocabulary asks for it).", "aner_lang.runtime.model.info:tokenize",
         examples=('let ids = tokenize(base, "Hello world")',),
         native=True, requires=_NATIVE, category=_CATEGORY),
     Builtin(
         "detokenize", (_receiver("Model"), Param("tokens", "List[Int]")), "String",
-        "The text of token ids (special tokens included).", "aner_lang.runtime.model:detokenize",
+        "The text of token ids (special tokens included).", "aner_lang.runtime.model.info:detokenize",
         examples=('print(detokenize(base, tokenize(base, "Hello")))',),
         native=True, requires=_NATIVE, category=_CATEGORY),
 )
@@ -137,7 +137,7 @@ DECLARATIONS = Declarations(
                 Param("device", "Device", "auto", "where the model runs", keyword_only=True)),
             "Model", "Load a Llama-architecture GGUF model (any tensor type gguf can "
             "dequantize) with its tokenizer and chat template.",
-            "aner_lang.runtime.model:load_model_builtin",
+            "aner_lang.runtime.load.loader:load_model_builtin",
             examples=('let base = load_model("models/smollm2.gguf", storage: nf4_double_quant)',),
             native=True, requires=_NATIVE, needs_context=True, category=_CATEGORY),
         Builtin(
@@ -145,7 +145,7 @@ DECLARATIONS = Declarations(
                       Param("context", "Int", "128", "most tokens per example (longer texts "
                             "are truncated)", keyword_only=True)),
             "Dataset", "A dataset of plain texts; every token is scored.",
-            "aner_lang.runtime.data:texts_builtin",
+            "aner_lang.runtime.tasks.data:texts_builtin",
             examples=('let train_set = texts(["Aner makes adaptation explicit."], context: 32)',),
             constraints=(Constraint("context >= 2", "context must be at least 2 tokens"),),
             native=True, requires=_NATIVE, category=_CATEGORY),
@@ -160,7 +160,7 @@ DECLARATIONS = Declarations(
                       "(scored)", keyword_only=True),
                 Param("context", "Int", "128", "most tokens per example", keyword_only=True)),
             "Dataset", "Read a JSONL dataset: texts, or prompt/completion pairs where only the "
-            "completion is scored.", "aner_lang.runtime.data:load_jsonl_builtin",
+            "completion is scored.", "aner_lang.runtime.tasks.data:load_jsonl_builtin",
             examples=('let qa = load_jsonl("data/qa.jsonl", prompt_field: "question", '
                       'completion_field: "answer")',),
             constraints=(Constraint("context >= 2", "context must be at least 2 tokens"),),

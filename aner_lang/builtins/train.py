@@ -15,7 +15,7 @@ from aner_lang.builtins.spec import (Builtin, Constraint, Declarations, EnumDecl
 _NATIVE = ("torch", "gguf", "tokenizers")
 _CATEGORY = "training"
 _ADAPTERS = "aner_lang.runtime.adapters:"
-_PROFILE = "aner_lang.runtime.profile:"
+_PROFILE = "aner_lang.runtime.train.profile:"
 
 PRECISION = EnumDecl("Precision", (
     Member("float32", "fp32 forward and backward"),
@@ -195,7 +195,7 @@ _BUILTINS = (
                   Param("log", "String?", "none", "JSON-lines event log (default: "
                         "<checkpoints>/events.jsonl)", keyword_only=True)),
         "Run", "Train the adapter until it has done `steps` updates; deterministic for a seed.",
-        "aner_lang.runtime.trainer:train_builtin",
+        "aner_lang.runtime.train.trainer:train_builtin",
         examples=("let run = train(a, train_set, fast, steps: 20, learning_rate: 2e-4, "
                   "clip_norm: 1.0, seed: 11, validation: held_out)",),
         constraints=(Constraint("steps >= 1", "steps must be at least 1"),

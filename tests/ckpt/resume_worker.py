@@ -13,11 +13,11 @@ import sys
 from pathlib import Path
 
 from aner_lang.runtime import adapters as A
-from aner_lang.runtime.checkpoint import resume
-from aner_lang.runtime.data import from_texts
-from aner_lang.runtime.model import load_model
-from aner_lang.runtime.profile import dynamic, profile
-from aner_lang.runtime.trainer import train
+from aner_lang.runtime.train.checkpoint import resume
+from aner_lang.runtime.tasks.data import from_texts
+from aner_lang.runtime.load.loader import load_model
+from aner_lang.runtime.train.profile import dynamic, profile
+from aner_lang.runtime.train.trainer import train
 
 TEXTS = ["Aner makes model adaptation explicit and reproducible.",
          "The quiet mountain lake reflects the clear morning sky.",

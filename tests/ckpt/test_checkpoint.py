@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from aner_lang.errors import AnerRuntimeError
-from aner_lang.runtime import checkpoint, fingerprint
+from aner_lang.runtime.io import fingerprint
+from aner_lang.runtime.train import checkpoint
 
 
 class _State:
@@ -96,7 +97,7 @@ def test_crash_before_publishing_keeps_the_previous_checkpoint(tmp_path, base, m
 
 _WRITER = textwrap.dedent("""
     import sys, torch
-    from aner_lang.runtime import checkpoint
+    from aner_lang.runtime.train import checkpoint
     class S:
         def __init__(self, n): self.n = n
         def to_tensors(self): return {"w": torch.full((256, 1024), float(self.n))}

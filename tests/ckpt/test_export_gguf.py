@@ -8,8 +8,9 @@ import torch
 from aner_lang.errors import AnerRuntimeError
 from aner_lang.runtime.adapters.full import Full
 from aner_lang.runtime.adapters.lora import DoRA, LoRA
-from aner_lang.runtime.export_gguf import export_gguf, merge
-from aner_lang.runtime.model import load_model
+from aner_lang.runtime.adapters.merge import merge
+from aner_lang.runtime.export.gguf import export_gguf
+from aner_lang.runtime.load.loader import load_model
 
 IDS = torch.tensor([[1, 5, 77, 300, 12, 9, 4000, 2]])
 

@@ -10,7 +10,7 @@ import torch
 
 from aner_lang.errors import AnerRuntimeError
 from aner_lang.runtime import adapters
-from aner_lang.runtime.export_peft import load_adapter, save_adapter
+from aner_lang.runtime.adapters.files import load_adapter, save_adapter
 
 IDS = torch.tensor([[1, 5, 77, 300, 12, 9, 4000, 2]])
 _TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "up_proj"]
@@ -83,8 +83,8 @@ def test_bad_adapter_directories_are_refused(tiny_model, tmp_path):
 
 
 def test_safetensors_adapter_refuses_another_base(tiny_model, tmp_path):
-    from aner_lang.runtime.fixture import write_fixture
-    from aner_lang.runtime.model import load_model
+    from aner_lang.testing.fixture import write_fixture
+    from aner_lang.runtime.load.loader import load_model
 
     out = save_adapter(_MAKERS["lora"](tiny_model), tmp_path / "a", format="safetensors")
     other = load_model(write_fixture(tmp_path / "other.gguf", "tiny", seed=9), "float32", "cpu")

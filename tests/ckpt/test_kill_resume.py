@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from aner_lang.runtime import checkpoint
+from aner_lang.runtime.train import checkpoint
 
 SCRIPT = """\
 let base = load_model("{gguf}", storage: float32, device: cpu)

@@ -7,12 +7,12 @@ import torch
 
 from aner_lang.errors import AnerRuntimeError
 from aner_lang.runtime import adapters as A
-from aner_lang.runtime.checkpoint import latest, resume
-from aner_lang.runtime.data import from_texts
-from aner_lang.runtime.fixture import write_fixture
-from aner_lang.runtime.model import load_model
-from aner_lang.runtime.profile import profile
-from aner_lang.runtime.trainer import train
+from aner_lang.runtime.train.checkpoint import latest, resume
+from aner_lang.runtime.tasks.data import from_texts
+from aner_lang.testing.fixture import write_fixture
+from aner_lang.runtime.load.loader import load_model
+from aner_lang.runtime.train.profile import profile
+from aner_lang.runtime.train.trainer import train
 
 TEXTS = ["Aner makes model adaptation explicit and reproducible.",
          "The quiet mountain lake reflects the clear morning sky."]

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from aner_lang.runtime import checkpoint
+from aner_lang.runtime.train import checkpoint
 
 WORKER = Path(__file__).with_name("resume_worker.py")
 sys.path.insert(0, str(WORKER.parent))

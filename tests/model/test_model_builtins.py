@@ -79,7 +79,7 @@ def test_bad_model_path_is_a_diagnostic_not_a_traceback(tmp_path):
 def test_generate_example_runs_on_the_real_model(real_model, smollm2_path, monkeypatch):
     """The README's main job, end to end through checker and interpreter; the model load itself
     is the session's `real_model` (load_model on this file is tested by every real-model test)."""
-    from aner_lang.runtime import model as runtime_model
+    from aner_lang.runtime.load import loader as runtime_model
 
     def shared_load(path, storage, device):
         assert Path(path) == smollm2_path and storage == "float32"

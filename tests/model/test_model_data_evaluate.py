@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from aner_lang.errors import AnerRuntimeError
-from aner_lang.runtime.data import IGNORE, collate, from_jsonl, from_texts
-from aner_lang.runtime.evaluate import evaluate
+from aner_lang.runtime.tasks.data import IGNORE, collate, from_jsonl, from_texts
+from aner_lang.runtime.tasks.evaluate import evaluate
 
 TEXTS = ["The quiet mountain lake reflects the clear morning sky.",
          "Aner makes model adaptation explicit and reproducible."]
@@ -64,7 +64,7 @@ def test_jsonl_errors(tmp_path):
 
 def test_evaluate_matches_hf_loss(tiny_bytes_gguf):
     transformers = pytest.importorskip("transformers")
-    from aner_lang.runtime.model import load_model
+    from aner_lang.runtime.load.loader import load_model
 
     tiny_model = load_model(tiny_bytes_gguf, device="cpu")
     hf = transformers.LlamaForCausalLM.from_pretrained(

@@ -8,8 +8,9 @@ import sys
 
 import pytest
 
-from aner_lang.runtime.fixture import SHAPES, embedded_tokenizer, main, write_fixture
-from aner_lang.runtime.gguf_reader import GGUFFile
+from aner_lang.testing.fixture import SHAPES, embedded_tokenizer, main, write_fixture
+from aner_lang.runtime.io.gguf import GGUFFile
+from aner_lang.runtime.model.config import config_from_gguf
 
 
 def _sha(path) -> str:
@@ -46,7 +47,7 @@ def test_main_writes_and_reports(tmp_path, capsys):
                  "--vocab", "bytes"]) == 0
     assert "wrote" in capsys.readouterr().out
     g = GGUFFile(out)
-    hp = g.hyperparams()
+    hp = config_from_gguf(g)
     assert hp.num_hidden_layers == 1 and not hp.tie_word_embeddings
     assert g.tensor_type("blk.0.attn_q.weight") == "Q8_0"
 
@@ -58,7 +59,7 @@ def test_cli_entry_point(tmp_path):
     if "No module named aner_lang.cli" in proc.stderr:
         pytest.skip("the aner CLI is not there yet")
     assert proc.returncode == 0, proc.stderr
-    assert GGUFFile(out).hyperparams().vocab_size == 259
+    assert config_from_gguf(GGUFFile(out)).vocab_size == 259
 
 
 def test_bad_arguments(tmp_path):

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from aner_lang.errors import AnerRuntimeError
-from aner_lang.runtime.generate import Sampling, generate_ids
-from aner_lang.runtime.linear import FrozenLinear
-from aner_lang.runtime.model import load_model
+from aner_lang.runtime.tasks.generate import Sampling, generate_ids
+from aner_lang.runtime.model.linear import FrozenLinear
+from aner_lang.runtime.load.loader import load_model
 
 
 def _ids(model, text="Aner makes model adaptation explicit and reproducible, 42 times."):

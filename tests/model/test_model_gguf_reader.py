@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from aner_lang.errors import AnerRuntimeError
-from aner_lang.runtime.fixture import SHAPES, embedded_tokenizer, hf_tensors, write_fixture
-from aner_lang.runtime.gguf_reader import GGUFFile, permute_rows, unpermute_rows
-from aner_lang.runtime.model import load_model
+from aner_lang.testing.fixture import SHAPES, embedded_tokenizer, hf_tensors, write_fixture
+from aner_lang.runtime.io.gguf import GGUFFile, permute_rows, unpermute_rows
+from aner_lang.runtime.model.config import config_from_gguf
+from aner_lang.runtime.load.loader import load_model
 
 SMALL_VOCAB = embedded_tokenizer()
 
@@ -59,7 +60,7 @@ def test_quantized_tensor_types_dequantize(tmp_path, tensor_type, tol):
     expected = hf_tensors(SHAPES["tiny"], 259, 5, False)["blk.0.ffn_up.weight"]
     got = g.tensor("blk.0.ffn_up.weight", (128, 64)).numpy()
     assert np.abs(got - expected).max() <= tol
-    assert not g.hyperparams().tie_word_embeddings
+    assert not config_from_gguf(g).tie_word_embeddings
 
 
 def test_k_quant_tensor_dequantizes(tmp_path):

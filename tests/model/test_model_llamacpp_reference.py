@@ -56,9 +56,9 @@ SPM = json.loads((Path(__file__).parent / "data" / "spm_reference.json").read_te
 @pytest.fixture(scope="module")
 def spm_tokenizer(tmp_path_factory):
     """The SentencePiece-style vocabulary, read back from a GGUF fixture that carries it."""
-    from aner_lang.runtime.fixture import write_fixture
-    from aner_lang.runtime.gguf_reader import GGUFFile
-    from aner_lang.runtime.tokenizer import Tokenizer
+    from aner_lang.testing.fixture import write_fixture
+    from aner_lang.runtime.io.gguf import GGUFFile
+    from aner_lang.runtime.model.tokenizer import Tokenizer
 
     path = write_fixture(tmp_path_factory.mktemp("spm") / "spm.gguf", "tiny",
                          tokenizer=SPM["tokenizer"])

@@ -46,7 +46,7 @@ def test_real_model_logits_match_hf(real_model, hf_model):
 
 
 def test_real_model_greedy_generation_matches_hf(real_model, hf_model):
-    from aner_lang.runtime.generate import Sampling, generate_ids
+    from aner_lang.runtime.tasks.generate import Sampling, generate_ids
 
     prompt = real_model.tokenizer.encode(PROMPT)
     ours = generate_ids(real_model, prompt, Sampling(max_tokens=8, stop_at_eos=False))
@@ -76,8 +76,8 @@ def test_chat_template_matches_hf(real_model, hf_tokenizer):
 
 @pytest.mark.parametrize("tied", [True, False])
 def test_tiny_fixture_logits_match_hf(tmp_path, tied):
-    from aner_lang.runtime.fixture import embedded_tokenizer, write_fixture
-    from aner_lang.runtime.model import load_model
+    from aner_lang.testing.fixture import embedded_tokenizer, write_fixture
+    from aner_lang.runtime.load.loader import load_model
 
     path = write_fixture(tmp_path / "t.gguf", "tiny", seed=3, tied=tied,
                          tokenizer=embedded_tokenizer())

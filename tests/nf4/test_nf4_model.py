@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from aner_lang.runtime.data import from_texts
-from aner_lang.runtime.evaluate import evaluate
-from aner_lang.runtime.linear import DenseLinear
-from aner_lang.runtime.memory import memory_report
-from aner_lang.runtime.model import load_model
+from aner_lang.runtime.tasks.data import from_texts
+from aner_lang.runtime.tasks.evaluate import evaluate
+from aner_lang.runtime.model.linear import DenseLinear
+from aner_lang.runtime.train.memory import memory_report
+from aner_lang.runtime.load.loader import load_model
 from aner_lang.runtime.nf4 import host_tiled
 from aner_lang.runtime.nf4.linear import NF4Linear
 
@@ -72,7 +72,7 @@ def test_memory_report_matches_the_reference_figures(nf4_model) -> None:
 
 def test_memory_report_of_adapters_matches_the_reference_lora(nf4_model) -> None:
     from aner_lang.runtime.adapters import lora, lora_fa
-    from aner_lang.runtime.profile import profile
+    from aner_lang.runtime.train.profile import profile
 
     # The reference's rank-2 LoRA on q_proj and v_proj of all 30 layers: 115,200 fp32 masters.
     report = memory_report(lora(nf4_model, rank=2, alpha=4.0, seed=71),

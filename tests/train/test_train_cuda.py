@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from aner_lang.runtime import adapters as A
-from aner_lang.runtime.data import from_texts
-from aner_lang.runtime.optim import AdamW, PagedAdamW
-from aner_lang.runtime.profile import profile
+from aner_lang.runtime.tasks.data import from_texts
+from aner_lang.runtime.train.optim import AdamW, PagedAdamW
+from aner_lang.runtime.train.profile import profile
 
 pytestmark = pytest.mark.cuda
 if not torch.cuda.is_available():
@@ -45,13 +45,13 @@ def test_paged_adamw_keeps_large_moments_managed_and_matches_adamw():
 
 @pytest.fixture(scope="module")
 def nf4_model(smollm2_path):
-    from aner_lang.runtime.model import load_model
+    from aner_lang.runtime.load.loader import load_model
     return load_model(smollm2_path, storage="nf4_double_quant", device="cuda")
 
 
 @pytest.mark.parametrize("precision", ["float16", "bfloat16"])
 def test_qlora_on_cuda_learns_and_is_deterministic(nf4_model, precision):
-    from aner_lang.runtime.trainer import train
+    from aner_lang.runtime.train.trainer import train
     data = from_texts(TEXTS, context=32)
     prof = profile(precision=precision, optimizer="paged_adamw", kernel="fused")
     runs = []

@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from aner_lang.runtime import adapters as A
-from aner_lang.runtime.data import collate, from_texts, token_loss_sum
-from aner_lang.runtime.profile import profile
-from aner_lang.runtime.trainer import TrainState, train
+from aner_lang.runtime.tasks.data import collate, from_texts, token_loss_sum
+from aner_lang.runtime.train.profile import profile
+from aner_lang.runtime.train.state import TrainState
+from aner_lang.runtime.train.trainer import train
 
 TEXTS = ["Aner makes model adaptation explicit and reproducible.",
          "The quiet mountain lake reflects the clear morning sky.",
@@ -109,8 +110,8 @@ def test_lora_matches_peft_over_5_updates(real_model, smollm2_path, data):
     opt = torch.optim.AdamW(trainable, lr=1e-3, weight_decay=0.0, foreach=False)
     examples = data.examples(real_model.tokenizer)
     run = train(ours, data, profile(), steps=5, learning_rate=1e-3, micro_batch=4, seed=0)
-    from aner_lang.runtime.trainer import _epoch_order
-    order = _epoch_order(len(examples), 0, 0)
+    from aner_lang.runtime.train.order import epoch_order
+    order = epoch_order(len(examples), 0, 0)
     batch = collate([examples[i] for i in order], real_model.tokenizer.pad_id or 0)
     theirs = []
     for _ in range(5):

@@ -10,11 +10,12 @@ import torch
 
 from aner_lang.errors import AnerRuntimeError
 from aner_lang.runtime import adapters as A
-from aner_lang.runtime.data import from_texts
-from aner_lang.runtime.optim import AdamW, make_optimizer
-from aner_lang.runtime.precision import LossScaler
-from aner_lang.runtime.profile import Profile, dynamic, fixed, profile
-from aner_lang.runtime.trainer import learning_rate_at, train
+from aner_lang.runtime.tasks.data import from_texts
+from aner_lang.runtime.train.optim import AdamW, make_optimizer
+from aner_lang.runtime.train.loss_scale import LossScaler
+from aner_lang.runtime.train.profile import Profile, dynamic, fixed, profile
+from aner_lang.runtime.train.schedule import learning_rate_at
+from aner_lang.runtime.train.trainer import train
 
 
 def test_adamw_is_bit_identical_to_torch_adamw():

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from aner_lang.errors import AnerRuntimeError
-from aner_lang.runtime.host_copy import host_copies
+from aner_lang.runtime.io.host_copy import host_copies
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")

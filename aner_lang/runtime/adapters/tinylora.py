@@ -27,7 +27,7 @@ def _unquantized_weights(model, targets) -> list[torch.Tensor]:
     """fp32 target weights before any NF4 quantization (re-read from the GGUF file if needed)."""
     if all(m.storage in ("float32", "float16") for _, m in targets):
         return [m.dense_weight() for _, m in targets]
-    from aner_lang.runtime.gguf_reader import GGUFFile, unpermute_rows
+    from aner_lang.runtime.io.gguf import GGUFFile, unpermute_rows
     gguf = GGUFFile(model.path)
     out = []
     for name, m in targets:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from aner_lang.runtime.linear import FrozenLinear
+from aner_lang.runtime.model.linear import FrozenLinear
 from aner_lang.runtime.nf4.linear import NF4Linear
 
 

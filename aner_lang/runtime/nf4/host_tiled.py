@@ -13,7 +13,7 @@ from math import gcd
 import torch
 
 from aner_lang.runtime.nf4.quant import NESTED_BLOCKSIZE, NF4Weight, dequantize_range, nf4_code
-from aner_lang.runtime.precision import compute_dtype, matmul
+from aner_lang.runtime.model.precision import compute_dtype, matmul
 
 DEFAULT_TILE_BYTES = 8 * 1024 * 1024
 

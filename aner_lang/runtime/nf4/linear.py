@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from aner_lang.runtime.linear import FrozenLinear
+from aner_lang.runtime.model.linear import FrozenLinear
 from aner_lang.runtime.nf4 import host_tiled
 from aner_lang.runtime.nf4.backends import get_backend, nf4_matmul
 from aner_lang.runtime.nf4.quant import NF4Weight, dequantize_nf4, quantize_nf4

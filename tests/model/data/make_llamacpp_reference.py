@@ -66,7 +66,7 @@ def write_reference(out: dict, name: str) -> None:
 
 
 def main() -> None:
-    from aner_lang.runtime.fixture import smollm2_gguf_path
+    from aner_lang.testing.fixture import smollm2_gguf_path
 
     server = start_server(smollm2_gguf_path())
     base = server.listening_address

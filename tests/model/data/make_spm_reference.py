@@ -61,7 +61,7 @@ def spm_metadata(model_bytes: bytes) -> dict:
 def main() -> None:
     import sentencepiece as spm
 
-    from aner_lang.runtime.fixture import write_fixture
+    from aner_lang.testing.fixture import write_fixture
 
     buf = io.BytesIO()
     spm.SentencePieceTrainer.train(sentence_iterator=iter(CORPUS.splitlines()), model_writer=buf,

@@ -13,7 +13,7 @@ from aner_lang.errors import AnerRuntimeError
 from aner_lang.runtime.nf4.fused import compiler, ops
 from aner_lang.runtime.nf4.fused.availability import require_fused
 from aner_lang.runtime.nf4.quant import NF4Weight
-from aner_lang.runtime.precision import compute_dtype
+from aner_lang.runtime.model.precision import compute_dtype
 
 _PRECISION = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 

@@ -80,7 +80,7 @@ import torch
 
 from aner_lang.errors import AnerRuntimeError
 from aner_lang.runtime.nf4.fused import compiler, programmatic, tensor_map
-from aner_lang.runtime.precision import matmul
+from aner_lang.runtime.model.precision import matmul
 
 SMALL_MAX_TOKENS = 16
 _DT_NAME = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}

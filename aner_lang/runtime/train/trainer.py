@@ -24,82 +24,17 @@ from typing import Any
 import torch
 
 from aner_lang.errors import AnerRuntimeError
-from aner_lang.runtime.data import Dataset, collate, token_loss_sum
-from aner_lang.runtime.optim import make_optimizer
-from aner_lang.runtime.precision import LossScaler, autocast
-from aner_lang.runtime.profile import Profile
+from aner_lang.runtime.model.precision import autocast
+from aner_lang.runtime.tasks.data import Dataset, collate, token_loss_sum
+from aner_lang.runtime.train import checkpoint
+from aner_lang.runtime.train.loss_scale import LossScaler
+from aner_lang.runtime.train.optim import make_optimizer
+from aner_lang.runtime.train.order import Cursor
+from aner_lang.runtime.train.profile import Profile
+from aner_lang.runtime.train.run import Run
+from aner_lang.runtime.train.schedule import SCHEDULES, learning_rate_at
+from aner_lang.runtime.train.state import STATE_FORMAT, TrainState
 
-STATE_FORMAT = "aner.train-state/1"
-SCHEDULES = ("constant", "linear", "cosine")
-
-
-@dataclass
-class TrainState:
-    """Everything needed to continue training bit-identically (docs/internals.md)."""
-
-    tensors: dict[str, torch.Tensor]
-    meta: dict[str, Any]
-
-    @property
-    def updates(self) -> int:
-        return self.meta["counters"]["updates"]
-
-    def to_tensors(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().cpu().contiguous() for k, v in self.tensors.items()}
-
-    def to_json(self) -> dict:
-        return json.loads(json.dumps(self.meta))
-
-    @classmethod
-    def from_parts(cls, tensors: dict[str, torch.Tensor], meta: dict) -> TrainState:
-        if meta.get("format") != STATE_FORMAT:
-            raise AnerRuntimeError(f"not an Aner training state (format {meta.get('format')!r}, "
-                                   f"expected {STATE_FORMAT})", code="E-STATE-FORMAT")
-        return cls(dict(tensors), json.loads(json.dumps(meta)))
-
-
-@dataclass
-class Run:
-    """What `train` returns: histories, counters and the trained adapter."""
-
-    adapter: Any
-    profile: Profile
-    loss_history: list[float]
-    validation_history: list[tuple[int, float]]
-    scored_tokens: int
-    updates: int
-    skipped_updates: int
-    retries: int
-    loss_scale: float
-    optimizer_report: str
-    seconds: float
-    log_path: str | None
-    optimizer_bytes: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def validation_loss(self) -> float | None:
-        return self.validation_history[-1][1] if self.validation_history else None
-
-    @property
-    def first_validation_loss(self) -> float | None:
-        return self.validation_history[0][1] if self.validation_history else None
-
-    @property
-    def final_loss(self) -> float | None:
-        return self.loss_history[-1] if self.loss_history else None
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.scored_tokens / self.seconds if self.seconds > 0 else 0.0
-
-    def nbytes(self) -> dict[str, int]:
-        """Memory report hook: optimizer moments (and how many of them are managed)."""
-        return dict(self.optimizer_bytes)
-
-    def __repr__(self) -> str:
-        val = f", validation loss {self.validation_loss:.4f}" if self.validation_history else ""
-        return (f"Run({self.updates} updates, {self.skipped_updates} skipped, final loss "
-                f"{self.final_loss:.4f}{val})") if self.loss_history else "Run(0 updates)"
 
 
 def set_deterministic(device: torch.device) -> None:
@@ -112,50 +47,6 @@ def set_deterministic(device: torch.device) -> None:
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
         torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
-
-
-def learning_rate_at(k: int, lr: float, total: int, warmup: int, schedule: str) -> float:
-    """Learning rate of applied update `k` (0-based): linear warmup over `warmup` updates,
-    then constant, linear or cosine decay to 0 at `total`."""
-    if k < warmup:
-        return lr * (k + 1) / warmup
-    if schedule == "constant" or total <= warmup:
-        return lr
-    progress = min(1.0, (k - warmup) / (total - warmup))
-    if schedule == "linear":
-        return lr * (1.0 - progress)
-    return lr * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-def _epoch_order(n: int, seed: int, epoch: int) -> list[int]:
-    gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-    return torch.randperm(n, generator=gen).tolist()
-
-
-class _Cursor:
-    """Position in the seeded per-epoch example order."""
-
-    def __init__(self, n: int, seed: int, epoch: int = 0, position: int = 0) -> None:
-        self.n, self.seed, self.epoch, self.position = n, seed, epoch, position
-        self._order = _epoch_order(n, seed, epoch)
-
-    def take(self, k: int) -> list[int]:
-        out = []
-        for _ in range(k):
-            if self.position == self.n:
-                self.epoch, self.position = self.epoch + 1, 0
-                self._order = _epoch_order(self.n, self.seed, self.epoch)
-            out.append(self._order[self.position])
-            self.position += 1
-        return out
-
-    def mark(self) -> tuple[int, int]:
-        return self.epoch, self.position
-
-    def restore(self, mark: tuple[int, int]) -> None:
-        if mark[0] != self.epoch:
-            self._order = _epoch_order(self.n, self.seed, mark[0])
-        self.epoch, self.position = mark
 
 
 def _mean_loss(adapter: Any, data: Dataset, micro_batch: int, profile: Profile) -> float:
@@ -227,13 +118,13 @@ def train(adapter: Any, data: Dataset, profile: Profile, steps: int = 10,
         scaler = LossScaler(replace(profile.loss_scale))
         counters = {"updates": 0, "applied": 0, "skipped_updates": 0, "retries": 0,
                     "scored_tokens": 0, "loss_history": [], "validation_history": []}
-        cursor = _Cursor(len(data), seed)
+        cursor = Cursor(len(data), seed)
     else:
         opt.load_state_tensors(prev.tensors)
         scaler = LossScaler.from_json(prev.meta["loss_scale"])
         counters = json.loads(json.dumps(prev.meta["counters"]))
         d = prev.meta["data"]
-        cursor = _Cursor(len(data), d["seed"], d["epoch"], d["position"])
+        cursor = Cursor(len(data), d["seed"], d["epoch"], d["position"])
         gen.set_state(prev.tensors["rng/generator"])
     adapter.dropout_generator = gen
     log_path = _log_path(log, checkpoints)
@@ -294,7 +185,7 @@ def train(adapter: Any, data: Dataset, profile: Profile, steps: int = 10,
                 bar.set_postfix(loss=f"{loss:.4f}")
             if checkpoints and (done or (checkpoint_every and
                                          counters["updates"] % checkpoint_every == 0)):
-                _save_checkpoint(checkpoints, adapter.state)
+                checkpoint.save(checkpoints, adapter.state)
     finally:
         adapter.train_mode(False)
         if log_file:
@@ -312,7 +203,7 @@ def train(adapter: Any, data: Dataset, profile: Profile, steps: int = 10,
                optimizer_bytes={"optimizer": opt.state_bytes(), "managed": opt.managed_bytes()})
 
 
-def _window(adapter: Any, examples: tuple, cursor: _Cursor, micro_batch: int, accumulation: int,
+def _window(adapter: Any, examples: tuple, cursor: Cursor, micro_batch: int, accumulation: int,
             pad: int, profile: Profile, scaler: LossScaler) -> tuple[float, int]:
     """Forward/backward one accumulation window; returns (mean loss, scored tokens)."""
     batches = [collate([examples[i] for i in cursor.take(micro_batch)], pad, adapter.device)
@@ -335,7 +226,7 @@ def _zero_grads(params: list[tuple[str, torch.Tensor]]) -> None:
         p.grad = None
 
 
-def _snapshot(adapter: Any, opt: Any, scaler: LossScaler, cursor: _Cursor, counters: dict,
+def _snapshot(adapter: Any, opt: Any, scaler: LossScaler, cursor: Cursor, counters: dict,
               profile: Profile, options: dict, kernel_identity: str,
               gen: torch.Generator) -> TrainState:
     tensors = {f"adapter/{k}": v for k, v in adapter.tensors().items()}
@@ -348,16 +239,6 @@ def _snapshot(adapter: Any, opt: Any, scaler: LossScaler, cursor: _Cursor, count
                      "accumulation_offset": 0},
             "counters": json.loads(json.dumps(counters)), "options": options}
     return TrainState(tensors, meta)
-
-
-def _save_checkpoint(directory: str, state: TrainState) -> None:
-    try:
-        from aner_lang.runtime.checkpoint import save
-    except ImportError:
-        raise AnerRuntimeError("train: checkpoints were requested but this build has no "
-                               "checkpoint support (aner_lang.runtime.checkpoint is missing)",
-                               code="E-CHECKPOINT-UNAVAILABLE") from None
-    save(directory, state)
 
 
 def _log_path(log: str | None, checkpoints: str | None) -> str | None:

@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
-from aner_lang.runtime.linear import FrozenLinear
+from aner_lang.runtime.model.linear import FrozenLinear
 from aner_lang.runtime.nf4.host_tiled import DEFAULT_TILE_BYTES
-from aner_lang.runtime.optim.paged import PAGE_MIN_ELEMENTS
+from aner_lang.runtime.train.optim.paged import PAGE_MIN_ELEMENTS
 
 _FP32_MOMENTS = 2 * 4  # AdamW keeps two fp32 moments per trainable scalar
 

@@ -1,4 +1,4 @@
-"""`LoadedModel` (what an Aner `Model` value is) and `load_model`, GGUF file -> torch model.
+"""`load_model`: a GGUF file -> a `LoadedModel` with the requested storage on the requested device.
 
 The GGUF tensors are dequantized to fp32 in HF layout (q/k rows un-permuted), then stored as the
 requested Storage: float32 or float16 `DenseLinear`s, or NF4 with double quantization through
@@ -7,72 +7,26 @@ requested Storage: float32 or float16 `DenseLinear`s, or NF4 with double quantiz
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from aner_lang.errors import AnerRuntimeError
-from aner_lang.runtime.gguf_reader import GGUFFile, unpermute_rows
-from aner_lang.runtime.linear import DenseLinear
-from aner_lang.runtime.llama import (KVCache, LlamaAttention, LlamaConfig, LlamaDecoderLayer,
-                                     LlamaMLP, LlamaModel, RMSNorm)
-from aner_lang.runtime.tokenizer import Tokenizer
+from aner_lang.runtime.io.gguf import GGUFFile, unpermute_rows
+from aner_lang.runtime.io.packages import package_file
+from aner_lang.runtime.model.config import LlamaConfig, config_from_gguf
+from aner_lang.runtime.model.linear import DenseLinear
+from aner_lang.runtime.model.loaded import LoadedModel
+from aner_lang.runtime.model.tokenizer import Tokenizer
+from aner_lang.runtime.model.transformer import (LlamaAttention, LlamaDecoderLayer, LlamaMLP,
+                                                 LlamaModel, RMSNorm)
 
 if TYPE_CHECKING:
     from aner_lang.interp.context import ExecContext
 
 STORAGES = ("float32", "float16", "nf4_double_quant")
 DEVICES = ("cpu", "cuda", "auto")
-
-
-@dataclass
-class LoadedModel:
-    """A base model ready to run: the torch module, its tokenizer and where it came from.
-
-    Offers the forward protocol of docs/internals.md (`forward`, `tokenizer`, `device`, `base`),
-    so generation and evaluation treat it and an adapter alike.
-    """
-
-    module: LlamaModel
-    tokenizer: Tokenizer
-    config: LlamaConfig
-    path: Path
-    storage: str
-    device: torch.device
-    metadata: dict[str, Any]
-
-    @property
-    def base(self) -> LoadedModel:
-        return self
-
-    def forward(self, input_ids: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        return self.module(input_ids, cache)
-
-    def new_cache(self) -> KVCache:
-        return self.module.new_cache()
-
-    @property
-    def name(self) -> str:
-        return str(self.metadata.get("general.name", self.path.stem))
-
-    def parameter_count(self) -> int:
-        """Weights of the model as a dense network (tied embeddings counted once)."""
-        seen: set[int] = set()
-        total = 0
-        for m in self.module.modules():
-            if id(m) in seen:
-                continue
-            seen.add(id(m))
-            if hasattr(m, "in_features") and hasattr(m, "dense_weight"):
-                total += m.in_features * m.out_features
-            elif isinstance(m, RMSNorm):
-                total += m.weight.numel()
-        return total
-
-    def __repr__(self) -> str:
-        return f"Model({self.name!r}, {self.config.num_hidden_layers} layers, {self.storage})"
 
 
 def build_llama(gguf: GGUFFile, config: LlamaConfig, storage: str) -> LlamaModel:
@@ -147,7 +101,7 @@ def load_model(path: str | Path, storage: str = "float32", device: str = "auto")
                                f"{', '.join(STORAGES)}", code="E-STORAGE")
     dev = resolve_device(device)
     gguf = GGUFFile(path)
-    config = gguf.hyperparams()
+    config = config_from_gguf(gguf)
     tokenizer = Tokenizer.from_gguf(gguf)
     with torch.inference_mode(False), torch.no_grad():
         module = build_llama(gguf, config, storage)
@@ -156,27 +110,6 @@ def load_model(path: str | Path, storage: str = "float32", device: str = "auto")
     module.eval().to(dev)
     return LoadedModel(module=module, tokenizer=tokenizer, config=config, path=Path(path),
                        storage=storage, device=dev, metadata=_scalar_metadata(gguf.metadata))
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """What `model_info(model)` reports (the fields of the Aner ModelInfo type)."""
-
-    name: str
-    architecture: str
-    parameters: int
-    layers: int
-    hidden_size: int
-    intermediate_size: int
-    heads: int
-    kv_heads: int
-    vocab_size: int
-    context_length: int
-    rope_theta: float
-    rms_norm_eps: float
-    tied_embeddings: bool
-    storage: str
-    device: str
 
 
 PACKAGE_SCHEME = "pypi:"
@@ -191,8 +124,6 @@ def model_file(ctx: ExecContext, path: str) -> Path:
     """
     if not path.startswith(PACKAGE_SCHEME):
         return ctx.resolve_path(path)
-    from aner_lang.runtime.fixture import package_file
-
     dist, _, rel = path[len(PACKAGE_SCHEME):].partition("/")
     found = package_file(dist, rel)
     if found is None:
@@ -207,26 +138,3 @@ def load_model_builtin(ctx: ExecContext, path: str, storage: str, device: str) -
     return load_model(model_file(ctx, path), storage=storage, device=device)
 
 
-def model_info(model: Any) -> ModelInfo:
-    """Builtin `model_info(model)`: the hyper-parameters of a model (or an adapter's base)."""
-    base: LoadedModel = model.base
-    c = base.config
-    return ModelInfo(name=base.name, architecture=str(base.metadata.get("general.architecture")),
-                     parameters=base.parameter_count(), layers=c.num_hidden_layers,
-                     hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
-                     heads=c.num_attention_heads, kv_heads=c.num_key_value_heads,
-                     vocab_size=c.vocab_size, context_length=c.max_position_embeddings,
-                     rope_theta=c.rope_theta, rms_norm_eps=c.rms_norm_eps,
-                     tied_embeddings=c.tie_word_embeddings, storage=base.storage,
-                     device=str(base.device))
-
-
-def tokenize(model: Any, text: str, special: bool) -> list[int]:
-    """Builtin `tokenize(model, text, special:)`: BOS added when the vocabulary asks for it;
-    `special` also matches special-token text such as ``<|im_end|>``."""
-    return model.tokenizer.encode(text, add_special=True, parse_special=special)
-
-
-def detokenize(model: Any, tokens: list[int]) -> str:
-    """Builtin `detokenize(model, tokens)`."""
-    return model.tokenizer.decode(tokens)

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from aner_lang.errors import AnerRuntimeError
-from aner_lang.runtime.tokenizer import Tokenizer
+from aner_lang.runtime.model.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
     from aner_lang.interp.context import ExecContext

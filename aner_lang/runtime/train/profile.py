@@ -13,11 +13,32 @@ from dataclasses import asdict, dataclass
 import torch
 
 from aner_lang.errors import AnerRuntimeError
-from aner_lang.runtime.precision import LossScaleState, check_precision_supported
+from aner_lang.runtime.model.precision import DTYPES
+from aner_lang.runtime.train.loss_scale import LossScaleState
 
 PRECISIONS = ("float32", "float16", "bfloat16")
 OPTIMIZERS = ("adamw", "paged_adamw")
 KERNELS = ("host_tiled", "fused", "auto")
+
+
+def check_precision_supported(precision: str, device: torch.device) -> None:
+    """Reject a precision this device cannot run, before any training starts."""
+    if precision == "float32":
+        return
+    dtype = DTYPES[precision]
+    if not torch.amp.is_autocast_available(device.type):
+        raise AnerRuntimeError(f"precision: {precision} needs autocast, which {device.type} lacks",
+                               code="E-PRECISION", notes=("use precision: float32",))
+    if device.type == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
+        raise AnerRuntimeError("precision: bfloat16 is not supported by this GPU",
+                               code="E-PRECISION", notes=("use precision: float16 or float32",))
+    try:
+        a = torch.ones(2, 2, dtype=dtype, device=device)
+        (a @ a).sum().item()
+    except RuntimeError as exc:
+        raise AnerRuntimeError(f"precision: {precision} matmul is not supported on "
+                               f"{device.type}: {exc}", code="E-PRECISION",
+                               notes=("use precision: float32",)) from None
 
 
 def dynamic(initial: float = 65536.0, growth_interval: int = 2000, growth_factor: float = 2.0,

@@ -1,10 +1,4 @@
-"""Merging an adapter into its base, and writing a model back to GGUF.
-
-`merge(adapter)` gives a plain dense `LoadedModel` whose every projection is the exact linear map
-the adapter computes (dequantized NF4 + delta, in fp32), so nothing trained is lost to a
-re-quantization. The effective weight of a target is read by running the adapter's own hook on
-the identity matrix: for any adapter that is linear in its input (LoRA, LoRA-FA, DoRA, TinyLoRA)
-that is exactly ``W'^T``, so merge needs no per-method formula that could drift from training.
+"""Writing a model (a base, or a merged adapter) back to GGUF.
 
 `export_gguf(model, path, dtype)` writes llama.cpp's layout: GGUF tensor names, q/k rows permuted
 back to interleaved-pair RoPE order, norms in f32, every metadata key (tokenizer, chat template,
@@ -14,7 +8,6 @@ read it.
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -22,8 +15,7 @@ import numpy as np
 import torch
 
 from aner_lang.errors import AnerRuntimeError
-from aner_lang.runtime.gguf_reader import permute_rows
-from aner_lang.runtime.linear import DenseLinear, FrozenLinear
+from aner_lang.runtime.io.gguf import permute_rows
 
 DTYPES = {"f16": np.float16, "f32": np.float32}
 _FILE_TYPE = {"f32": 0, "f16": 1}  # llama.cpp's LLAMA_FTYPE_ALL_F32 / MOSTLY_F16
@@ -31,54 +23,6 @@ _SKIPPED_KEYS = ("GGUF.", "general.file_type", "general.quantization_version")
 _PROJ_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
                "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
                "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
-
-
-def _effective_weights(adapter: Any) -> dict[str, torch.Tensor]:
-    """`{module name: W'}` for every target of a linear adapter, in fp32 on the CPU."""
-    out: dict[str, torch.Tensor] = {}
-    was_training = adapter.training
-    adapter.train_mode(False)
-    try:
-        with torch.no_grad():
-            for index, (name, module) in enumerate(adapter.targets):
-                eye = torch.eye(module.in_features, device=adapter.device)
-                w_t = adapter._apply(index, eye, module(eye))
-                out[name] = w_t.float().t().contiguous().cpu()
-    finally:
-        adapter.train_mode(was_training)
-    return out
-
-
-def _dense_clone(model: Any, weights: dict[str, torch.Tensor]) -> Any:
-    """A copy of `model` with every FrozenLinear dense fp32 (`weights` override by name)."""
-    module = copy.deepcopy(model.module).cpu()
-    replaced: dict[int, DenseLinear] = {}
-    for parent_name, parent in list(module.named_modules()):
-        for child_name, child in list(parent._modules.items()):  # tied children too
-            if not isinstance(child, FrozenLinear):
-                continue
-            full = f"{parent_name}.{child_name}" if parent_name else child_name
-            if id(child) not in replaced:  # tied embeddings: one new module for both names
-                w = weights.get(full)
-                replaced[id(child)] = DenseLinear(w if w is not None else child.dense_weight())
-            setattr(parent, child_name, replaced[id(child)])
-    return type(model)(module=module.to(model.device), tokenizer=model.tokenizer,
-                       config=model.config, path=model.path, storage="float32",
-                       device=model.device, metadata=dict(model.metadata))
-
-
-def merge(adapter: Any) -> Any:
-    """The adapter folded into its base: a dense float32 `Model` with the same logits."""
-    if getattr(adapter, "method", None) == "full":  # its masters are the merged weights
-        merged = _dense_clone(adapter.base, {})
-        with torch.no_grad():
-            for name, t in adapter.params.items():
-                merged.module.get_parameter(name).copy_(t)
-        return merged
-    if not hasattr(adapter, "targets"):
-        raise AnerRuntimeError("merge needs an adapter (from lora, lora_fa, tinylora, dora or "
-                               "full)", code="E-MERGE")
-    return _dense_clone(adapter.base, _effective_weights(adapter))
 
 
 def _gguf_tensors(model: Any) -> Iterator[tuple[str, torch.Tensor]]:

@@ -24,7 +24,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from aner_lang.errors import AnerRuntimeError
 
 if TYPE_CHECKING:
-    from aner_lang.runtime.gguf_reader import GGUFFile
+    from aner_lang.runtime.io.gguf import GGUFFile
 
 TOKEN_TYPE_CONTROL = 3
 TOKEN_TYPE_USER_DEFINED = 4

@@ -1,4 +1,4 @@
-"""Read a Llama GGUF file into HF-layout torch tensors, with errors a user can act on.
+"""Read a GGUF file into HF-layout torch tensors, with errors a user can act on.
 
 `gguf.GGUFReader` memory-maps the file and trusts its header; a truncated or corrupted file makes
 it fail deep inside numpy. We check the header against the file size first (so a crafted count can
@@ -16,10 +16,8 @@ import numpy as np
 import torch
 
 from aner_lang.errors import AnerRuntimeError
-from aner_lang.runtime.llama import LlamaConfig
 
 GGUF_MAGIC = b"GGUF"
-SUPPORTED_ARCHITECTURES = ("llama",)
 # Smallest possible encodings, used to bound header counts by the file size before reading.
 _MIN_KV_BYTES = 8 + 1 + 4 + 1  # key length, 1-char key, value type, 1-byte value
 _MIN_TENSOR_INFO_BYTES = 8 + 1 + 4 + 8 + 4 + 8  # name length, name, n_dims, 1 dim, type, offset
@@ -92,36 +90,6 @@ class GGUFFile:
         if key not in self.metadata:
             raise _fail(self.path, f"missing GGUF metadata key {key!r}", "E-GGUF-METADATA")
         return self.metadata[key]
-
-    def hyperparams(self) -> LlamaConfig:
-        """The model's hyper-parameters (HF config names); raises for non-Llama architectures."""
-        arch = self.architecture
-        if arch not in SUPPORTED_ARCHITECTURES:
-            raise _fail(self.path, f"unsupported model architecture {arch!r}: Aner loads "
-                        f"{', '.join(SUPPORTED_ARCHITECTURES)} GGUF files", "E-GGUF-ARCH")
-        p = f"{arch}."
-        hidden = int(self.require(p + "embedding_length"))
-        heads = int(self.require(p + "attention.head_count"))
-        kv_heads = int(self.metadata.get(p + "attention.head_count_kv", heads))
-        if heads <= 0 or kv_heads <= 0 or heads % kv_heads or hidden % heads:
-            raise _fail(self.path, f"inconsistent attention shape: {heads} heads, {kv_heads} KV "
-                        f"heads, hidden size {hidden}", "E-GGUF-METADATA")
-        vocab = self.metadata.get(p + "vocab_size")
-        if vocab is None:
-            vocab = len(self.require("tokenizer.ggml.tokens"))
-        return LlamaConfig(
-            vocab_size=int(vocab),
-            hidden_size=hidden,
-            intermediate_size=int(self.require(p + "feed_forward_length")),
-            num_hidden_layers=int(self.require(p + "block_count")),
-            num_attention_heads=heads,
-            num_key_value_heads=kv_heads,
-            head_dim=int(self.metadata.get(p + "attention.key_length", hidden // heads)),
-            rms_norm_eps=float(self.metadata.get(p + "attention.layer_norm_rms_epsilon", 1e-5)),
-            rope_theta=float(self.metadata.get(p + "rope.freq_base", 10000.0)),
-            max_position_embeddings=int(self.metadata.get(p + "context_length", 2048)),
-            tie_word_embeddings="output.weight" not in self._tensors,
-        )
 
     # -- tensors ---------------------------------------------------------------------------------
     def has_tensor(self, name: str) -> bool:

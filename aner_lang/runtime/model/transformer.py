@@ -7,31 +7,13 @@ in fp32, GQA attention through `scaled_dot_product_attention`, SwiGLU). Every we
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from aner_lang.errors import AnerRuntimeError
-from aner_lang.runtime.linear import FrozenLinear
-
-
-@dataclass(frozen=True)
-class LlamaConfig:
-    """Model hyper-parameters, named as in HF `LlamaConfig`."""
-
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    rms_norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
-    max_position_embeddings: int = 2048
-    tie_word_embeddings: bool = True
+from aner_lang.runtime.model.config import LlamaConfig
+from aner_lang.runtime.model.linear import FrozenLinear
 
 
 class RMSNorm(nn.Module):

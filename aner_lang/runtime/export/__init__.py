@@ -1,0 +1,1 @@
+"""Writing trained models where other tools read them (GGUF for llama.cpp and transformers)."""

@@ -1,0 +1,61 @@
+"""`LoadedModel`: what an Aner `Model` value is (the torch module, its tokenizer and its origin)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from aner_lang.runtime.model.config import LlamaConfig
+from aner_lang.runtime.model.tokenizer import Tokenizer
+from aner_lang.runtime.model.transformer import KVCache, LlamaModel, RMSNorm
+
+
+@dataclass
+class LoadedModel:
+    """A base model ready to run: the torch module, its tokenizer and where it came from.
+
+    Offers the forward protocol of docs/internals.md (`forward`, `tokenizer`, `device`, `base`),
+    so generation and evaluation treat it and an adapter alike.
+    """
+
+    module: LlamaModel
+    tokenizer: Tokenizer
+    config: LlamaConfig
+    path: Path
+    storage: str
+    device: torch.device
+    metadata: dict[str, Any]
+
+    @property
+    def base(self) -> LoadedModel:
+        return self
+
+    def forward(self, input_ids: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        return self.module(input_ids, cache)
+
+    def new_cache(self) -> KVCache:
+        return self.module.new_cache()
+
+    @property
+    def name(self) -> str:
+        return str(self.metadata.get("general.name", self.path.stem))
+
+    def parameter_count(self) -> int:
+        """Weights of the model as a dense network (tied embeddings counted once)."""
+        seen: set[int] = set()
+        total = 0
+        for m in self.module.modules():
+            if id(m) in seen:
+                continue
+            seen.add(id(m))
+            if hasattr(m, "in_features") and hasattr(m, "dense_weight"):
+                total += m.in_features * m.out_features
+            elif isinstance(m, RMSNorm):
+                total += m.weight.numel()
+        return total
+
+    def __repr__(self) -> str:
+        return f"Model({self.name!r}, {self.config.num_hidden_layers} layers, {self.storage})"

@@ -1,0 +1,2 @@
+"""Training: the update loop (`trainer`), its resumable state (`state`, `order`), profiles and
+loss scaling, optimizers, the memory report and checkpoints."""

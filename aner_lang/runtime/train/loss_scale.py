@@ -1,0 +1,92 @@
+"""Loss scaling for float16 training, with `torch.amp.GradScaler`'s exact semantics.
+
+Replicates GradScaler (research/training.md section 7): the scale is fp32, the growth tracker an
+int, the unscale multiplies by `float32(1 / float64(scale))`, an overflow skips the update and
+multiplies the scale by `backoff_factor`, and growth happens after `growth_interval` consecutive
+good updates. Our addition is `max_retries`: the trainer re-runs the same accumulation window with
+the backed-off scale up to that many times before counting the update as skipped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Iterable
+
+import torch
+
+@dataclass
+class LossScaleState:
+    """Everything of a loss scaler that must survive a checkpoint."""
+
+    kind: str  # "dynamic", "fixed" or "none"
+    scale: float = 1.0
+    growth_tracker: int = 0
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+    max_retries: int = 0
+    overflows: int = 0
+    growths: int = 0
+
+
+class LossScaler:
+    """GradScaler semantics over fp32 master gradients."""
+
+    def __init__(self, state: LossScaleState) -> None:
+        self.state = state
+
+    @property
+    def enabled(self) -> bool:
+        return self.state.kind != "none"
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        if not self.enabled:
+            return loss
+        return loss * torch.tensor(self.state.scale, dtype=torch.float32, device=loss.device)
+
+    @torch.no_grad()
+    def unscale_(self, grads: Iterable[torch.Tensor]) -> bool:
+        """Unscale gradients in place; True when any of them is non-finite (an overflow).
+
+        GradScaler's own fused kernel (one launch per device and dtype, one host sync in all),
+        with its inverse scale float32(1 / float64(scale)); without scaling the inverse is 1,
+        which leaves every value as it is and still finds the non-finite ones."""
+        inv = float(torch.tensor(1.0 / float(self.state.scale), dtype=torch.float32)) if self.enabled else 1.0
+        groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+        for g in grads:
+            groups.setdefault((g.device, g.dtype), []).append(g)
+        found = []
+        for (device, _), group in groups.items():
+            found.append(torch.zeros(1, dtype=torch.float32, device=device))
+            torch._amp_foreach_non_finite_check_and_unscale_(
+                group, found[-1], torch.tensor(inv, dtype=torch.float32, device=device))
+        return any(bool(f.item()) for f in found)  # read once every group's check is queued
+
+    def update(self, found_inf: bool) -> None:
+        """GradScaler.update: back off on overflow, grow after growth_interval good updates."""
+        st = self.state
+        if st.kind != "dynamic":
+            if found_inf:
+                st.overflows += 1
+            return
+        if found_inf:
+            st.scale = float(torch.tensor(st.scale * st.backoff_factor, dtype=torch.float32))
+            st.growth_tracker = 0
+            st.overflows += 1
+            return
+        successful = st.growth_tracker + 1
+        if successful == st.growth_interval:
+            new = float(torch.tensor(st.scale * st.growth_factor, dtype=torch.float32))
+            if torch.isfinite(torch.tensor(new)):
+                st.scale = new
+                st.growths += 1
+            st.growth_tracker = 0
+        else:
+            st.growth_tracker = successful
+
+    def to_json(self) -> dict:
+        return asdict(self.state)
+
+    @classmethod
+    def from_json(cls, data: dict) -> LossScaler:
+        return cls(LossScaleState(**data))

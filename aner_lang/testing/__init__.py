@@ -1,0 +1,1 @@
+"""Fixture writers for tests and benchmarks. Production code never imports this package."""
