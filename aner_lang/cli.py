@@ -24,12 +24,16 @@ def _read(path: str) -> str | None:
     try:
         return Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
-        print(f"{path}: error[E-IO]: cannot read the file: {getattr(e, 'strerror', None) or e}", file=sys.stderr)
+        print(
+            f"{path}: error[E-IO]: cannot read the file: {getattr(e, 'strerror', None) or e}",
+            file=sys.stderr,
+        )
         return None
 
 
 def cmd_check(args) -> int:
     from aner_lang.check import analyze
+
     failed = False
     for path in args.files:
         source = _read(path)
@@ -45,6 +49,7 @@ def cmd_check(args) -> int:
 def cmd_run(args) -> int:
     from aner_lang.check import analyze
     from aner_lang.interp import AnerError, ExecContext, run
+
     source = _read(args.file)
     if source is None:
         return 1
@@ -64,6 +69,7 @@ def cmd_run(args) -> int:
 
 def cmd_check_docs(args) -> int:
     from aner_lang.docs_check import check_markdown, markdown_files
+
     failed = False
     total = 0
     for path in markdown_files(args.paths):
@@ -78,6 +84,7 @@ def cmd_check_docs(args) -> int:
 def cmd_builtins(args) -> int:
     from aner_lang.builtins import registry
     from aner_lang.builtins.reference import render_reference
+
     text = render_reference(registry())
     if args.output == "-":
         sys.stdout.write(text)
@@ -110,13 +117,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("paths", nargs="+")
     p.set_defaults(fn=cmd_check_docs)
     p = sub.add_parser("builtins", help="write the builtins reference generated from the registry")
-    p.add_argument("-o", "--output", default="docs/builtins.md", help="file to write, or - for stdout")
+    p.add_argument(
+        "-o", "--output", default="docs/builtins.md", help="file to write, or - for stdout"
+    )
     p.set_defaults(fn=cmd_builtins)
     p = sub.add_parser("lsp", help="run the language server on stdio")
     p.set_defaults(fn=lambda a: _delegate("aner_lsp.server", "the language server", None))
-    p = sub.add_parser("fixture", help="write a tiny deterministic GGUF model (for tests)", add_help=False)
+    p = sub.add_parser(
+        "fixture", help="write a tiny deterministic GGUF model (for tests)", add_help=False
+    )
     p.add_argument("rest", nargs=argparse.REMAINDER)
-    p.set_defaults(fn=lambda a: _delegate("aner_lang.testing.fixture", "the fixture writer", a.rest))
+    p.set_defaults(
+        fn=lambda a: _delegate("aner_lang.testing.fixture", "the fixture writer", a.rest)
+    )
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["fixture"]:  # everything after `fixture` belongs to the fixture writer
         return _delegate("aner_lang.testing.fixture", "the fixture writer", argv[1:])

@@ -12,8 +12,9 @@ Codes are stable strings: ``E-SYNTAX``, ``E-UNKNOWN-NAME``, ... (errors) and ``W
 from __future__ import annotations
 
 import difflib
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # a runtime import would be circular: the parser creates diagnostics
     from aner_lang.grammar.ast import Span
@@ -32,14 +33,14 @@ class Diagnostic:
     suggestion: str | None = None
     """A replacement for the text under `span` that fixes the problem (for quick fixes)."""
     path: str | None = None
-    related: tuple[tuple[str, "Span | None", str | None], ...] = field(default=())
+    related: tuple[tuple[str, Span | None, str | None], ...] = field(default=())
     """(message, span, path) of related locations, e.g. where a name was defined."""
 
     @property
     def is_error(self) -> bool:
         return self.severity == ERROR
 
-    def at(self, path: str | None) -> "Diagnostic":
+    def at(self, path: str | None) -> Diagnostic:
         """This diagnostic attributed to `path` (if it has none yet)."""
         return self if self.path is not None else replace(self, path=path)
 
@@ -57,6 +58,7 @@ def _hint(name: str, candidates: Iterable[str]) -> tuple[tuple[str, ...], str | 
 
 # ---- syntax --------------------------------------------------------------------------------------
 
+
 def syntax_unexpected(span: Span, found: str, expected: list[str]) -> Diagnostic:
     notes = (f"expected one of: {', '.join(sorted(expected))}",) if expected else ()
     return Diagnostic("E-SYNTAX", span, f"syntax error: unexpected {found}", notes=notes)
@@ -72,41 +74,62 @@ def bad_literal(span: Span, what: str) -> Diagnostic:
 
 # ---- names and types -----------------------------------------------------------------------------
 
+
 def unknown_name(span: Span, name: str, candidates: Iterable[str]) -> Diagnostic:
     notes, best = _hint(name, candidates)
-    return Diagnostic("E-UNKNOWN-NAME", span, f"unknown name `{name}`", notes=notes, suggestion=best)
+    return Diagnostic(
+        "E-UNKNOWN-NAME", span, f"unknown name `{name}`", notes=notes, suggestion=best
+    )
 
 
 def unknown_type(span: Span, name: str, candidates: Iterable[str]) -> Diagnostic:
     notes, best = _hint(name, candidates)
-    return Diagnostic("E-UNKNOWN-TYPE", span, f"unknown type `{name}`", notes=notes, suggestion=best)
+    return Diagnostic(
+        "E-UNKNOWN-TYPE", span, f"unknown type `{name}`", notes=notes, suggestion=best
+    )
 
 
 def bad_type_args(span: Span, name: str, expected: int, got: int) -> Diagnostic:
-    return Diagnostic("E-TYPE-ARGS", span, f"type `{name}` takes {expected} type argument(s), got {got}")
+    return Diagnostic(
+        "E-TYPE-ARGS", span, f"type `{name}` takes {expected} type argument(s), got {got}"
+    )
 
 
 def unknown_field(span: Span, type_name: str, name: str, candidates: Iterable[str]) -> Diagnostic:
     notes, best = _hint(name, candidates)
-    return Diagnostic("E-UNKNOWN-FIELD", span, f"`{type_name}` has no field `{name}`", notes=notes,
-                      suggestion=best)
+    return Diagnostic(
+        "E-UNKNOWN-FIELD",
+        span,
+        f"`{type_name}` has no field `{name}`",
+        notes=notes,
+        suggestion=best,
+    )
 
 
 def unknown_member(span: Span, enum: str, name: str, candidates: Iterable[str]) -> Diagnostic:
     notes, best = _hint(name, candidates)
     members = ", ".join(candidates)
-    return Diagnostic("E-UNKNOWN-MEMBER", span, f"`{name}` is not a member of enum `{enum}`",
-                      notes=notes + (f"members: {members}",), suggestion=best)
+    return Diagnostic(
+        "E-UNKNOWN-MEMBER",
+        span,
+        f"`{name}` is not a member of enum `{enum}`",
+        notes=notes + (f"members: {members}",),
+        suggestion=best,
+    )
 
 
 def type_mismatch(span: Span, expected: str, found: str, what: str = "value") -> Diagnostic:
-    return Diagnostic("E-TYPE", span, f"type mismatch: {what} should be `{expected}`, found `{found}`")
+    return Diagnostic(
+        "E-TYPE", span, f"type mismatch: {what} should be `{expected}`, found `{found}`"
+    )
 
 
 def bad_operands(span: Span, op: str, left: str, right: str | None = None) -> Diagnostic:
     if right is None:
         return Diagnostic("E-OPERATOR", span, f"operator `{op}` cannot be applied to `{left}`")
-    return Diagnostic("E-OPERATOR", span, f"operator `{op}` cannot be applied to `{left}` and `{right}`")
+    return Diagnostic(
+        "E-OPERATOR", span, f"operator `{op}` cannot be applied to `{left}` and `{right}`"
+    )
 
 
 def not_callable(span: Span, what: str) -> Diagnostic:
@@ -119,37 +142,62 @@ def not_indexable(span: Span, type_name: str) -> Diagnostic:
 
 def duplicate_definition(span: Span, name: str, previous: Span | None) -> Diagnostic:
     related = (("first defined here", previous, None),) if previous else ()
-    return Diagnostic("E-DUPLICATE", span, f"`{name}` is already defined in this scope", related=related)
+    return Diagnostic(
+        "E-DUPLICATE", span, f"`{name}` is already defined in this scope", related=related
+    )
 
 
 def assign_to_non_variable(span: Span, name: str, kind: str) -> Diagnostic:
-    return Diagnostic("E-ASSIGN", span, f"cannot assign to `{name}`: it is a {kind}, not a `let` binding")
+    return Diagnostic(
+        "E-ASSIGN", span, f"cannot assign to `{name}`: it is a {kind}, not a `let` binding"
+    )
 
 
 def unused_binding(span: Span, name: str) -> Diagnostic:
-    return Diagnostic("W-UNUSED", span, f"`{name}` is never used", severity=WARNING,
-                      notes=("prefix the name with `_` to silence this warning",))
+    return Diagnostic(
+        "W-UNUSED",
+        span,
+        f"`{name}` is never used",
+        severity=WARNING,
+        notes=("prefix the name with `_` to silence this warning",),
+    )
 
 
 def need_annotation(span: Span, name: str) -> Diagnostic:
-    return Diagnostic("E-ANNOTATION", span, f"cannot infer the type of `{name}` from an empty list or `none`",
-                      notes=("write the type: `let name: List[Int] = []`",))
+    return Diagnostic(
+        "E-ANNOTATION",
+        span,
+        f"cannot infer the type of `{name}` from an empty list or `none`",
+        notes=("write the type: `let name: List[Int] = []`",),
+    )
 
 
 # ---- calls ---------------------------------------------------------------------------------------
 
+
 def too_many_args(span: Span, fn: str, max_positional: int) -> Diagnostic:
-    return Diagnostic("E-ARGS", span, f"too many positional arguments for `{fn}` (it takes at most {max_positional})")
+    return Diagnostic(
+        "E-ARGS",
+        span,
+        f"too many positional arguments for `{fn}` (it takes at most {max_positional})",
+    )
 
 
 def unknown_argument(span: Span, fn: str, name: str, candidates: Iterable[str]) -> Diagnostic:
     notes, best = _hint(name, candidates)
-    return Diagnostic("E-UNKNOWN-ARG", span, f"`{fn}` has no parameter named `{name}`", notes=notes,
-                      suggestion=best)
+    return Diagnostic(
+        "E-UNKNOWN-ARG",
+        span,
+        f"`{fn}` has no parameter named `{name}`",
+        notes=notes,
+        suggestion=best,
+    )
 
 
 def duplicate_argument(span: Span, fn: str, name: str) -> Diagnostic:
-    return Diagnostic("E-DUPLICATE-ARG", span, f"`{fn}` got more than one value for parameter `{name}`")
+    return Diagnostic(
+        "E-DUPLICATE-ARG", span, f"`{fn}` got more than one value for parameter `{name}`"
+    )
 
 
 def missing_argument(span: Span, fn: str, names: list[str]) -> Diagnostic:
@@ -158,19 +206,29 @@ def missing_argument(span: Span, fn: str, names: list[str]) -> Diagnostic:
 
 
 def argument_type(span: Span, fn: str, param: str, expected: str, found: str) -> Diagnostic:
-    return Diagnostic("E-ARG-TYPE", span,
-                      f"argument `{param}` of `{fn}` should be `{expected}`, found `{found}`")
+    return Diagnostic(
+        "E-ARG-TYPE", span, f"argument `{param}` of `{fn}` should be `{expected}`, found `{found}`"
+    )
 
 
-def no_matching_overload(span: Span, fn: str, found: list[str], candidates: list[str]) -> Diagnostic:
-    return Diagnostic("E-OVERLOAD", span,
-                      f"no overload of `{fn}` accepts arguments ({', '.join(found)})",
-                      notes=tuple(["candidates:"] + [f"  {c}" for c in candidates]))
+def no_matching_overload(
+    span: Span, fn: str, found: list[str], candidates: list[str]
+) -> Diagnostic:
+    return Diagnostic(
+        "E-OVERLOAD",
+        span,
+        f"no overload of `{fn}` accepts arguments ({', '.join(found)})",
+        notes=tuple(["candidates:"] + [f"  {c}" for c in candidates]),
+    )
 
 
 def ambiguous_overload(span: Span, fn: str, candidates: list[str]) -> Diagnostic:
-    return Diagnostic("E-OVERLOAD", span, f"call to `{fn}` is ambiguous",
-                      notes=tuple(["candidates:"] + [f"  {c}" for c in candidates]))
+    return Diagnostic(
+        "E-OVERLOAD",
+        span,
+        f"call to `{fn}` is ambiguous",
+        notes=tuple(["candidates:"] + [f"  {c}" for c in candidates]),
+    )
 
 
 def constraint_failed(span: Span, fn: str, message: str, expr: str) -> Diagnostic:
@@ -179,20 +237,25 @@ def constraint_failed(span: Span, fn: str, message: str, expr: str) -> Diagnosti
 
 # ---- statements ----------------------------------------------------------------------------------
 
+
 def return_outside_fn(span: Span) -> Diagnostic:
     return Diagnostic("E-RETURN", span, "`return` outside of a function")
 
 
 def missing_return(span: Span, fn: str, type_name: str) -> Diagnostic:
-    return Diagnostic("E-RETURN", span, f"function `{fn}` must return a `{type_name}` on every path")
+    return Diagnostic(
+        "E-RETURN", span, f"function `{fn}` must return a `{type_name}` on every path"
+    )
 
 
 def declaration_not_top_level(span: Span, what: str) -> Diagnostic:
-    return Diagnostic("E-NESTED-DECL", span, f"{what} declarations are only allowed at the top level of a file")
+    return Diagnostic(
+        "E-NESTED-DECL", span, f"{what} declarations are only allowed at the top level of a file"
+    )
 
 
 def import_not_found(span: Span, path: str, reason: str) -> Diagnostic:
-    return Diagnostic("E-IMPORT", span, f"cannot import \"{path}\": {reason}")
+    return Diagnostic("E-IMPORT", span, f'cannot import "{path}": {reason}')
 
 
 def import_cycle(span: Span, chain: list[str]) -> Diagnostic:
@@ -200,6 +263,7 @@ def import_cycle(span: Span, chain: list[str]) -> Diagnostic:
 
 
 # ---- run time ------------------------------------------------------------------------------------
+
 
 def runtime_error(span: Span | None, message: str, code: str, notes: tuple[str, ...]) -> Diagnostic:
     return Diagnostic(code, span, message, notes=notes)
@@ -210,11 +274,16 @@ def assertion_failed(span: Span, message: str | None) -> Diagnostic:
 
 
 def internal_error(span: Span | None, exc: BaseException) -> Diagnostic:
-    return Diagnostic("E-INTERNAL", span, f"internal error: {type(exc).__name__}: {exc}",
-                      notes=("this is a bug in Aner; please report it with the script that caused it",))
+    return Diagnostic(
+        "E-INTERNAL",
+        span,
+        f"internal error: {type(exc).__name__}: {exc}",
+        notes=("this is a bug in Aner; please report it with the script that caused it",),
+    )
 
 
 # ---- documentation checking ----------------------------------------------------------------------
+
 
 def doc_block_should_fail(span: Span) -> Diagnostic:
     return Diagnostic("E-DOC-NO-ERROR", span, "this ```aner error block checks without errors")
@@ -225,6 +294,7 @@ def cannot_read(path: str, reason: str) -> Diagnostic:
 
 
 # ---- rendering -----------------------------------------------------------------------------------
+
 
 def render(diag: Diagnostic, source: str | None = None) -> str:
     """`file:line:col: severity[code]: message`, then a caret excerpt of the source, notes and

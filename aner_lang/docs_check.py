@@ -42,7 +42,13 @@ def blocks(text: str) -> list[tuple[int, str, str]]:
 
 def _shift(d: Diagnostic, first_line: int, path: str) -> Diagnostic:
     s = d.span
-    span = None if s is None else Span(s.line + first_line - 1, s.col, s.end_line + first_line - 1, s.end_col, s.start, s.end)
+    span = (
+        None
+        if s is None
+        else Span(
+            s.line + first_line - 1, s.col, s.end_line + first_line - 1, s.end_col, s.start, s.end
+        )
+    )
     return replace(d, span=span, path=path)
 
 
@@ -63,7 +69,11 @@ def check_markdown(path: Path) -> tuple[list[Diagnostic], int]:
         errors = analysis.errors
         if mode == "error":
             if not errors:
-                found.append(msg.doc_block_should_fail(Span(first_line - 1, 1, first_line - 1, 4, 0, 0)).at(str(path)))
+                found.append(
+                    msg.doc_block_should_fail(Span(first_line - 1, 1, first_line - 1, 4, 0, 0)).at(
+                        str(path)
+                    )
+                )
             continue
         found += [_shift(d, first_line, str(path)) for d in errors]
     return found, checked

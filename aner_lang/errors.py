@@ -15,7 +15,9 @@ class AnerRuntimeError(Exception):
     the message (what was expected, how to fix it).
     """
 
-    def __init__(self, message: str, *, code: str = "E-RUNTIME", notes: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, message: str, *, code: str = "E-RUNTIME", notes: tuple[str, ...] = ()
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.code = code

@@ -18,18 +18,20 @@ def generate(lines: int) -> str:
     out: list[str] = []
     i = 0
     while len(out) < lines:
-        out += [f"fn f{i}(a: Int, b: Float = 2.0) -> Float {{",
-                f"  let c = a * 2 + {i}",
-                "  if c > 10 and b < 3.5 {",
-                "    return b * 1.5",
-                "  }",
-                "  return b + 1.0",
-                "}",
-                f"let v{i} = f{i}({i}, b: 0.5)",
-                f'let s{i} = "value ${{v{i}}} of {i}"',
-                f"let xs{i} = [1, 2, 3, {i}]",
-                f"for x in xs{i} {{ print(str(x + {i}) + s{i}) }}",
-                f"print(512 KiB * {i} > 2 MiB)"]
+        out += [
+            f"fn f{i}(a: Int, b: Float = 2.0) -> Float {{",
+            f"  let c = a * 2 + {i}",
+            "  if c > 10 and b < 3.5 {",
+            "    return b * 1.5",
+            "  }",
+            "  return b + 1.0",
+            "}",
+            f"let v{i} = f{i}({i}, b: 0.5)",
+            f'let s{i} = "value ${{v{i}}} of {i}"',
+            f"let xs{i} = [1, 2, 3, {i}]",
+            f"for x in xs{i} {{ print(str(x + {i}) + s{i}) }}",
+            f"print(512 KiB * {i} > 2 MiB)",
+        ]
         i += 1
     return "\n".join(out) + "\n"
 
@@ -38,10 +40,19 @@ def python_equivalent(lines: int) -> str:
     out: list[str] = []
     i = 0
     while len(out) < lines:
-        out += [f"def f{i}(a: int, b: float = 2.0) -> float:", f"    c = a * 2 + {i}",
-                "    if c > 10 and b < 3.5:", "        return b * 1.5", "    return b + 1.0",
-                f"v{i} = f{i}({i}, b=0.5)", f's{i} = f"value {{v{i}}} of {i}"', f"xs{i} = [1, 2, 3, {i}]",
-                f"for x in xs{i}:", f"    print(str(x + {i}) + s{i})", f"print(512 * 1024 * {i} > 2 * 1024 * 1024)"]
+        out += [
+            f"def f{i}(a: int, b: float = 2.0) -> float:",
+            f"    c = a * 2 + {i}",
+            "    if c > 10 and b < 3.5:",
+            "        return b * 1.5",
+            "    return b + 1.0",
+            f"v{i} = f{i}({i}, b=0.5)",
+            f's{i} = f"value {{v{i}}} of {i}"',
+            f"xs{i} = [1, 2, 3, {i}]",
+            f"for x in xs{i}:",
+            f"    print(str(x + {i}) + s{i})",
+            f"print(512 * 1024 * {i} > 2 * 1024 * 1024)",
+        ]
         i += 1
     return "\n".join(out) + "\n"
 
@@ -53,6 +64,7 @@ def main() -> None:
     t0 = time.perf_counter()
     from aner_lang.check import analyze
     from aner_lang.grammar import parse
+
     parse("let warm = 1\n")  # build the parser once (cold start is reported separately)
     t1 = time.perf_counter()
     best_parse = best_check = best_cpu = float("inf")
@@ -75,11 +87,17 @@ def main() -> None:
     print(f"lines: {lines}")
     print(f"import + parser build: {t1 - t0:.3f} s")
     print(f"parse only: {best_parse:.3f} s")
-    print(f"aner check (parse + check): {best_check:.3f} s  ({lines / best_check:,.0f} lines/s)"
-          f"  target < 1 s: {'PASS' if best_check < 1.0 else 'FAIL'}")
-    print(f"aner check CPU time (what the process itself used; wall time suffers on a busy box): "
-          f"{best_cpu:.3f} s")
-    print(f"baseline python compile(): {best_py:.3f} s  ratio aner/python: {best_check / best_py:.1f}x")
+    print(
+        f"aner check (parse + check): {best_check:.3f} s  ({lines / best_check:,.0f} lines/s)"
+        f"  target < 1 s: {'PASS' if best_check < 1.0 else 'FAIL'}"
+    )
+    print(
+        f"aner check CPU time (what the process itself used; wall time suffers on a busy box): "
+        f"{best_cpu:.3f} s"
+    )
+    print(
+        f"baseline python compile(): {best_py:.3f} s  ratio aner/python: {best_check / best_py:.1f}x"
+    )
     print(f"torch imported: {'torch' in sys.modules}")
 
 

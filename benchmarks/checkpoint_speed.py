@@ -29,12 +29,12 @@ from safetensors.torch import load_file, save_file
 
 from aner_lang.runtime import adapters
 from aner_lang.runtime.io import fingerprint
-from aner_lang.runtime.train import checkpoint
-from aner_lang.runtime.tasks.data import from_texts
-from aner_lang.testing.fixture import smollm2_gguf_path
 from aner_lang.runtime.load.loader import load_model
+from aner_lang.runtime.tasks.data import from_texts
+from aner_lang.runtime.train import checkpoint
 from aner_lang.runtime.train.profile import profile
 from aner_lang.runtime.train.trainer import train
+from aner_lang.testing.fixture import smollm2_gguf_path
 
 REFERENCE_WRITE_S, REFERENCE_RELOAD_S, TARGET_S = 4.4, 11.3, 0.2
 
@@ -77,15 +77,21 @@ def main() -> None:
         base_write = _median(lambda: save_file(tensors, str(plain)), args.repeats)
         base_reload = _median(lambda: load_file(str(plain)), args.repeats)
 
-    print(f"QLoRA rank-2 q/v state of {path.name}: {adapter.trainable_parameters:,} trainable, "
-          f"{len(tensors)} tensors, {n_bytes:,} bytes (the NF4 base is not in it)")
+    print(
+        f"QLoRA rank-2 q/v state of {path.name}: {adapter.trainable_parameters:,} trainable, "
+        f"{len(tensors)} tensors, {n_bytes:,} bytes (the NF4 base is not in it)"
+    )
     print(f"base fingerprint: first sha256 {first_hash:.3f} s, cached {cached_hash * 1e3:.2f} ms")
-    for what, ours, ref, floor in (("write", write, REFERENCE_WRITE_S, base_write),
-                                   ("reload", reload, REFERENCE_RELOAD_S, base_reload)):
+    for what, ours, ref, floor in (
+        ("write", write, REFERENCE_WRITE_S, base_write),
+        ("reload", reload, REFERENCE_RELOAD_S, base_reload),
+    ):
         verdict = "OK" if ours < TARGET_S else "OVER TARGET"
-        print(f"{what:6s}: {ours:.4f} s  ({ref / ours:,.0f}x faster than the reference's {ref} s; "
-              f"{ours / floor:.1f}x plain safetensors {floor:.4f} s)  target < {TARGET_S} s: "
-              f"{verdict}")
+        print(
+            f"{what:6s}: {ours:.4f} s  ({ref / ours:,.0f}x faster than the reference's {ref} s; "
+            f"{ours / floor:.1f}x plain safetensors {floor:.4f} s)  target < {TARGET_S} s: "
+            f"{verdict}"
+        )
 
 
 if __name__ == "__main__":

@@ -41,16 +41,26 @@ def main() -> None:
         w = quantize_nf4(torch.randn(n, k) * 0.02)
         dense = dequantize_nf4(w)
         x = torch.randn(m, k)
-        t_nf4 = _best_of(lambda: host_tiled.linear(x, w), args.repeats)
-        t_dense = _best_of(lambda: x @ dense.t(), args.repeats)
+        t_nf4 = _best_of(lambda x=x, w=w: host_tiled.linear(x, w), args.repeats)
+        t_dense = _best_of(lambda x=x, dense=dense: x @ dense.t(), args.repeats)
         gflops = 2 * m * n * k / t_nf4 / 1e9
-        rows.append({"shape": f"{n}x{k}", "tokens": m, "host_tiled_ms": t_nf4 * 1e3,
-                     "dense_fp32_ms": t_dense * 1e3, "slowdown_vs_dense": t_nf4 / t_dense,
-                     "host_tiled_gflops": gflops,
-                     "weight_bytes_nf4": w.packed_nbytes(), "weight_bytes_fp32": 4 * n * k})
-        print(f"{n:>6}x{k:<5} m={m:<4} host_tiled {t_nf4 * 1e3:8.2f} ms  dense fp32 "
-              f"{t_dense * 1e3:8.2f} ms  ratio {t_nf4 / t_dense:5.2f}x  ({gflops:6.1f} GFLOP/s, "
-              f"weights {4 * n * k / w.packed_nbytes():.1f}x smaller)")
+        rows.append(
+            {
+                "shape": f"{n}x{k}",
+                "tokens": m,
+                "host_tiled_ms": t_nf4 * 1e3,
+                "dense_fp32_ms": t_dense * 1e3,
+                "slowdown_vs_dense": t_nf4 / t_dense,
+                "host_tiled_gflops": gflops,
+                "weight_bytes_nf4": w.packed_nbytes(),
+                "weight_bytes_fp32": 4 * n * k,
+            }
+        )
+        print(
+            f"{n:>6}x{k:<5} m={m:<4} host_tiled {t_nf4 * 1e3:8.2f} ms  dense fp32 "
+            f"{t_dense * 1e3:8.2f} ms  ratio {t_nf4 / t_dense:5.2f}x  ({gflops:6.1f} GFLOP/s, "
+            f"weights {4 * n * k / w.packed_nbytes():.1f}x smaller)"
+        )
     print(json.dumps({"threads": torch.get_num_threads(), "results": rows}))
 
 

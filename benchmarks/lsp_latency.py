@@ -21,9 +21,9 @@ from lsprotocol import types
 from pygls.lsp.client import LanguageClient
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from check_speed import generate  # noqa: E402  (the same generated script as the check benchmark)
+from check_speed import generate
 
-from aner_lsp.positions import LineIndex  # noqa: E402
+from aner_lsp.positions import LineIndex
 
 URI = "file:///tmp/lsp_latency.aner"
 
@@ -42,14 +42,21 @@ async def timed(make_request, samples: list) -> list[float]:
 
 
 async def main(lines: int, samples: int) -> None:
-    text = generate(lines) + 'let m = load_model("m.gguf", storage: float16)\nlet a = lora(m, rank: 2, alpha: 4.0)\n'
+    text = (
+        generate(lines)
+        + 'let m = load_model("m.gguf", storage: float16)\nlet a = lora(m, rank: 2, alpha: 4.0)\n'
+    )
     index = LineIndex(text)
     doc = types.TextDocumentIdentifier(URI)
     # Cursor positions spread over the file: inside a call after a named argument, and a blank line.
     starts = [i for i in range(len(text)) if text.startswith(", b: ", i)]
     step = max(1, len(starts) // samples)
     in_call = [index.position(i + len(", b: ")) for i in starts[::step]][:samples]
-    blank = index.position(text.index("\n\n") + 1) if "\n\n" in text else types.Position(len(index.starts) - 1, 0)
+    blank = (
+        index.position(text.index("\n\n") + 1)
+        if "\n\n" in text
+        else types.Position(len(index.starts) - 1, 0)
+    )
 
     client = LanguageClient("lsp-latency", "1")
     diagnostics = asyncio.Event()
@@ -58,21 +65,38 @@ async def main(lines: int, samples: int) -> None:
     await client.initialize_async(types.InitializeParams(capabilities=types.ClientCapabilities()))
     client.initialized(types.InitializedParams())
     t = time.perf_counter()
-    client.text_document_did_open(types.DidOpenTextDocumentParams(types.TextDocumentItem(URI, "aner", 1, text)))
+    client.text_document_did_open(
+        types.DidOpenTextDocumentParams(types.TextDocumentItem(URI, "aner", 1, text))
+    )
     await diagnostics.wait()
     open_ms = (time.perf_counter() - t) * 1000
 
-    base = await timed(lambda p: client.text_document_hover_async(types.HoverParams(doc, p)), [blank] * len(in_call))
-    comp = await timed(lambda p: client.text_document_completion_async(types.CompletionParams(doc, p)), in_call)
-    sig = await timed(lambda p: client.text_document_signature_help_async(types.SignatureHelpParams(doc, p)), in_call)
+    base = await timed(
+        lambda p: client.text_document_hover_async(types.HoverParams(doc, p)),
+        [blank] * len(in_call),
+    )
+    comp = await timed(
+        lambda p: client.text_document_completion_async(types.CompletionParams(doc, p)), in_call
+    )
+    sig = await timed(
+        lambda p: client.text_document_signature_help_async(types.SignatureHelpParams(doc, p)),
+        in_call,
+    )
     first_line_end = index.position(text.index("\n"))
     version = iter(range(2, 10**6))
 
     def type_a_space() -> None:
         """An edit far from the cursor (a space at the end of line 1), as typing elsewhere sends."""
-        client.text_document_did_change(types.DidChangeTextDocumentParams(
-            types.VersionedTextDocumentIdentifier(uri=URI, version=next(version)),
-            [types.TextDocumentContentChangePartial(types.Range(first_line_end, first_line_end), " ")]))
+        client.text_document_did_change(
+            types.DidChangeTextDocumentParams(
+                types.VersionedTextDocumentIdentifier(uri=URI, version=next(version)),
+                [
+                    types.TextDocumentContentChangePartial(
+                        types.Range(first_line_end, first_line_end), " "
+                    )
+                ],
+            )
+        )
 
     async def edit_then_complete(p):
         type_a_space()
@@ -92,15 +116,30 @@ async def main(lines: int, samples: int) -> None:
     client.exit(None)
     await client.stop()
 
-    print(f"file: {len(index.starts)} lines, {len(text)} characters; {len(in_call)} samples per request")
+    print(
+        f"file: {len(index.starts)} lines, {len(text)} characters; {len(in_call)} samples per request"
+    )
     print(f"open + analyse + diagnostics: {open_ms:.0f} ms")
-    print(f"baseline (hover on a blank line): p50 {statistics.median(base):.2f} ms, p95 {p95(base):.2f} ms")
-    for name, xs in (("completion", comp), ("signature help", sig), ("completion after an edit", edited),
-                     ("completion during re-analysis", during)):
+    print(
+        f"baseline (hover on a blank line): p50 {statistics.median(base):.2f} ms, p95 {p95(base):.2f} ms"
+    )
+    for name, xs in (
+        ("completion", comp),
+        ("signature help", sig),
+        ("completion after an edit", edited),
+        ("completion during re-analysis", during),
+    ):
         verdict = "OK" if p95(xs) < 50 else "OVER TARGET"
-        print(f"{name}: p50 {statistics.median(xs):.2f} ms, p95 {p95(xs):.2f} ms "
-              f"({p95(xs) / p95(base):.1f}x baseline p95; target p95 < 50 ms: {verdict})")
+        print(
+            f"{name}: p50 {statistics.median(xs):.2f} ms, p95 {p95(xs):.2f} ms "
+            f"({p95(xs) / p95(base):.1f}x baseline p95; target p95 < 50 ms: {verdict})"
+        )
 
 
 if __name__ == "__main__":
-    asyncio.run(main(int(sys.argv[1]) if len(sys.argv) > 1 else 2000, int(sys.argv[2]) if len(sys.argv) > 2 else 100))
+    asyncio.run(
+        main(
+            int(sys.argv[1]) if len(sys.argv) > 1 else 2000,
+            int(sys.argv[2]) if len(sys.argv) > 2 else 100,
+        )
+    )

@@ -22,8 +22,12 @@ from contextlib import contextmanager
 import torch
 
 SEED_SHAPES = [(576, 576, 32), (1536, 576, 32), (49152, 576, 32), (4096, 4096, 128)]
-SWEEP = [(n, k, m) for n, k in ((4096, 4096), (4096, 14336)) for m in (1, 16, 512, 4096)] + \
-    [(14336, 4096, 32), (14336, 4096, 128), (49152, 576, 128), (4096, 4096, 1024)]  # fused GEMM shapes
+SWEEP = [(n, k, m) for n, k in ((4096, 4096), (4096, 14336)) for m in (1, 16, 512, 4096)] + [
+    (14336, 4096, 32),
+    (14336, 4096, 128),
+    (49152, 576, 128),
+    (4096, 4096, 1024),
+]  # fused GEMM shapes
 L2_FLUSH_BYTES = 200 * 2**20
 
 
@@ -80,7 +84,7 @@ def time_loop(calls: list[Callable[[], object]], reps: int = 5) -> float:
 def measure(calls: list[Callable[[], object]]) -> tuple[float, str]:
     try:
         return time_graph(calls), "graph"
-    except Exception:  # noqa: BLE001 - a library that cannot be captured is timed without a graph
+    except Exception:
         torch.cuda.synchronize()
         return time_loop(calls), "loop"
 
@@ -104,8 +108,15 @@ def bench_shape(n: int, k: int, m: int, dtype: torch.dtype) -> dict:
     w = torch.randn(n, k, device="cuda", dtype=torch.float32) * 0.05
     packed, state = bnbf.quantize_4bit(w, blocksize=64, compress_statistics=True, quant_type="nf4")
     state.dtype = dtype
-    nf4 = ops.NF4Tensors(packed.reshape(-1), state.absmax.reshape(-1), state.state2.code.float(),
-                         state.state2.absmax.float(), state.offset.reshape(1).float(), n, k)
+    nf4 = ops.NF4Tensors(
+        packed.reshape(-1),
+        state.absmax.reshape(-1),
+        state.state2.code.float(),
+        state.state2.absmax.float(),
+        state.offset.reshape(1).float(),
+        n,
+        k,
+    )
     dense = w.to(dtype)
     del w
     nf4_bytes = packed.numel() + state.absmax.numel() + 4 * state.state2.absmax.numel()
@@ -114,14 +125,29 @@ def bench_shape(n: int, k: int, m: int, dtype: torch.dtype) -> dict:
     # Rotate weight copies so one graph pass touches more than the L2 holds.
     c_nf4 = max(1, min(32, math.ceil(L2_FLUSH_BYTES / nf4_bytes)))
     c_dense = max(1, min(32, math.ceil(L2_FLUSH_BYTES / (2 * n * k))))
-    nf4s = [nf4] + [ops.NF4Tensors(nf4.packed.clone(), nf4.qabsmax.clone(), nf4.code2, nf4.absmax2.clone(),
-                                   nf4.offset, n, k) for _ in range(c_nf4 - 1)]
+    nf4s = [nf4] + [
+        ops.NF4Tensors(
+            nf4.packed.clone(),
+            nf4.qabsmax.clone(),
+            nf4.code2,
+            nf4.absmax2.clone(),
+            nf4.offset,
+            n,
+            k,
+        )
+        for _ in range(c_nf4 - 1)
+    ]
     denses = [dense] + [dense.clone() for _ in range(c_dense - 1)]
     packs = [packed] + [packed.clone() for _ in range(c_nf4 - 1)]
     flops = 2.0 * m * n * k
 
     def row(us: float, weight_bytes: int, how: str) -> dict:
-        return {"us": us, "GBps": (weight_bytes + act_bytes) / us / 1e3, "TFLOPs": flops / us / 1e6, "timed": how}
+        return {
+            "us": us,
+            "GBps": (weight_bytes + act_bytes) / us / 1e3,
+            "TFLOPs": flops / us / 1e6,
+            "timed": how,
+        }
 
     # ops.linear picks its path at each call, so forced_path below retargets these same calls.
     ours_calls = [lambda t=t: ops.linear(x, t) for t in nf4s]
@@ -131,14 +157,28 @@ def bench_shape(n: int, k: int, m: int, dtype: torch.dtype) -> dict:
         # 10-13% slow for about 60 ms (50.6, then 46.9, 45.2, 44.5 us for the same kernel; 2026-12-03).
         _warm(lambda: [c() for c in ours_calls], seconds=0.2)
         ours = row(*_pair(measure(ours_calls), nf4_bytes))
-        dense_r = row(*_pair(measure([lambda d=d: torch.nn.functional.linear(x, d) for d in denses]), 2 * n * k))
-        bnb_r = row(*_pair(measure([lambda p=p: bnb.matmul_4bit(x, p.t(), quant_state=state) for p in packs]),
-                           nf4_bytes))
+        dense_r = row(
+            *_pair(
+                measure([lambda d=d: torch.nn.functional.linear(x, d) for d in denses]), 2 * n * k
+            )
+        )
+        bnb_r = row(
+            *_pair(
+                measure([lambda p=p: bnb.matmul_4bit(x, p.t(), quant_state=state) for p in packs]),
+                nf4_bytes,
+            )
+        )
         ref = x.double() @ bnbf.dequantize_4bit(packed, state).double().T
         dequant_cublas = None
         tiles: dict[str, float] = {}
-        if m > ops.SMALL_MAX_TOKENS and ops._module(x.device).has_wgmma:  # every fused tile, and the unfused path
-            for kind, choices in (("wgmma", ops.WGMMA_TILES), ("ws", ops.WS_TILES), ("tma", ops.TMA_KERNELS)):
+        if (
+            m > ops.SMALL_MAX_TOKENS and ops._module(x.device).has_wgmma
+        ):  # every fused tile, and the unfused path
+            for kind, choices in (
+                ("wgmma", ops.WGMMA_TILES),
+                ("ws", ops.WS_TILES),
+                ("tma", ops.TMA_KERNELS),
+            ):
                 for tile in choices:
                     with forced_path(ops, kind, tile):
                         name = "t{}r{}k{}".format(*tile) if kind == "tma" else tile
@@ -147,12 +187,23 @@ def bench_shape(n: int, k: int, m: int, dtype: torch.dtype) -> dict:
                 dequant_cublas = row(*_pair(measure(ours_calls), nf4_bytes))
         err = rel_err(ops.linear(x, nf4), ref)
         err_f32_out = rel_err(ops.linear(x, nf4, out_dtype=torch.float32), ref)
-    return {"out_features": n, "in_features": k, "tokens": m, "dtype": str(dtype).removeprefix("torch."),
-            "path": ops.path(m, dtype, x.device, n, k), "ours": ours,
-            "ours_dequant_cublas": dequant_cublas, "fused_tiles_us": tiles,
-            "rel_err_fp32_out_vs_fp64": err_f32_out, "dense_bf16": dense_r, "bnb_matmul_4bit": bnb_r,
-            "ours_vs_dense": ours["us"] / dense_r["us"], "ours_vs_bnb": ours["us"] / bnb_r["us"],
-            "rel_err_vs_fp64": err, "weight_copies": c_nf4}
+    return {
+        "out_features": n,
+        "in_features": k,
+        "tokens": m,
+        "dtype": str(dtype).removeprefix("torch."),
+        "path": ops.path(m, dtype, x.device, n, k),
+        "ours": ours,
+        "ours_dequant_cublas": dequant_cublas,
+        "fused_tiles_us": tiles,
+        "rel_err_fp32_out_vs_fp64": err_f32_out,
+        "dense_bf16": dense_r,
+        "bnb_matmul_4bit": bnb_r,
+        "ours_vs_dense": ours["us"] / dense_r["us"],
+        "ours_vs_bnb": ours["us"] / bnb_r["us"],
+        "rel_err_vs_fp64": err,
+        "weight_copies": c_nf4,
+    }
 
 
 @contextmanager
@@ -160,8 +211,10 @@ def forced_path(ops, kind: str, tile: int | tuple[int, int, int]) -> Iterator[No
     """``ops.linear`` on one many-token path whatever the shape rules say: "wgmma" or "ws" (the
     warp-specialized GEMM) with ``tile`` tokens per block, "tma" with the block shape ``tile``
     (tokens, weight rows, k-splits), or "dequant" (dequantize + cuBLAS)."""
-    saved = {a: getattr(ops, a) for a in ("_uses_wgmma", "_uses_ws", "_uses_tma", "wgmma_tile", "ws_tile",
-                                          "tma_kernel")}
+    saved = {
+        a: getattr(ops, a)
+        for a in ("_uses_wgmma", "_uses_ws", "_uses_tma", "wgmma_tile", "ws_tile", "tma_kernel")
+    }
     ops._uses_wgmma = lambda *_: kind == "wgmma"
     ops._uses_ws = lambda *_: kind == "ws"
     ops._uses_tma = lambda *_: kind == "tma"
@@ -189,24 +242,39 @@ def main() -> None:
     from aner_lang.runtime.nf4.fused import compiler
 
     dev = torch.cuda.current_device()
-    result = {"device": torch.cuda.get_device_name(dev), "torch": torch.__version__,
-              "kernel_identity": compiler.kernel_identity(compiler.load(dev).arch, "bfloat16"),
-              "ceilings": ceilings(), "shapes": []}
-    print(f"{result['device']}  copy {result['ceilings']['copy_GBps']:.0f} GB/s  "
-          f"bf16 matmul {result['ceilings']['bf16_matmul_TFLOPs']:.0f} TFLOP/s")
+    result = {
+        "device": torch.cuda.get_device_name(dev),
+        "torch": torch.__version__,
+        "kernel_identity": compiler.kernel_identity(compiler.load(dev).arch, "bfloat16"),
+        "ceilings": ceilings(),
+        "shapes": [],
+    }
+    print(
+        f"{result['device']}  copy {result['ceilings']['copy_GBps']:.0f} GB/s  "
+        f"bf16 matmul {result['ceilings']['bf16_matmul_TFLOPs']:.0f} TFLOP/s"
+    )
     shapes = SEED_SHAPES + ([] if args.quick else SWEEP)
-    hdr = f"{'shape':>18} {'M':>5} {'path':>15} | {'ours us':>8} {'GB/s':>6} {'TF/s':>6} | {'dense us':>8} {'GB/s':>6} " \
-          f"{'TF/s':>6} | {'bnb us':>8} {'GB/s':>6} | {'vs dense':>8} {'vs bnb':>7} {'err':>8}"
+    hdr = (
+        f"{'shape':>18} {'M':>5} {'path':>15} | {'ours us':>8} {'GB/s':>6} {'TF/s':>6} | {'dense us':>8} {'GB/s':>6} "
+        f"{'TF/s':>6} | {'bnb us':>8} {'GB/s':>6} | {'vs dense':>8} {'vs bnb':>7} {'err':>8}"
+    )
     print(hdr)
     for n, k, m in shapes:
         r = bench_shape(n, k, m, torch.bfloat16)
         result["shapes"].append(r)
         o, d, b = r["ours"], r["dense_bf16"], r["bnb_matmul_4bit"]
-        print(f"{f'{n}x{k}':>18} {m:>5} {r['path']:>15} | {o['us']:8.2f} {o['GBps']:6.0f} {o['TFLOPs']:6.1f} | "
-              f"{d['us']:8.2f} {d['GBps']:6.0f} {d['TFLOPs']:6.1f} | {b['us']:8.2f} {b['GBps']:6.0f} | "
-              f"{r['ours_vs_dense']:8.2f} {r['ours_vs_bnb']:7.2f} {r['rel_err_vs_fp64']:8.1e}"
-              + (f"  dequant+cublas {r['ours_dequant_cublas']['us']:.2f} us" if r["ours_dequant_cublas"] else "")
-              + "".join(f"  {t}:{us:.2f}" for t, us in r["fused_tiles_us"].items()), flush=True)
+        print(
+            f"{f'{n}x{k}':>18} {m:>5} {r['path']:>15} | {o['us']:8.2f} {o['GBps']:6.0f} {o['TFLOPs']:6.1f} | "
+            f"{d['us']:8.2f} {d['GBps']:6.0f} {d['TFLOPs']:6.1f} | {b['us']:8.2f} {b['GBps']:6.0f} | "
+            f"{r['ours_vs_dense']:8.2f} {r['ours_vs_bnb']:7.2f} {r['rel_err_vs_fp64']:8.1e}"
+            + (
+                f"  dequant+cublas {r['ours_dequant_cublas']['us']:.2f} us"
+                if r["ours_dequant_cublas"]
+                else ""
+            )
+            + "".join(f"  {t}:{us:.2f}" for t, us in r["fused_tiles_us"].items()),
+            flush=True,
+        )
         torch.cuda.empty_cache()
     if args.out:
         with open(args.out, "w", encoding="utf-8") as fh:

@@ -24,8 +24,10 @@ import torch
 
 def _fixture(tmp: Path) -> Path:
     out = tmp / "smollm2-shape.gguf"
-    subprocess.run([sys.executable, "-m", "aner_lang.cli", "fixture", "--shape", "smollm2-135m",
-                    str(out)], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "aner_lang.cli", "fixture", "--shape", "smollm2-135m", str(out)],
+        check=True,
+    )
     return out
 
 
@@ -49,8 +51,8 @@ def _measure(step, batches) -> dict:
 
 def aner_side(path: Path, batches: list[torch.Tensor]) -> dict:
     from aner_lang.runtime import adapters as A
-    from aner_lang.runtime.tasks.data import Dataset, Example, Record
     from aner_lang.runtime.load.loader import load_model
+    from aner_lang.runtime.tasks.data import Dataset, Example, Record
     from aner_lang.runtime.train.profile import profile
     from aner_lang.runtime.train.trainer import train
 
@@ -59,8 +61,10 @@ def aner_side(path: Path, batches: list[torch.Tensor]) -> dict:
     rows = torch.cat(batches[1:])
     data = Dataset(tuple(Record("", "") for _ in range(len(rows))), rows.shape[1], "benchmark")
     # the random token rows stand in for tokenized text: every target is scored
-    data._cache[id(model.tokenizer)] = (model.tokenizer, tuple(
-        Example(tuple(r.tolist()), (True,) * rows.shape[1]) for r in rows))
+    data._cache[id(model.tokenizer)] = (
+        model.tokenizer,
+        tuple(Example(tuple(r.tolist()), (True,) * rows.shape[1]) for r in rows),
+    )
     batch = batches[0].shape[0]
     warm = A.lora(model, rank=2, alpha=4.0, targets=["q_proj", "v_proj"], seed=70)
     train(warm, data, prof, steps=1, learning_rate=2e-4, micro_batch=batch, clip_norm=1.0)
@@ -68,12 +72,22 @@ def aner_side(path: Path, batches: list[torch.Tensor]) -> dict:
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
-    run = train(adapter, data, prof, steps=len(batches) - 1, learning_rate=2e-4,
-                micro_batch=batch, clip_norm=1.0)
+    run = train(
+        adapter,
+        data,
+        prof,
+        steps=len(batches) - 1,
+        learning_rate=2e-4,
+        micro_batch=batch,
+        clip_norm=1.0,
+    )
     torch.cuda.synchronize()
     seconds = time.perf_counter() - start
-    out = {"tokens_per_s": rows.numel() / seconds, "peak_bytes": torch.cuda.max_memory_allocated(),
-           "skipped_updates": run.skipped_updates}
+    out = {
+        "tokens_per_s": rows.numel() / seconds,
+        "peak_bytes": torch.cuda.max_memory_allocated(),
+        "skipped_updates": run.skipped_updates,
+    }
     del model, adapter, warm
     torch.cuda.empty_cache()
     return out
@@ -84,8 +98,9 @@ def peft_side(path: Path, batches: list[torch.Tensor], tmp: Path) -> dict:
     import transformers
 
     # A model loaded with gguf_file= refuses save_pretrained; copy its weights into a plain one.
-    src = transformers.LlamaForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                        dtype=torch.float32)
+    src = transformers.LlamaForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    )
     config = src.config
     if hasattr(config, "quantization_config"):  # the GGUF loader marks the config as quantized
         del config.quantization_config
@@ -94,13 +109,19 @@ def peft_side(path: Path, batches: list[torch.Tensor], tmp: Path) -> dict:
     del src
     dense.save_pretrained(tmp / "hf")
     del dense
-    q = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
-                                        bnb_4bit_use_double_quant=True,
-                                        bnb_4bit_compute_dtype=torch.float16)
-    hf = transformers.LlamaForCausalLM.from_pretrained(tmp / "hf", quantization_config=q,
-                                                       dtype=torch.float32, device_map={"": 0})
-    model = peft.get_peft_model(hf, peft.LoraConfig(r=2, lora_alpha=4, lora_dropout=0.0,
-                                                    target_modules=["q_proj", "v_proj"]))
+    q = transformers.BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=torch.float16,
+    )
+    hf = transformers.LlamaForCausalLM.from_pretrained(
+        tmp / "hf", quantization_config=q, dtype=torch.float32, device_map={"": 0}
+    )
+    model = peft.get_peft_model(
+        hf,
+        peft.LoraConfig(r=2, lora_alpha=4, lora_dropout=0.0, target_modules=["q_proj", "v_proj"]),
+    )
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=2e-4, weight_decay=0.0, foreach=False)
     scaler = torch.amp.GradScaler("cuda")
@@ -115,6 +136,7 @@ def peft_side(path: Path, batches: list[torch.Tensor], tmp: Path) -> dict:
         scaler.step(opt)
         scaler.update()
         opt.zero_grad(set_to_none=True)
+
     return _measure(step, batches)
 
 
@@ -131,6 +153,7 @@ def main() -> None:
         tmp = Path(d)
         path = Path(args.model) if args.model else _fixture(tmp)
         from aner_lang.runtime.io.gguf import GGUFFile
+
         vocab = GGUFFile(path).hyperparams().vocab_size  # the fixture's vocabulary may be small
         batches = _batches(vocab, args.updates + 1, args.batch, args.context)
         ours = aner_side(path, batches)
@@ -138,8 +161,14 @@ def main() -> None:
             theirs = peft_side(path, batches, tmp)
         except ImportError as exc:  # bitsandbytes/peft missing on the machine
             theirs = {"error": str(exc)}
-    report = {"shape": "smollm2-135m", "context": args.context, "batch": args.batch,
-              "updates": args.updates, "aner": ours, "peft_bnb": theirs}
+    report = {
+        "shape": "smollm2-135m",
+        "context": args.context,
+        "batch": args.batch,
+        "updates": args.updates,
+        "aner": ours,
+        "peft_bnb": theirs,
+    }
     if "error" not in theirs:
         report["ratio_tokens_per_s"] = ours["tokens_per_s"] / theirs["tokens_per_s"]
         report["ratio_peak_bytes"] = ours["peak_bytes"] / theirs["peak_bytes"]

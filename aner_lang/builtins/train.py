@@ -9,205 +9,401 @@ model (fused without CUDA, full on an NF4 base) are checked at run time with a c
 from __future__ import annotations
 
 from aner_lang.builtins.model import overloads_for
-from aner_lang.builtins.spec import (Builtin, Constraint, Declarations, EnumDecl, Field, Member,
-                                     Param, TypeDecl)
+from aner_lang.builtins.spec import (
+    Builtin,
+    Constraint,
+    Declarations,
+    EnumDecl,
+    Field,
+    Member,
+    Param,
+    TypeDecl,
+)
 
 _NATIVE = ("torch", "gguf", "tokenizers")
 _CATEGORY = "training"
 _ADAPTERS = "aner_lang.runtime.adapters:"
 _PROFILE = "aner_lang.runtime.train.profile:"
 
-PRECISION = EnumDecl("Precision", (
-    Member("float32", "fp32 forward and backward"),
-    Member("float16", "fp16 autocast forward with dynamic loss scaling by default"),
-    Member("bfloat16", "bf16 autocast forward; no loss scaling needed"),
-), doc="Compute precision of an update; master weights and moments are always fp32.",
-    category=_CATEGORY)
-OPTIMIZER = EnumDecl("Optimizer", (
-    Member("adamw", "AdamW on fp32 masters, identical to torch.optim.AdamW"),
-    Member("paged_adamw", "AdamW with large moments in CUDA managed memory, prefetched page by "
-           "page; plain AdamW on CPU"),
-), doc="The optimizer of a profile.", category=_CATEGORY)
-KERNEL = EnumDecl("Kernel", (
-    Member("host_tiled", "dequantize bounded NF4 tiles, then matmul (any device)"),
-    Member("fused", "NVRTC-compiled CUDA NF4 kernels (CUDA only)"),
-    Member("auto", "fused on CUDA, host_tiled elsewhere"),
-), doc="Which NF4 linear path an update uses.", category=_CATEGORY)
-TARGET = EnumDecl("Target", tuple(Member(t, f"the {t} projection of every layer") for t in (
-    "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")),
-    doc="A projection an adapter changes.", category=_CATEGORY)
-SHARING = EnumDecl("Sharing", (
-    Member("global", "one trainable vector shared by every target tensor"),
-    Member("per_module", "one trainable vector per target tensor"),
-), doc="How TinyLoRA shares its trainable numbers.", category=_CATEGORY)
-SCHEDULE = EnumDecl("Schedule", (
-    Member("constant", "the learning rate after warmup stays constant"),
-    Member("linear", "linear decay to 0 at the last update"),
-    Member("cosine", "cosine decay to 0 at the last update"),
-), doc="Learning-rate schedule after the warmup updates.", category=_CATEGORY)
+PRECISION = EnumDecl(
+    "Precision",
+    (
+        Member("float32", "fp32 forward and backward"),
+        Member("float16", "fp16 autocast forward with dynamic loss scaling by default"),
+        Member("bfloat16", "bf16 autocast forward; no loss scaling needed"),
+    ),
+    doc="Compute precision of an update; master weights and moments are always fp32.",
+    category=_CATEGORY,
+)
+OPTIMIZER = EnumDecl(
+    "Optimizer",
+    (
+        Member("adamw", "AdamW on fp32 masters, identical to torch.optim.AdamW"),
+        Member(
+            "paged_adamw",
+            "AdamW with large moments in CUDA managed memory, prefetched page by "
+            "page; plain AdamW on CPU",
+        ),
+    ),
+    doc="The optimizer of a profile.",
+    category=_CATEGORY,
+)
+KERNEL = EnumDecl(
+    "Kernel",
+    (
+        Member("host_tiled", "dequantize bounded NF4 tiles, then matmul (any device)"),
+        Member("fused", "NVRTC-compiled CUDA NF4 kernels (CUDA only)"),
+        Member("auto", "fused on CUDA, host_tiled elsewhere"),
+    ),
+    doc="Which NF4 linear path an update uses.",
+    category=_CATEGORY,
+)
+TARGET = EnumDecl(
+    "Target",
+    tuple(
+        Member(t, f"the {t} projection of every layer")
+        for t in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    ),
+    doc="A projection an adapter changes.",
+    category=_CATEGORY,
+)
+SHARING = EnumDecl(
+    "Sharing",
+    (
+        Member("global", "one trainable vector shared by every target tensor"),
+        Member("per_module", "one trainable vector per target tensor"),
+    ),
+    doc="How TinyLoRA shares its trainable numbers.",
+    category=_CATEGORY,
+)
+SCHEDULE = EnumDecl(
+    "Schedule",
+    (
+        Member("constant", "the learning rate after warmup stays constant"),
+        Member("linear", "linear decay to 0 at the last update"),
+        Member("cosine", "cosine decay to 0 at the last update"),
+    ),
+    doc="Learning-rate schedule after the warmup updates.",
+    category=_CATEGORY,
+)
 
-ADAPTER = TypeDecl("Adapter", "Trainable fp32 tensors attached to a frozen base model; runs "
-                   "anywhere a Model does (evaluate, generate).", fields=(
-    Field("method", "String", "lora, lora_fa, dora, tinylora or full"),
-    Field("trainable_parameters", "Int", "how many numbers training changes"),
-    Field("target_tensors", "Int", "how many base tensors the adapter changes"),
-), category=_CATEGORY)
-PROFILE = TypeDecl("Profile", "How an update runs: precision, optimizer, kernel, paging, loss "
-                   "scale.", fields=(
-    Field("precision", "Precision"), Field("optimizer", "Optimizer"), Field("kernel", "Kernel"),
-    Field("page_bytes", "Bytes", "paged AdamW prefetch granularity"),
-), category=_CATEGORY)
-LOSS_SCALE = TypeDecl("LossScale", "A loss-scaling rule for float16 training.", fields=(
-    Field("kind", "String", "dynamic or fixed"),
-    Field("scale", "Float", "the (initial) scale"),
-), category=_CATEGORY)
-RUN = TypeDecl("Run", "The result of train().", fields=(
-    Field("adapter", "Adapter", "the trained adapter (the one passed in)"),
-    Field("loss_history", "List[Float]", "training loss of every applied update"),
-    Field("final_loss", "Float?", "training loss of the last applied update"),
-    Field("validation_loss", "Float?", "validation loss after the last update"),
-    Field("first_validation_loss", "Float?", "validation loss after the first update"),
-    Field("scored_tokens", "Int", "scored tokens of all applied updates"),
-    Field("updates", "Int", "accumulation windows done (applied and skipped)"),
-    Field("skipped_updates", "Int", "windows skipped after max_retries overflows"),
-    Field("retries", "Int", "windows re-run with a backed-off loss scale"),
-    Field("loss_scale", "Float", "the loss scale at the end"),
-    Field("optimizer_report", "String", "where the optimizer moments live"),
-    Field("tokens_per_second", "Float", "scored tokens per second of this call"),
-    Field("log_path", "String?", "the JSON-lines event log, one event per update"),
-), category=_CATEGORY)
+ADAPTER = TypeDecl(
+    "Adapter",
+    "Trainable fp32 tensors attached to a frozen base model; runs "
+    "anywhere a Model does (evaluate, generate).",
+    fields=(
+        Field("method", "String", "lora, lora_fa, dora, tinylora or full"),
+        Field("trainable_parameters", "Int", "how many numbers training changes"),
+        Field("target_tensors", "Int", "how many base tensors the adapter changes"),
+    ),
+    category=_CATEGORY,
+)
+PROFILE = TypeDecl(
+    "Profile",
+    "How an update runs: precision, optimizer, kernel, paging, loss scale.",
+    fields=(
+        Field("precision", "Precision"),
+        Field("optimizer", "Optimizer"),
+        Field("kernel", "Kernel"),
+        Field("page_bytes", "Bytes", "paged AdamW prefetch granularity"),
+    ),
+    category=_CATEGORY,
+)
+LOSS_SCALE = TypeDecl(
+    "LossScale",
+    "A loss-scaling rule for float16 training.",
+    fields=(
+        Field("kind", "String", "dynamic or fixed"),
+        Field("scale", "Float", "the (initial) scale"),
+    ),
+    category=_CATEGORY,
+)
+RUN = TypeDecl(
+    "Run",
+    "The result of train().",
+    fields=(
+        Field("adapter", "Adapter", "the trained adapter (the one passed in)"),
+        Field("loss_history", "List[Float]", "training loss of every applied update"),
+        Field("final_loss", "Float?", "training loss of the last applied update"),
+        Field("validation_loss", "Float?", "validation loss after the last update"),
+        Field("first_validation_loss", "Float?", "validation loss after the first update"),
+        Field("scored_tokens", "Int", "scored tokens of all applied updates"),
+        Field("updates", "Int", "accumulation windows done (applied and skipped)"),
+        Field("skipped_updates", "Int", "windows skipped after max_retries overflows"),
+        Field("retries", "Int", "windows re-run with a backed-off loss scale"),
+        Field("loss_scale", "Float", "the loss scale at the end"),
+        Field("optimizer_report", "String", "where the optimizer moments live"),
+        Field("tokens_per_second", "Float", "scored tokens per second of this call"),
+        Field("log_path", "String?", "the JSON-lines event log, one event per update"),
+    ),
+    category=_CATEGORY,
+)
 
-_TARGETS = Param("targets", "List[Target]", "[q_proj, v_proj]", "projections to adapt",
-                 keyword_only=True)
+_TARGETS = Param(
+    "targets", "List[Target]", "[q_proj, v_proj]", "projections to adapt", keyword_only=True
+)
 _SEED = Param("seed", "Int", "0", "seed of the random initialisation", keyword_only=True)
-_RANK_RULES = (Constraint("rank >= 1", "rank must be at least 1"),
-               Constraint("alpha > 0.0", "alpha must be positive"),
-               Constraint("dropout >= 0.0 and dropout < 1.0", "dropout must be in [0, 1)"))
+_RANK_RULES = (
+    Constraint("rank >= 1", "rank must be at least 1"),
+    Constraint("alpha > 0.0", "alpha must be positive"),
+    Constraint("dropout >= 0.0 and dropout < 1.0", "dropout must be in [0, 1)"),
+)
 
 
 def _low_rank(name: str, doc: str, example: str) -> Builtin:
     return Builtin(
-        name, (Param("model", "Model", doc="the frozen base"),
-               Param("rank", "Int", "8", "rank r of the update", keyword_only=True),
-               Param("alpha", "Float", "16.0", "scaling numerator: the update is scaled by "
-                     "alpha / rank", keyword_only=True),
-               Param("dropout", "Float", "0.0", "dropout on the adapter's input",
-                     keyword_only=True), _TARGETS, _SEED),
-        "Adapter", doc, _ADAPTERS + name, examples=(example,), constraints=_RANK_RULES,
-        native=True, requires=_NATIVE, category=_CATEGORY)
+        name,
+        (
+            Param("model", "Model", doc="the frozen base"),
+            Param("rank", "Int", "8", "rank r of the update", keyword_only=True),
+            Param(
+                "alpha",
+                "Float",
+                "16.0",
+                "scaling numerator: the update is scaled by alpha / rank",
+                keyword_only=True,
+            ),
+            Param("dropout", "Float", "0.0", "dropout on the adapter's input", keyword_only=True),
+            _TARGETS,
+            _SEED,
+        ),
+        "Adapter",
+        doc,
+        _ADAPTERS + name,
+        examples=(example,),
+        constraints=_RANK_RULES,
+        native=True,
+        requires=_NATIVE,
+        category=_CATEGORY,
+    )
 
 
 _BUILTINS = (
-    _low_rank("lora", "LoRA (QLoRA on an NF4 base): y = W x + alpha/rank * B A x, A "
-              "kaiming-uniform, B zero, both trained.",
-              "let a = lora(base, rank: 2, alpha: 4.0, targets: [q_proj, v_proj], seed: 71)"),
-    _low_rank("lora_fa", "LoRA-FA: like lora, but A stays frozen at its random init and only B "
-              "is trained (fewer trainable numbers, less activation memory).",
-              "let a = lora_fa(base, rank: 2, alpha: 4.0)"),
-    _low_rank("dora", "DoRA: a LoRA direction plus a trainable magnitude per output row, "
-              "initialised to the row norms of W.", "let a = dora(base, rank: 2, alpha: 4.0)"),
+    _low_rank(
+        "lora",
+        "LoRA (QLoRA on an NF4 base): y = W x + alpha/rank * B A x, A "
+        "kaiming-uniform, B zero, both trained.",
+        "let a = lora(base, rank: 2, alpha: 4.0, targets: [q_proj, v_proj], seed: 71)",
+    ),
+    _low_rank(
+        "lora_fa",
+        "LoRA-FA: like lora, but A stays frozen at its random init and only B "
+        "is trained (fewer trainable numbers, less activation memory).",
+        "let a = lora_fa(base, rank: 2, alpha: 4.0)",
+    ),
+    _low_rank(
+        "dora",
+        "DoRA: a LoRA direction plus a trainable magnitude per output row, "
+        "initialised to the row norms of W.",
+        "let a = dora(base, rank: 2, alpha: 4.0)",
+    ),
     Builtin(
-        "tinylora", (Param("model", "Model", doc="the frozen base"),
-                     Param("parameters", "Int", "13", "trainable numbers (per sharing group)",
-                           keyword_only=True),
-                     Param("sharing", "Sharing", "global", "one vector for all targets, or one "
-                           "per target", keyword_only=True),
-                     Param("rank", "Int", "2", "rank of the fixed SVD bases", keyword_only=True),
-                     _TARGETS, _SEED),
-        "Adapter", "TinyLoRA: W' = W + U S (sum_i v_i P_i) V^T over the fixed rank-r SVD of "
+        "tinylora",
+        (
+            Param("model", "Model", doc="the frozen base"),
+            Param(
+                "parameters",
+                "Int",
+                "13",
+                "trainable numbers (per sharing group)",
+                keyword_only=True,
+            ),
+            Param(
+                "sharing",
+                "Sharing",
+                "global",
+                "one vector for all targets, or one per target",
+                keyword_only=True,
+            ),
+            Param("rank", "Int", "2", "rank of the fixed SVD bases", keyword_only=True),
+            _TARGETS,
+            _SEED,
+        ),
+        "Adapter",
+        "TinyLoRA: W' = W + U S (sum_i v_i P_i) V^T over the fixed rank-r SVD of "
         "each unquantized target weight and fixed random projections P; only v is trained.",
-        _ADAPTERS + "tinylora", examples=("let t = tinylora(base, parameters: 13, rank: 2)",),
-        constraints=(Constraint("rank >= 1", "rank must be at least 1"),
-                     Constraint("parameters >= 1", "parameters must be at least 1")),
-        native=True, requires=_NATIVE, category=_CATEGORY),
+        _ADAPTERS + "tinylora",
+        examples=("let t = tinylora(base, parameters: 13, rank: 2)",),
+        constraints=(
+            Constraint("rank >= 1", "rank must be at least 1"),
+            Constraint("parameters >= 1", "parameters must be at least 1"),
+        ),
+        native=True,
+        requires=_NATIVE,
+        category=_CATEGORY,
+    ),
     Builtin(
-        "full", (Param("model", "Model", doc="a base with dense (float32/float16) storage"),),
-        "Adapter", "Full fine-tuning: every weight and norm becomes a trainable fp32 master (the "
+        "full",
+        (Param("model", "Model", doc="a base with dense (float32/float16) storage"),),
+        "Adapter",
+        "Full fine-tuning: every weight and norm becomes a trainable fp32 master (the "
         "base itself is not changed). Needs dense storage, not nf4_double_quant.",
-        _ADAPTERS + "full", examples=("let f = full(dense_base)",), native=True,
-        requires=_NATIVE, category=_CATEGORY),
+        _ADAPTERS + "full",
+        examples=("let f = full(dense_base)",),
+        native=True,
+        requires=_NATIVE,
+        category=_CATEGORY,
+    ),
     Builtin(
-        "dynamic", (Param("initial", "Float", "65536.0", "initial scale", keyword_only=True),
-                    Param("growth_interval", "Int", "2000", "good updates before the scale "
-                          "grows", keyword_only=True),
-                    Param("growth_factor", "Float", "2.0", keyword_only=True),
-                    Param("backoff_factor", "Float", "0.5", keyword_only=True),
-                    Param("max_retries", "Int", "3", "re-runs of an overflowing window before "
-                          "it is skipped", keyword_only=True)),
-        "LossScale", "Dynamic loss scaling with torch GradScaler's semantics: an overflow skips "
+        "dynamic",
+        (
+            Param("initial", "Float", "65536.0", "initial scale", keyword_only=True),
+            Param(
+                "growth_interval",
+                "Int",
+                "2000",
+                "good updates before the scale grows",
+                keyword_only=True,
+            ),
+            Param("growth_factor", "Float", "2.0", keyword_only=True),
+            Param("backoff_factor", "Float", "0.5", keyword_only=True),
+            Param(
+                "max_retries",
+                "Int",
+                "3",
+                "re-runs of an overflowing window before it is skipped",
+                keyword_only=True,
+            ),
+        ),
+        "LossScale",
+        "Dynamic loss scaling with torch GradScaler's semantics: an overflow skips "
         "the update and backs the scale off; growth after growth_interval good updates.",
-        _PROFILE + "dynamic", examples=("let ls = dynamic(initial: 128.0, growth_interval: 2)",),
-        constraints=(Constraint("initial > 0.0", "initial must be positive"),
-                     Constraint("growth_interval >= 1", "growth_interval must be at least 1"),
-                     Constraint("growth_factor > 1.0", "growth_factor must be above 1"),
-                     Constraint("backoff_factor > 0.0 and backoff_factor < 1.0",
-                                "backoff_factor must be in (0, 1)"),
-                     Constraint("max_retries >= 0", "max_retries must not be negative")),
-        native=True, requires=("torch",), category=_CATEGORY),
+        _PROFILE + "dynamic",
+        examples=("let ls = dynamic(initial: 128.0, growth_interval: 2)",),
+        constraints=(
+            Constraint("initial > 0.0", "initial must be positive"),
+            Constraint("growth_interval >= 1", "growth_interval must be at least 1"),
+            Constraint("growth_factor > 1.0", "growth_factor must be above 1"),
+            Constraint(
+                "backoff_factor > 0.0 and backoff_factor < 1.0", "backoff_factor must be in (0, 1)"
+            ),
+            Constraint("max_retries >= 0", "max_retries must not be negative"),
+        ),
+        native=True,
+        requires=("torch",),
+        category=_CATEGORY,
+    ),
     Builtin(
-        "fixed", (Param("scale", "Float", doc="the constant loss scale"),), "LossScale",
-        "A constant loss scale; an overflowing update is still skipped.", _PROFILE + "fixed",
+        "fixed",
+        (Param("scale", "Float", doc="the constant loss scale"),),
+        "LossScale",
+        "A constant loss scale; an overflowing update is still skipped.",
+        _PROFILE + "fixed",
         examples=("let ls = fixed(1024.0)",),
         constraints=(Constraint("scale > 0.0", "scale must be positive"),),
-        native=True, requires=("torch",), category=_CATEGORY),
+        native=True,
+        requires=("torch",),
+        category=_CATEGORY,
+    ),
     Builtin(
-        "profile", (Param("precision", "Precision", "float32", keyword_only=True),
-                    Param("optimizer", "Optimizer", "adamw", keyword_only=True),
-                    Param("kernel", "Kernel", "auto", keyword_only=True),
-                    Param("page_bytes", "Bytes", "2 MiB", "paged AdamW prefetch page",
-                          keyword_only=True),
-                    Param("loss_scale", "LossScale?", "none", "none: dynamic() for float16, "
-                          "no scaling otherwise", keyword_only=True),
-                    Param("memory_budget", "Bytes?", "none", "fail early if the GPU has less "
-                          "free memory", keyword_only=True)),
-        "Profile", "How updates run. fp32 master weights always; kernel: fused needs CUDA.",
+        "profile",
+        (
+            Param("precision", "Precision", "float32", keyword_only=True),
+            Param("optimizer", "Optimizer", "adamw", keyword_only=True),
+            Param("kernel", "Kernel", "auto", keyword_only=True),
+            Param("page_bytes", "Bytes", "2 MiB", "paged AdamW prefetch page", keyword_only=True),
+            Param(
+                "loss_scale",
+                "LossScale?",
+                "none",
+                "none: dynamic() for float16, no scaling otherwise",
+                keyword_only=True,
+            ),
+            Param(
+                "memory_budget",
+                "Bytes?",
+                "none",
+                "fail early if the GPU has less free memory",
+                keyword_only=True,
+            ),
+        ),
+        "Profile",
+        "How updates run. fp32 master weights always; kernel: fused needs CUDA.",
         _PROFILE + "profile",
-        examples=("let fast = profile(precision: float16, optimizer: paged_adamw, kernel: fused, "
-                  "page_bytes: 2 MiB, loss_scale: dynamic(initial: 128.0))",),
+        examples=(
+            "let fast = profile(precision: float16, optimizer: paged_adamw, kernel: fused, "
+            "page_bytes: 2 MiB, loss_scale: dynamic(initial: 128.0))",
+        ),
         constraints=(Constraint("page_bytes >= 4 KiB", "page_bytes must be at least 4 KiB"),),
-        native=True, requires=("torch",), category=_CATEGORY),
+        native=True,
+        requires=("torch",),
+        category=_CATEGORY,
+    ),
     Builtin(
-        "train", (Param("adapter", "Adapter", doc="what to train (continues a resumed one)"),
-                  Param("data", "Dataset", doc="training examples"),
-                  Param("profile", "Profile", "profile()", "how updates run"),
-                  Param("steps", "Int", "10", "total updates the adapter's training reaches",
-                        keyword_only=True),
-                  Param("learning_rate", "Float", "2e-4", keyword_only=True),
-                  Param("micro_batch", "Int", "1", "examples per forward pass",
-                        keyword_only=True),
-                  Param("accumulation", "Int", "1", "micro-batches per update",
-                        keyword_only=True),
-                  Param("clip_norm", "Float?", "1.0", "global gradient-norm clip (none: off)",
-                        keyword_only=True),
-                  Param("seed", "Int", "0", "data order and dropout seed", keyword_only=True),
-                  Param("weight_decay", "Float", "0.0", "AdamW decoupled weight decay",
-                        keyword_only=True),
-                  Param("warmup", "Int", "0", "linear warmup updates", keyword_only=True),
-                  Param("schedule", "Schedule", "constant", keyword_only=True),
-                  Param("validation", "Dataset?", "none", "held-out examples",
-                        keyword_only=True),
-                  Param("eval_every", "Int", "0", "validate every n updates (and after the "
-                        "first and last)", keyword_only=True),
-                  Param("checkpoints", "String?", "none", "checkpoint directory",
-                        keyword_only=True),
-                  Param("checkpoint_every", "Int", "0", "checkpoint every n updates (and after "
-                        "the last)", keyword_only=True),
-                  Param("log", "String?", "none", "JSON-lines event log (default: "
-                        "<checkpoints>/events.jsonl)", keyword_only=True)),
-        "Run", "Train the adapter until it has done `steps` updates; deterministic for a seed.",
+        "train",
+        (
+            Param("adapter", "Adapter", doc="what to train (continues a resumed one)"),
+            Param("data", "Dataset", doc="training examples"),
+            Param("profile", "Profile", "profile()", "how updates run"),
+            Param(
+                "steps",
+                "Int",
+                "10",
+                "total updates the adapter's training reaches",
+                keyword_only=True,
+            ),
+            Param("learning_rate", "Float", "2e-4", keyword_only=True),
+            Param("micro_batch", "Int", "1", "examples per forward pass", keyword_only=True),
+            Param("accumulation", "Int", "1", "micro-batches per update", keyword_only=True),
+            Param(
+                "clip_norm",
+                "Float?",
+                "1.0",
+                "global gradient-norm clip (none: off)",
+                keyword_only=True,
+            ),
+            Param("seed", "Int", "0", "data order and dropout seed", keyword_only=True),
+            Param(
+                "weight_decay", "Float", "0.0", "AdamW decoupled weight decay", keyword_only=True
+            ),
+            Param("warmup", "Int", "0", "linear warmup updates", keyword_only=True),
+            Param("schedule", "Schedule", "constant", keyword_only=True),
+            Param("validation", "Dataset?", "none", "held-out examples", keyword_only=True),
+            Param(
+                "eval_every",
+                "Int",
+                "0",
+                "validate every n updates (and after the first and last)",
+                keyword_only=True,
+            ),
+            Param("checkpoints", "String?", "none", "checkpoint directory", keyword_only=True),
+            Param(
+                "checkpoint_every",
+                "Int",
+                "0",
+                "checkpoint every n updates (and after the last)",
+                keyword_only=True,
+            ),
+            Param(
+                "log",
+                "String?",
+                "none",
+                "JSON-lines event log (default: <checkpoints>/events.jsonl)",
+                keyword_only=True,
+            ),
+        ),
+        "Run",
+        "Train the adapter until it has done `steps` updates; deterministic for a seed.",
         "aner_lang.runtime.train.trainer:train_builtin",
-        examples=("let run = train(a, train_set, fast, steps: 20, learning_rate: 2e-4, "
-                  "clip_norm: 1.0, seed: 11, validation: held_out)",),
-        constraints=(Constraint("steps >= 1", "steps must be at least 1"),
-                     Constraint("learning_rate > 0.0", "learning_rate must be positive"),
-                     Constraint("micro_batch >= 1", "micro_batch must be at least 1"),
-                     Constraint("accumulation >= 1", "accumulation must be at least 1"),
-                     Constraint("weight_decay >= 0.0", "weight_decay must not be negative"),
-                     Constraint("warmup >= 0", "warmup must not be negative"),
-                     Constraint("eval_every >= 0", "eval_every must not be negative"),
-                     Constraint("checkpoint_every >= 0", "checkpoint_every must not be "
-                                "negative")),
-        native=True, requires=_NATIVE, needs_context=True, category=_CATEGORY),
+        examples=(
+            "let run = train(a, train_set, fast, steps: 20, learning_rate: 2e-4, "
+            "clip_norm: 1.0, seed: 11, validation: held_out)",
+        ),
+        constraints=(
+            Constraint("steps >= 1", "steps must be at least 1"),
+            Constraint("learning_rate > 0.0", "learning_rate must be positive"),
+            Constraint("micro_batch >= 1", "micro_batch must be at least 1"),
+            Constraint("accumulation >= 1", "accumulation must be at least 1"),
+            Constraint("weight_decay >= 0.0", "weight_decay must not be negative"),
+            Constraint("warmup >= 0", "warmup must not be negative"),
+            Constraint("eval_every >= 0", "eval_every must not be negative"),
+            Constraint("checkpoint_every >= 0", "checkpoint_every must not be negative"),
+        ),
+        native=True,
+        requires=_NATIVE,
+        needs_context=True,
+        category=_CATEGORY,
+    ),
 )
 
 DECLARATIONS = Declarations(

@@ -53,7 +53,9 @@ def analyze(source: str, path: str | None = None, *, resolver: Resolver | None =
         return analyze_module(source, path, registry(), resolver or file_resolver, (key,), {})
     except Exception as exc:  # a bug in Aner: still a diagnostic, never a traceback
         module, diags = parse(source, path)
-        return Analysis(path, source, module, diagnostics=diags + [internal_error(None, exc).at(path)])
+        return Analysis(
+            path, source, module, diagnostics=diags + [internal_error(None, exc).at(path)]
+        )
     finally:
         if gc_was_enabled:
             gc.enable()

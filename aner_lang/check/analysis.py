@@ -21,7 +21,7 @@ class Definition:
 
     name: str
     kind: str  # let | param | for | fn | record | enum
-    ty: "Type"
+    ty: Type
     span: Span | None
     path: str | None
     node: object = None
@@ -37,7 +37,9 @@ class Definition:
 
 
 def fn_signature(fn: ast.FnDecl, returns: object) -> str:
-    params = ", ".join(f"{p.name}: {_type_text(p.type)}" + (" = ..." if p.default else "") for p in fn.params)
+    params = ", ".join(
+        f"{p.name}: {_type_text(p.type)}" + (" = ..." if p.default else "") for p in fn.params
+    )
     return f"fn {fn.name}({params}) -> {returns}"
 
 
@@ -57,7 +59,7 @@ class Reference:
 class ScopeInfo:
     span: Span | None  # None: the whole file
     names: dict[str, Definition]
-    parent: "ScopeInfo | None"
+    parent: ScopeInfo | None
 
 
 @dataclass
@@ -69,7 +71,7 @@ class CallInfo:
     name: str
     kind: str
     candidates: tuple = ()
-    builtin: "Builtin | None" = None
+    builtin: Builtin | None = None
     definition: Definition | None = None
     bound: tuple[tuple[str, ast.Expr | None], ...] = ()
     param_types: tuple = ()
@@ -105,16 +107,16 @@ class Analysis:
     definitions: list[Definition] = field(default_factory=list)
     references: list[Reference] = field(default_factory=list)
     scopes: list[ScopeInfo] = field(default_factory=list)
-    expr_types: dict[int, tuple[ast.Expr, "Type"]] = field(default_factory=dict)
+    expr_types: dict[int, tuple[ast.Expr, Type]] = field(default_factory=dict)
     calls: dict[int, CallInfo] = field(default_factory=dict)
     enum_values: dict[int, tuple[str, str]] = field(default_factory=dict)
     """id(Name or Member node) -> (enum name, member name) for enum member references."""
-    imports: dict[int, "Analysis"] = field(default_factory=dict)
+    imports: dict[int, Analysis] = field(default_factory=dict)
     """id(Import node) -> the analysis of the imported file."""
     record_fields: dict[str, tuple[ast.FieldDecl, ...]] = field(default_factory=dict)
-    field_types: dict[str, dict[str, "Type"]] = field(default_factory=dict)
+    field_types: dict[str, dict[str, Type]] = field(default_factory=dict)
     """Field types of the records this file declares or imports."""
-    signatures: dict[int, tuple[list, "Type"]] = field(default_factory=dict)
+    signatures: dict[int, tuple[list, Type]] = field(default_factory=dict)
     """id(FnDecl or RecordDecl) -> (parameters, return type), also for imported declarations."""
 
     @property
@@ -127,7 +129,10 @@ class Analysis:
         best: ScopeInfo | None = None
         for scope in self.scopes:
             if scope.span is None or scope.span.start <= offset <= scope.span.end:
-                if best is None or (scope.span is not None and (best.span is None or scope.span.start >= best.span.start)):
+                if best is None or (
+                    scope.span is not None
+                    and (best.span is None or scope.span.start >= best.span.start)
+                ):
                     best = scope
         visible: dict[str, Definition] = {}
         while best is not None:
@@ -160,14 +165,18 @@ class Analysis:
 
     def call_at(self, offset: int) -> CallInfo | None:
         """The innermost call whose parentheses contain `offset`."""
-        return self._innermost(offset, ((c.call.open_span, c) for c in self.calls.values()
-                               if c.call.open_span.start < offset))
+        return self._innermost(
+            offset,
+            ((c.call.open_span, c) for c in self.calls.values() if c.call.open_span.start < offset),
+        )
 
     @staticmethod
     def _innermost(offset: int, items):
         """The value whose span is the smallest one containing `offset`."""
         best, best_len = None, None
         for span, value in items:
-            if span.start <= offset <= span.end and (best_len is None or span.end - span.start < best_len):
+            if span.start <= offset <= span.end and (
+                best_len is None or span.end - span.start < best_len
+            ):
                 best, best_len = value, span.end - span.start
         return best

@@ -15,9 +15,9 @@ literals.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
-from typing import Callable
+from functools import cache
 
 from aner_lang import diagnostics as msg
 from aner_lang.builtins import Registry
@@ -25,7 +25,7 @@ from aner_lang.builtins.reference import signature
 from aner_lang.builtins.spec import Builtin
 from aner_lang.check import types as T
 from aner_lang.check.analysis import Analysis, CallInfo, Definition, Reference, ScopeInfo
-from aner_lang.check.consteval import NotConstant, evaluate
+from aner_lang.check.consteval import evaluate
 from aner_lang.diagnostics import Diagnostic
 from aner_lang.grammar import ast, parse, parse_expression
 from aner_lang.grammar.ast import Span
@@ -34,7 +34,7 @@ Resolver = Callable[[str, "str | None"], "tuple[str, str]"]
 """resolver(import path as written, importing file) -> (resolved path, source); raises OSError."""
 
 
-@lru_cache(maxsize=None)
+@cache
 def registry_expr(text: str) -> ast.Expr:
     """A default or constraint of the registry, parsed once per process."""
     return parse_expression(text)
@@ -52,7 +52,9 @@ class _Param:
 
 
 class _Scope:
-    def __init__(self, parent: "_Scope | None", span: Span | None, fn: "tuple[ast.FnDecl, T.Type] | None") -> None:
+    def __init__(
+        self, parent: _Scope | None, span: Span | None, fn: tuple[ast.FnDecl, T.Type] | None
+    ) -> None:
         self.parent = parent
         self.names: dict[str, Definition] = {}
         self.narrowed: dict[str, T.Type] = {}
@@ -89,8 +91,15 @@ class _Scope:
 
 
 class Checker:
-    def __init__(self, registry: Registry, analysis: Analysis, resolver: Resolver,
-                 import_stack: tuple[str, ...], cache: dict[str, Analysis], warn_unused_top: bool) -> None:
+    def __init__(
+        self,
+        registry: Registry,
+        analysis: Analysis,
+        resolver: Resolver,
+        import_stack: tuple[str, ...],
+        cache: dict[str, Analysis],
+        warn_unused_top: bool,
+    ) -> None:
         self.reg = registry
         self.a = analysis
         self.path = analysis.path
@@ -100,7 +109,9 @@ class Checker:
         self.warn_unused_top = warn_unused_top
         self.diags = analysis.diagnostics
         self.enum_types: dict[str, T.EnumT] = {
-            e.name: T.EnumT(e.name, tuple(m.name for m in e.members)) for e in registry.enums.values()}
+            e.name: T.EnumT(e.name, tuple(m.name for m in e.members))
+            for e in registry.enums.values()
+        }
         self.fields: dict[str, dict[str, T.Type]] = {}
         self.record_params: dict[str, list[_Param]] = {}
         self.fn_params: dict[int, list[_Param]] = {}
@@ -160,8 +171,18 @@ class Checker:
             return self.enum_types[t.name]
         if t.name in self.reg.types:
             return T.NamedT(t.name)
-        names = list(T.PRIMITIVES) + ["List"] + list(self.enum_types) + list(self.reg.types) + [
-            n for n in scope.visible() if (scope.lookup(n) or Definition("", "", T.ANY, None, None)).kind in ("record", "enum")]
+        names = (
+            list(T.PRIMITIVES)
+            + ["List"]
+            + list(self.enum_types)
+            + list(self.reg.types)
+            + [
+                n
+                for n in scope.visible()
+                if (scope.lookup(n) or Definition("", "", T.ANY, None, None)).kind
+                in ("record", "enum")
+            ]
+        )
         self.report(msg.unknown_type(t.span, t.name, names))
         return T.ANY
 
@@ -169,17 +190,28 @@ class Checker:
         key = id(b)
         if key not in self._builtin_params:
             self._builtin_params[key] = [
-                _Param(p.name, self.spec_type(p.type), None if p.default is None else registry_expr(p.default),
-                       p.required, p.keyword_only) for p in b.params]
+                _Param(
+                    p.name,
+                    self.spec_type(p.type),
+                    None if p.default is None else registry_expr(p.default),
+                    p.required,
+                    p.keyword_only,
+                )
+                for p in b.params
+            ]
             self._builtin_returns[key] = self.spec_type(b.returns)
         return self._builtin_params[key], self._builtin_returns[key]
 
     # ---- definitions --------------------------------------------------------------------------
-    def define(self, scope: _Scope, name: str, kind: str, ty: T.Type, span: Span, node: object) -> Definition:
+    def define(
+        self, scope: _Scope, name: str, kind: str, ty: T.Type, span: Span, node: object
+    ) -> Definition:
         d = Definition(name, kind, ty, span, self.path, node)
         prev = scope.names.get(name)
         if prev is not None:
-            self.report(msg.duplicate_definition(span, name, prev.span if prev.path == self.path else None))
+            self.report(
+                msg.duplicate_definition(span, name, prev.span if prev.path == self.path else None)
+            )
         scope.names[name] = d
         if not self.muted:
             self.a.definitions.append(d)
@@ -199,14 +231,21 @@ class Checker:
         if scope.parent is None and not self.warn_unused_top:
             return
         for d in scope.names.values():
-            if d.kind in ("let", "param", "for") and not d.used and not d.name.startswith("_") and d.path == self.path:
+            if (
+                d.kind in ("let", "param", "for")
+                and not d.used
+                and not d.name.startswith("_")
+                and d.path == self.path
+            ):
                 self.report(msg.unused_binding(d.span, d.name))
 
     # ---- module ---------------------------------------------------------------------------------
     def check_module(self, module: ast.Module) -> None:
         top = _Scope(None, None, None)
         self.a.scopes.append(top.info)
-        decls = [s for s in module.body if isinstance(s, (ast.FnDecl, ast.RecordDecl, ast.EnumDecl))]
+        decls = [
+            s for s in module.body if isinstance(s, (ast.FnDecl, ast.RecordDecl, ast.EnumDecl))
+        ]
         for s in module.body:
             if isinstance(s, ast.Import):
                 self.check_import(s, top)
@@ -238,8 +277,10 @@ class Checker:
                 self.a.signatures[id(s)] = (params, T.NamedT(s.name))
                 self.a.field_types[s.name] = self.fields[s.name]
             elif isinstance(s, ast.FnDecl):
-                self.fn_params[id(s)] = [_Param(p.name, self.resolve_type(p.type, top), p.default, p.default is None)
-                                         for p in s.params]
+                self.fn_params[id(s)] = [
+                    _Param(p.name, self.resolve_type(p.type, top), p.default, p.default is None)
+                    for p in s.params
+                ]
                 ret = self.resolve_type(s.returns, top) if s.returns is not None else T.NONE
                 self.fn_returns[id(s)] = ret
                 self.a.signatures[id(s)] = (self.fn_params[id(s)], ret)
@@ -260,13 +301,20 @@ class Checker:
             self.report(msg.import_not_found(s.path_span, s.path, e.strerror or str(e)))
             return
         if resolved in self.import_stack:
-            chain = list(self.import_stack[self.import_stack.index(resolved):]) + [resolved]
+            chain = list(self.import_stack[self.import_stack.index(resolved) :]) + [resolved]
             self.report(msg.import_cycle(s.path_span, chain))
             return
         sub = self.cache.get(resolved)
         if sub is None:
-            sub = analyze_module(source, resolved, self.reg, self.resolver, self.import_stack + (resolved,),
-                                 self.cache, warn_unused_top=False)
+            sub = analyze_module(
+                source,
+                resolved,
+                self.reg,
+                self.resolver,
+                self.import_stack + (resolved,),
+                self.cache,
+                warn_unused_top=False,
+            )
             self.cache[resolved] = sub
         self.a.imports[id(s)] = sub
         cycle = next((d for d in sub.errors if d.code == "E-IMPORT-CYCLE"), None)
@@ -274,8 +322,13 @@ class Checker:
             self.report(msg.Diagnostic(cycle.code, s.path_span, cycle.message))
         elif sub.errors:
             first = sub.errors[0]
-            self.report(msg.import_not_found(s.path_span, s.path, f"it has {len(sub.errors)} error(s), "
-                                             f"the first: {first.message}"))
+            self.report(
+                msg.import_not_found(
+                    s.path_span,
+                    s.path,
+                    f"it has {len(sub.errors)} error(s), the first: {first.message}",
+                )
+            )
         self.fields.update(sub.field_types)
         self.a.field_types.update(sub.field_types)
         self.a.record_fields.update(sub.record_fields)
@@ -287,8 +340,14 @@ class Checker:
             d.used = True
 
     # ---- statements --------------------------------------------------------------------------------
-    def block(self, b: ast.Block, parent: _Scope, fn=None, params: list | None = None,
-              narrowed: dict[str, T.Type] | None = None) -> _Scope:
+    def block(
+        self,
+        b: ast.Block,
+        parent: _Scope,
+        fn=None,
+        params: list | None = None,
+        narrowed: dict[str, T.Type] | None = None,
+    ) -> _Scope:
         scope = self.new_scope(parent, b.span, fn)
         scope.narrowed.update(narrowed or {})
         for p in params or ():
@@ -324,7 +383,10 @@ class Checker:
                 self.report(msg.declaration_not_top_level(s.span, "function"))
                 return
             ret = self.fn_returns[id(s)]
-            params = [(p.name, "param", sig.ty, p.name_span, p) for p, sig in zip(s.params, self.fn_params[id(s)])]
+            params = [
+                (p.name, "param", sig.ty, p.name_span, p)
+                for p, sig in zip(s.params, self.fn_params[id(s)])
+            ]
             for p, sig in zip(s.params, self.fn_params[id(s)]):
                 if p.default is not None:
                     self.expect(p.default, sig.ty, scope, f"default of `{p.name}`")
@@ -333,7 +395,11 @@ class Checker:
                 self.report(msg.missing_return(s.name_span, s.name, str(ret)))
         elif isinstance(s, (ast.RecordDecl, ast.EnumDecl)):
             if scope.parent is not None:
-                self.report(msg.declaration_not_top_level(s.span, "record" if isinstance(s, ast.RecordDecl) else "enum"))
+                self.report(
+                    msg.declaration_not_top_level(
+                        s.span, "record" if isinstance(s, ast.RecordDecl) else "enum"
+                    )
+                )
         elif isinstance(s, ast.If):
             self.expect(s.cond, T.BOOL, scope, "the condition")
             then_narrow, else_narrow = self._narrowing(s.cond, scope)
@@ -349,7 +415,9 @@ class Checker:
             elif ity == T.ANY:
                 elem = T.ANY
             else:
-                self.report(msg.type_mismatch(s.iterable.span, "List[...]", str(ity), "the loop's iterable"))
+                self.report(
+                    msg.type_mismatch(s.iterable.span, "List[...]", str(ity), "the loop's iterable")
+                )
                 elem = T.ANY
             self.block(s.body, scope, None, [(s.var, "for", elem, s.var_span, s)])
         elif isinstance(s, ast.Return):
@@ -358,7 +426,7 @@ class Checker:
                 if s.value is not None:
                     self.expr(s.value, scope, None)
                 return
-            fn, ret = scope.fn
+            _fn, ret = scope.fn
             if s.value is None:
                 if ret != T.NONE:
                     self.report(msg.type_mismatch(s.span, str(ret), "None", "the returned value"))
@@ -376,8 +444,12 @@ class Checker:
 
     def _narrowing(self, cond: ast.Expr, scope: _Scope) -> tuple[dict, dict]:
         """`x != none` narrows an optional `x` in the then-branch, `x == none` in the else-branch."""
-        if isinstance(cond, ast.Binary) and cond.op in ("==", "!=") and isinstance(cond.right, ast.NoneLit) \
-                and isinstance(cond.left, ast.Name):
+        if (
+            isinstance(cond, ast.Binary)
+            and cond.op in ("==", "!=")
+            and isinstance(cond.right, ast.NoneLit)
+            and isinstance(cond.left, ast.Name)
+        ):
             d = scope.lookup(cond.left.name)
             if d is not None and isinstance(d.ty, T.OptionalT):
                 narrowed = {cond.left.name: d.ty.inner}
@@ -481,7 +553,11 @@ class Checker:
             self.report(msg.unknown_member(e.span, want.name, e.name, want.members))
             return want
         if e.name in self.reg.functions:
-            self.report(msg.Diagnostic("E-TYPE", e.span, f"builtin function `{e.name}` is not a value; call it"))
+            self.report(
+                msg.Diagnostic(
+                    "E-TYPE", e.span, f"builtin function `{e.name}` is not a value; call it"
+                )
+            )
             return T.ANY
         self.report(msg.unknown_name(e.span, e.name, scope.visible() + list(self.reg.functions)))
         return T.ANY
@@ -552,13 +628,17 @@ class Checker:
             self.use(d, name_span)
             params, ret = self.a.signatures[id(d.node)]
             self.bind_and_check(e, name, params, receiver, scope)
-            self._record_call(e, self._info(e, name, "fn", params, receiver, candidates=(d,), definition=d))
+            self._record_call(
+                e, self._info(e, name, "fn", params, receiver, candidates=(d,), definition=d)
+            )
             return ret
         if d is not None and d.kind == "record" and receiver is None:
             self.use(d, name_span)
             params = self.a.signatures[id(d.node)][0]
             self.bind_and_check(e, name, params, None, scope)
-            self._record_call(e, self._info(e, name, "record", params, None, candidates=(d,), definition=d))
+            self._record_call(
+                e, self._info(e, name, "record", params, None, candidates=(d,), definition=d)
+            )
             return d.ty
         if d is not None and d.kind in ("let", "param", "for", "enum", "record"):
             self.use(d, name_span)
@@ -570,7 +650,9 @@ class Checker:
                 self.expr(receiver, scope, None)
             for a in e.args:
                 self.expr(a.value, scope, None)
-            candidates = [n for n in scope.visible() if (scope.lookup(n).kind == "fn")] + list(self.reg.functions)
+            candidates = [n for n in scope.visible() if (scope.lookup(n).kind == "fn")] + list(
+                self.reg.functions
+            )
             self.report(msg.unknown_name(name_span, name, candidates))
             return T.ANY
         chosen = self.pick_overload(e, name, overloads, receiver, scope)
@@ -578,14 +660,19 @@ class Checker:
             return T.ANY
         params, ret = self.builtin_sig(chosen)
         self.bind_and_check(e, name, params, receiver, scope, builtin=chosen)
-        self._record_call(e, self._info(e, name, "builtin", params, receiver, candidates=overloads, builtin=chosen))
+        self._record_call(
+            e,
+            self._info(e, name, "builtin", params, receiver, candidates=overloads, builtin=chosen),
+        )
         return ret
 
     def _record_call(self, e: ast.Call, info: CallInfo) -> None:
         if not self.muted:
             self.a.calls[id(e)] = info
 
-    def pick_overload(self, e: ast.Call, name: str, overloads: tuple[Builtin, ...], receiver, scope) -> Builtin | None:
+    def pick_overload(
+        self, e: ast.Call, name: str, overloads: tuple[Builtin, ...], receiver, scope
+    ) -> Builtin | None:
         if len(overloads) == 1:
             return overloads[0]
         scored: list[tuple[int, Builtin]] = []
@@ -617,7 +704,9 @@ class Checker:
                     found.append(f"{a.name}: {t}" if a.name else t)
             finally:
                 self.muted -= 1
-            self.report(msg.no_matching_overload(e.span, name, found, [signature(b) for b in overloads]))
+            self.report(
+                msg.no_matching_overload(e.span, name, found, [signature(b) for b in overloads])
+            )
             return None
         scored.sort(key=lambda x: x[0])
         best = [b for c, b in scored if c == scored[0][0]]
@@ -631,23 +720,33 @@ class Checker:
         bound, problems = self._bind(e, params, receiver)
         self.muted += 1
         try:
-            bad = sum(1 for p in params if p.name in bound and
-                      T.assign_cost(self.expr(bound[p.name], scope, p.ty), p.ty) is None)
+            bad = sum(
+                1
+                for p in params
+                if p.name in bound
+                and T.assign_cost(self.expr(bound[p.name], scope, p.ty), p.ty) is None
+            )
         finally:
             self.muted -= 1
         return len(problems) + bad
 
-    def _bind(self, e: ast.Call, params: list[_Param], receiver) -> tuple[dict[str, ast.Expr], list[Diagnostic]]:
+    def _bind(
+        self, e: ast.Call, params: list[_Param], receiver
+    ) -> tuple[dict[str, ast.Expr], list[Diagnostic]]:
         bound: dict[str, ast.Expr] = {}
         problems: list[Diagnostic] = []
         positional = [p for p in params if not p.keyword_only]
-        values = ([receiver] if receiver is not None else []) + [a for a in e.args if a.name is None]
+        values = ([receiver] if receiver is not None else []) + [
+            a for a in e.args if a.name is None
+        ]
         named_seen = False
         for a in e.args:
             if a.name is not None:
                 named_seen = True
             elif named_seen:
-                problems.append(msg.Diagnostic("E-ARGS", a.span, "positional argument after a named argument"))
+                problems.append(
+                    msg.Diagnostic("E-ARGS", a.span, "positional argument after a named argument")
+                )
         for i, v in enumerate(values):
             expr = v if isinstance(v, ast.Expr.__args__) else v.value
             if i >= len(positional):
@@ -669,8 +768,15 @@ class Checker:
             problems.append(msg.missing_argument(e.span, e_name(e), missing))
         return bound, problems
 
-    def bind_and_check(self, e: ast.Call, name: str, params: list[_Param], receiver, scope,
-                       builtin: Builtin | None = None) -> int | None:
+    def bind_and_check(
+        self,
+        e: ast.Call,
+        name: str,
+        params: list[_Param],
+        receiver,
+        scope,
+        builtin: Builtin | None = None,
+    ) -> int | None:
         """Bind and type-check the arguments; the total promotion cost, or None on any error."""
         bound, problems = self._bind(e, params, receiver)
         for p in problems:
@@ -699,8 +805,9 @@ class Checker:
             self.check_constraints(e, name, builtin, params, bound)
         return cost if ok else None
 
-    def check_constraints(self, e: ast.Call, name: str, b: Builtin, params: list[_Param],
-                          bound: dict[str, ast.Expr]) -> None:
+    def check_constraints(
+        self, e: ast.Call, name: str, b: Builtin, params: list[_Param], bound: dict[str, ast.Expr]
+    ) -> None:
         env: dict[str, object] = {}
         members = frozenset(m for et in self.enum_types.values() for m in et.members)
         for p in params:
@@ -709,7 +816,9 @@ class Checker:
                 continue
             try:
                 env[p.name] = evaluate(expr, {}, members)
-            except Exception:  # not a literal (NotConstant), or it fails: then only the run checks it
+            except (
+                Exception
+            ):  # not a literal (NotConstant), or it fails: then only the run checks it
                 continue
         for c in b.constraints:
             try:
@@ -717,17 +826,32 @@ class Checker:
             except Exception:  # NotConstant, or it cannot be evaluated statically
                 continue
             if not ok:
-                mentioned = [p.name for p in params if p.name in bound and _mentions(registry_expr(c.expr), p.name)]
+                mentioned = [
+                    p.name
+                    for p in params
+                    if p.name in bound and _mentions(registry_expr(c.expr), p.name)
+                ]
                 span = bound[mentioned[0]].span if mentioned else e.span
                 self.report(msg.constraint_failed(span, name, c.message, c.expr))
 
-    def _bound(self, e: ast.Call, params: list[_Param], receiver) -> tuple[tuple[str, ast.Expr | None], ...]:
+    def _bound(
+        self, e: ast.Call, params: list[_Param], receiver
+    ) -> tuple[tuple[str, ast.Expr | None], ...]:
         bound, _ = self._bind(e, params, receiver)
         return tuple((p.name, bound.get(p.name, p.default)) for p in params)
 
-    def _info(self, e: ast.Call, name: str, kind: str, params: list[_Param], receiver, **kw) -> CallInfo:
-        return CallInfo(e, name, kind, bound=self._bound(e, params, receiver),
-                        param_types=tuple(p.ty for p in params), receiver=receiver, **kw)
+    def _info(
+        self, e: ast.Call, name: str, kind: str, params: list[_Param], receiver, **kw
+    ) -> CallInfo:
+        return CallInfo(
+            e,
+            name,
+            kind,
+            bound=self._bound(e, params, receiver),
+            param_types=tuple(p.ty for p in params),
+            receiver=receiver,
+            **kw,
+        )
 
 
 def e_name(e: ast.Call) -> str:
@@ -738,8 +862,11 @@ def e_name(e: ast.Call) -> str:
 def _mentions(expr: ast.Expr, name: str) -> bool:
     if isinstance(expr, ast.Name):
         return expr.name == name
-    return any(_mentions(getattr(expr, f), name) for f in ("left", "right", "operand")
-               if isinstance(getattr(expr, f, None), ast.Expr.__args__))
+    return any(
+        _mentions(getattr(expr, f), name)
+        for f in ("left", "right", "operand")
+        if isinstance(getattr(expr, f, None), ast.Expr.__args__)
+    )
 
 
 _COMPARE = ("<", "<=", ">", ">=")
@@ -777,15 +904,26 @@ def _always_returns(b: ast.Block) -> bool:
     if isinstance(last, ast.Return):
         return True
     if isinstance(last, ast.If) and last.orelse is not None:
-        other = last.orelse if isinstance(last.orelse, ast.Block) else ast.Block(last.orelse.span, (last.orelse,))
+        other = (
+            last.orelse
+            if isinstance(last.orelse, ast.Block)
+            else ast.Block(last.orelse.span, (last.orelse,))
+        )
         return _always_returns(last.then) and _always_returns(other)
     if isinstance(last, ast.Assert) and isinstance(last.cond, ast.BoolLit) and not last.cond.value:
         return True
     return False
 
 
-def analyze_module(source: str, path: str | None, registry: Registry, resolver: Resolver,
-                   import_stack: tuple[str, ...], cache: dict[str, Analysis], warn_unused_top: bool = True) -> Analysis:
+def analyze_module(
+    source: str,
+    path: str | None,
+    registry: Registry,
+    resolver: Resolver,
+    import_stack: tuple[str, ...],
+    cache: dict[str, Analysis],
+    warn_unused_top: bool = True,
+) -> Analysis:
     module, diags = parse(source, path)
     analysis = Analysis(path, source, module, diagnostics=list(diags))
     checker = Checker(registry, analysis, resolver, import_stack, cache, warn_unused_top)
@@ -793,6 +931,10 @@ def analyze_module(source: str, path: str | None, registry: Registry, resolver: 
     if module.broken:
         syntax = len(diags)
         # inside a broken chunk other errors are cascades; unused warnings are noise until it parses
-        analysis.diagnostics[syntax:] = [d for d in analysis.diagnostics[syntax:] if d.code != "W-UNUSED" and (
-            d.span is None or not any(b.start <= d.span.start < b.end for b in module.broken))]
+        analysis.diagnostics[syntax:] = [
+            d
+            for d in analysis.diagnostics[syntax:]
+            if d.code != "W-UNUSED"
+            and (d.span is None or not any(b.start <= d.span.start < b.end for b in module.broken))
+        ]
     return analysis

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from aner_lang.errors import AnerRuntimeError
 from aner_lang.grammar import ast
@@ -27,9 +28,19 @@ def _mod(a, b):
     return math.fmod(a, b) if isinstance(a, float) or isinstance(b, float) else a % b
 
 
-BINARY = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": _div, "%": _mod,
-          "==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le,
-          ">": operator.gt, ">=": operator.ge}
+BINARY = {
+    "+": operator.add,
+    "-": operator.sub,
+    "*": operator.mul,
+    "/": _div,
+    "%": _mod,
+    "==": operator.eq,
+    "!=": operator.ne,
+    "<": operator.lt,
+    "<=": operator.le,
+    ">": operator.gt,
+    ">=": operator.ge,
+}
 
 
 def apply_binary(op: str, a: Any, b: Any) -> Any:
@@ -37,7 +48,9 @@ def apply_binary(op: str, a: Any, b: Any) -> Any:
     return BINARY[op](a, b)
 
 
-def evaluate(expr: ast.Expr, env: Mapping[str, Any], enum_members: frozenset[str] = frozenset()) -> Any:
+def evaluate(
+    expr: ast.Expr, env: Mapping[str, Any], enum_members: frozenset[str] = frozenset()
+) -> Any:
     """Evaluate a constant expression. Names come from `env`; a name that is an enum member stands
     for its member name (how enum values cross into the runtime). Raises NotConstant otherwise."""
     if isinstance(expr, (ast.IntLit, ast.FloatLit, ast.BoolLit, ast.BytesLit)):
@@ -71,6 +84,10 @@ def evaluate(expr: ast.Expr, env: Mapping[str, Any], enum_members: frozenset[str
                 return (left is right) == (expr.op == "==")
             return True  # an absent optional satisfies every other constraint
         return apply_binary(expr.op, left, right)
-    if isinstance(expr, ast.Member) and isinstance(expr.obj, ast.Name) and expr.name in enum_members:
+    if (
+        isinstance(expr, ast.Member)
+        and isinstance(expr.obj, ast.Name)
+        and expr.name in enum_members
+    ):
         return expr.name
     raise NotConstant

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,7 +18,7 @@ class Prim:
 
 @dataclass(frozen=True, slots=True)
 class ListT:
-    elem: "Type"
+    elem: Type
 
     def __str__(self) -> str:
         return f"List[{self.elem}]"
@@ -26,7 +26,7 @@ class ListT:
 
 @dataclass(frozen=True, slots=True)
 class OptionalT:
-    inner: "Type"
+    inner: Type
 
     def __str__(self) -> str:
         return f"{self.inner}?"
@@ -53,7 +53,13 @@ class NamedT:
 
 Type = Prim | ListT | OptionalT | EnumT | NamedT
 
-INT, FLOAT, BOOL, STRING, BYTES = Prim("Int"), Prim("Float"), Prim("Bool"), Prim("String"), Prim("Bytes")
+INT, FLOAT, BOOL, STRING, BYTES = (
+    Prim("Int"),
+    Prim("Float"),
+    Prim("Bool"),
+    Prim("String"),
+    Prim("Bytes"),
+)
 NONE, ANY, NEVER = Prim("None"), Prim("Any"), Prim("Never")
 PRIMITIVES = {t.name: t for t in (INT, FLOAT, BOOL, STRING, BYTES, NONE, ANY)}
 NUMERIC = (INT, FLOAT)
@@ -84,7 +90,7 @@ def assign_cost(src: Type, dst: Type) -> int | None:
 def join(a: Type, b: Type) -> Type | None:
     """The type of a list holding both `a` and `b` values (None if they do not mix)."""
     if assign_cost(a, b) is not None:
-        return b if a != NEVER else b
+        return b
     if assign_cost(b, a) is not None:
         return a
     if a == NONE:
@@ -97,7 +103,7 @@ def join(a: Type, b: Type) -> Type | None:
 _TOKEN = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*|\[|\]|,|\?)")
 
 
-@lru_cache(maxsize=None)
+@cache
 def parse_type_string(text: str) -> tuple:
     """Parse a registry type string (``"List[Target]"``, ``"Dataset?"``) into a nested tuple
     ``(name, args, optional_depth)`` that the checker resolves against the known type names."""

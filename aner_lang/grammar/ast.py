@@ -25,30 +25,32 @@ class Span:
     def contains(self, offset: int) -> bool:
         return self.start <= offset <= self.end
 
-    def cover(self, other: "Span") -> "Span":
+    def cover(self, other: Span) -> Span:
         """The smallest span that covers `self` and `other`."""
         return Span(self.line, self.col, other.end_line, other.end_col, self.start, other.end)
 
 
 # ---- types written in source -------------------------------------------------------------------
 
+
 @dataclass(frozen=True, slots=True)
 class TypeName:
     span: Span
     name: str
-    args: tuple["TypeExpr", ...] = ()
+    args: tuple[TypeExpr, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class OptionalType:
     span: Span
-    inner: "TypeExpr"
+    inner: TypeExpr
 
 
 TypeExpr = TypeName | OptionalType
 
 
 # ---- expressions --------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True, slots=True)
 class IntLit:
@@ -87,7 +89,7 @@ class StringLit:
     """A string; `parts` alternates literal text (str) and interpolated expressions `${expr}`."""
 
     span: Span
-    parts: tuple["str | Expr", ...]
+    parts: tuple[str | Expr, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,22 +101,22 @@ class Name:
 @dataclass(frozen=True, slots=True)
 class ListLit:
     span: Span
-    items: tuple["Expr", ...]
+    items: tuple[Expr, ...]
 
 
 @dataclass(frozen=True, slots=True)
 class Unary:
     span: Span
     op: str  # "-" or "not"
-    operand: "Expr"
+    operand: Expr
 
 
 @dataclass(frozen=True, slots=True)
 class Binary:
     span: Span
     op: str  # + - * / % == != < <= > >= and or
-    left: "Expr"
-    right: "Expr"
+    left: Expr
+    right: Expr
     op_span: Span
 
 
@@ -125,7 +127,7 @@ class Arg:
     span: Span
     name: str | None
     name_span: Span | None
-    value: "Expr"
+    value: Expr
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +135,7 @@ class Call:
     """`callee(args)`; `open_span` is the `(` through `)` range (used for signature help)."""
 
     span: Span
-    callee: "Expr"
+    callee: Expr
     args: tuple[Arg, ...]
     open_span: Span
 
@@ -141,7 +143,7 @@ class Call:
 @dataclass(frozen=True, slots=True)
 class Member:
     span: Span
-    obj: "Expr"
+    obj: Expr
     name: str
     name_span: Span
 
@@ -149,14 +151,29 @@ class Member:
 @dataclass(frozen=True, slots=True)
 class Index:
     span: Span
-    obj: "Expr"
-    index: "Expr"
+    obj: Expr
+    index: Expr
 
 
-Expr = IntLit | FloatLit | BytesLit | BoolLit | NoneLit | StringLit | Name | ListLit | Unary | Binary | Call | Member | Index
+Expr = (
+    IntLit
+    | FloatLit
+    | BytesLit
+    | BoolLit
+    | NoneLit
+    | StringLit
+    | Name
+    | ListLit
+    | Unary
+    | Binary
+    | Call
+    | Member
+    | Index
+)
 
 
 # ---- statements ---------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True, slots=True)
 class Let:
@@ -187,7 +204,7 @@ class ParamDecl:
 @dataclass(frozen=True, slots=True)
 class Block:
     span: Span
-    body: tuple["Stmt", ...]
+    body: tuple[Stmt, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,7 +253,7 @@ class If:
     span: Span
     cond: Expr
     then: Block
-    orelse: "Block | If | None"
+    orelse: Block | If | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,7 +291,9 @@ class ExprStmt:
     expr: Expr
 
 
-Stmt = Let | Assign | FnDecl | RecordDecl | EnumDecl | If | For | Return | Assert | Import | ExprStmt
+Stmt = (
+    Let | Assign | FnDecl | RecordDecl | EnumDecl | If | For | Return | Assert | Import | ExprStmt
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,38 +22,85 @@ Design:
 from __future__ import annotations
 
 import gc
+import itertools
 import re
 import threading
+from collections.abc import Iterator
 from functools import lru_cache
-from typing import Iterator
 
 from lark import Lark, Token, Transformer
 from lark.common import LexerConf
-from lark.lexer import Lexer
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
+from lark.lexer import Lexer
 
 from aner_lang import diagnostics as msg
 from aner_lang.diagnostics import Diagnostic
 from aner_lang.grammar import ast
 from aner_lang.grammar.ast import Span
 
-BYTE_UNITS = {"B": 1, "KB": 1000, "MB": 1000**2, "GB": 1000**3, "TB": 1000**4,
-              "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "TiB": 1024**4}
+BYTE_UNITS = {
+    "B": 1,
+    "KB": 1000,
+    "MB": 1000**2,
+    "GB": 1000**3,
+    "TB": 1000**4,
+    "KiB": 1024,
+    "MiB": 1024**2,
+    "GiB": 1024**3,
+    "TiB": 1024**4,
+}
 
 # Tokens after which a newline cannot end a statement (the expression or declaration goes on).
-_CONTINUES = frozenset({"LBRACE", "COMMA", "BINOP", "NEG", "AND", "OR", "NOT",
-                        "EQUAL", "COLON", "__ANON_0", "DOT", "LPAR", "LSQB", "IN"})
+_CONTINUES = frozenset(
+    {
+        "LBRACE",
+        "COMMA",
+        "BINOP",
+        "NEG",
+        "AND",
+        "OR",
+        "NOT",
+        "EQUAL",
+        "COLON",
+        "__ANON_0",
+        "DOT",
+        "LPAR",
+        "LSQB",
+        "IN",
+    }
+)
 # Tokens before which a newline is dropped: `}`, `else` and a method chain's leading `.`.
 _JOINS_PREVIOUS = frozenset({"RBRACE", "ELSE", "DOT"})
-_PRECEDENCE = {"or": 1, "and": 2, "==": 4, "!=": 4, "<": 4, "<=": 4, ">": 4, ">=": 4,
-               "+": 5, "-": 5, "*": 6, "/": 6, "%": 6}
+_PRECEDENCE = {
+    "or": 1,
+    "and": 2,
+    "==": 4,
+    "!=": 4,
+    "<": 4,
+    "<=": 4,
+    ">": 4,
+    ">=": 4,
+    "+": 5,
+    "-": 5,
+    "*": 6,
+    "/": 6,
+    "%": 6,
+}
 _NOT_PREC = 4
 _UNARY_PREC = 7
 _OPEN = frozenset({"LPAR", "LSQB"})
 _CLOSE = frozenset({"RPAR", "RSQB"})
 
-_DISPLAY = {"NAME": "a name", "INT": "an integer", "FLOAT": "a float", "BYTES": "a byte size",
-            "STRING": "a string", "_NL": "a newline", "$END": "end of file", "BINOP": "an operator"}
+_DISPLAY = {
+    "NAME": "a name",
+    "INT": "an integer",
+    "FLOAT": "a float",
+    "BYTES": "a byte size",
+    "STRING": "a string",
+    "_NL": "a newline",
+    "$END": "end of file",
+    "BINOP": "an operator",
+}
 
 
 class _State(threading.local):
@@ -76,8 +123,10 @@ class _Lexer(Lexer):
         name_re = re.compile(conf.terminals_by_name["NAME"].pattern.to_regexp())
         self.keywords: dict[str, str] = {}
         parts: list[str] = []
-        terminals = sorted(conf.terminals, key=lambda t: (-t.priority, -t.pattern.max_width,
-                                                          -len(t.pattern.value), t.name))
+        terminals = sorted(
+            conf.terminals,
+            key=lambda t: (-t.priority, -t.pattern.max_width, -len(t.pattern.value), t.name),
+        )
         for t in terminals:
             if t.pattern.type == "str" and name_re.fullmatch(t.pattern.value):
                 self.keywords[t.pattern.value] = t.name
@@ -114,8 +163,16 @@ class _Lexer(Lexer):
             col = pos - line_start + 1 + (col_off if line == 1 else 0)
             if kind == "_NL":
                 if depth == 0 and prev is not None and prev not in _CONTINUES:
-                    pending = new_token("_NL", value, pos + pos_off, line + line_off, col,
-                                    line + line_off, col + 1, pos + pos_off + 1)
+                    pending = new_token(
+                        "_NL",
+                        value,
+                        pos + pos_off,
+                        line + line_off,
+                        col,
+                        line + line_off,
+                        col + 1,
+                        pos + pos_off + 1,
+                    )
                 line += value.count("\n")
                 line_start = pos + value.rfind("\n") + 1
                 pos = new_pos
@@ -151,7 +208,8 @@ def _span_maker():
     `object.__setattr__` per field; setting the slots directly builds the same object in half the time."""
     new = object.__new__
     s_line, s_col, s_end_line, s_end_col, s_start, s_end = (
-        Span.__dict__[f].__set__ for f in ("line", "col", "end_line", "end_col", "start", "end"))
+        Span.__dict__[f].__set__ for f in ("line", "col", "end_line", "end_col", "start", "end")
+    )
 
     def span(line: int, col: int, end_line: int, end_col: int, start: int, end: int) -> Span:
         sp = new(Span)
@@ -232,13 +290,17 @@ class _ToAst(Transformer):
         return ast.FieldDecl(_cover(name, default or typ), str(name), _tspan(name), typ, default)
 
     def record_decl(self, items):
-        return ast.RecordDecl(_cover(items[0], items[-1]), str(items[1]), _tspan(items[1]), _nodes(items[2:]))
+        return ast.RecordDecl(
+            _cover(items[0], items[-1]), str(items[1]), _tspan(items[1]), _nodes(items[2:])
+        )
 
     def enum_member(self, items):
         return ast.EnumMemberDecl(_tspan(items[0]), str(items[0]))
 
     def enum_decl(self, items):
-        return ast.EnumDecl(_cover(items[0], items[-1]), str(items[1]), _tspan(items[1]), _nodes(items[2:]))
+        return ast.EnumDecl(
+            _cover(items[0], items[-1]), str(items[1]), _tspan(items[1]), _nodes(items[2:])
+        )
 
     def if_stmt(self, items):
         kw, cond, then, orelse = items
@@ -338,7 +400,9 @@ class _ToAst(Transformer):
         amount = float(number.replace("_", "")) * BYTE_UNITS[unit]
         span = _tspan(tok)
         if amount != int(amount):
-            _state.diagnostics.append(msg.bad_literal(span, f"`{tok}` is not a whole number of bytes"))
+            _state.diagnostics.append(
+                msg.bad_literal(span, f"`{tok}` is not a whole number of bytes")
+            )
         return ast.BytesLit(span, int(amount), " ".join(str(tok).split()))
 
     def string_lit(self, items):
@@ -361,8 +425,10 @@ class _ToAst(Transformer):
 
 
 def _decode_plain(tok: Token) -> str:
-    return _INTERP.sub(lambda m: _ESCAPES.get(m.group(1), m.group(1)) if m.group(1) is not None
-                       else m.group(0), str(tok)[1:-1])
+    return _INTERP.sub(
+        lambda m: _ESCAPES.get(m.group(1), m.group(1)) if m.group(1) is not None else m.group(0),
+        str(tok)[1:-1],
+    )
 
 
 def _string_parts(tok: Token) -> tuple:
@@ -372,7 +438,7 @@ def _string_parts(tok: Token) -> tuple:
     text: list[str] = []
     pos = 0
     for m in _INTERP.finditer(raw):
-        text.append(raw[pos:m.start()])
+        text.append(raw[pos : m.start()])
         pos = m.end()
         if m.group(1) is not None:
             esc = m.group(1)
@@ -399,9 +465,15 @@ def _string_parts(tok: Token) -> tuple:
 
 @lru_cache(maxsize=1)
 def _parser() -> Lark:
-    return Lark.open("aner.lark", rel_to=__file__, parser="lalr", lexer=_Lexer,
-                     maybe_placeholders=True, transformer=_ToAst(),
-                     start=["start", "expr"])
+    return Lark.open(
+        "aner.lark",
+        rel_to=__file__,
+        parser="lalr",
+        lexer=_Lexer,
+        maybe_placeholders=True,
+        transformer=_ToAst(),
+        start=["start", "expr"],
+    )
 
 
 @lru_cache(maxsize=1)
@@ -509,8 +581,14 @@ def _error_diagnostic(err: UnexpectedInput, shift: tuple[int, int, int]) -> Diag
         expected = sorted({_display(t) for t in (err.accepts or err.expected)} - {"a newline"})
         if tok.type == "$END":
             end = tok.end_pos if tok.end_pos is not None else pos_off
-            span = Span(tok.end_line or 1 + line_off, tok.end_column or 1, tok.end_line or 1 + line_off,
-                        (tok.end_column or 1) + 1, end, end)
+            span = Span(
+                tok.end_line or 1 + line_off,
+                tok.end_column or 1,
+                tok.end_line or 1 + line_off,
+                (tok.end_column or 1) + 1,
+                end,
+                end,
+            )
             return msg.syntax_unexpected(span, "end of input", expected)
         found = "newline" if tok.type == "_NL" else f"`{tok}`"
         return msg.syntax_unexpected(_tspan(tok), found, expected)
@@ -556,7 +634,7 @@ def _chunks(source: str) -> Iterator[tuple[int, int, str]]:
         pos += len(line)
         line_no += 1
     bounds.append((line_no, max(pos - 1, 0)))
-    for (l0, p0), (_, p1) in zip(bounds, bounds[1:]):
+    for (l0, p0), (_, p1) in itertools.pairwise(bounds):
         yield l0, p0, source[p0:p1]
 
 
@@ -603,7 +681,9 @@ def _recover(source: str) -> tuple[list[ast.Stmt], list[Span]]:
             first = _error_diagnostic(err, shift)
         _state.diagnostics.append(first)
         n_lines = text.count("\n")
-        broken.append(Span(line_off + 1, 1, line_off + n_lines + 1, 1, pos_off, pos_off + len(text)))
+        broken.append(
+            Span(line_off + 1, 1, line_off + n_lines + 1, 1, pos_off, pos_off + len(text))
+        )
         diag = first
         for _ in range(_SALVAGE_ATTEMPTS):
             text = _salvage(text, diag, line_off)
@@ -627,7 +707,11 @@ def _salvage(text: str, diag: Diagnostic, line_off: int) -> str:
     i = diag.span.line - line_off - 1
     if 0 < i < len(lines) and diag.span.col == len(lines[i]) - len(lines[i].lstrip()) + 1:
         # the error is at a line's first token: the previous line is the unfinished one
-        i = max(j for j in range(i) if lines[j].strip()) if any(l.strip() for l in lines[:i]) else i
+        i = (
+            max(j for j in range(i) if lines[j].strip())
+            if any(line.strip() for line in lines[:i])
+            else i
+        )
     if 0 <= i < len(lines):
         lines[i] = " " * len(lines[i])
     return "\n".join(lines)

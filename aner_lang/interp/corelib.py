@@ -85,7 +85,7 @@ def ceil(x: float) -> int:
     return _checked(math.ceil, x)
 
 
-def round(x: float) -> int:  # noqa: A001 - the Aner name
+def round(x: float) -> int:
     return _checked(builtins.round, x)
 
 
@@ -93,7 +93,9 @@ def pow_(base: float, exponent: float) -> float:
     try:
         result = math.pow(base, exponent)
     except (ValueError, OverflowError) as e:
-        raise AnerRuntimeError(f"pow({show(base)}, {show(exponent)}): {e}", code="E-VALUE") from None
+        raise AnerRuntimeError(
+            f"pow({show(base)}, {show(exponent)}): {e}", code="E-VALUE"
+        ) from None
     return result
 
 
@@ -102,7 +104,9 @@ def read_text(ctx: ExecContext, path: str) -> str:
     try:
         return full.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
-        raise AnerRuntimeError(f"cannot read {full}: {getattr(e, 'strerror', None) or e}", code="E-IO") from None
+        raise AnerRuntimeError(
+            f"cannot read {full}: {getattr(e, 'strerror', None) or e}", code="E-IO"
+        ) from None
 
 
 def write_json(ctx: ExecContext, path: str, value: Any) -> None:

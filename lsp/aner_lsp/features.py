@@ -18,12 +18,23 @@ from aner_lsp.positions import LineIndex
 from aner_lsp.signatures import SignatureView, builtin_signatures, signatures_of
 from aner_lsp.types_at import accepts_receiver, base_name, chain_type, fields_of
 
-_KINDS = {"let": lsp.CompletionItemKind.Variable, "param": lsp.CompletionItemKind.Variable,
-          "for": lsp.CompletionItemKind.Variable, "fn": lsp.CompletionItemKind.Function,
-          "record": lsp.CompletionItemKind.Struct, "enum": lsp.CompletionItemKind.Enum}
+_KINDS = {
+    "let": lsp.CompletionItemKind.Variable,
+    "param": lsp.CompletionItemKind.Variable,
+    "for": lsp.CompletionItemKind.Variable,
+    "fn": lsp.CompletionItemKind.Function,
+    "record": lsp.CompletionItemKind.Struct,
+    "enum": lsp.CompletionItemKind.Enum,
+}
 _SEVERITY = {"error": lsp.DiagnosticSeverity.Error, "warning": lsp.DiagnosticSeverity.Warning}
-_DEF_TOKEN = {"let": "variable", "for": "variable", "param": "parameter", "fn": "function",
-              "record": "type", "enum": "enum"}
+_DEF_TOKEN = {
+    "let": "variable",
+    "for": "variable",
+    "param": "parameter",
+    "fn": "function",
+    "record": "type",
+    "enum": "enum",
+}
 
 
 def _md(text: str) -> lsp.MarkupContent:
@@ -31,6 +42,7 @@ def _md(text: str) -> lsp.MarkupContent:
 
 
 # ---- diagnostics --------------------------------------------------------------------------------
+
 
 def diagnostics(analysis: Analysis, index: LineIndex) -> list[lsp.Diagnostic]:
     """The checker's diagnostics that belong to this file (imported files report their own)."""
@@ -41,15 +53,24 @@ def diagnostics(analysis: Analysis, index: LineIndex) -> list[lsp.Diagnostic]:
         message = d.message + "".join(f"\n{n}" for n in d.notes)
         if d.suggestion:
             message += f"\nsuggestion: {d.suggestion}"
-        out.append(lsp.Diagnostic(range=index.span_range(d.span), message=message, code=d.code,
-                                  severity=_SEVERITY.get(d.severity, lsp.DiagnosticSeverity.Information),
-                                  source="aner"))
+        out.append(
+            lsp.Diagnostic(
+                range=index.span_range(d.span),
+                message=message,
+                code=d.code,
+                severity=_SEVERITY.get(d.severity, lsp.DiagnosticSeverity.Information),
+                source="aner",
+            )
+        )
     return out
 
 
 # ---- completion ---------------------------------------------------------------------------------
 
-def completion(analysis: Analysis, source: str, offset: int, directory: str | None) -> list[lsp.CompletionItem]:
+
+def completion(
+    analysis: Analysis, source: str, offset: int, directory: str | None
+) -> list[lsp.CompletionItem]:
     ctx = context_at(source, offset)
     if ctx.import_path is not None:
         return _import_paths(ctx.import_path, directory)
@@ -73,8 +94,14 @@ def _global_items() -> tuple[lsp.CompletionItem, ...]:
     reg = registry()
     items = [lsp.CompletionItem(k, kind=lsp.CompletionItemKind.Keyword) for k in sorted(KEYWORDS)]
     for name, overloads in sorted(reg.functions.items()):
-        items.append(lsp.CompletionItem(name, kind=lsp.CompletionItemKind.Function,
-                                        detail=builtin_signatures(name)[0].label(), documentation=_md(overloads[0].doc)))
+        items.append(
+            lsp.CompletionItem(
+                name,
+                kind=lsp.CompletionItemKind.Function,
+                detail=builtin_signatures(name)[0].label(),
+                documentation=_md(overloads[0].doc),
+            )
+        )
     for name in sorted(set(reg.types) | set(reg.enums)):
         items.append(lsp.CompletionItem(name, kind=lsp.CompletionItemKind.Class))
     return tuple(items)
@@ -100,21 +127,31 @@ def _members(analysis: Analysis, ty: str | None, offset: int) -> list[lsp.Comple
     """Fields of the receiver's type, then every function that takes it first (method syntax)."""
     if ty is None:
         return []
-    items = [lsp.CompletionItem(n, kind=lsp.CompletionItemKind.Field, detail=t)
-             for n, t in fields_of(analysis, ty).items()]
+    items = [
+        lsp.CompletionItem(n, kind=lsp.CompletionItemKind.Field, detail=t)
+        for n, t in fields_of(analysis, ty).items()
+    ]
     seen = set()
     for name, overloads in registry().functions.items():
         for b in overloads:
             if b.params and accepts_receiver(b.params[0].type, ty) and name not in seen:
                 seen.add(name)
-                items.append(lsp.CompletionItem(name, kind=lsp.CompletionItemKind.Method,
-                                                detail=builtin_signatures(name)[0].label(), documentation=_md(b.doc)))
+                items.append(
+                    lsp.CompletionItem(
+                        name,
+                        kind=lsp.CompletionItemKind.Method,
+                        detail=builtin_signatures(name)[0].label(),
+                        documentation=_md(b.doc),
+                    )
+                )
     scope = analysis.scope_at(offset)
     for name, d in scope.items():
         if isinstance(d.node, ast.FnDecl) and d.node.params:
             sig = signatures_of(analysis, name, offset, scope)[0]
             if accepts_receiver(sig.params[0].type, ty):
-                items.append(lsp.CompletionItem(name, kind=lsp.CompletionItemKind.Method, detail=sig.label()))
+                items.append(
+                    lsp.CompletionItem(name, kind=lsp.CompletionItemKind.Method, detail=sig.label())
+                )
     return items
 
 
@@ -129,11 +166,16 @@ def _enum_members(type_name: str, scope: dict) -> list[str]:
     if decl is not None:
         return [m.name for m in decl.members]
     d = scope.get(base_name(type_name))
-    return [m.name for m in d.node.members] if d is not None and isinstance(d.node, ast.EnumDecl) else []
+    return (
+        [m.name for m in d.node.members]
+        if d is not None and isinstance(d.node, ast.EnumDecl)
+        else []
+    )
 
 
-def _call_items(analysis: Analysis, frame: CallFrame, offset: int, scope: dict,
-                in_list: bool) -> list[lsp.CompletionItem]:
+def _call_items(
+    analysis: Analysis, frame: CallFrame, offset: int, scope: dict, in_list: bool
+) -> list[lsp.CompletionItem]:
     """Enum members where the parameter being filled expects an enum (or a list of one); else,
     outside a list, the named arguments not given yet."""
     items, seen = [], set()
@@ -145,15 +187,28 @@ def _call_items(analysis: Analysis, frame: CallFrame, offset: int, scope: dict,
             for m in _enum_members(elem, scope):
                 if m not in seen:
                     seen.add(m)
-                    items.append(lsp.CompletionItem(m, kind=lsp.CompletionItemKind.EnumMember, detail=base_name(elem),
-                                                    sort_text="0" + m))
+                    items.append(
+                        lsp.CompletionItem(
+                            m,
+                            kind=lsp.CompletionItemKind.EnumMember,
+                            detail=base_name(elem),
+                            sort_text="0" + m,
+                        )
+                    )
         if frame.current is None and not in_list:
             for p in sig.params:
                 if p.name not in _filled(frame, sig) and p.name + ":" not in seen:
                     seen.add(p.name + ":")
-                    items.append(lsp.CompletionItem(p.name + ":", kind=lsp.CompletionItemKind.Property,
-                                                    detail=p.type, insert_text=p.name + ": ", sort_text="1" + p.name,
-                                                    documentation=_md(p.doc) if p.doc else None))
+                    items.append(
+                        lsp.CompletionItem(
+                            p.name + ":",
+                            kind=lsp.CompletionItemKind.Property,
+                            detail=p.type,
+                            insert_text=p.name + ": ",
+                            sort_text="1" + p.name,
+                            documentation=_md(p.doc) if p.doc else None,
+                        )
+                    )
     return items
 
 
@@ -168,6 +223,7 @@ def _active(frame: CallFrame, sig: SignatureView) -> int | None:
 
 # ---- signature help ----------------------------------------------------------------------------
 
+
 def signature_help(analysis: Analysis, source: str, offset: int) -> lsp.SignatureHelp | None:
     frame = context_at(source, offset).call
     if frame is None:
@@ -177,16 +233,31 @@ def signature_help(analysis: Analysis, source: str, offset: int) -> lsp.Signatur
         return None
     infos = []
     for sig in sigs:
-        params = [lsp.ParameterInformation(label=o, documentation=p.doc or None)
-                  for p, o in zip(sig.params, sig.param_offsets())]
-        infos.append(lsp.SignatureInformation(label=sig.label(), parameters=params,
-                                              documentation=_md(sig.doc) if sig.doc else None))
+        params = [
+            lsp.ParameterInformation(label=o, documentation=p.doc or None)
+            for p, o in zip(sig.params, sig.param_offsets())
+        ]
+        infos.append(
+            lsp.SignatureInformation(
+                label=sig.label(),
+                parameters=params,
+                documentation=_md(sig.doc) if sig.doc else None,
+            )
+        )
     actives = [_active(frame, s) for s in sigs]
-    best = next((i for i, a in enumerate(actives) if a is not None and set(frame.named) <= {p.name for p in sigs[i].params}), 0)
+    best = next(
+        (
+            i
+            for i, a in enumerate(actives)
+            if a is not None and set(frame.named) <= {p.name for p in sigs[i].params}
+        ),
+        0,
+    )
     return lsp.SignatureHelp(infos, active_signature=best, active_parameter=actives[best])
 
 
 # ---- hover, definition, rename, symbols ----------------------------------------------------------
+
 
 def _word_at(source: str, offset: int) -> tuple[str, int, int] | None:
     start = offset
@@ -208,14 +279,22 @@ def hover(analysis: Analysis, source: str, offset: int, index: LineIndex) -> lsp
     if d is not None:
         text = f"```aner\n{d.name}: {d.type}\n```" if d.kind != "fn" else f"```aner\n{d.type}\n```"
     elif name in reg.functions:
-        text = "\n\n".join(f"```aner\n{s.label()}\n```\n{s.doc}" for s in signatures_of(analysis, name, offset))
+        text = "\n\n".join(
+            f"```aner\n{s.label()}\n```\n{s.doc}" for s in signatures_of(analysis, name, offset)
+        )
     elif name in reg.types or name in reg.enums:
         decl = reg.types.get(name) or reg.enums[name]
         text = f"```aner\n{name}\n```\n{decl.doc}"
-    elif start > 1 and source[start - 1] == "." and (field := _field_doc(analysis, start - 2, name)) is not None:
+    elif (
+        start > 1
+        and source[start - 1] == "."
+        and (field := _field_doc(analysis, start - 2, name)) is not None
+    ):
         text = field
     else:
-        member = next(((e, m) for e in reg.enums.values() for m in e.members if m.name == name), None)
+        member = next(
+            ((e, m) for e in reg.enums.values() for m in e.members if m.name == name), None
+        )
         ty = analysis.type_at(offset)
         if member is not None:
             text = f"```aner\n{member[0].name}.{member[1].name}\n```\n{member[1].doc}"
@@ -247,13 +326,22 @@ def definition(analysis: Analysis, offset: int, uri_of, index_of) -> lsp.Locatio
     return lsp.Location(uri=uri_of(path), range=index_of(path).span_range(d.span))
 
 
-def rename(analysis: Analysis, offset: int, new_name: str, uri: str, index: LineIndex) -> lsp.WorkspaceEdit | None:
+def rename(
+    analysis: Analysis, offset: int, new_name: str, uri: str, index: LineIndex
+) -> lsp.WorkspaceEdit | None:
     """Rename a binding of this file (a `let`, parameter or `for` variable) and all its uses."""
     d = analysis.definition_at(offset)
-    if d is None or d.span is None or d.kind not in ("let", "param", "for") or d.path != analysis.path:
+    if (
+        d is None
+        or d.span is None
+        or d.kind not in ("let", "param", "for")
+        or d.path != analysis.path
+    ):
         return None
     spans = [d.span] + [r.span for r in analysis.references_to(d)]
-    return lsp.WorkspaceEdit(changes={uri: [lsp.TextEdit(index.span_range(s), new_name) for s in spans]})
+    return lsp.WorkspaceEdit(
+        changes={uri: [lsp.TextEdit(index.span_range(s), new_name) for s in spans]}
+    )
 
 
 def document_symbols(analysis: Analysis, index: LineIndex) -> list[lsp.DocumentSymbol]:
@@ -262,23 +350,38 @@ def document_symbols(analysis: Analysis, index: LineIndex) -> list[lsp.DocumentS
         if isinstance(s, ast.Let):
             out.append(_symbol(s.name, lsp.SymbolKind.Variable, s.span, s.name_span, index))
         elif isinstance(s, ast.FnDecl):
-            children = [_symbol(p.name, lsp.SymbolKind.Variable, p.span, p.name_span, index) for p in s.params]
-            out.append(_symbol(s.name, lsp.SymbolKind.Function, s.span, s.name_span, index, children))
+            children = [
+                _symbol(p.name, lsp.SymbolKind.Variable, p.span, p.name_span, index)
+                for p in s.params
+            ]
+            out.append(
+                _symbol(s.name, lsp.SymbolKind.Function, s.span, s.name_span, index, children)
+            )
         elif isinstance(s, ast.RecordDecl):
-            children = [_symbol(f.name, lsp.SymbolKind.Field, f.span, f.name_span, index) for f in s.fields]
+            children = [
+                _symbol(f.name, lsp.SymbolKind.Field, f.span, f.name_span, index) for f in s.fields
+            ]
             out.append(_symbol(s.name, lsp.SymbolKind.Struct, s.span, s.name_span, index, children))
         elif isinstance(s, ast.EnumDecl):
-            children = [_symbol(m.name, lsp.SymbolKind.EnumMember, m.span, m.span, index) for m in s.members]
+            children = [
+                _symbol(m.name, lsp.SymbolKind.EnumMember, m.span, m.span, index) for m in s.members
+            ]
             out.append(_symbol(s.name, lsp.SymbolKind.Enum, s.span, s.name_span, index, children))
     return out
 
 
 def _symbol(name, kind, span, name_span, index: LineIndex, children=None) -> lsp.DocumentSymbol:
-    return lsp.DocumentSymbol(name=name, kind=kind, range=index.span_range(span),
-                              selection_range=index.span_range(name_span), children=children or None)
+    return lsp.DocumentSymbol(
+        name=name,
+        kind=kind,
+        range=index.span_range(span),
+        selection_range=index.span_range(name_span),
+        children=children or None,
+    )
 
 
 # ---- semantic tokens ----------------------------------------------------------------------------
+
 
 def semantic_tokens(analysis: Analysis, source: str, index: LineIndex) -> lsp.SemanticTokens:
     """Lexical classes from the tolerant lexer, names refined by what the checker resolved them to."""
@@ -298,8 +401,13 @@ def semantic_tokens(analysis: Analysis, source: str, index: LineIndex) -> lsp.Se
             continue
         pos = index.position(t.start)
         length = index.position(t.end).character - pos.character
-        data += [pos.line - prev_line, pos.character - (prev_col if pos.line == prev_line else 0), length,
-                 TOKEN_TYPES.index(kind), mods]
+        data += [
+            pos.line - prev_line,
+            pos.character - (prev_col if pos.line == prev_line else 0),
+            length,
+            TOKEN_TYPES.index(kind),
+            mods,
+        ]
         prev_line, prev_col = pos.line, pos.character
     return lsp.SemanticTokens(data=data)
 
@@ -317,7 +425,11 @@ def _classify(t, toks, i, resolved, reg) -> tuple[str | None, int]:
         return ("function" if called else "property"), 0
     if t.text in reg.functions:
         return "function", 2
-    if t.text in reg.types or t.text in reg.enums or t.text in ("Int", "Float", "Bool", "String", "Bytes", "List", "Any"):
+    if (
+        t.text in reg.types
+        or t.text in reg.enums
+        or t.text in ("Int", "Float", "Bool", "String", "Bytes", "List", "Any")
+    ):
         return "type", 2
     if any(t.text == m.name for e in reg.enums.values() for m in e.members):
         return "enumMember", 2

@@ -9,17 +9,40 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-KEYWORDS = frozenset({"let", "fn", "record", "enum", "if", "else", "for", "in", "return", "assert",
-                      "import", "and", "or", "not", "true", "false", "none"})
+KEYWORDS = frozenset(
+    {
+        "let",
+        "fn",
+        "record",
+        "enum",
+        "if",
+        "else",
+        "for",
+        "in",
+        "return",
+        "assert",
+        "import",
+        "and",
+        "or",
+        "not",
+        "true",
+        "false",
+        "none",
+    }
+)
 
-_TOKEN = re.compile(r"""
+_TOKEN = re.compile(
+    r"""
     (?P<comment>\#[^\n]*)
   | (?P<string>"(?:[^"\\\n]|\\.)*"?)
-  | (?P<number>[0-9][0-9_]*(?:\.[0-9][0-9_]*)?(?:[eE][-+]?[0-9]+)?(?:[ \t]*(?:KiB|MiB|GiB|TiB|KB|MB|GB|TB|B)(?![A-Za-z0-9_]))?)
+  | (?P<number>[0-9][0-9_]*(?:\.[0-9][0-9_]*)?(?:[eE][-+]?[0-9]+)?
+      (?:[ \t]*(?:KiB|MiB|GiB|TiB|KB|MB|GB|TB|B)(?![A-Za-z0-9_]))?)
   | (?P<name>[A-Za-z_][A-Za-z0-9_]*)
   | (?P<op>->|==|!=|<=|>=|[-+*/%<>=!?:,.()\[\]{}])
   | (?P<newline>\n)
-""", re.VERBOSE)
+""",
+    re.VERBOSE,
+)
 
 
 @dataclass(frozen=True, slots=True)

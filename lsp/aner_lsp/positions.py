@@ -32,14 +32,18 @@ class LineIndex:
     def position(self, offset: int) -> types.Position:
         offset = max(0, min(offset, len(self.source)))
         line = bisect_right(self.starts, offset) - 1
-        return types.Position(line, _utf16_len(self.source[self.starts[line]:offset]))
+        return types.Position(line, _utf16_len(self.source[self.starts[line] : offset]))
 
     def offset(self, position: types.Position) -> int:
         """The code-point offset of `position`; a column past the line's end clamps to it."""
         if position.line >= len(self.starts):
             return len(self.source)
         start = self.starts[position.line]
-        end = self.starts[position.line + 1] - 1 if position.line + 1 < len(self.starts) else len(self.source)
+        end = (
+            self.starts[position.line + 1] - 1
+            if position.line + 1 < len(self.starts)
+            else len(self.source)
+        )
         units = 0
         for i in range(start, end):
             if units >= position.character:
@@ -50,5 +54,5 @@ class LineIndex:
     def range(self, start: int, end: int) -> types.Range:
         return types.Range(self.position(start), self.position(end))
 
-    def span_range(self, span: "Span") -> types.Range:
+    def span_range(self, span: Span) -> types.Range:
         return self.range(span.start, span.end)

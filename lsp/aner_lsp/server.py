@@ -27,6 +27,7 @@ def _features():
     """The feature module, imported on first use: it pulls in the parser and checker (about a
     third of a second of CPU) that answering `initialize` need not wait for."""
     from aner_lsp import features
+
     return features
 
 
@@ -34,7 +35,7 @@ def _features():
 class Snapshot:
     """The analysis of one buffer version, with the line index of the same text."""
 
-    analysis: "Analysis"
+    analysis: Analysis
     index: LineIndex
     version: int | None
 
@@ -52,6 +53,7 @@ class AnerServer(LanguageServer):
     def resolve(self, path: str, importer: str | None) -> tuple[str, str]:
         """Imports read open editor buffers before the disk, so unsaved edits count."""
         from aner_lang.check import file_resolver
+
         base = os.path.dirname(importer) if importer else os.getcwd()
         resolved = os.path.normpath(os.path.join(base, path))
         doc = self.workspace.text_documents.get(from_fs_path(resolved))
@@ -60,7 +62,10 @@ class AnerServer(LanguageServer):
     def analyse(self, uri: str, source: str, version: int | None) -> Snapshot:
         """Analyse one text of the buffer (pure: safe to run on a worker thread)."""
         from aner_lang.check import analyze
-        return Snapshot(analyze(source, self.path_of(uri), resolver=self.resolve), LineIndex(source), version)
+
+        return Snapshot(
+            analyze(source, self.path_of(uri), resolver=self.resolve), LineIndex(source), version
+        )
 
     def refresh(self, uri: str) -> Snapshot:
         doc = self.workspace.get_text_document(uri)
@@ -68,7 +73,7 @@ class AnerServer(LanguageServer):
         self.snapshots[uri] = snap
         return snap
 
-    def live(self, uri: str) -> tuple["Analysis | ShiftedAnalysis", LineIndex]:
+    def live(self, uri: str) -> tuple[Analysis | ShiftedAnalysis, LineIndex]:
         """For completion and signature help: the analysis to answer from and the live text's
         index. While an edit is still being analysed, the previous analysis seen through it."""
         doc = self.workspace.get_text_document(uri)
@@ -82,7 +87,13 @@ class AnerServer(LanguageServer):
     def snapshot(self, uri: str) -> Snapshot:
         doc = self.workspace.get_text_document(uri)
         snap = self.snapshots.get(uri)
-        return snap if snap is not None and snap.version == doc.version and snap.analysis.source == doc.source else self.refresh(uri)
+        return (
+            snap
+            if snap is not None
+            and snap.version == doc.version
+            and snap.analysis.source == doc.source
+            else self.refresh(uri)
+        )
 
     def index_of(self, path: str) -> LineIndex:
         uri = from_fs_path(path)
@@ -102,14 +113,20 @@ server = AnerServer()
 def initialized(ls: AnerServer, params: lsp.InitializedParams) -> None:
     """Warm up (parser, checker, registry) once the client has its answer to `initialize`."""
     from aner_lang.builtins import registry
+
     _features()
     registry()
 
 
 def _publish(ls: AnerServer, uri: str) -> None:
     snap = ls.refresh(uri)
-    ls.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(
-        uri=uri, version=snap.version, diagnostics=_features().diagnostics(snap.analysis, snap.index)))
+    ls.text_document_publish_diagnostics(
+        lsp.PublishDiagnosticsParams(
+            uri=uri,
+            version=snap.version,
+            diagnostics=_features().diagnostics(snap.analysis, snap.index),
+        )
+    )
 
 
 @server.feature(lsp.TEXT_DOCUMENT_DID_OPEN)
@@ -137,14 +154,21 @@ async def _analyse_later(ls: AnerServer, uri: str) -> None:
     doc = ls.workspace.text_documents.get(uri)
     if doc is None:
         return
-    snap = await asyncio.get_running_loop().run_in_executor(None, ls.analyse, uri, doc.source, doc.version)
+    snap = await asyncio.get_running_loop().run_in_executor(
+        None, ls.analyse, uri, doc.source, doc.version
+    )
     current = ls.workspace.text_documents.get(uri)
     if current is None or current.version != snap.version:
         return  # edited meanwhile: the newer edit's task publishes
     ls.snapshots[uri] = snap
     ls.pending.pop(uri, None)
-    ls.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(
-        uri=uri, version=snap.version, diagnostics=_features().diagnostics(snap.analysis, snap.index)))
+    ls.text_document_publish_diagnostics(
+        lsp.PublishDiagnosticsParams(
+            uri=uri,
+            version=snap.version,
+            diagnostics=_features().diagnostics(snap.analysis, snap.index),
+        )
+    )
 
 
 @server.feature(lsp.TEXT_DOCUMENT_DID_CLOSE)
@@ -153,7 +177,9 @@ def did_close(ls: AnerServer, params: lsp.DidCloseTextDocumentParams) -> None:
     task = ls.pending.pop(params.text_document.uri, None)
     if task is not None:
         task.cancel()
-    ls.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(uri=params.text_document.uri, diagnostics=[]))
+    ls.text_document_publish_diagnostics(
+        lsp.PublishDiagnosticsParams(uri=params.text_document.uri, diagnostics=[])
+    )
 
 
 def _at(ls: AnerServer, params) -> tuple[Snapshot, int]:
@@ -161,16 +187,26 @@ def _at(ls: AnerServer, params) -> tuple[Snapshot, int]:
     return snap, snap.index.offset(params.position)
 
 
-@server.feature(lsp.TEXT_DOCUMENT_COMPLETION, lsp.CompletionOptions(trigger_characters=[".", "(", ",", ":", '"', "/"]))
+@server.feature(
+    lsp.TEXT_DOCUMENT_COMPLETION,
+    lsp.CompletionOptions(trigger_characters=[".", "(", ",", ":", '"', "/"]),
+)
 def completion(ls: AnerServer, params: lsp.CompletionParams) -> lsp.CompletionList:
     analysis, index = ls.live(params.text_document.uri)
     path = ls.path_of(params.text_document.uri)
-    items = _features().completion(analysis, index.source, index.offset(params.position),
-                                   os.path.dirname(path) if path else None)
+    items = _features().completion(
+        analysis,
+        index.source,
+        index.offset(params.position),
+        os.path.dirname(path) if path else None,
+    )
     return lsp.CompletionList(is_incomplete=False, items=items)
 
 
-@server.feature(lsp.TEXT_DOCUMENT_SIGNATURE_HELP, lsp.SignatureHelpOptions(trigger_characters=["(", ","], retrigger_characters=[":"]))
+@server.feature(
+    lsp.TEXT_DOCUMENT_SIGNATURE_HELP,
+    lsp.SignatureHelpOptions(trigger_characters=["(", ","], retrigger_characters=[":"]),
+)
 def signature_help(ls: AnerServer, params: lsp.SignatureHelpParams) -> lsp.SignatureHelp | None:
     analysis, index = ls.live(params.text_document.uri)
     return _features().signature_help(analysis, index.source, index.offset(params.position))
@@ -191,7 +227,9 @@ def definition(ls: AnerServer, params: lsp.DefinitionParams) -> lsp.Location | N
 @server.feature(lsp.TEXT_DOCUMENT_RENAME)
 def rename(ls: AnerServer, params: lsp.RenameParams) -> lsp.WorkspaceEdit | None:
     snap, offset = _at(ls, params)
-    return _features().rename(snap.analysis, offset, params.new_name, params.text_document.uri, snap.index)
+    return _features().rename(
+        snap.analysis, offset, params.new_name, params.text_document.uri, snap.index
+    )
 
 
 @server.feature(lsp.TEXT_DOCUMENT_DOCUMENT_SYMBOL)
@@ -200,8 +238,12 @@ def document_symbols(ls: AnerServer, params: lsp.DocumentSymbolParams) -> list[l
     return _features().document_symbols(snap.analysis, snap.index)
 
 
-@server.feature(lsp.TEXT_DOCUMENT_SEMANTIC_TOKENS_FULL,
-                lsp.SemanticTokensLegend(token_types=legend.TOKEN_TYPES, token_modifiers=legend.TOKEN_MODIFIERS))
+@server.feature(
+    lsp.TEXT_DOCUMENT_SEMANTIC_TOKENS_FULL,
+    lsp.SemanticTokensLegend(
+        token_types=legend.TOKEN_TYPES, token_modifiers=legend.TOKEN_MODIFIERS
+    ),
+)
 def semantic_tokens(ls: AnerServer, params: lsp.SemanticTokensParams) -> lsp.SemanticTokens:
     snap = ls.snapshot(params.text_document.uri)
     return _features().semantic_tokens(snap.analysis, snap.index.source, snap.index)

@@ -25,7 +25,7 @@ def _common_suffix(a: str, b: str, limit: int) -> int:
     lo, hi = 0, limit
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if a[len(a) - mid:] == b[len(b) - mid:]:
+        if a[len(a) - mid :] == b[len(b) - mid :]:
             lo = mid
         else:
             hi = mid - 1

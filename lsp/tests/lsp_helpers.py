@@ -10,8 +10,11 @@ from aner_lsp.positions import LineIndex
 
 async def open_doc(client: LanguageClient, uri: str, text: str) -> list[types.Diagnostic]:
     """Open `text` as `uri` and return the diagnostics the server publishes for it."""
-    client.text_document_did_open(types.DidOpenTextDocumentParams(
-        types.TextDocumentItem(uri=uri, language_id="aner", version=1, text=text)))
+    client.text_document_did_open(
+        types.DidOpenTextDocumentParams(
+            types.TextDocumentItem(uri=uri, language_id="aner", version=1, text=text)
+        )
+    )
     await client.wait_for_notification(types.TEXT_DOCUMENT_PUBLISH_DIAGNOSTICS)
     return client.diagnostics[uri]
 

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from lsprotocol import types
-
 from lsp_helpers import at, open_doc
+from lsprotocol import types
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -25,20 +24,30 @@ def labels(result) -> list[str]:
 
 
 async def complete(client, uri, text, marker, delta=0):
-    return labels(await client.text_document_completion_async(types.CompletionParams(
-        text_document=types.TextDocumentIdentifier(uri), position=at(text, marker, delta))))
+    return labels(
+        await client.text_document_completion_async(
+            types.CompletionParams(
+                text_document=types.TextDocumentIdentifier(uri), position=at(text, marker, delta)
+            )
+        )
+    )
 
 
 async def test_two_broken_declarations_still_diagnose_and_complete(client):
     uri = "file:///tmp/broken.aner"
     diags = await open_doc(client, uri, BROKEN)
     lines = sorted(d.range.start.line for d in diags)
-    assert 1 in lines and (4 in lines or 5 in lines), lines           # both syntax errors reported
-    assert any(d.range.start.line == 6 and "rank" in d.message for d in diags), [d.message for d in diags]
+    assert 1 in lines and (4 in lines or 5 in lines), lines  # both syntax errors reported
+    assert any(d.range.start.line == 6 and "rank" in d.message for d in diags), [
+        d.message for d in diags
+    ]
     text = BROKEN + "let z = no"
-    client.text_document_did_change(types.DidChangeTextDocumentParams(
-        types.VersionedTextDocumentIdentifier(uri=uri, version=2),
-        [types.TextDocumentContentChangeWholeDocument(text=text)]))
+    client.text_document_did_change(
+        types.DidChangeTextDocumentParams(
+            types.VersionedTextDocumentIdentifier(uri=uri, version=2),
+            [types.TextDocumentContentChangeWholeDocument(text=text)],
+        )
+    )
     await client.wait_for_notification(types.TEXT_DOCUMENT_PUBLISH_DIAGNOSTICS)
     got = await complete(client, uri, text, "let z = no", len("let z = no"))
     assert "note" in got and "base" in got and "lora" in got and "let" in got
@@ -60,7 +69,10 @@ async def test_named_arguments_not_given_and_enum_members(client):
     assert "alpha:" in got and "targets:" in got
     assert "rank:" not in got and "model:" not in got
     got = await complete(client, uri, text, "storage: ", len("storage: "))
-    assert got[:3] == ["float32", "float16", "nf4_double_quant"] or {"float32", "nf4_double_quant"} <= set(got)
+    assert got[:3] == ["float32", "float16", "nf4_double_quant"] or {
+        "float32",
+        "nf4_double_quant",
+    } <= set(got)
 
 
 async def test_import_path_completion(client, tmp_path_factory):
@@ -81,15 +93,18 @@ async def test_signature_help_overloads_and_active_parameter(client):
     await open_doc(client, uri, text)
 
     async def sig(marker, delta):
-        return await client.text_document_signature_help_async(types.SignatureHelpParams(
-            text_document=types.TextDocumentIdentifier(uri), position=at(text, marker, delta)))
+        return await client.text_document_signature_help_async(
+            types.SignatureHelpParams(
+                text_document=types.TextDocumentIdentifier(uri), position=at(text, marker, delta)
+            )
+        )
 
     h = await sig("alpha: ", len("alpha: "))
     active = h.signatures[h.active_signature]
     start, end = active.parameters[h.active_parameter].label
     assert active.label[start:end].startswith("alpha: Float")
     h = await sig("len(", 4)
-    assert len(h.signatures) == 2                                  # List and String overloads
+    assert len(h.signatures) == 2  # List and String overloads
     h = await sig("lora(m, 4, ", len("lora(m, 4, "))
     active = h.signatures[h.active_signature]
     start, end = active.parameters[h.active_parameter].label
@@ -102,9 +117,9 @@ async def test_enum_members_inside_a_list_argument_and_methods(client):
     await open_doc(client, uri, text)
     got = await complete(client, uri, text, "q_proj, ", len("q_proj, "))
     assert {"q_proj", "v_proj", "o_proj"} <= set(got)
-    assert "alpha:" not in got                                      # not a place for a named argument
+    assert "alpha:" not in got  # not a place for a named argument
     got = await complete(client, uri, text, "m.)", 2)
-    assert {"generate", "chat", "evaluate", "lora"} <= set(got)     # functions taking a Model first
+    assert {"generate", "chat", "evaluate", "lora"} <= set(got)  # functions taking a Model first
     assert "print" not in got and "len" not in got
 
 
@@ -115,9 +130,12 @@ async def test_completion_right_after_an_edit_uses_the_live_text(client):
     text = 'let m = load_model("m.gguf")\nlet width = 3\n'
     await open_doc(client, uri, text)
     text2 = text + "let q = lora(m, rank: width, "
-    client.text_document_did_change(types.DidChangeTextDocumentParams(
-        types.VersionedTextDocumentIdentifier(uri=uri, version=2),
-        [types.TextDocumentContentChangeWholeDocument(text=text2)]))
+    client.text_document_did_change(
+        types.DidChangeTextDocumentParams(
+            types.VersionedTextDocumentIdentifier(uri=uri, version=2),
+            [types.TextDocumentContentChangeWholeDocument(text=text2)],
+        )
+    )
     got = await complete(client, uri, text2, "width, ", len("width, "))
     assert "alpha:" in got and "rank:" not in got and "width" in got
     await client.wait_for_notification(types.TEXT_DOCUMENT_PUBLISH_DIAGNOSTICS)

@@ -40,5 +40,7 @@ def test_vscode_extension_files_exist():
     assert (VSCODE / manifest["main"]).exists()
     assert (VSCODE / manifest["contributes"]["grammars"][0]["path"]).exists()
     assert (VSCODE / manifest["contributes"]["languages"][0]["configuration"]).exists()
-    assert manifest["contributes"]["configuration"]["properties"]["aner.server.command"]["default"] == ["aner", "lsp"]
+    assert manifest["contributes"]["configuration"]["properties"]["aner.server.command"][
+        "default"
+    ] == ["aner", "lsp"]
     json.loads((VSCODE / "language-configuration.json").read_text())

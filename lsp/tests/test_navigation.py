@@ -4,9 +4,8 @@ positions through the real server subprocess."""
 from __future__ import annotations
 
 import pytest
-from lsprotocol import types
-
 from lsp_helpers import at, open_doc
+from lsprotocol import types
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -34,14 +33,19 @@ async def test_hover_user_binding_and_builtin(client):
     await open_doc(client, uri, SCRIPT)
     h = await client.text_document_hover_async(types.HoverParams(doc(uri), at(SCRIPT, "total")))
     assert "total: Int" in h.contents.value
-    h = await client.text_document_hover_async(types.HoverParams(doc(uri), at(SCRIPT, "load_model", 2)))
+    h = await client.text_document_hover_async(
+        types.HoverParams(doc(uri), at(SCRIPT, "load_model", 2))
+    )
     assert "load_model(path: String" in h.contents.value and "GGUF" in h.contents.value
-    h = await client.text_document_hover_async(types.HoverParams(doc(uri), at(SCRIPT, "float16", 1)))
+    h = await client.text_document_hover_async(
+        types.HoverParams(doc(uri), at(SCRIPT, "float16", 1))
+    )
     assert "Storage.float16" in h.contents.value
     text = 'let e = evaluate(load_model("m.gguf"), texts(["a"], context: 8))\nprint(e.perplexity)\n'
     await open_doc(client, "file:///tmp/hover_field.aner", text)
-    h = await client.text_document_hover_async(types.HoverParams(doc("file:///tmp/hover_field.aner"),
-                                                                 at(text, "perplexity", 2)))
+    h = await client.text_document_hover_async(
+        types.HoverParams(doc("file:///tmp/hover_field.aner"), at(text, "perplexity", 2))
+    )
     assert h.contents.value.startswith("```aner\nEvaluation.perplexity: Float\n```")
 
 
@@ -49,21 +53,27 @@ async def test_utf16_positions_after_non_ascii(client):
     uri = "file:///tmp/utf16.aner"
     await open_doc(client, uri, SCRIPT)
     pos = at(SCRIPT, "count)")
-    assert pos.character == SCRIPT.split("\n")[6].index("count") + 1   # the emoji is 2 UTF-16 units
+    assert pos.character == SCRIPT.split("\n")[6].index("count") + 1  # the emoji is 2 UTF-16 units
     h = await client.text_document_hover_async(types.HoverParams(doc(uri), pos))
     assert h is not None and "count: Int" in h.contents.value
     assert h.range.start == pos and h.range.end.character == pos.character + len("count")
 
 
 async def test_definition_across_imports(client, tmp_path):
-    (tmp_path / "lib.aner").write_text("let shared_rank = 4\nfn helper(x: Int) -> Int {\n  return x\n}\n")
+    (tmp_path / "lib.aner").write_text(
+        "let shared_rank = 4\nfn helper(x: Int) -> Int {\n  return x\n}\n"
+    )
     text = 'import "lib.aner"\nlet r = helper(shared_rank)\n'
     uri = (tmp_path / "main.aner").as_uri()
     await open_doc(client, uri, text)
-    loc = await client.text_document_definition_async(types.DefinitionParams(doc(uri), at(text, "helper", 1)))
+    loc = await client.text_document_definition_async(
+        types.DefinitionParams(doc(uri), at(text, "helper", 1))
+    )
     loc = loc[0] if isinstance(loc, list) else loc
     assert loc.uri == (tmp_path / "lib.aner").as_uri() and loc.range.start == types.Position(1, 3)
-    loc = await client.text_document_definition_async(types.DefinitionParams(doc(uri), at(text, "shared_rank")))
+    loc = await client.text_document_definition_async(
+        types.DefinitionParams(doc(uri), at(text, "shared_rank"))
+    )
     loc = loc[0] if isinstance(loc, list) else loc
     assert loc.range.start == types.Position(0, 4)
 
@@ -71,10 +81,15 @@ async def test_definition_across_imports(client, tmp_path):
 async def test_rename_local_binding(client):
     uri = "file:///tmp/rename.aner"
     await open_doc(client, uri, SCRIPT)
-    edit = await client.text_document_rename_async(types.RenameParams(doc(uri), at(SCRIPT, "count = 3"), "n_items"))
+    edit = await client.text_document_rename_async(
+        types.RenameParams(doc(uri), at(SCRIPT, "count = 3"), "n_items")
+    )
     edits = edit.changes[uri]
-    assert len(edits) == 4                                   # the definition and three uses
-    assert all(e.new_text == "n_items" and e.range.end.character - e.range.start.character == 5 for e in edits)
+    assert len(edits) == 4  # the definition and three uses
+    assert all(
+        e.new_text == "n_items" and e.range.end.character - e.range.start.character == 5
+        for e in edits
+    )
 
 
 async def test_document_symbols(client):
@@ -90,15 +105,18 @@ async def test_document_symbols(client):
 async def test_semantic_tokens(client):
     uri = "file:///tmp/tokens.aner"
     await open_doc(client, uri, SCRIPT)
-    tokens = await client.text_document_semantic_tokens_full_async(types.SemanticTokensParams(doc(uri)))
+    tokens = await client.text_document_semantic_tokens_full_async(
+        types.SemanticTokensParams(doc(uri))
+    )
     data, line, col, found = list(tokens.data), 0, 0, {}
     from aner_lsp.features import TOKEN_TYPES
+
     for i in range(0, len(data), 5):
         line += data[i]
         col = data[i + 1] if data[i] else col + data[i + 1]
         found[(line, col)] = (TOKEN_TYPES[data[i + 3]], data[i + 2])
-    assert found[(7, 3)] == ("function", 5)                 # fn twice (declaration)
+    assert found[(7, 3)] == ("function", 5)  # fn twice (declaration)
     assert found[(0, 0)] == ("keyword", 6)
     row = SCRIPT.split("\n")[6]
-    assert found[(6, row.index("count") + 1)] == ("variable", 5)   # after the emoji, in UTF-16 units
-    assert found[(11, 8)] == ("function", 10)               # builtin load_model
+    assert found[(6, row.index("count") + 1)] == ("variable", 5)  # after the emoji, in UTF-16 units
+    assert found[(11, 8)] == ("function", 10)  # builtin load_model

@@ -15,8 +15,17 @@ from aner_lang.runtime.adapters.full import Full
 from aner_lang.runtime.adapters.lora import DoRA, LoRA, LoRAFA
 from aner_lang.runtime.adapters.tinylora import TinyLoRA
 
-__all__ = ["Adapter", "TARGETS", "lora", "lora_fa", "dora", "tinylora", "full",
-           "adapter_from_config", "adapter_from_state"]
+__all__ = [
+    "TARGETS",
+    "Adapter",
+    "adapter_from_config",
+    "adapter_from_state",
+    "dora",
+    "full",
+    "lora",
+    "lora_fa",
+    "tinylora",
+]
 
 _LOW_RANK = {"lora": LoRA, "lora_fa": LoRAFA, "dora": DoRA}
 
@@ -27,44 +36,72 @@ def _check_rank(rank: int, alpha: float | None = None, dropout: float = 0.0) -> 
     if alpha is not None and alpha <= 0:
         raise AnerRuntimeError(f"alpha must be positive, got {alpha}", code="E-ADAPTER-ALPHA")
     if not 0.0 <= dropout < 1.0:
-        raise AnerRuntimeError(f"dropout must be in [0, 1), got {dropout}",
-                               code="E-ADAPTER-DROPOUT")
+        raise AnerRuntimeError(
+            f"dropout must be in [0, 1), got {dropout}", code="E-ADAPTER-DROPOUT"
+        )
 
 
-def _low_rank(method: str, model: Any, rank: int, alpha: float, dropout: float,
-              targets: list[str], seed: int) -> Adapter:
+def _low_rank(
+    method: str, model: Any, rank: int, alpha: float, dropout: float, targets: list[str], seed: int
+) -> Adapter:
     _check_rank(rank, alpha, dropout)
     return _LOW_RANK[method](model, rank, alpha, dropout, list(targets), seed)
 
 
-def lora(model: Any, rank: int = 8, alpha: float = 16.0, dropout: float = 0.0,
-         targets: list[str] = ("q_proj", "v_proj"), seed: int = 0) -> Adapter:
+def lora(
+    model: Any,
+    rank: int = 8,
+    alpha: float = 16.0,
+    dropout: float = 0.0,
+    targets: list[str] = ("q_proj", "v_proj"),
+    seed: int = 0,
+) -> Adapter:
     """Builtin `lora`: QLoRA-style low-rank adapter (A and B trained)."""
     return _low_rank("lora", model, rank, alpha, dropout, targets, seed)
 
 
-def lora_fa(model: Any, rank: int = 8, alpha: float = 16.0, dropout: float = 0.0,
-            targets: list[str] = ("q_proj", "v_proj"), seed: int = 0) -> Adapter:
+def lora_fa(
+    model: Any,
+    rank: int = 8,
+    alpha: float = 16.0,
+    dropout: float = 0.0,
+    targets: list[str] = ("q_proj", "v_proj"),
+    seed: int = 0,
+) -> Adapter:
     """Builtin `lora_fa`: A frozen at init, B trained."""
     return _low_rank("lora_fa", model, rank, alpha, dropout, targets, seed)
 
 
-def dora(model: Any, rank: int = 8, alpha: float = 16.0, dropout: float = 0.0,
-         targets: list[str] = ("q_proj", "v_proj"), seed: int = 0) -> Adapter:
+def dora(
+    model: Any,
+    rank: int = 8,
+    alpha: float = 16.0,
+    dropout: float = 0.0,
+    targets: list[str] = ("q_proj", "v_proj"),
+    seed: int = 0,
+) -> Adapter:
     """Builtin `dora`: LoRA direction plus trainable row magnitude."""
     return _low_rank("dora", model, rank, alpha, dropout, targets, seed)
 
 
-def tinylora(model: Any, parameters: int = 13, sharing: str = "global", rank: int = 2,
-             targets: list[str] = ("q_proj", "v_proj"), seed: int = 0) -> Adapter:
+def tinylora(
+    model: Any,
+    parameters: int = 13,
+    sharing: str = "global",
+    rank: int = 2,
+    targets: list[str] = ("q_proj", "v_proj"),
+    seed: int = 0,
+) -> Adapter:
     """Builtin `tinylora`: `parameters` trainable numbers over fixed SVD bases."""
     _check_rank(rank)
     if parameters < 1:
-        raise AnerRuntimeError(f"parameters must be at least 1, got {parameters}",
-                               code="E-ADAPTER-PARAMETERS")
+        raise AnerRuntimeError(
+            f"parameters must be at least 1, got {parameters}", code="E-ADAPTER-PARAMETERS"
+        )
     if sharing not in ("global", "per_module"):
-        raise AnerRuntimeError(f"sharing must be global or per_module, got {sharing!r}",
-                               code="E-ADAPTER-SHARING")
+        raise AnerRuntimeError(
+            f"sharing must be global or per_module, got {sharing!r}", code="E-ADAPTER-SHARING"
+        )
     return TinyLoRA(model, parameters, sharing, rank, list(targets), seed)
 
 
@@ -86,7 +123,8 @@ def adapter_from_config(model: Any, config: dict) -> Adapter:
 def adapter_from_state(model: Any, state: Any) -> Adapter:
     """The adapter a `TrainState` describes, with its tensors and state restored exactly."""
     adapter = adapter_from_config(model, state.meta["adapter"])
-    adapter.load_tensors({k[len("adapter/"):]: v for k, v in state.tensors.items()
-                          if k.startswith("adapter/")})
+    adapter.load_tensors(
+        {k[len("adapter/") :]: v for k, v in state.tensors.items() if k.startswith("adapter/")}
+    )
     adapter.state = state
     return adapter

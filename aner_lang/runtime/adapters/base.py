@@ -10,8 +10,9 @@ module functionally over it. Every adapter offers the forward protocol of docs/i
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -27,14 +28,15 @@ def target_modules(model: Any, targets: list[str]) -> list[tuple[str, nn.Module]
     """`(name, FrozenLinear)` of every targeted projection, in model order (layer, then kind)."""
     unknown = [t for t in targets if t not in TARGETS]
     if unknown or not targets:
-        raise AnerRuntimeError(f"unknown adapter target(s) {unknown or '[]'}; expected some of "
-                               f"{', '.join(TARGETS)}", code="E-ADAPTER-TARGET")
+        raise AnerRuntimeError(
+            f"unknown adapter target(s) {unknown or '[]'}; expected some of {', '.join(TARGETS)}",
+            code="E-ADAPTER-TARGET",
+        )
     out = []
     for i, layer in enumerate(model.module.layers):
         for t in TARGETS:
             if t in targets:
-                block, owner = ("self_attn", layer.self_attn) if t in _ATTN \
-                    else ("mlp", layer.mlp)
+                block, owner = ("self_attn", layer.self_attn) if t in _ATTN else ("mlp", layer.mlp)
                 out.append((f"layers.{i}.{block}.{t}", getattr(owner, t)))
     return out
 
@@ -83,8 +85,10 @@ class Adapter:
     @contextmanager
     def active(self) -> Iterator[None]:
         """Hook this adapter's deltas into the base for the duration of one forward."""
-        handles = [module.register_forward_hook(self._hook(i))
-                   for i, (_, module) in enumerate(self.targets)]
+        handles = [
+            module.register_forward_hook(self._hook(i))
+            for i, (_, module) in enumerate(self.targets)
+        ]
         try:
             yield
         finally:
@@ -94,6 +98,7 @@ class Adapter:
     def _hook(self, index: int) -> Callable:
         def hook(_module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
             return self._apply(index, args[0], output)
+
         return hook
 
     def _apply(self, index: int, x: torch.Tensor, base_out: torch.Tensor) -> torch.Tensor:
@@ -131,8 +136,10 @@ class Adapter:
         """Copy saved tensors into this adapter (same config), exactly."""
         for name, t in {**self.params, **self.frozen}.items():
             if name not in tensors or tuple(tensors[name].shape) != tuple(t.shape):
-                raise AnerRuntimeError(f"adapter tensor {name!r} is missing or has the wrong "
-                                       "shape", code="E-ADAPTER-STATE")
+                raise AnerRuntimeError(
+                    f"adapter tensor {name!r} is missing or has the wrong shape",
+                    code="E-ADAPTER-STATE",
+                )
             with torch.no_grad():
                 t.copy_(tensors[name])
 
@@ -143,10 +150,13 @@ class Adapter:
         """Inverted dropout with the trainer's generator, so runs are reproducible."""
         if not self.training or p <= 0.0:
             return x
-        keep = torch.empty(x.shape, device=x.device).bernoulli_(1 - p,
-                                                               generator=self.dropout_generator)
+        keep = torch.empty(x.shape, device=x.device).bernoulli_(
+            1 - p, generator=self.dropout_generator
+        )
         return x * keep.to(x.dtype) / (1 - p)
 
     def __repr__(self) -> str:
-        return (f"Adapter({self.method}, {self.trainable_parameters} trainable, "
-                f"{self.target_tensors} target tensors)")
+        return (
+            f"Adapter({self.method}, {self.trainable_parameters} trainable, "
+            f"{self.target_tensors} target tensors)"
+        )

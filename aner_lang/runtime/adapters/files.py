@@ -32,12 +32,16 @@ PEFT_CONFIG, PEFT_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
 ANER_CONFIG, ANER_WEIGHTS = "adapter.json", "adapter.safetensors"
 _PEFT_PREFIX = "base_model.model.model."
 # our tensor suffix -> PEFT's, for the low-rank methods
-_PEFT_SUFFIX = {"lora_A": "lora_A.weight", "lora_B": "lora_B.weight",
-                "lora_magnitude": "lora_magnitude_vector"}
+_PEFT_SUFFIX = {
+    "lora_A": "lora_A.weight",
+    "lora_B": "lora_B.weight",
+    "lora_magnitude": "lora_magnitude_vector",
+}
 
 
-def _fail(directory: Path, what: str, code: str = "E-ADAPTER-FILE", *notes: str
-          ) -> AnerRuntimeError:
+def _fail(
+    directory: Path, what: str, code: str = "E-ADAPTER-FILE", *notes: str
+) -> AnerRuntimeError:
     return AnerRuntimeError(f"adapter {directory}: {what}", code=code, notes=notes)
 
 
@@ -62,20 +66,33 @@ def _peft_parts(adapter: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     elif method in ("lora", "lora_fa", "dora"):
         ours, rank, alpha, dropout = adapter.tensors(), cfg["rank"], cfg["alpha"], cfg["dropout"]
     else:
-        raise AnerRuntimeError(f"a {method} adapter has no PEFT LoRA form", code="E-EXPORT",
-                               notes=("use format: safetensors, or export_gguf(merge(adapter), "
-                                      "path) for a standalone model",))
+        raise AnerRuntimeError(
+            f"a {method} adapter has no PEFT LoRA form",
+            code="E-EXPORT",
+            notes=(
+                "use format: safetensors, or export_gguf(merge(adapter), "
+                "path) for a standalone model",
+            ),
+        )
     tensors = {}
     for key, t in ours.items():
         module, kind = key.rsplit(".", 1)
         tensors[f"{_PEFT_PREFIX}{module}.{_PEFT_SUFFIX[kind]}"] = t.float().contiguous()
     config = {
-        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": int(rank),
-        "lora_alpha": float(alpha), "lora_dropout": float(dropout),
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": int(rank),
+        "lora_alpha": float(alpha),
+        "lora_dropout": float(dropout),
         "target_modules": sorted({k.rsplit(".", 1)[0].rsplit(".", 1)[1] for k in ours}),
-        "bias": "none", "fan_in_fan_out": False, "use_dora": method == "dora",
-        "use_rslora": False, "init_lora_weights": True, "inference_mode": True,
-        "modules_to_save": None, "base_model_name_or_path": adapter.base.name,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "use_dora": method == "dora",
+        "use_rslora": False,
+        "init_lora_weights": True,
+        "inference_mode": True,
+        "modules_to_save": None,
+        "base_model_name_or_path": adapter.base.name,
     }
     return tensors, config
 
@@ -95,11 +112,15 @@ def _write_tensors(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str,
 def save_adapter(adapter: Any, directory: str | Path, format: str = "peft") -> Path:
     """Write `adapter` under `directory` in `format` (peft or safetensors); return the folder."""
     if format not in FORMATS:
-        raise AnerRuntimeError(f"unknown adapter format {format!r}; expected one of "
-                               f"{', '.join(FORMATS)}", code="E-EXPORT")
+        raise AnerRuntimeError(
+            f"unknown adapter format {format!r}; expected one of {', '.join(FORMATS)}",
+            code="E-EXPORT",
+        )
     if not hasattr(adapter, "params"):
-        raise AnerRuntimeError("save_adapter needs an adapter (from lora, lora_fa, tinylora, "
-                               "dora or full)", code="E-EXPORT")
+        raise AnerRuntimeError(
+            "save_adapter needs an adapter (from lora, lora_fa, tinylora, dora or full)",
+            code="E-EXPORT",
+        )
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     base_sha = fingerprint(adapter.base.path)
@@ -110,9 +131,15 @@ def save_adapter(adapter: Any, directory: str | Path, format: str = "peft") -> P
         _write_json(out / PEFT_CONFIG, config)
     else:
         _write_tensors(out / ANER_WEIGHTS, adapter.tensors(), meta)
-        _write_json(out / ANER_CONFIG, {"format": "aner-adapter", "version": 1,
-                                        "config": adapter.config,
-                                        "base": {"name": adapter.base.name, "sha256": base_sha}})
+        _write_json(
+            out / ANER_CONFIG,
+            {
+                "format": "aner-adapter",
+                "version": 1,
+                "config": adapter.config,
+                "base": {"name": adapter.base.name, "sha256": base_sha},
+            },
+        )
     return out
 
 
@@ -147,11 +174,18 @@ def _load_aner(model: Any, directory: Path) -> Any:
     meta = _read_json(directory, ANER_CONFIG)
     want = (meta.get("base") or {}).get("sha256")
     if want != fingerprint(model.path):
-        raise _fail(directory, f"it was trained on a different base model "
-                    f"({(meta.get('base') or {}).get('name')!r}, sha256 {str(want)[:12]}...), "
-                    f"not {model.name!r}", "E-ADAPTER-BASE")
-    return _fill(directory, adapter_from_config(model, meta.get("config") or {}),
-                 _read_tensors(directory, ANER_WEIGHTS))
+        raise _fail(
+            directory,
+            f"it was trained on a different base model "
+            f"({(meta.get('base') or {}).get('name')!r}, sha256 {str(want)[:12]}...), "
+            f"not {model.name!r}",
+            "E-ADAPTER-BASE",
+        )
+    return _fill(
+        directory,
+        adapter_from_config(model, meta.get("config") or {}),
+        _read_tensors(directory, ANER_WEIGHTS),
+    )
 
 
 def _load_peft(model: Any, directory: Path) -> Any:
@@ -159,26 +193,37 @@ def _load_peft(model: Any, directory: Path) -> Any:
 
     cfg = _read_json(directory, PEFT_CONFIG)
     if cfg.get("peft_type") != "LORA":
-        raise _fail(directory, f"peft_type {cfg.get('peft_type')!r} is not supported (LORA is)",
-                    "E-ADAPTER-PEFT")
+        raise _fail(
+            directory,
+            f"peft_type {cfg.get('peft_type')!r} is not supported (LORA is)",
+            "E-ADAPTER-PEFT",
+        )
     for key in ("rank_pattern", "alpha_pattern", "modules_to_save", "layers_to_transform"):
         if cfg.get(key):
             raise _fail(directory, f"PEFT option {key} is not supported", "E-ADAPTER-PEFT")
     if cfg.get("fan_in_fan_out") or cfg.get("bias", "none") != "none":
-        raise _fail(directory, "fan_in_fan_out and LoRA biases are not supported",
-                    "E-ADAPTER-PEFT")
+        raise _fail(directory, "fan_in_fan_out and LoRA biases are not supported", "E-ADAPTER-PEFT")
     targets = cfg.get("target_modules") or []
     targets = [targets] if isinstance(targets, str) else list(targets)
     unknown = [t for t in targets if t not in TARGETS]
     if unknown:
-        raise _fail(directory, f"target modules {unknown} are not Llama projections",
-                    "E-ADAPTER-PEFT", f"supported: {', '.join(TARGETS)}")
+        raise _fail(
+            directory,
+            f"target modules {unknown} are not Llama projections",
+            "E-ADAPTER-PEFT",
+            f"supported: {', '.join(TARGETS)}",
+        )
     rank, alpha = int(cfg["r"]), float(cfg["lora_alpha"])
     if cfg.get("use_rslora"):  # scaling alpha / sqrt(r) == (alpha * sqrt(r)) / r
         alpha *= math.sqrt(rank)
     make = dora if cfg.get("use_dora") else lora
-    adapter = make(model, rank=rank, alpha=alpha, dropout=float(cfg.get("lora_dropout", 0.0)),
-                   targets=[t for t in TARGETS if t in targets])
+    adapter = make(
+        model,
+        rank=rank,
+        alpha=alpha,
+        dropout=float(cfg.get("lora_dropout", 0.0)),
+        targets=[t for t in TARGETS if t in targets],
+    )
     ours = {}
     back = {v: k for k, v in _PEFT_SUFFIX.items()}
     for key, t in _read_tensors(directory, PEFT_WEIGHTS).items():

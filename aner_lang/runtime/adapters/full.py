@@ -9,9 +9,10 @@ embeddings stay one tensor. NF4 storage is rejected: a packed 4-bit base has no 
 
 from __future__ import annotations
 
-import torch
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
+
+import torch
 
 from aner_lang.errors import AnerRuntimeError
 from aner_lang.runtime.adapters.base import Adapter
@@ -25,10 +26,13 @@ class Full(Adapter):
     def __init__(self, model) -> None:
         if model.storage not in ("float32", "float16"):
             raise AnerRuntimeError(
-                f"full fine-tuning needs a dense base, but this model is stored as "
-                f"{model.storage}", code="E-FULL-NF4",
-                notes=("load the model with storage: float32 (or float16) for full",
-                       "or train a lora/lora_fa/dora/tinylora adapter on the NF4 base"))
+                f"full fine-tuning needs a dense base, but this model is stored as {model.storage}",
+                code="E-FULL-NF4",
+                notes=(
+                    "load the model with storage: float32 (or float16) for full",
+                    "or train a lora/lora_fa/dora/tinylora adapter on the NF4 base",
+                ),
+            )
         super().__init__(model, {"method": self.method})
         self._slots = []  # (module, attribute, master): each module once, tied or not
         for name, p in model.module.named_parameters():

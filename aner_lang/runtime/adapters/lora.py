@@ -26,10 +26,20 @@ class LoRA(Adapter):
     method = "lora"
     freeze_a = False
 
-    def __init__(self, model, rank: int, alpha: float, dropout: float, targets: list[str],
-                 seed: int) -> None:
-        super().__init__(model, {"method": self.method, "rank": rank, "alpha": alpha,
-                                 "dropout": dropout, "targets": list(targets), "seed": seed})
+    def __init__(
+        self, model, rank: int, alpha: float, dropout: float, targets: list[str], seed: int
+    ) -> None:
+        super().__init__(
+            model,
+            {
+                "method": self.method,
+                "rank": rank,
+                "alpha": alpha,
+                "dropout": dropout,
+                "targets": list(targets),
+                "seed": seed,
+            },
+        )
         self.rank, self.scaling, self.p = rank, alpha / rank, dropout
         self.targets = target_modules(model, targets)
         gen = torch.Generator().manual_seed(seed)
@@ -67,8 +77,9 @@ class DoRA(LoRA):
 
     method = "dora"
 
-    def __init__(self, model, rank: int, alpha: float, dropout: float, targets: list[str],
-                 seed: int) -> None:
+    def __init__(
+        self, model, rank: int, alpha: float, dropout: float, targets: list[str], seed: int
+    ) -> None:
         super().__init__(model, rank, alpha, dropout, targets, seed)
         self._m: list[torch.Tensor] = []
         for name, module in self.targets:

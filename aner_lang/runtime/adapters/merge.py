@@ -47,9 +47,15 @@ def _dense_clone(model: Any, weights: dict[str, torch.Tensor]) -> Any:
                 w = weights.get(full)
                 replaced[id(child)] = DenseLinear(w if w is not None else child.dense_weight())
             setattr(parent, child_name, replaced[id(child)])
-    return type(model)(module=module.to(model.device), tokenizer=model.tokenizer,
-                       config=model.config, path=model.path, storage="float32",
-                       device=model.device, metadata=dict(model.metadata))
+    return type(model)(
+        module=module.to(model.device),
+        tokenizer=model.tokenizer,
+        config=model.config,
+        path=model.path,
+        storage="float32",
+        device=model.device,
+        metadata=dict(model.metadata),
+    )
 
 
 def merge(adapter: Any) -> Any:
@@ -61,6 +67,7 @@ def merge(adapter: Any) -> Any:
                 merged.module.get_parameter(name).copy_(t)
         return merged
     if not hasattr(adapter, "targets"):
-        raise AnerRuntimeError("merge needs an adapter (from lora, lora_fa, tinylora, dora or "
-                               "full)", code="E-MERGE")
+        raise AnerRuntimeError(
+            "merge needs an adapter (from lora, lora_fa, tinylora, dora or full)", code="E-MERGE"
+        )
     return _dense_clone(adapter.base, _effective_weights(adapter))

@@ -17,10 +17,15 @@ import torch.nn.functional as F
 from aner_lang.runtime.adapters.base import Adapter, target_modules
 
 # GGUF tensor per projection, and whether llama.cpp permuted its rows (q/k: by head count)
-_GGUF = {"q_proj": ("attn_q", "num_attention_heads"), "k_proj": ("attn_k", "num_key_value_heads"),
-         "v_proj": ("attn_v", None), "o_proj": ("attn_output", None),
-         "gate_proj": ("ffn_gate", None), "up_proj": ("ffn_up", None),
-         "down_proj": ("ffn_down", None)}
+_GGUF = {
+    "q_proj": ("attn_q", "num_attention_heads"),
+    "k_proj": ("attn_k", "num_key_value_heads"),
+    "v_proj": ("attn_v", None),
+    "o_proj": ("attn_output", None),
+    "gate_proj": ("ffn_gate", None),
+    "up_proj": ("ffn_up", None),
+    "down_proj": ("ffn_down", None),
+}
 
 
 def _unquantized_weights(model, targets) -> list[torch.Tensor]:
@@ -28,6 +33,7 @@ def _unquantized_weights(model, targets) -> list[torch.Tensor]:
     if all(m.storage in ("float32", "float16") for _, m in targets):
         return [m.dense_weight() for _, m in targets]
     from aner_lang.runtime.io.gguf import GGUFFile, unpermute_rows
+
     gguf = GGUFFile(model.path)
     out = []
     for name, m in targets:
@@ -43,11 +49,20 @@ class TinyLoRA(Adapter):
 
     method = "tinylora"
 
-    def __init__(self, model, parameters: int, sharing: str, rank: int, targets: list[str],
-                 seed: int) -> None:
-        super().__init__(model, {"method": self.method, "parameters": parameters,
-                                 "sharing": sharing, "rank": rank, "targets": list(targets),
-                                 "seed": seed})
+    def __init__(
+        self, model, parameters: int, sharing: str, rank: int, targets: list[str], seed: int
+    ) -> None:
+        super().__init__(
+            model,
+            {
+                "method": self.method,
+                "parameters": parameters,
+                "sharing": sharing,
+                "rank": rank,
+                "targets": list(targets),
+                "seed": seed,
+            },
+        )
         self.targets = target_modules(model, targets)
         dev = model.device
         self._bases: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = []
@@ -55,17 +70,18 @@ class TinyLoRA(Adapter):
         shared = torch.zeros(parameters, device=dev, requires_grad=True)
         if sharing == "global":
             self.params["tinylora.v"] = shared
-        for t, ((name, _), w) in enumerate(zip(self.targets,
-                                               _unquantized_weights(model, self.targets))):
+        for t, ((name, _), w) in enumerate(
+            zip(self.targets, _unquantized_weights(model, self.targets))
+        ):
             u, s, vh = torch.linalg.svd(w.float(), full_matrices=False)
             gen = torch.Generator().manual_seed(seed + t)
-            proj = torch.randn(parameters, rank, rank, generator=gen) / rank ** 0.5
-            parts = (u[:, :rank].contiguous(), s[:rank].contiguous(), vh[:rank].contiguous(),
-                     proj)
+            proj = torch.randn(parameters, rank, rank, generator=gen) / rank**0.5
+            parts = (u[:, :rank].contiguous(), s[:rank].contiguous(), vh[:rank].contiguous(), proj)
             for key, tensor in zip(("U", "S", "Vh", "P"), parts):
                 self.frozen[f"{name}.tinylora_{key}"] = tensor.to(dev)
-            self._bases.append(tuple(self.frozen[f"{name}.tinylora_{k}"]
-                                     for k in ("U", "S", "Vh", "P")))
+            self._bases.append(
+                tuple(self.frozen[f"{name}.tinylora_{k}"] for k in ("U", "S", "Vh", "P"))
+            )
             if sharing == "global":
                 self._v.append(shared)
             else:
@@ -76,6 +92,6 @@ class TinyLoRA(Adapter):
     def _delta(self, index: int, x: torch.Tensor) -> torch.Tensor:
         u, s, vh, proj = self._bases[index]
         r = torch.einsum("i,ijk->jk", self._v[index], proj)
-        h = F.linear(x, vh.to(x.dtype))              # tokens x rank
+        h = F.linear(x, vh.to(x.dtype))  # tokens x rank
         z = F.linear(h, r.to(x.dtype)) * s.to(x.dtype)  # S R V^T x
         return F.linear(z, u.to(x.dtype))

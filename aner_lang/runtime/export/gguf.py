@@ -8,8 +8,9 @@ read it.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -20,9 +21,15 @@ from aner_lang.runtime.io.gguf import permute_rows
 DTYPES = {"f16": np.float16, "f32": np.float32}
 _FILE_TYPE = {"f32": 0, "f16": 1}  # llama.cpp's LLAMA_FTYPE_ALL_F32 / MOSTLY_F16
 _SKIPPED_KEYS = ("GGUF.", "general.file_type", "general.quantization_version")
-_PROJ_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-               "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-               "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+_PROJ_NAMES = {
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
 
 
 def _gguf_tensors(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
@@ -54,8 +61,10 @@ def _copy_metadata(writer: Any, source: Path) -> Any:
     try:
         reader = gguf.GGUFReader(str(source))
     except (OSError, ValueError) as e:
-        raise AnerRuntimeError(f"export_gguf: cannot read the source model {source} to copy its "
-                               f"metadata ({e})", code="E-EXPORT") from None
+        raise AnerRuntimeError(
+            f"export_gguf: cannot read the source model {source} to copy its metadata ({e})",
+            code="E-EXPORT",
+        ) from None
     for key, field in reader.fields.items():
         if key.startswith(_SKIPPED_KEYS) or key == "general.architecture":
             continue
@@ -70,11 +79,15 @@ def export_gguf(model: Any, path: str | Path, dtype: str = "f16") -> Path:
     import gguf
 
     if dtype not in DTYPES:
-        raise AnerRuntimeError(f"export_gguf: unknown dtype {dtype!r}; expected one of "
-                               f"{', '.join(DTYPES)}", code="E-EXPORT")
+        raise AnerRuntimeError(
+            f"export_gguf: unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}",
+            code="E-EXPORT",
+        )
     if hasattr(model, "targets") and not hasattr(model, "module"):
-        raise AnerRuntimeError("export_gguf needs a model; merge the adapter first: "
-                               "export_gguf(merge(adapter), path)", code="E-EXPORT")
+        raise AnerRuntimeError(
+            "export_gguf needs a model; merge the adapter first: export_gguf(merge(adapter), path)",
+            code="E-EXPORT",
+        )
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")

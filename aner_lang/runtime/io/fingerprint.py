@@ -65,13 +65,18 @@ def fingerprint(path: str | Path) -> str:
     try:
         st = p.stat()
     except OSError as e:
-        raise AnerRuntimeError(f"cannot fingerprint base model {p}: {e.strerror}",
-                               code="E-FINGERPRINT") from None
+        raise AnerRuntimeError(
+            f"cannot fingerprint base model {p}: {e.strerror}", code="E-FINGERPRINT"
+        ) from None
     cache_file = cache_dir() / _CACHE_NAME
     cache = _read_cache(cache_file)
     entry = cache.get(str(p))
-    if (isinstance(entry, dict) and entry.get("size") == st.st_size
-            and entry.get("mtime_ns") == st.st_mtime_ns and isinstance(entry.get("sha256"), str)):
+    if (
+        isinstance(entry, dict)
+        and entry.get("size") == st.st_size
+        and entry.get("mtime_ns") == st.st_mtime_ns
+        and isinstance(entry.get("sha256"), str)
+    ):
         return str(entry["sha256"])
     digest = sha256_file(p)
     cache[str(p)] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": digest}

@@ -33,18 +33,26 @@ def _check_header(path: Path) -> None:
     with path.open("rb") as f:
         head = f.read(24)
     if len(head) < 24:
-        raise _fail(path, f"not a GGUF file: only {size} bytes, shorter than a GGUF header",
-                    "E-GGUF-TRUNCATED")
+        raise _fail(
+            path,
+            f"not a GGUF file: only {size} bytes, shorter than a GGUF header",
+            "E-GGUF-TRUNCATED",
+        )
     if head[:4] != GGUF_MAGIC:
-        raise _fail(path, f"not a GGUF file: magic bytes are {head[:4]!r}, expected b'GGUF'",
-                    "E-GGUF-MAGIC")
+        raise _fail(
+            path, f"not a GGUF file: magic bytes are {head[:4]!r}, expected b'GGUF'", "E-GGUF-MAGIC"
+        )
     version, n_tensors, n_kv = struct.unpack("<IQQ", head[4:24])
     if version not in (2, 3):
         raise _fail(path, f"unsupported GGUF version {version} (supported: 2, 3)", "E-GGUF-VERSION")
     budget = size - 24
     if n_kv * _MIN_KV_BYTES + n_tensors * _MIN_TENSOR_INFO_BYTES > budget:
-        raise _fail(path, f"corrupted or truncated GGUF header: it declares {n_kv} metadata keys "
-                    f"and {n_tensors} tensors, which cannot fit in {size} bytes", "E-GGUF-TRUNCATED")
+        raise _fail(
+            path,
+            f"corrupted or truncated GGUF header: it declares {n_kv} metadata keys "
+            f"and {n_tensors} tensors, which cannot fit in {size} bytes",
+            "E-GGUF-TRUNCATED",
+        )
 
 
 class GGUFFile:
@@ -59,17 +67,27 @@ class GGUFFile:
         _check_header(self.path)
         try:
             self._reader = gguf.GGUFReader(str(self.path))
-        except (ValueError, IndexError, KeyError, TypeError, struct.error, OverflowError,
-                MemoryError, UnicodeDecodeError) as exc:
-            raise _fail(self.path, f"corrupted or truncated GGUF file ({exc})",
-                        "E-GGUF-CORRUPT") from None
+        except (
+            ValueError,
+            IndexError,
+            KeyError,
+            TypeError,
+            struct.error,
+            OverflowError,
+            MemoryError,
+            UnicodeDecodeError,
+        ) as exc:
+            raise _fail(
+                self.path, f"corrupted or truncated GGUF file ({exc})", "E-GGUF-CORRUPT"
+            ) from None
         self.metadata: dict[str, Any] = {}
         for key, field in self._reader.fields.items():
             try:
                 self.metadata[key] = field.contents()
             except (ValueError, IndexError, UnicodeDecodeError) as exc:
-                raise _fail(self.path, f"metadata key {key!r} is corrupted ({exc})",
-                            "E-GGUF-CORRUPT") from None
+                raise _fail(
+                    self.path, f"metadata key {key!r} is corrupted ({exc})", "E-GGUF-CORRUPT"
+                ) from None
         self._tensors = {t.name: t for t in self._reader.tensors}
         self._check_tensor_extents()
 
@@ -78,8 +96,12 @@ class GGUFFile:
         for t in self._tensors.values():
             end = int(t.data_offset) + int(t.n_bytes)
             if end > size or t.data.nbytes != int(t.n_bytes):
-                raise _fail(self.path, f"truncated GGUF file: tensor {t.name!r} needs bytes up to "
-                            f"{end}, the file has {size}", "E-GGUF-TRUNCATED")
+                raise _fail(
+                    self.path,
+                    f"truncated GGUF file: tensor {t.name!r} needs bytes up to "
+                    f"{end}, the file has {size}",
+                    "E-GGUF-TRUNCATED",
+                )
 
     # -- metadata --------------------------------------------------------------------------------
     @property
@@ -98,8 +120,9 @@ class GGUFFile:
     def tensor_type(self, name: str) -> str:
         return self._tensors[name].tensor_type.name
 
-    def tensor(self, name: str, shape: tuple[int, ...], dtype: torch.dtype = torch.float32
-               ) -> torch.Tensor:
+    def tensor(
+        self, name: str, shape: tuple[int, ...], dtype: torch.dtype = torch.float32
+    ) -> torch.Tensor:
         """Dequantize GGUF tensor `name`, checking it has HF shape `shape` (out, in)."""
         import gguf
 
@@ -108,8 +131,12 @@ class GGUFFile:
             raise _fail(self.path, f"missing tensor {name!r}", "E-GGUF-TENSOR")
         got = tuple(int(d) for d in reversed(t.shape))  # GGUF lists dims fastest-first
         if got != tuple(shape):
-            raise _fail(self.path, f"tensor {name!r} has shape {list(got)}, expected "
-                        f"{list(shape)} from the model's metadata", "E-GGUF-SHAPE")
+            raise _fail(
+                self.path,
+                f"tensor {name!r} has shape {list(got)}, expected "
+                f"{list(shape)} from the model's metadata",
+                "E-GGUF-SHAPE",
+            )
         qtype = t.tensor_type
         if qtype in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
             array = np.array(t.data)  # a writable copy: the memmap is read-only
@@ -117,8 +144,11 @@ class GGUFFile:
             try:
                 array = gguf.quants.dequantize(t.data, qtype)
             except NotImplementedError:
-                raise _fail(self.path, f"tensor {name!r} uses GGML type {qtype.name}, which "
-                            "cannot be dequantized", "E-GGUF-TYPE") from None
+                raise _fail(
+                    self.path,
+                    f"tensor {name!r} uses GGML type {qtype.name}, which cannot be dequantized",
+                    "E-GGUF-TYPE",
+                ) from None
         return torch.from_numpy(array.reshape(shape)).to(dtype)
 
 
@@ -128,12 +158,20 @@ def unpermute_rows(weight: torch.Tensor, n_head: int) -> torch.Tensor:
     GGUF row h*D + 2i + j holds HF row h*D + j*D/2 + i (research/training.md section 9).
     """
     out = weight.shape[0]
-    return (weight.reshape(n_head, out // n_head // 2, 2, *weight.shape[1:])
-            .transpose(1, 2).reshape(weight.shape).contiguous())
+    return (
+        weight.reshape(n_head, out // n_head // 2, 2, *weight.shape[1:])
+        .transpose(1, 2)
+        .reshape(weight.shape)
+        .contiguous()
+    )
 
 
 def permute_rows(weight: torch.Tensor, n_head: int) -> torch.Tensor:
     """llama.cpp's conversion permutation (HF layout -> GGUF), the inverse of `unpermute_rows`."""
     out = weight.shape[0]
-    return (weight.reshape(n_head, 2, out // n_head // 2, *weight.shape[1:])
-            .transpose(1, 2).reshape(weight.shape).contiguous())
+    return (
+        weight.reshape(n_head, 2, out // n_head // 2, *weight.shape[1:])
+        .transpose(1, 2)
+        .reshape(weight.shape)
+        .contiguous()
+    )

@@ -21,7 +21,9 @@ def host_copies(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     for name, t in tensors.items():
         t = t.detach()
         if t.is_cuda and t.numel() * t.element_size() <= PINNED_MAX_BYTES:
-            out[name] = torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
+            out[name] = torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(
+                t, non_blocking=True
+            )
             queued = True
         elif t.is_cuda:
             out[name] = t.cpu().contiguous()

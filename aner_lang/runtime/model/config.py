@@ -34,17 +34,21 @@ def config_from_gguf(gguf: GGUFFile) -> LlamaConfig:
     """The model's hyper-parameters (HF config names); raises for non-Llama architectures."""
     arch = gguf.architecture
     if arch not in SUPPORTED_ARCHITECTURES:
-        raise AnerRuntimeError(f"{gguf.path}: unsupported model architecture {arch!r}: Aner loads "
-                               f"{', '.join(SUPPORTED_ARCHITECTURES)} GGUF files",
-                               code="E-GGUF-ARCH")
+        raise AnerRuntimeError(
+            f"{gguf.path}: unsupported model architecture {arch!r}: Aner loads "
+            f"{', '.join(SUPPORTED_ARCHITECTURES)} GGUF files",
+            code="E-GGUF-ARCH",
+        )
     p = f"{arch}."
     hidden = int(gguf.require(p + "embedding_length"))
     heads = int(gguf.require(p + "attention.head_count"))
     kv_heads = int(gguf.metadata.get(p + "attention.head_count_kv", heads))
     if heads <= 0 or kv_heads <= 0 or heads % kv_heads or hidden % heads:
-        raise AnerRuntimeError(f"{gguf.path}: inconsistent attention shape: {heads} heads, "
-                               f"{kv_heads} KV heads, hidden size {hidden}",
-                               code="E-GGUF-METADATA")
+        raise AnerRuntimeError(
+            f"{gguf.path}: inconsistent attention shape: {heads} heads, "
+            f"{kv_heads} KV heads, hidden size {hidden}",
+            code="E-GGUF-METADATA",
+        )
     vocab = gguf.metadata.get(p + "vocab_size")
     if vocab is None:
         vocab = len(gguf.require("tokenizer.ggml.tokens"))

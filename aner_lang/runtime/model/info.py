@@ -34,14 +34,23 @@ def model_info(model: Any) -> ModelInfo:
     """Builtin `model_info(model)`: the hyper-parameters of a model (or an adapter's base)."""
     base: LoadedModel = model.base
     c = base.config
-    return ModelInfo(name=base.name, architecture=str(base.metadata.get("general.architecture")),
-                     parameters=base.parameter_count(), layers=c.num_hidden_layers,
-                     hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
-                     heads=c.num_attention_heads, kv_heads=c.num_key_value_heads,
-                     vocab_size=c.vocab_size, context_length=c.max_position_embeddings,
-                     rope_theta=c.rope_theta, rms_norm_eps=c.rms_norm_eps,
-                     tied_embeddings=c.tie_word_embeddings, storage=base.storage,
-                     device=str(base.device))
+    return ModelInfo(
+        name=base.name,
+        architecture=str(base.metadata.get("general.architecture")),
+        parameters=base.parameter_count(),
+        layers=c.num_hidden_layers,
+        hidden_size=c.hidden_size,
+        intermediate_size=c.intermediate_size,
+        heads=c.num_attention_heads,
+        kv_heads=c.num_key_value_heads,
+        vocab_size=c.vocab_size,
+        context_length=c.max_position_embeddings,
+        rope_theta=c.rope_theta,
+        rms_norm_eps=c.rms_norm_eps,
+        tied_embeddings=c.tie_word_embeddings,
+        storage=base.storage,
+        device=str(base.device),
+    )
 
 
 def tokenize(model: Any, text: str, special: bool) -> list[int]:

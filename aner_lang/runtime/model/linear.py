@@ -39,8 +39,10 @@ class FrozenLinear(nn.Module):
         raise NotImplementedError
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, " \
-               f"storage={self.storage}"
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"storage={self.storage}"
+        )
 
 
 _STORAGE_DTYPES = {"float32": torch.float32, "float16": torch.float16}
@@ -60,8 +62,9 @@ class DenseLinear(FrozenLinear):
         out_features, in_features = weight.shape
         super().__init__(in_features, out_features)
         self.storage = storage
-        self.weight = nn.Parameter(weight.to(_STORAGE_DTYPES[storage]).contiguous(),
-                                   requires_grad=False)
+        self.weight = nn.Parameter(
+            weight.to(_STORAGE_DTYPES[storage]).contiguous(), requires_grad=False
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight if self.weight.dtype == x.dtype else self.weight.to(x.dtype)

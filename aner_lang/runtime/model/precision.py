@@ -8,15 +8,14 @@ rounded to 16 bits on the way (`matmul`), so the fp32 residual stream never sees
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-from typing import ContextManager
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-def autocast(precision: str, device: torch.device) -> ContextManager:
+def autocast(precision: str, device: torch.device) -> AbstractContextManager[object]:
     """The forward-pass context for `precision` on `device` (no-op for float32)."""
     if precision == "float32":
         return nullcontext()

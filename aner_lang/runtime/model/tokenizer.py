@@ -15,8 +15,9 @@ jinja mode and HF transformers do.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
@@ -40,8 +41,10 @@ _PRE_SPLITS: dict[str, tuple[str, ...]] = {
 
 def _gpt2_pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
     if pre not in _PRE_SPLITS:
-        raise AnerRuntimeError(f"unsupported GGUF pre-tokenizer {pre!r}; supported: "
-                               f"{', '.join(sorted(_PRE_SPLITS))}", code="E-TOKENIZER")
+        raise AnerRuntimeError(
+            f"unsupported GGUF pre-tokenizer {pre!r}; supported: {', '.join(sorted(_PRE_SPLITS))}",
+            code="E-TOKENIZER",
+        )
     steps = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in _PRE_SPLITS[pre]]
     steps.append(pre_tokenizers.Split(Regex(GPT2_SPLIT), behavior="isolated"))
     steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
@@ -69,8 +72,10 @@ def _build_backend(meta: dict[str, Any], source: str) -> HFTokenizer:
     kind = meta.get("tokenizer.ggml.model")
     tokens = meta.get("tokenizer.ggml.tokens")
     if not tokens:
-        raise AnerRuntimeError(f"{source}: GGUF has no tokenizer vocabulary "
-                               "(tokenizer.ggml.tokens)", code="E-TOKENIZER")
+        raise AnerRuntimeError(
+            f"{source}: GGUF has no tokenizer vocabulary (tokenizer.ggml.tokens)",
+            code="E-TOKENIZER",
+        )
     vocab = {t: i for i, t in enumerate(tokens)}
     unk_id = meta.get("tokenizer.ggml.unknown_token_id")
     unk = tokens[unk_id] if unk_id is not None and unk_id < len(tokens) else None
@@ -81,8 +86,11 @@ def _build_backend(meta: dict[str, Any], source: str) -> HFTokenizer:
         tok.decoder = decoders.ByteLevel()
     elif kind == "llama":
         scores = meta.get("tokenizer.ggml.scores") or [0.0] * len(tokens)
-        tok = HFTokenizer(models.BPE(vocab, spm_merges(tokens, scores), unk_token=unk,
-                                     fuse_unk=True, byte_fallback=True))
+        tok = HFTokenizer(
+            models.BPE(
+                vocab, spm_merges(tokens, scores), unk_token=unk, fuse_unk=True, byte_fallback=True
+            )
+        )
         steps = [normalizers.Replace(" ", "\u2581")]
         if meta.get("tokenizer.ggml.add_space_prefix", True):
             steps.insert(0, normalizers.Prepend("\u2581"))
@@ -92,11 +100,16 @@ def _build_backend(meta: dict[str, Any], source: str) -> HFTokenizer:
             dec.append(decoders.Strip(" ", 1, 0))
         tok.decoder = decoders.Sequence(dec)
     else:
-        raise AnerRuntimeError(f"{source}: unsupported tokenizer model {kind!r} "
-                               "(supported: gpt2, llama)", code="E-TOKENIZER")
+        raise AnerRuntimeError(
+            f"{source}: unsupported tokenizer model {kind!r} (supported: gpt2, llama)",
+            code="E-TOKENIZER",
+        )
     types = meta.get("tokenizer.ggml.token_type") or []
-    special = [AddedToken(tokens[i], special=True, normalized=False)
-               for i, ty in enumerate(types) if ty in (TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED)]
+    special = [
+        AddedToken(tokens[i], special=True, normalized=False)
+        for i, ty in enumerate(types)
+        if ty in (TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED)
+    ]
     tok.add_special_tokens(special)
     return tok
 
@@ -118,8 +131,15 @@ class Tokenizer:
     def from_metadata(cls, meta: dict[str, Any], source: str = "<gguf>") -> Tokenizer:
         backend = _build_backend(meta, source)
         eos = meta.get("tokenizer.ggml.eos_token_id")
-        stops = {i for i in (eos, meta.get("tokenizer.ggml.eot_token_id"),
-                             meta.get("tokenizer.ggml.eom_token_id")) if i is not None}
+        stops = {
+            i
+            for i in (
+                eos,
+                meta.get("tokenizer.ggml.eot_token_id"),
+                meta.get("tokenizer.ggml.eom_token_id"),
+            )
+            if i is not None
+        }
         kind = meta.get("tokenizer.ggml.model")
         return cls(
             backend=backend,
@@ -136,8 +156,7 @@ class Tokenizer:
     def from_gguf(cls, gguf: GGUFFile) -> Tokenizer:
         return cls.from_metadata(gguf.metadata, str(gguf.path))
 
-    def encode(self, text: str, add_special: bool = True, parse_special: bool = True
-               ) -> list[int]:
+    def encode(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         """Token ids of `text`; `add_special` prepends BOS when the vocabulary asks for it,
         `parse_special` matches special-token text such as ``<|im_start|>`` as one token."""
         self.backend.encode_special_tokens = not parse_special
@@ -149,20 +168,25 @@ class Tokenizer:
     def decode(self, ids: Sequence[int], skip_special: bool = False) -> str:
         bad = [i for i in ids if not 0 <= int(i) < self.vocab_size]
         if bad:
-            raise AnerRuntimeError(f"token id {bad[0]} is outside the vocabulary "
-                                   f"(0..{self.vocab_size - 1})", code="E-TOKEN-ID")
+            raise AnerRuntimeError(
+                f"token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})",
+                code="E-TOKEN-ID",
+            )
         return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special)
 
     def token_text(self, token_id: int) -> str:
         return self.backend.id_to_token(token_id) or ""
 
-    def apply_chat_template(self, messages: Sequence[dict[str, str]],
-                            add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(
+        self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True
+    ) -> str:
         """Render the GGUF chat template (jinja2, HF semantics) for `messages`."""
         if not self.chat_template:
-            raise AnerRuntimeError("this model's GGUF has no chat template "
-                                   "(tokenizer.chat_template); use generate() with a prompt",
-                                   code="E-CHAT-TEMPLATE")
+            raise AnerRuntimeError(
+                "this model's GGUF has no chat template "
+                "(tokenizer.chat_template); use generate() with a prompt",
+                code="E-CHAT-TEMPLATE",
+            )
         from jinja2 import TemplateError
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -174,9 +198,12 @@ class Tokenizer:
         token = self.token_text
         try:
             return env.from_string(self.chat_template).render(
-                messages=list(messages), add_generation_prompt=add_generation_prompt,
+                messages=list(messages),
+                add_generation_prompt=add_generation_prompt,
                 bos_token=token(self.bos_id) if self.bos_id is not None else "",
-                eos_token=token(self.eos_id) if self.eos_id is not None else "")
+                eos_token=token(self.eos_id) if self.eos_id is not None else "",
+            )
         except TemplateError as exc:
-            raise AnerRuntimeError(f"chat template failed to render: {exc}",
-                                   code="E-CHAT-TEMPLATE") from None
+            raise AnerRuntimeError(
+                f"chat template failed to render: {exc}", code="E-CHAT-TEMPLATE"
+            ) from None

@@ -43,8 +43,9 @@ class KVCache:
         self.values: list[torch.Tensor | None] = [None] * num_layers
         self.length = 0
 
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Append this step's `[B, H_kv, T, D]` keys/values for `layer`; return all of them."""
         old_k, old_v = self.keys[layer], self.values[layer]
         if old_k is not None:
@@ -60,8 +61,9 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, config: LlamaConfig, freq_factors: torch.Tensor | None = None) -> None:
         super().__init__()
         d = config.head_dim
-        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64)
-                                                .to(torch.float32) / d))
+        inv_freq = 1.0 / (
+            config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).to(torch.float32) / d)
+        )
         if freq_factors is not None:  # Llama 3 rope scaling, stored by llama.cpp as rope_freqs
             inv_freq = inv_freq / freq_factors.to(torch.float32)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
@@ -86,16 +88,28 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 class LlamaAttention(nn.Module):
     """Grouped-query self-attention over `q_proj`, `k_proj`, `v_proj`, `o_proj`."""
 
-    def __init__(self, config: LlamaConfig, q_proj: FrozenLinear, k_proj: FrozenLinear,
-                 v_proj: FrozenLinear, o_proj: FrozenLinear) -> None:
+    def __init__(
+        self,
+        config: LlamaConfig,
+        q_proj: FrozenLinear,
+        k_proj: FrozenLinear,
+        v_proj: FrozenLinear,
+        o_proj: FrozenLinear,
+    ) -> None:
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = q_proj, k_proj, v_proj, o_proj
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer: int,
-                cache: KVCache | None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        layer: int,
+        cache: KVCache | None,
+    ) -> torch.Tensor:
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
@@ -122,8 +136,9 @@ class LlamaAttention(nn.Module):
 class LlamaMLP(nn.Module):
     """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
 
-    def __init__(self, gate_proj: FrozenLinear, up_proj: FrozenLinear,
-                 down_proj: FrozenLinear) -> None:
+    def __init__(
+        self, gate_proj: FrozenLinear, up_proj: FrozenLinear, down_proj: FrozenLinear
+    ) -> None:
         super().__init__()
         self.gate_proj, self.up_proj, self.down_proj = gate_proj, up_proj, down_proj
 
@@ -134,15 +149,26 @@ class LlamaMLP(nn.Module):
 class LlamaDecoderLayer(nn.Module):
     """Pre-norm attention and MLP blocks with residual connections."""
 
-    def __init__(self, self_attn: LlamaAttention, mlp: LlamaMLP, input_layernorm: RMSNorm,
-                 post_attention_layernorm: RMSNorm) -> None:
+    def __init__(
+        self,
+        self_attn: LlamaAttention,
+        mlp: LlamaMLP,
+        input_layernorm: RMSNorm,
+        post_attention_layernorm: RMSNorm,
+    ) -> None:
         super().__init__()
         self.self_attn, self.mlp = self_attn, mlp
         self.input_layernorm = input_layernorm
         self.post_attention_layernorm = post_attention_layernorm
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer: int,
-                cache: KVCache | None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        layer: int,
+        cache: KVCache | None,
+    ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, layer, cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -154,9 +180,15 @@ class LlamaModel(nn.Module):
     right-padded (causal attention keeps padding from influencing earlier positions).
     """
 
-    def __init__(self, config: LlamaConfig, embed_tokens: FrozenLinear,
-                 layers: list[LlamaDecoderLayer], norm: RMSNorm, lm_head: FrozenLinear,
-                 rope_freq_factors: torch.Tensor | None = None) -> None:
+    def __init__(
+        self,
+        config: LlamaConfig,
+        embed_tokens: FrozenLinear,
+        layers: list[LlamaDecoderLayer],
+        norm: RMSNorm,
+        lm_head: FrozenLinear,
+        rope_freq_factors: torch.Tensor | None = None,
+    ) -> None:
         super().__init__()
         self.config = config
         self.embed_tokens = embed_tokens
@@ -168,15 +200,16 @@ class LlamaModel(nn.Module):
     def new_cache(self) -> KVCache:
         return KVCache(self.config.num_hidden_layers)
 
-    def hidden_states(self, input_ids: torch.Tensor, cache: KVCache | None = None
-                      ) -> torch.Tensor:
+    def hidden_states(self, input_ids: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         """Final-norm hidden states `[B, T, hidden]`, advancing `cache` when one is given."""
         past = cache.length if cache is not None else 0
         t = input_ids.shape[1]
         if past + t > self.config.max_position_embeddings:
             raise AnerRuntimeError(
                 f"sequence of {past + t} tokens exceeds the model's context length "
-                f"{self.config.max_position_embeddings}", code="E-CONTEXT")
+                f"{self.config.max_position_embeddings}",
+                code="E-CONTEXT",
+            )
         positions = torch.arange(past, past + t, device=input_ids.device)
         cos, sin = self.rotary(positions)
         h = self.embed_tokens.rows(input_ids).to(torch.float32)

@@ -9,7 +9,7 @@ CuPy never import it.
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from typing import Protocol
 
 import torch
@@ -51,8 +51,9 @@ def resolve_kernel(kernel: str) -> str:
     from aner_lang.runtime.nf4.fused.availability import require_fused, unavailable_reason
 
     if kernel not in KERNELS:
-        raise AnerRuntimeError(f"unknown NF4 kernel {kernel!r}; expected one of {KERNELS}",
-                               code="E-KERNEL-UNKNOWN")
+        raise AnerRuntimeError(
+            f"unknown NF4 kernel {kernel!r}; expected one of {KERNELS}", code="E-KERNEL-UNKNOWN"
+        )
     if kernel == "auto":
         return "fused" if unavailable_reason() is None else "host_tiled"
     if kernel == "fused":
@@ -60,7 +61,7 @@ def resolve_kernel(kernel: str) -> str:
     return kernel
 
 
-@lru_cache(maxsize=None)
+@cache
 def get_backend(kernel: str, tile_bytes: int = host_tiled.DEFAULT_TILE_BYTES) -> NF4Backend:
     """The backend object for a resolved kernel name (stateless, so one per name and tile size:
     every NF4Linear forward asks for it)."""
@@ -68,6 +69,7 @@ def get_backend(kernel: str, tile_bytes: int = host_tiled.DEFAULT_TILE_BYTES) ->
         return HostTiled(tile_bytes)
     if kernel == "fused":
         from aner_lang.runtime.nf4.fused.backend import FusedBackend
+
         return FusedBackend()
     raise AnerRuntimeError(f"no NF4 backend named {kernel!r}", code="E-KERNEL-UNKNOWN")
 
@@ -87,7 +89,9 @@ class NF4Matmul(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_y: torch.Tensor):  # type: ignore[override]
-        grad_x = ctx.backend.grad_input(grad_y.contiguous(), ctx.w) if ctx.needs_input_grad[0] else None
+        grad_x = (
+            ctx.backend.grad_input(grad_y.contiguous(), ctx.w) if ctx.needs_input_grad[0] else None
+        )
         return grad_x, None, None
 
 

@@ -12,8 +12,8 @@ from math import gcd
 
 import torch
 
-from aner_lang.runtime.nf4.quant import NESTED_BLOCKSIZE, NF4Weight, dequantize_range, nf4_code
 from aner_lang.runtime.model.precision import compute_dtype, matmul
+from aner_lang.runtime.nf4.quant import NESTED_BLOCKSIZE, NF4Weight, dequantize_range, nf4_code
 
 DEFAULT_TILE_BYTES = 8 * 1024 * 1024
 
@@ -64,7 +64,9 @@ def linear(x: torch.Tensor, w: NF4Weight, tile_bytes: int = DEFAULT_TILE_BYTES) 
     return y.reshape(*x.shape[:-1], w.shape[0])
 
 
-def grad_input(grad_y: torch.Tensor, w: NF4Weight, tile_bytes: int = DEFAULT_TILE_BYTES) -> torch.Tensor:
+def grad_input(
+    grad_y: torch.Tensor, w: NF4Weight, tile_bytes: int = DEFAULT_TILE_BYTES
+) -> torch.Tensor:
     """dL/dx = grad_y @ W for grad_y [..., out], accumulated tile by tile in grad_y's dtype (the
     autograd Function runs it outside autocast)."""
     g2 = grad_y.reshape(-1, grad_y.shape[-1])
@@ -84,7 +86,7 @@ def rows(w: NF4Weight, ids: torch.Tensor) -> torch.Tensor:
         parts = []
         for r in unique.tolist():
             start = (r * n_in) // w.blocksize * w.blocksize
-            parts.append(dequantize_range(w, start, (r + 1) * n_in)[r * n_in - start:])
+            parts.append(dequantize_range(w, start, (r + 1) * n_in)[r * n_in - start :])
         out = torch.stack(parts)
     return out[inverse].reshape(*ids.shape, n_in)
 
@@ -96,7 +98,10 @@ def _aligned_rows(w: NF4Weight, row_ids: torch.Tensor) -> torch.Tensor:
     raw = w.packed.view(n_out, n_in // 2)[row_ids]
     nibbles = torch.stack((raw >> 4, raw & 0xF), dim=-1).reshape(len(row_ids), n_in).long()
     blocks = row_ids[:, None] * per_row + torch.arange(per_row, device=row_ids.device)
-    scales = (w.code2[w.qabsmax.view(n_out, per_row)[row_ids].long()]
-              * w.absmax2[blocks // NESTED_BLOCKSIZE] + w.offset)
+    scales = (
+        w.code2[w.qabsmax.view(n_out, per_row)[row_ids].long()]
+        * w.absmax2[blocks // NESTED_BLOCKSIZE]
+        + w.offset
+    )
     values = nf4_code(raw.device)[nibbles].view(len(row_ids), per_row, w.blocksize)
     return (values * scales[..., None]).reshape(len(row_ids), n_in)

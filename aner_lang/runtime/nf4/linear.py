@@ -23,8 +23,12 @@ class NF4Linear(FrozenLinear):
 
     storage = "nf4_double_quant"
 
-    def __init__(self, weight: NF4Weight, kernel: str = "host_tiled",
-                 tile_bytes: int = host_tiled.DEFAULT_TILE_BYTES) -> None:
+    def __init__(
+        self,
+        weight: NF4Weight,
+        kernel: str = "host_tiled",
+        tile_bytes: int = host_tiled.DEFAULT_TILE_BYTES,
+    ) -> None:
         super().__init__(weight.shape[1], weight.shape[0])
         for part in _PARTS:
             self.register_buffer(part, getattr(weight, part))
@@ -34,7 +38,7 @@ class NF4Linear(FrozenLinear):
         self._nf4: NF4Weight | None = None
 
     @classmethod
-    def from_dense(cls, weight: torch.Tensor, **kwargs) -> "NF4Linear":
+    def from_dense(cls, weight: torch.Tensor, **kwargs) -> NF4Linear:
         return cls(quantize_nf4(weight), **kwargs)
 
     @property
@@ -45,8 +49,9 @@ class NF4Linear(FrozenLinear):
         parts = tuple(self._buffers[p] for p in _PARTS)
         w = self._nf4
         if w is None or any(a is not getattr(w, p) for a, p in zip(parts, _PARTS)):
-            w = self._nf4 = NF4Weight(*parts, shape=(self.out_features, self.in_features),
-                                      blocksize=self.blocksize)
+            w = self._nf4 = NF4Weight(
+                *parts, shape=(self.out_features, self.in_features), blocksize=self.blocksize
+            )
         return w
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -18,15 +18,27 @@ blocks.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 
 import torch
 
 NF4_CODE_VALUES: tuple[float, ...] = (
-    -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
-    -0.28444138169288635, -0.18477343022823334, -0.09105003625154495, 0.0,
-    0.07958029955625534, 0.16093020141124725, 0.24611230194568634, 0.33791524171829224,
-    0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0,
+    -1.0,
+    -0.6961928009986877,
+    -0.5250730514526367,
+    -0.39491748809814453,
+    -0.28444138169288635,
+    -0.18477343022823334,
+    -0.09105003625154495,
+    0.0,
+    0.07958029955625534,
+    0.16093020141124725,
+    0.24611230194568634,
+    0.33791524171829224,
+    0.44070982933044434,
+    0.5626170039176941,
+    0.7229568362236023,
+    1.0,
 )
 """The 16 NF4 values (bitsandbytes' `get_4bit_type("nf4")`), embedded rather than regenerated."""
 
@@ -34,14 +46,17 @@ NESTED_BLOCKSIZE = 256
 _VALID_BLOCKSIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)
 
 
-@lru_cache(maxsize=None)
-def nf4_code(device: torch.device = torch.device("cpu")) -> torch.Tensor:
+_CPU = torch.device("cpu")
+
+
+@cache
+def nf4_code(device: torch.device = _CPU) -> torch.Tensor:
     """The NF4 code table as an fp32 tensor on `device` (cached: every layer shares it)."""
     return torch.tensor(NF4_CODE_VALUES, dtype=torch.float32, device=device)
 
 
-@lru_cache(maxsize=None)
-def dynamic_map(device: torch.device = torch.device("cpu")) -> torch.Tensor:
+@cache
+def dynamic_map(device: torch.device = _CPU) -> torch.Tensor:
     """The signed 8-bit dynamic map bitsandbytes uses for the absmax statistics (256 fp32 values).
 
     Dettmers' dynamic data type (arXiv 1511.04561) with 7 exponent bits: for exponent level i
@@ -51,8 +66,8 @@ def dynamic_map(device: torch.device = torch.device("cpu")) -> torch.Tensor:
     """
     values: list[float] = [0.0, 1.0]
     for level in range(7):
-        edges = torch.linspace(0.1, 1, 2 ** level + 1, dtype=torch.float32)
-        mids = ((edges[:-1] + edges[1:]) / 2.0)
+        edges = torch.linspace(0.1, 1, 2**level + 1, dtype=torch.float32)
+        mids = (edges[:-1] + edges[1:]) / 2.0
         scaled = ((10 ** (level - 6)) * mids).tolist()
         values += scaled + (-(10 ** (level - 6)) * mids).tolist()
     values.sort()
@@ -89,16 +104,28 @@ class NF4Weight:
 
     def packed_nbytes(self) -> int:
         """Bytes of this weight's own storage; the shared code tables are not counted."""
-        return (self.packed.numel() + self.qabsmax.numel()
-                + 4 * self.absmax2.numel() + 4 * self.offset.numel())
+        return (
+            self.packed.numel()
+            + self.qabsmax.numel()
+            + 4 * self.absmax2.numel()
+            + 4 * self.offset.numel()
+        )
 
-    def to(self, device: torch.device | str) -> "NF4Weight":
-        return NF4Weight(self.packed.to(device), self.qabsmax.to(device), self.absmax2.to(device),
-                         self.code2.to(device), self.offset.to(device), self.shape, self.blocksize)
+    def to(self, device: torch.device | str) -> NF4Weight:
+        return NF4Weight(
+            self.packed.to(device),
+            self.qabsmax.to(device),
+            self.absmax2.to(device),
+            self.code2.to(device),
+            self.offset.to(device),
+            self.shape,
+            self.blocksize,
+        )
 
 
-def _blockwise_absmax_and_scaled(flat: torch.Tensor, blocksize: int, clamp_tail: bool
-                                 ) -> tuple[torch.Tensor, torch.Tensor]:
+def _blockwise_absmax_and_scaled(
+    flat: torch.Tensor, blocksize: int, clamp_tail: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-block absmax and the values scaled into [-1, 1], bitsandbytes' arithmetic exactly.
 
     bitsandbytes' 4-bit quantizer stores a partial last block's absmax clamped to 1e-38, its
@@ -141,8 +168,9 @@ def quantize_nf4(weight: torch.Tensor, blocksize: int = 64, double_quant: bool =
     packed = (nibbles[::2] << 4) | nibbles[1::2]
 
     offset = absmax.mean()
-    absmax2, scaled2 = _blockwise_absmax_and_scaled(absmax - offset, NESTED_BLOCKSIZE,
-                                                    clamp_tail=False)
+    absmax2, scaled2 = _blockwise_absmax_and_scaled(
+        absmax - offset, NESTED_BLOCKSIZE, clamp_tail=False
+    )
     code2 = dynamic_map(device)
     qabsmax = _nearest_code(scaled2, code2)
     # A statistics block that is all zero (e.g. a tensor of a single 64-block, whose absmax equals
@@ -150,8 +178,15 @@ def quantize_nf4(weight: torch.Tensor, blocksize: int = 64, double_quant: bool =
     # dequantizes to `offset` either way, and matching the byte keeps files identical.
     empty = (absmax2 == 0).repeat_interleave(NESTED_BLOCKSIZE)[: qabsmax.numel()]
     qabsmax = torch.where(empty, torch.zeros_like(qabsmax), qabsmax)
-    return NF4Weight(packed.contiguous(), qabsmax.contiguous(), absmax2.contiguous(), code2,
-                     offset.reshape(()), (int(weight.shape[0]), int(weight.shape[1])), blocksize)
+    return NF4Weight(
+        packed.contiguous(),
+        qabsmax.contiguous(),
+        absmax2.contiguous(),
+        code2,
+        offset.reshape(()),
+        (int(weight.shape[0]), int(weight.shape[1])),
+        blocksize,
+    )
 
 
 def block_absmax(w: NF4Weight, first: int = 0, last: int | None = None) -> torch.Tensor:
@@ -162,7 +197,7 @@ def block_absmax(w: NF4Weight, first: int = 0, last: int | None = None) -> torch
     return w.code2[q] * w.absmax2[scale_idx] + w.offset
 
 
-@lru_cache(maxsize=None)
+@cache
 def _byte_values(device: torch.device) -> torch.Tensor:
     """[256, 2] fp32: the two NF4 values (high nibble, low nibble) of every packed byte.
 
@@ -173,16 +208,17 @@ def _byte_values(device: torch.device) -> torch.Tensor:
     return torch.stack((code[byte >> 4], code[byte & 0xF]), dim=1)
 
 
-@lru_cache(maxsize=None)
-def byte_table(device: torch.device = torch.device("cpu")) -> torch.Tensor:
+@cache
+def byte_table(device: torch.device = _CPU) -> torch.Tensor:
     """[256, 2] fp32: the two NF4 values (high nibble, low nibble) each packed byte stands for."""
     code = nf4_code(device)
     byte = torch.arange(256, device=device)
     return torch.stack((code[byte >> 4], code[byte & 0xF]), dim=-1)
 
 
-def dequantize_range(w: NF4Weight, start: int, stop: int,
-                     out: torch.Tensor | None = None) -> torch.Tensor:
+def dequantize_range(
+    w: NF4Weight, start: int, stop: int, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """Dequantize flat elements [start, stop) into fp32 (into `out` when given).
 
     `start` must be a multiple of the blocksize (tiles are block-aligned); `stop` may end anywhere.
@@ -193,13 +229,17 @@ def dequantize_range(w: NF4Weight, start: int, stop: int,
         raise ValueError("dequantize_range needs a block-aligned start")
     count = stop - start
     first_block, last_block = start // w.blocksize, -(-stop // w.blocksize)
-    raw = w.packed[start // 2: -(-stop // 2)]
+    raw = w.packed[start // 2 : -(-stop // 2)]
     values = byte_table(raw.device)[raw.long()].reshape(-1)
     padded = (last_block - first_block) * w.blocksize
     if values.numel() < padded:  # a partial last block: pad to whole blocks, then trim
         values = torch.nn.functional.pad(values, (0, padded - values.numel()))
-    scaled = values[:padded].view(-1, w.blocksize).mul_(
-        block_absmax(w, first_block, last_block)[:, None]).view(-1)[:count]
+    scaled = (
+        values[:padded]
+        .view(-1, w.blocksize)
+        .mul_(block_absmax(w, first_block, last_block)[:, None])
+        .view(-1)[:count]
+    )
     if out is None:
         return scaled
     return out.copy_(scaled)

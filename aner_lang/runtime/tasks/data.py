@@ -11,10 +11,11 @@ accumulation window.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from dataclasses import field as dc_field
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -60,8 +61,9 @@ class Dataset:
     records: tuple[Record, ...]
     context: int
     source: str = "texts"
-    _cache: dict[int, tuple[Tokenizer, tuple[Example, ...]]] = dc_field(default_factory=dict,
-                                                                          repr=False)
+    _cache: dict[int, tuple[Tokenizer, tuple[Example, ...]]] = dc_field(
+        default_factory=dict, repr=False
+    )
 
     def __len__(self) -> int:
         return len(self.records)
@@ -69,8 +71,9 @@ class Dataset:
     def examples(self, tokenizer: Tokenizer) -> tuple[Example, ...]:
         cached = self._cache.get(id(tokenizer))
         if cached is None or cached[0] is not tokenizer:
-            examples = tuple(_example(tokenizer, r.prompt, r.completion, self.context)
-                             for r in self.records)
+            examples = tuple(
+                _example(tokenizer, r.prompt, r.completion, self.context) for r in self.records
+            )
             cached = self._cache[id(tokenizer)] = (tokenizer, examples)
         return cached[1]
 
@@ -93,8 +96,7 @@ class Batch:
         return int((self.targets != IGNORE).sum())
 
 
-def collate(examples: Sequence[Example], pad_id: int, device: torch.device | str = "cpu"
-            ) -> Batch:
+def collate(examples: Sequence[Example], pad_id: int, device: torch.device | str = "cpu") -> Batch:
     """Pad examples on the right into one batch; causal attention keeps pads out of the loss."""
     width = max(len(e.ids) for e in examples)
     ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
@@ -110,14 +112,19 @@ def collate(examples: Sequence[Example], pad_id: int, device: torch.device | str
 
 def token_loss_sum(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
     """Sum of next-token cross-entropy over the batch's scored targets (fp32 scalar)."""
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
-                           batch.targets.reshape(-1), ignore_index=IGNORE, reduction="sum")
+    return F.cross_entropy(
+        logits.float().reshape(-1, logits.shape[-1]),
+        batch.targets.reshape(-1),
+        ignore_index=IGNORE,
+        reduction="sum",
+    )
 
 
 def _check_context(context: int) -> None:
     if context < 2:
-        raise AnerRuntimeError(f"context must be at least 2 tokens, got {context}",
-                               code="E-DATA-CONTEXT")
+        raise AnerRuntimeError(
+            f"context must be at least 2 tokens, got {context}", code="E-DATA-CONTEXT"
+        )
 
 
 def _example(tokenizer: Tokenizer, prompt: str, completion: str, context: int) -> Example:
@@ -126,8 +133,11 @@ def _example(tokenizer: Tokenizer, prompt: str, completion: str, context: int) -
     The completion is tokenized on its own so the prompt/completion boundary is exact; an EOS
     closes every example so the model learns where a completion ends.
     """
-    prompt_ids = tokenizer.encode(prompt, add_special=True) if prompt else (
-        [tokenizer.bos_id] if tokenizer.add_bos and tokenizer.bos_id is not None else [])
+    prompt_ids = (
+        tokenizer.encode(prompt, add_special=True)
+        if prompt
+        else ([tokenizer.bos_id] if tokenizer.add_bos and tokenizer.bos_id is not None else [])
+    )
     completion_ids = tokenizer.encode(completion, add_special=False)
     if tokenizer.eos_id is not None:
         completion_ids.append(tokenizer.eos_id)
@@ -154,11 +164,13 @@ def _jsonl_rows(path: Path) -> list[dict]:
         try:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise AnerRuntimeError(f"{path}:{n}: not valid JSON ({exc.msg})",
-                                   code="E-DATA-JSON") from None
+            raise AnerRuntimeError(
+                f"{path}:{n}: not valid JSON ({exc.msg})", code="E-DATA-JSON"
+            ) from None
         if not isinstance(row, dict):
-            raise AnerRuntimeError(f"{path}:{n}: each line must be a JSON object",
-                                   code="E-DATA-JSON")
+            raise AnerRuntimeError(
+                f"{path}:{n}: each line must be a JSON object", code="E-DATA-JSON"
+            )
         rows.append(row)
     if not rows:
         raise AnerRuntimeError(f"{path}: the file has no examples", code="E-DATA-EMPTY")
@@ -169,24 +181,37 @@ def _text_field(path: Path, n: int, row: dict, name: str) -> str:
     value = row.get(name)
     if not isinstance(value, str):
         found = ", ".join(sorted(row)) or "none"
-        raise AnerRuntimeError(f"{path}: example {n} has no string field {name!r} "
-                               f"(fields: {found})", code="E-DATA-FIELD")
+        raise AnerRuntimeError(
+            f"{path}: example {n} has no string field {name!r} (fields: {found})",
+            code="E-DATA-FIELD",
+        )
     return value
 
 
-def from_jsonl(path: Path, context: int, field: str | None = "text",
-               prompt_field: str | None = None, completion_field: str | None = None) -> Dataset:
+def from_jsonl(
+    path: Path,
+    context: int,
+    field: str | None = "text",
+    prompt_field: str | None = None,
+    completion_field: str | None = None,
+) -> Dataset:
     """Read `field` texts, or `prompt_field`/`completion_field` pairs (prompt unscored)."""
     _check_context(context)
     rows = _jsonl_rows(path)
     if (prompt_field is None) != (completion_field is None):
-        raise AnerRuntimeError("load_jsonl: give both prompt_field and completion_field, or "
-                               "neither", code="E-DATA-FIELD")
+        raise AnerRuntimeError(
+            "load_jsonl: give both prompt_field and completion_field, or neither",
+            code="E-DATA-FIELD",
+        )
     records = []
     for n, row in enumerate(rows, start=1):
         if prompt_field is not None:
-            records.append(Record(_text_field(path, n, row, prompt_field),
-                                  _text_field(path, n, row, completion_field)))
+            records.append(
+                Record(
+                    _text_field(path, n, row, prompt_field),
+                    _text_field(path, n, row, completion_field),
+                )
+            )
         else:
             records.append(Record("", _text_field(path, n, row, field or "text")))
     return Dataset(tuple(records), context, source=str(path))
@@ -197,7 +222,13 @@ def texts_builtin(items: list[str], context: int) -> Dataset:
     return from_texts(items, context)
 
 
-def load_jsonl_builtin(ctx: ExecContext, path: str, field: str, prompt_field: str | None,
-                       completion_field: str | None, context: int) -> Dataset:
+def load_jsonl_builtin(
+    ctx: ExecContext,
+    path: str,
+    field: str,
+    prompt_field: str | None,
+    completion_field: str | None,
+    context: int,
+) -> Dataset:
     """Builtin `load_jsonl(path, field:, prompt_field:, completion_field:, context:)`."""
     return from_jsonl(ctx.resolve_path(path), context, field, prompt_field, completion_field)

@@ -34,11 +34,14 @@ def evaluate(model: Any, dataset: Dataset, batch_size: int = 8) -> Evaluation:
     count = 0
     with torch.no_grad():
         for start in range(0, len(examples), batch_size):
-            batch = collate(examples[start:start + batch_size], pad, model.device)
+            batch = collate(examples[start : start + batch_size], pad, model.device)
             total += token_loss_sum(model.forward(batch.input_ids), batch).double().cpu()
             count += batch.scored_tokens
     if count == 0:
-        raise AnerRuntimeError("evaluate: the dataset has no scored tokens (every example is "
-                               "a prompt only, or one token long)", code="E-DATA-EMPTY")
+        raise AnerRuntimeError(
+            "evaluate: the dataset has no scored tokens (every example is "
+            "a prompt only, or one token long)",
+            code="E-DATA-EMPTY",
+        )
     loss = float(total) / count
     return Evaluation(loss=loss, perplexity=math.exp(min(loss, 700.0)), scored_tokens=count)

@@ -6,8 +6,9 @@ Works on anything with the forward protocol (`forward(ids, cache)`, `tokenizer`,
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -26,14 +27,15 @@ class Sampling:
 
     def validate(self) -> None:
         if self.max_tokens < 1:
-            raise AnerRuntimeError(f"max_tokens must be at least 1, got {self.max_tokens}",
-                                   code="E-GENERATE")
+            raise AnerRuntimeError(
+                f"max_tokens must be at least 1, got {self.max_tokens}", code="E-GENERATE"
+            )
         if self.temperature < 0:
-            raise AnerRuntimeError(f"temperature must be >= 0, got {self.temperature}",
-                                   code="E-GENERATE")
+            raise AnerRuntimeError(
+                f"temperature must be >= 0, got {self.temperature}", code="E-GENERATE"
+            )
         if not 0 < self.top_p <= 1:
-            raise AnerRuntimeError(f"top_p must be in (0, 1], got {self.top_p}",
-                                   code="E-GENERATE")
+            raise AnerRuntimeError(f"top_p must be in (0, 1], got {self.top_p}", code="E-GENERATE")
 
 
 def _pick(logits: torch.Tensor, s: Sampling, rng: torch.Generator) -> int:
@@ -56,8 +58,10 @@ def generate_ids(model: Any, prompt_ids: Sequence[int], sampling: Sampling) -> l
     base = model.base
     context = base.config.max_position_embeddings
     if len(prompt_ids) >= context:
-        raise AnerRuntimeError(f"generate: the prompt has {len(prompt_ids)} tokens, the model's "
-                               f"context is {context}", code="E-CONTEXT")
+        raise AnerRuntimeError(
+            f"generate: the prompt has {len(prompt_ids)} tokens, the model's context is {context}",
+            code="E-CONTEXT",
+        )
     budget = min(sampling.max_tokens, context - len(prompt_ids))
     stops = model.tokenizer.stop_ids if sampling.stop_at_eos else frozenset()
     rng = torch.Generator().manual_seed(sampling.seed)
@@ -82,21 +86,35 @@ def generate_text(model: Any, prompt: str, sampling: Sampling) -> str:
 def chat_text(model: Any, message: str, system: str | None, sampling: Sampling) -> str:
     """Reply to one user message, rendered with the model's GGUF chat template."""
     messages = ([{"role": "system", "content": system}] if system else []) + [
-        {"role": "user", "content": message}]
+        {"role": "user", "content": message}
+    ]
     tok = model.tokenizer
     prompt = tok.apply_chat_template(messages, add_generation_prompt=True)
     ids = tok.encode(prompt, add_special=False)
     return tok.decode(generate_ids(model, ids, sampling), skip_special=True)
 
 
-def generate_builtin(model: Any, prompt: str, max_tokens: int, temperature: float, top_p: float,
-                     seed: int, stop_at_eos: bool) -> str:
+def generate_builtin(
+    model: Any,
+    prompt: str,
+    max_tokens: int,
+    temperature: float,
+    top_p: float,
+    seed: int,
+    stop_at_eos: bool,
+) -> str:
     """Builtin `generate(model, prompt, max_tokens:, temperature:, top_p:, seed:, ...)`."""
-    return generate_text(model, prompt, Sampling(max_tokens, temperature, top_p, seed,
-                                                 stop_at_eos))
+    return generate_text(model, prompt, Sampling(max_tokens, temperature, top_p, seed, stop_at_eos))
 
 
-def chat_builtin(model: Any, message: str, system: str | None, max_tokens: int,
-                 temperature: float, top_p: float, seed: int) -> str:
+def chat_builtin(
+    model: Any,
+    message: str,
+    system: str | None,
+    max_tokens: int,
+    temperature: float,
+    top_p: float,
+    seed: int,
+) -> str:
     """Builtin `chat(model, message, system:, max_tokens:, temperature:, top_p:, seed:)`."""
     return chat_text(model, message, system, Sampling(max_tokens, temperature, top_p, seed))

@@ -117,8 +117,13 @@ def _identity(meta: dict[str, Any], base_path: str | Path | None) -> dict[str, A
     }
 
 
-def save(directory: str | Path, state: CheckpointState, *, base_path: str | Path | None = None,
-         keep: int = 1) -> Path:
+def save(
+    directory: str | Path,
+    state: CheckpointState,
+    *,
+    base_path: str | Path | None = None,
+    keep: int = 1,
+) -> Path:
     """Write `state` as the new latest checkpoint under `directory`; return its folder.
 
     `keep` older checkpoints are kept besides the new one (they are removed only after the new
@@ -131,10 +136,13 @@ def save(directory: str | Path, state: CheckpointState, *, base_path: str | Path
     files = {TENSORS: st_save(tensors), STATE: _json_bytes(meta)}
     updates = int((meta.get("counters") or {}).get("updates", 0))
     manifest = {
-        "format": FORMAT, "version": VERSION, "updates": updates,
+        "format": FORMAT,
+        "version": VERSION,
+        "updates": updates,
         "identity": _identity(meta, base_path),
-        "files": {n: {"bytes": len(b), "sha256": hashlib.sha256(b).hexdigest()}
-                  for n, b in files.items()},
+        "files": {
+            n: {"bytes": len(b), "sha256": hashlib.sha256(b).hexdigest()} for n, b in files.items()
+        },
     }
     manifest_bytes = _json_bytes(manifest)
     manifest_sha = hashlib.sha256(manifest_bytes).hexdigest()
@@ -162,9 +170,11 @@ def _prune(root: Path, current: str, keep: int) -> None:
     """Remove leftovers of interrupted writes and all but `keep` older checkpoints."""
     for p in root.glob(f".{_PREFIX}*.tmp-*"):
         shutil.rmtree(p, ignore_errors=True)
-    older = sorted((p for p in root.glob(f"{_PREFIX}*") if p.is_dir() and p.name != current),
-                   key=lambda p: p.name)
-    for p in older[:max(0, len(older) - keep)]:
+    older = sorted(
+        (p for p in root.glob(f"{_PREFIX}*") if p.is_dir() and p.name != current),
+        key=lambda p: p.name,
+    )
+    for p in older[: max(0, len(older) - keep)]:
         shutil.rmtree(p, ignore_errors=True)
 
 
@@ -172,8 +182,12 @@ def _read_json(directory: Path, path: Path, data: bytes | None = None) -> dict[s
     try:
         obj = json.loads(data if data is not None else path.read_bytes())
     except FileNotFoundError:
-        raise _fail(directory, f"{path.name} is missing", "E-CKPT-MISSING",
-                    "is this a directory written by train(..., checkpoints: dir)?") from None
+        raise _fail(
+            directory,
+            f"{path.name} is missing",
+            "E-CKPT-MISSING",
+            "is this a directory written by train(..., checkpoints: dir)?",
+        ) from None
     except (OSError, ValueError) as e:
         raise _fail(directory, f"{path.name} is not valid JSON ({e})", "E-CKPT-CORRUPT") from None
     if not isinstance(obj, dict):
@@ -187,20 +201,30 @@ def _verified_bytes(directory: Path, folder: Path, name: str, expected: dict[str
     except FileNotFoundError:
         raise _fail(directory, f"{folder.name}/{name} is missing", "E-CKPT-MISSING") from None
     if len(data) != expected.get("bytes"):
-        raise _fail(directory, f"{folder.name}/{name} is truncated or extended: "
-                    f"{len(data)} bytes, the manifest says {expected.get('bytes')}",
-                    "E-CKPT-TRUNCATED")
+        raise _fail(
+            directory,
+            f"{folder.name}/{name} is truncated or extended: "
+            f"{len(data)} bytes, the manifest says {expected.get('bytes')}",
+            "E-CKPT-TRUNCATED",
+        )
     if hashlib.sha256(data).hexdigest() != expected.get("sha256"):
-        raise _fail(directory, f"{folder.name}/{name} is corrupted: its sha256 does not match "
-                    "the manifest", "E-CKPT-CORRUPT")
+        raise _fail(
+            directory,
+            f"{folder.name}/{name} is corrupted: its sha256 does not match the manifest",
+            "E-CKPT-CORRUPT",
+        )
     return data
 
 
 def _check(directory: Path, what: str, recorded: Any, given: Any, code: str) -> None:
     if recorded != given:
-        raise _fail(directory, f"{what} differs from the one it was written with", code,
-                    f"checkpoint: {json.dumps(recorded, sort_keys=True)}",
-                    f"now:        {json.dumps(given, sort_keys=True)}")
+        raise _fail(
+            directory,
+            f"{what} differs from the one it was written with",
+            code,
+            f"checkpoint: {json.dumps(recorded, sort_keys=True)}",
+            f"now:        {json.dumps(given, sort_keys=True)}",
+        )
 
 
 def _locate(root: Path) -> tuple[Path, bytes]:
@@ -219,14 +243,21 @@ def _locate(root: Path) -> tuple[Path, bytes]:
         name = str(pointer.get("checkpoint", ""))
         folder, want = root / name, str(pointer.get("manifest_sha256"))
         if not name.startswith(_PREFIX) or "/" in name or not folder.is_dir():
-            raise _fail(root, f"{POINTER} names a checkpoint that does not exist: {name!r}",
-                        "E-CKPT-MISSING")
+            raise _fail(
+                root,
+                f"{POINTER} names a checkpoint that does not exist: {name!r}",
+                "E-CKPT-MISSING",
+            )
     data = (folder / MANIFEST).read_bytes() if (folder / MANIFEST).is_file() else None
     if data is None:
         raise _fail(root, f"{folder.name}/{MANIFEST} is missing", "E-CKPT-MISSING")
     if not hashlib.sha256(data).hexdigest().startswith(want):
-        raise _fail(root, f"{folder.name}/{MANIFEST} is corrupted: its sha256 does not match "
-                    f"{POINTER if folder != root else 'the folder name'}", "E-CKPT-CORRUPT")
+        raise _fail(
+            root,
+            f"{folder.name}/{MANIFEST} is corrupted: its sha256 does not match "
+            f"{POINTER if folder != root else 'the folder name'}",
+            "E-CKPT-CORRUPT",
+        )
     return folder, data
 
 
@@ -236,8 +267,13 @@ def has_checkpoint(directory: str | Path) -> bool:
     return (root / POINTER).is_file() or (root / MANIFEST).is_file()
 
 
-def load(directory: str | Path, *, base_path: str | Path | None = None,
-         profile: dict[str, Any] | None = None, kernel_identity: str | None = None) -> Checkpoint:
+def load(
+    directory: str | Path,
+    *,
+    base_path: str | Path | None = None,
+    profile: dict[str, Any] | None = None,
+    kernel_identity: str | None = None,
+) -> Checkpoint:
     """Read and verify the latest checkpoint under `directory` (or the folder `directory`).
 
     Every file's size and sha256 are checked against the manifest, and the manifest against the
@@ -248,23 +284,42 @@ def load(directory: str | Path, *, base_path: str | Path | None = None,
     folder, manifest_bytes = _locate(root)
     manifest = _read_json(root, folder / MANIFEST, manifest_bytes)
     if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
-        raise _fail(root, f"unsupported format {manifest.get('format')!r} "
-                    f"version {manifest.get('version')!r}", "E-CKPT-FORMAT")
+        raise _fail(
+            root,
+            f"unsupported format {manifest.get('format')!r} version {manifest.get('version')!r}",
+            "E-CKPT-FORMAT",
+        )
     entries = manifest.get("files") or {}
     tensor_bytes = _verified_bytes(root, folder, TENSORS, entries.get(TENSORS, {}))
-    meta = _read_json(root, folder / STATE, _verified_bytes(root, folder, STATE,
-                                                            entries.get(STATE, {})))
+    meta = _read_json(
+        root, folder / STATE, _verified_bytes(root, folder, STATE, entries.get(STATE, {}))
+    )
     identity = manifest.get("identity") or {}
     if base_path is not None:
-        _check(root, "the base model (sha256 of the GGUF)", identity.get("base_fingerprint"),
-               fingerprint(base_path), "E-CKPT-BASE")
+        _check(
+            root,
+            "the base model (sha256 of the GGUF)",
+            identity.get("base_fingerprint"),
+            fingerprint(base_path),
+            "E-CKPT-BASE",
+        )
     if profile is not None:
         _check(root, "the training profile", identity.get("profile"), profile, "E-CKPT-PROFILE")
     if kernel_identity is not None:
-        _check(root, "the kernel identity", identity.get("kernel_identity"), kernel_identity,
-               "E-CKPT-KERNEL")
-    return Checkpoint(folder=folder, updates=int(manifest.get("updates", 0)),
-                      tensors=st_load(tensor_bytes), meta=meta, identity=identity)
+        _check(
+            root,
+            "the kernel identity",
+            identity.get("kernel_identity"),
+            kernel_identity,
+            "E-CKPT-KERNEL",
+        )
+    return Checkpoint(
+        folder=folder,
+        updates=int(manifest.get("updates", 0)),
+        tensors=st_load(tensor_bytes),
+        meta=meta,
+        identity=identity,
+    )
 
 
 def latest(directory: str | Path) -> Checkpoint | None:
@@ -272,8 +327,9 @@ def latest(directory: str | Path) -> Checkpoint | None:
     return load(directory) if has_checkpoint(directory) else None
 
 
-def resume(directory: str | Path, model: Any = None, profile: Any = None,
-           otherwise: Any = None) -> Any:
+def resume(
+    directory: str | Path, model: Any = None, profile: Any = None, otherwise: Any = None
+) -> Any:
     """The adapter of the latest checkpoint under `directory`, ready for `train` to continue.
 
     `model` must be the base it was trained on (checked by GGUF sha256); without it the base is
@@ -288,12 +344,21 @@ def resume(directory: str | Path, model: Any = None, profile: Any = None,
     base = ck.meta.get("base") or {}
     if model is None:
         if not ck.identity.get("base_path"):
-            raise _fail(root, "it does not record its base model", "E-CKPT-BASE",
-                        "pass the base: resume(dir, model: base)")
+            raise _fail(
+                root,
+                "it does not record its base model",
+                "E-CKPT-BASE",
+                "pass the base: resume(dir, model: base)",
+            )
         model = load_model(ck.identity["base_path"], storage=base.get("storage", "float32"))
     elif ck.base_sha256 is not None:
-        _check(root, "the base model (sha256 of the GGUF)", ck.base_sha256,
-               fingerprint(model.path), "E-CKPT-BASE")
+        _check(
+            root,
+            "the base model (sha256 of the GGUF)",
+            ck.base_sha256,
+            fingerprint(model.path),
+            "E-CKPT-BASE",
+        )
     try:
         state = TrainState.from_parts(ck.tensors, ck.meta)
     except AnerRuntimeError as e:
@@ -301,8 +366,9 @@ def resume(directory: str | Path, model: Any = None, profile: Any = None,
     return adapter_from_state(model, state)
 
 
-def resume_builtin(ctx: Any, *, dir: str, model: Any = None, profile: Any = None,
-                   otherwise: Any = None) -> Any:
+def resume_builtin(
+    ctx: Any, *, dir: str, model: Any = None, profile: Any = None, otherwise: Any = None
+) -> Any:
     """Builtin `resume`: `dir` is relative to the script."""
     return resume(ctx.resolve_path(dir), model, profile, otherwise)
 

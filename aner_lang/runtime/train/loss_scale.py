@@ -9,10 +9,11 @@ the backed-off scale up to that many times before counting the update as skipped
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from typing import Iterable
 
 import torch
+
 
 @dataclass
 class LossScaleState:
@@ -51,7 +52,11 @@ class LossScaler:
         GradScaler's own fused kernel (one launch per device and dtype, one host sync in all),
         with its inverse scale float32(1 / float64(scale)); without scaling the inverse is 1,
         which leaves every value as it is and still finds the non-finite ones."""
-        inv = float(torch.tensor(1.0 / float(self.state.scale), dtype=torch.float32)) if self.enabled else 1.0
+        inv = (
+            float(torch.tensor(1.0 / float(self.state.scale), dtype=torch.float32))
+            if self.enabled
+            else 1.0
+        )
         groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
         for g in grads:
             groups.setdefault((g.device, g.dtype), []).append(g)
@@ -59,7 +64,8 @@ class LossScaler:
         for (device, _), group in groups.items():
             found.append(torch.zeros(1, dtype=torch.float32, device=device))
             torch._amp_foreach_non_finite_check_and_unscale_(
-                group, found[-1], torch.tensor(inv, dtype=torch.float32, device=device))
+                group, found[-1], torch.tensor(inv, dtype=torch.float32, device=device)
+            )
         return any(bool(f.item()) for f in found)  # read once every group's check is queued
 
     def update(self, found_inf: bool) -> None:

@@ -71,14 +71,27 @@ def memory_report(target: Any, profile: Any | None = None) -> MemoryReport:
     owned = target.nbytes() if is_adapter else {}
     n_trainable = target.trainable_count if is_adapter else 0
     paged = getattr(profile, "optimizer", "adamw") == "paged_adamw" and model.device.type == "cuda"
-    managed = sum(_FP32_MOMENTS * t.numel() for t in getattr(target, "params", {}).values()
-                  if t.numel() >= PAGE_MIN_ELEMENTS) if paged else 0
+    managed = (
+        sum(
+            _FP32_MOMENTS * t.numel()
+            for t in getattr(target, "params", {}).values()
+            if t.numel() >= PAGE_MIN_ELEMENTS
+        )
+        if paged
+        else 0
+    )
     fused = profile is not None and profile.resolved_kernel(model.device) == "fused"
     tile = 0 if fused or not packed else getattr(profile, "dequant_tile_bytes", DEFAULT_TILE_BYTES)
     return MemoryReport(
-        weights=floating + packed, floating_base=floating, packed_base=packed,
-        gpu_packed_base=gpu_packed, adapters=owned.get("adapters", 0),
-        frozen_adapter=owned.get("frozen_adapter", 0), trainable=owned.get("trainable", 0),
-        optimizer=_FP32_MOMENTS * n_trainable, managed_optimizer=managed,
+        weights=floating + packed,
+        floating_base=floating,
+        packed_base=packed,
+        gpu_packed_base=gpu_packed,
+        adapters=owned.get("adapters", 0),
+        frozen_adapter=owned.get("frozen_adapter", 0),
+        trainable=owned.get("trainable", 0),
+        optimizer=_FP32_MOMENTS * n_trainable,
+        managed_optimizer=managed,
         prefetch_window=getattr(profile, "page_bytes", 0) if managed else 0,
-        dequant_tile=tile)
+        dequant_tile=tile,
+    )

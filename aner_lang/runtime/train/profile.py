@@ -27,26 +27,44 @@ def check_precision_supported(precision: str, device: torch.device) -> None:
         return
     dtype = DTYPES[precision]
     if not torch.amp.is_autocast_available(device.type):
-        raise AnerRuntimeError(f"precision: {precision} needs autocast, which {device.type} lacks",
-                               code="E-PRECISION", notes=("use precision: float32",))
+        raise AnerRuntimeError(
+            f"precision: {precision} needs autocast, which {device.type} lacks",
+            code="E-PRECISION",
+            notes=("use precision: float32",),
+        )
     if device.type == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
-        raise AnerRuntimeError("precision: bfloat16 is not supported by this GPU",
-                               code="E-PRECISION", notes=("use precision: float16 or float32",))
+        raise AnerRuntimeError(
+            "precision: bfloat16 is not supported by this GPU",
+            code="E-PRECISION",
+            notes=("use precision: float16 or float32",),
+        )
     try:
         a = torch.ones(2, 2, dtype=dtype, device=device)
         (a @ a).sum().item()
     except RuntimeError as exc:
-        raise AnerRuntimeError(f"precision: {precision} matmul is not supported on "
-                               f"{device.type}: {exc}", code="E-PRECISION",
-                               notes=("use precision: float32",)) from None
+        raise AnerRuntimeError(
+            f"precision: {precision} matmul is not supported on {device.type}: {exc}",
+            code="E-PRECISION",
+            notes=("use precision: float32",),
+        ) from None
 
 
-def dynamic(initial: float = 65536.0, growth_interval: int = 2000, growth_factor: float = 2.0,
-            backoff_factor: float = 0.5, max_retries: int = 3) -> LossScaleState:
+def dynamic(
+    initial: float = 65536.0,
+    growth_interval: int = 2000,
+    growth_factor: float = 2.0,
+    backoff_factor: float = 0.5,
+    max_retries: int = 3,
+) -> LossScaleState:
     """A dynamic loss scale with GradScaler's defaults (builtin `dynamic`)."""
-    return LossScaleState("dynamic", scale=float(initial), growth_interval=growth_interval,
-                          growth_factor=growth_factor, backoff_factor=backoff_factor,
-                          max_retries=max_retries)
+    return LossScaleState(
+        "dynamic",
+        scale=float(initial),
+        growth_interval=growth_interval,
+        growth_factor=growth_factor,
+        backoff_factor=backoff_factor,
+        max_retries=max_retries,
+    )
 
 
 def fixed(scale: float) -> LossScaleState:
@@ -68,18 +86,23 @@ class Profile:
     """host_tiled NF4: bytes of one dequantized weight tile (memory report hook)."""
 
     def __post_init__(self) -> None:
-        for name, value, allowed in (("precision", self.precision, PRECISIONS),
-                                     ("optimizer", self.optimizer, OPTIMIZERS),
-                                     ("kernel", self.kernel, KERNELS)):
+        for name, value, allowed in (
+            ("precision", self.precision, PRECISIONS),
+            ("optimizer", self.optimizer, OPTIMIZERS),
+            ("kernel", self.kernel, KERNELS),
+        ):
             if value not in allowed:
-                raise AnerRuntimeError(f"profile: unknown {name} {value!r}; expected one of "
-                                       f"{', '.join(allowed)}", code="E-PROFILE")
+                raise AnerRuntimeError(
+                    f"profile: unknown {name} {value!r}; expected one of {', '.join(allowed)}",
+                    code="E-PROFILE",
+                )
         if self.page_bytes < 4096:
-            raise AnerRuntimeError(f"profile: page_bytes must be at least 4 KiB, got "
-                                   f"{self.page_bytes}", code="E-PROFILE")
+            raise AnerRuntimeError(
+                f"profile: page_bytes must be at least 4 KiB, got {self.page_bytes}",
+                code="E-PROFILE",
+            )
         if self.loss_scale is None:  # fp16 needs scaling; fp32 and bf16 do not (GradScaler use)
-            self.loss_scale = dynamic() if self.precision == "float16" \
-                else LossScaleState("none")
+            self.loss_scale = dynamic() if self.precision == "float16" else LossScaleState("none")
 
     def resolved_kernel(self, device: torch.device) -> str:
         """`auto` means fused on CUDA and host_tiled elsewhere."""
@@ -90,16 +113,20 @@ class Profile:
     def validate(self, device: torch.device) -> None:
         """Rules that need the machine: raise a clear error before training starts."""
         if self.kernel == "fused" and device.type != "cuda":
-            raise AnerRuntimeError("profile: kernel: fused needs a CUDA GPU, but this model is on "
-                                   f"{device.type}", code="E-PROFILE-FUSED",
-                                   notes=("use kernel: host_tiled or kernel: auto",))
+            raise AnerRuntimeError(
+                f"profile: kernel: fused needs a CUDA GPU, but this model is on {device.type}",
+                code="E-PROFILE-FUSED",
+                notes=("use kernel: host_tiled or kernel: auto",),
+            )
         check_precision_supported(self.precision, device)
         if self.memory_budget is not None and device.type == "cuda":
             free, _ = torch.cuda.mem_get_info()
             if self.memory_budget > free:
-                raise AnerRuntimeError(f"profile: memory_budget {self.memory_budget} bytes is "
-                                       f"more than the {free} bytes free on the GPU",
-                                       code="E-PROFILE-BUDGET")
+                raise AnerRuntimeError(
+                    f"profile: memory_budget {self.memory_budget} bytes is "
+                    f"more than the {free} bytes free on the GPU",
+                    code="E-PROFILE-BUDGET",
+                )
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -113,17 +140,26 @@ class Profile:
     def __repr__(self) -> str:
         ls = self.loss_scale
         scale = ls.kind if ls.kind == "none" else f"{ls.kind}({ls.scale:g})"
-        return (f"Profile({self.precision}, {self.optimizer}, kernel {self.kernel}, "
-                f"page {self.page_bytes} B, loss scale {scale})")
+        return (
+            f"Profile({self.precision}, {self.optimizer}, kernel {self.kernel}, "
+            f"page {self.page_bytes} B, loss scale {scale})"
+        )
 
 
-def profile(precision: str = "float32", optimizer: str = "adamw", kernel: str = "auto",
-            page_bytes: int = 2 << 20, loss_scale: LossScaleState | None = None,
-            memory_budget: int | None = None) -> Profile:
+def profile(
+    precision: str = "float32",
+    optimizer: str = "adamw",
+    kernel: str = "auto",
+    page_bytes: int = 2 << 20,
+    loss_scale: LossScaleState | None = None,
+    memory_budget: int | None = None,
+) -> Profile:
     """Builtin `profile`: construct and check what can be checked without a model."""
     p = Profile(precision, optimizer, kernel, page_bytes, loss_scale, memory_budget)
     if kernel == "fused" and not torch.cuda.is_available():
-        raise AnerRuntimeError("profile: kernel: fused needs a CUDA GPU and none is available",
-                               code="E-PROFILE-FUSED",
-                               notes=("use kernel: host_tiled or kernel: auto",))
+        raise AnerRuntimeError(
+            "profile: kernel: fused needs a CUDA GPU and none is available",
+            code="E-PROFILE-FUSED",
+            notes=("use kernel: host_tiled or kernel: auto",),
+        )
     return p

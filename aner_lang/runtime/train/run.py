@@ -48,5 +48,11 @@ class Run:
 
     def __repr__(self) -> str:
         val = f", validation loss {self.validation_loss:.4f}" if self.validation_history else ""
-        return (f"Run({self.updates} updates, {self.skipped_updates} skipped, final loss "
-                f"{self.final_loss:.4f}{val})") if self.loss_history else "Run(0 updates)"
+        return (
+            (
+                f"Run({self.updates} updates, {self.skipped_updates} skipped, final loss "
+                f"{self.final_loss:.4f}{val})"
+            )
+            if self.loss_history
+            else "Run(0 updates)"
+        )

@@ -34,6 +34,9 @@ class TrainState:
     @classmethod
     def from_parts(cls, tensors: dict[str, torch.Tensor], meta: dict) -> TrainState:
         if meta.get("format") != STATE_FORMAT:
-            raise AnerRuntimeError(f"not an Aner training state (format {meta.get('format')!r}, "
-                                   f"expected {STATE_FORMAT})", code="E-STATE-FORMAT")
+            raise AnerRuntimeError(
+                f"not an Aner training state (format {meta.get('format')!r}, "
+                f"expected {STATE_FORMAT})",
+                code="E-STATE-FORMAT",
+            )
         return cls(dict(tensors), json.loads(json.dumps(meta)))

@@ -17,7 +17,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,6 @@ from aner_lang.runtime.train.profile import Profile
 from aner_lang.runtime.train.run import Run
 from aner_lang.runtime.train.schedule import SCHEDULES, learning_rate_at
 from aner_lang.runtime.train.state import STATE_FORMAT, TrainState
-
 
 
 def set_deterministic(device: torch.device) -> None:
@@ -56,7 +55,7 @@ def _mean_loss(adapter: Any, data: Dataset, micro_batch: int, profile: Profile) 
     examples = data.examples(adapter.tokenizer)
     with torch.no_grad():
         for i in range(0, len(examples), micro_batch):
-            batch = collate(examples[i:i + micro_batch], pad, adapter.device)
+            batch = collate(examples[i : i + micro_batch], pad, adapter.device)
             with autocast(profile.precision, adapter.device):
                 logits = adapter.forward(batch.input_ids)
             total += float(token_loss_sum(logits, batch))
@@ -78,46 +77,91 @@ def _apply_kernel(adapter: Any, profile: Profile) -> str:
     return ";".join(sorted(idents) + [torch_id]) if idents else torch_id
 
 
-def _validate_options(tokenizer: Any, data: Dataset, steps: int, micro_batch: int,
-                      accumulation: int, schedule: str, validation: Dataset | None) -> None:
+def _validate_options(
+    tokenizer: Any,
+    data: Dataset,
+    steps: int,
+    micro_batch: int,
+    accumulation: int,
+    schedule: str,
+    validation: Dataset | None,
+) -> None:
     if len(data) == 0 or data.scored_tokens(tokenizer) == 0:
-        raise AnerRuntimeError("train: the training set has no scored tokens",
-                               code="E-TRAIN-DATA")
+        raise AnerRuntimeError("train: the training set has no scored tokens", code="E-TRAIN-DATA")
     if steps < 1 or micro_batch < 1 or accumulation < 1:
-        raise AnerRuntimeError("train: steps, micro_batch and accumulation must be at least 1",
-                               code="E-TRAIN-OPTIONS")
+        raise AnerRuntimeError(
+            "train: steps, micro_batch and accumulation must be at least 1", code="E-TRAIN-OPTIONS"
+        )
     if schedule not in SCHEDULES:
-        raise AnerRuntimeError(f"train: unknown schedule {schedule!r}; expected one of "
-                               f"{', '.join(SCHEDULES)}", code="E-TRAIN-OPTIONS")
+        raise AnerRuntimeError(
+            f"train: unknown schedule {schedule!r}; expected one of {', '.join(SCHEDULES)}",
+            code="E-TRAIN-OPTIONS",
+        )
     if validation is not None and validation.scored_tokens(tokenizer) == 0:
-        raise AnerRuntimeError("train: the validation set has no scored tokens",
-                               code="E-TRAIN-DATA")
+        raise AnerRuntimeError(
+            "train: the validation set has no scored tokens", code="E-TRAIN-DATA"
+        )
 
 
-def train(adapter: Any, data: Dataset, profile: Profile, steps: int = 10,
-          learning_rate: float = 2e-4, micro_batch: int = 1, accumulation: int = 1,
-          clip_norm: float | None = 1.0, seed: int = 0, weight_decay: float = 0.0,
-          warmup: int = 0, schedule: str = "constant", validation: Dataset | None = None,
-          eval_every: int = 0, checkpoints: str | None = None, checkpoint_every: int = 0,
-          log: str | None = None) -> Run:
+def train(
+    adapter: Any,
+    data: Dataset,
+    profile: Profile,
+    steps: int = 10,
+    learning_rate: float = 2e-4,
+    micro_batch: int = 1,
+    accumulation: int = 1,
+    clip_norm: float | None = 1.0,
+    seed: int = 0,
+    weight_decay: float = 0.0,
+    warmup: int = 0,
+    schedule: str = "constant",
+    validation: Dataset | None = None,
+    eval_every: int = 0,
+    checkpoints: str | None = None,
+    checkpoint_every: int = 0,
+    log: str | None = None,
+) -> Run:
     """Train `adapter` on `data` until it has done `steps` updates; see the module docstring."""
-    _validate_options(adapter.tokenizer, data, steps, micro_batch, accumulation, schedule, validation)
+    _validate_options(
+        adapter.tokenizer, data, steps, micro_batch, accumulation, schedule, validation
+    )
     device = adapter.device
     profile.validate(device)
     set_deterministic(device)
     kernel_identity = _apply_kernel(adapter, profile)
-    options = {"steps": steps, "learning_rate": learning_rate, "micro_batch": micro_batch,
-               "accumulation": accumulation, "clip_norm": clip_norm, "seed": seed,
-               "weight_decay": weight_decay, "warmup": warmup, "schedule": schedule}
+    options = {
+        "steps": steps,
+        "learning_rate": learning_rate,
+        "micro_batch": micro_batch,
+        "accumulation": accumulation,
+        "clip_norm": clip_norm,
+        "seed": seed,
+        "weight_decay": weight_decay,
+        "warmup": warmup,
+        "schedule": schedule,
+    }
     prev = adapter.state
-    opt = make_optimizer(profile.optimizer, adapter.params, profile.page_bytes,
-                         lr=learning_rate, weight_decay=weight_decay)
+    opt = make_optimizer(
+        profile.optimizer,
+        adapter.params,
+        profile.page_bytes,
+        lr=learning_rate,
+        weight_decay=weight_decay,
+    )
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     if prev is None:
         scaler = LossScaler(replace(profile.loss_scale))
-        counters = {"updates": 0, "applied": 0, "skipped_updates": 0, "retries": 0,
-                    "scored_tokens": 0, "loss_history": [], "validation_history": []}
+        counters = {
+            "updates": 0,
+            "applied": 0,
+            "skipped_updates": 0,
+            "retries": 0,
+            "scored_tokens": 0,
+            "loss_history": [],
+            "validation_history": [],
+        }
         cursor = Cursor(len(data), seed)
     else:
         opt.load_state_tensors(prev.tensors)
@@ -140,8 +184,9 @@ def train(adapter: Any, data: Dataset, profile: Profile, steps: int = 10,
             for attempt in range(scaler.state.max_retries + 1):
                 cursor.restore(mark)
                 adapter.train_mode(True)
-                loss, scored = _window(adapter, examples, cursor, micro_batch, accumulation, pad,
-                                       profile, scaler)
+                loss, scored = _window(
+                    adapter, examples, cursor, micro_batch, accumulation, pad, profile, scaler
+                )
                 grads = {n: p.grad for n, p in params if p.grad is not None}
                 overflow = scaler.unscale_(grads.values()) or not math.isfinite(loss)
                 scaler.update(overflow)
@@ -150,17 +195,23 @@ def train(adapter: Any, data: Dataset, profile: Profile, steps: int = 10,
                 counters["retries"] += attempt < scaler.state.max_retries
                 _zero_grads(params)
             k = counters["updates"]
-            event = {"update": k + 1, "loss": loss, "scored_tokens": scored,
-                     "loss_scale": scaler.state.scale, "skipped": overflow}
+            event = {
+                "update": k + 1,
+                "loss": loss,
+                "scored_tokens": scored,
+                "loss_scale": scaler.state.scale,
+                "skipped": overflow,
+            }
             if overflow:
                 counters["skipped_updates"] += 1
             else:
-                lr = learning_rate_at(counters["applied"], learning_rate, steps, warmup,
-                                      schedule)
+                lr = learning_rate_at(counters["applied"], learning_rate, steps, warmup, schedule)
                 if clip_norm is not None and clip_norm > 0:
-                    event["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(
-                        [p for _, p in params if p.grad is not None], clip_norm,
-                        foreach=False))
+                    event["grad_norm"] = float(
+                        torch.nn.utils.clip_grad_norm_(
+                            [p for _, p in params if p.grad is not None], clip_norm, foreach=False
+                        )
+                    )
                 opt.step(grads, lr=lr)
                 counters["applied"] += 1
                 counters["loss_history"].append(loss)
@@ -170,21 +221,26 @@ def train(adapter: Any, data: Dataset, profile: Profile, steps: int = 10,
             counters["updates"] = k + 1
             adapter.train_mode(False)
             done = counters["updates"] == steps
-            if validation is not None and (done or counters["updates"] == 1 or (
-                    eval_every and counters["updates"] % eval_every == 0)):
+            if validation is not None and (
+                done
+                or counters["updates"] == 1
+                or (eval_every and counters["updates"] % eval_every == 0)
+            ):
                 v = _mean_loss(adapter, validation, micro_batch, profile)
                 counters["validation_history"].append([counters["updates"], v])
                 event["validation_loss"] = v
-            adapter.state = _snapshot(adapter, opt, scaler, cursor, counters, profile, options,
-                                      kernel_identity, gen)
+            adapter.state = _snapshot(
+                adapter, opt, scaler, cursor, counters, profile, options, kernel_identity, gen
+            )
             if log_file:
                 log_file.write(json.dumps(event) + "\n")
                 log_file.flush()
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss:.4f}")
-            if checkpoints and (done or (checkpoint_every and
-                                         counters["updates"] % checkpoint_every == 0)):
+            if checkpoints and (
+                done or (checkpoint_every and counters["updates"] % checkpoint_every == 0)
+            ):
                 checkpoint.save(checkpoints, adapter.state)
     finally:
         adapter.train_mode(False)
@@ -194,20 +250,38 @@ def train(adapter: Any, data: Dataset, profile: Profile, steps: int = 10,
             bar.close()
     st = adapter.state
     c = st.meta["counters"]
-    return Run(adapter=adapter, profile=profile, loss_history=list(c["loss_history"]),
-               validation_history=[tuple(v) for v in c["validation_history"]],
-               scored_tokens=c["scored_tokens"], updates=c["updates"],
-               skipped_updates=c["skipped_updates"], retries=c["retries"],
-               loss_scale=scaler.state.scale, optimizer_report=opt.report(),
-               seconds=time.perf_counter() - start, log_path=log_path,
-               optimizer_bytes={"optimizer": opt.state_bytes(), "managed": opt.managed_bytes()})
+    return Run(
+        adapter=adapter,
+        profile=profile,
+        loss_history=list(c["loss_history"]),
+        validation_history=[tuple(v) for v in c["validation_history"]],
+        scored_tokens=c["scored_tokens"],
+        updates=c["updates"],
+        skipped_updates=c["skipped_updates"],
+        retries=c["retries"],
+        loss_scale=scaler.state.scale,
+        optimizer_report=opt.report(),
+        seconds=time.perf_counter() - start,
+        log_path=log_path,
+        optimizer_bytes={"optimizer": opt.state_bytes(), "managed": opt.managed_bytes()},
+    )
 
 
-def _window(adapter: Any, examples: tuple, cursor: Cursor, micro_batch: int, accumulation: int,
-            pad: int, profile: Profile, scaler: LossScaler) -> tuple[float, int]:
+def _window(
+    adapter: Any,
+    examples: tuple,
+    cursor: Cursor,
+    micro_batch: int,
+    accumulation: int,
+    pad: int,
+    profile: Profile,
+    scaler: LossScaler,
+) -> tuple[float, int]:
     """Forward/backward one accumulation window; returns (mean loss, scored tokens)."""
-    batches = [collate([examples[i] for i in cursor.take(micro_batch)], pad, adapter.device)
-               for _ in range(accumulation)]
+    batches = [
+        collate([examples[i] for i in cursor.take(micro_batch)], pad, adapter.device)
+        for _ in range(accumulation)
+    ]
     scored = sum(b.scored_tokens for b in batches)
     total = 0.0
     for batch in batches:
@@ -226,18 +300,36 @@ def _zero_grads(params: list[tuple[str, torch.Tensor]]) -> None:
         p.grad = None
 
 
-def _snapshot(adapter: Any, opt: Any, scaler: LossScaler, cursor: Cursor, counters: dict,
-              profile: Profile, options: dict, kernel_identity: str,
-              gen: torch.Generator) -> TrainState:
+def _snapshot(
+    adapter: Any,
+    opt: Any,
+    scaler: LossScaler,
+    cursor: Cursor,
+    counters: dict,
+    profile: Profile,
+    options: dict,
+    kernel_identity: str,
+    gen: torch.Generator,
+) -> TrainState:
     tensors = {f"adapter/{k}": v for k, v in adapter.tensors().items()}
     tensors.update(opt.state_tensors())
     tensors["rng/generator"] = gen.get_state().clone()
-    meta = {"format": STATE_FORMAT, "adapter": adapter.config, "profile": profile.to_json(),
-            "base": {"path": str(adapter.base.path), "storage": adapter.base.storage},
-            "kernel_identity": kernel_identity, "loss_scale": scaler.to_json(),
-            "data": {"seed": cursor.seed, "epoch": cursor.epoch, "position": cursor.position,
-                     "accumulation_offset": 0},
-            "counters": json.loads(json.dumps(counters)), "options": options}
+    meta = {
+        "format": STATE_FORMAT,
+        "adapter": adapter.config,
+        "profile": profile.to_json(),
+        "base": {"path": str(adapter.base.path), "storage": adapter.base.storage},
+        "kernel_identity": kernel_identity,
+        "loss_scale": scaler.to_json(),
+        "data": {
+            "seed": cursor.seed,
+            "epoch": cursor.epoch,
+            "position": cursor.position,
+            "accumulation_offset": 0,
+        },
+        "counters": json.loads(json.dumps(counters)),
+        "options": options,
+    }
     return TrainState(tensors, meta)
 
 
@@ -254,11 +346,16 @@ def _progress(total: int, done: int):
     if not sys.stderr.isatty():
         return None
     from tqdm import tqdm
+
     return tqdm(total=total, initial=done, desc="train", unit="update", leave=False)
 
 
-def train_builtin(ctx: Any, *, checkpoints: str | None = None, log: str | None = None,
-                  **kwargs: Any) -> Run:
+def train_builtin(
+    ctx: Any, *, checkpoints: str | None = None, log: str | None = None, **kwargs: Any
+) -> Run:
     """Builtin `train`: script-relative `checkpoints` and `log` paths, then `train`."""
-    return train(checkpoints=str(ctx.resolve_path(checkpoints)) if checkpoints else None,
-                 log=str(ctx.resolve_path(log)) if log else None, **kwargs)
+    return train(
+        checkpoints=str(ctx.resolve_path(checkpoints)) if checkpoints else None,
+        log=str(ctx.resolve_path(log)) if log else None,
+        **kwargs,
+    )

@@ -29,5 +29,8 @@ def require_fused() -> None:
     """Raise the user-facing error for ``kernel: fused`` where the kernels cannot run."""
     reason = unavailable_reason()
     if reason is not None:
-        raise AnerRuntimeError(f"kernel: fused needs a CUDA GPU with CuPy: {reason}", code="E-KERNEL-UNAVAILABLE",
-                               notes=("use kernel: host_tiled, or kernel: auto to pick host_tiled here",))
+        raise AnerRuntimeError(
+            f"kernel: fused needs a CUDA GPU with CuPy: {reason}",
+            code="E-KERNEL-UNAVAILABLE",
+            notes=("use kernel: host_tiled, or kernel: auto to pick host_tiled here",),
+        )

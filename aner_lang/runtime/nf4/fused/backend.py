@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 
 from aner_lang.errors import AnerRuntimeError
+from aner_lang.runtime.model.precision import compute_dtype
 from aner_lang.runtime.nf4.fused import compiler, ops
 from aner_lang.runtime.nf4.fused.availability import require_fused
 from aner_lang.runtime.nf4.quant import NF4Weight
-from aner_lang.runtime.model.precision import compute_dtype
 
 _PRECISION = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
@@ -25,10 +25,14 @@ def nf4_tensors(w: NF4Weight) -> ops.NF4Tensors:
     view = w.views.get("fused")
     if view is None or not view.points_at(w.packed, w.qabsmax, w.code2, w.absmax2, w.offset):
         if w.blocksize != 64:
-            raise AnerRuntimeError(f"fused NF4 kernels support blocksize 64, this weight has {w.blocksize}",
-                                   code="E-KERNEL-SHAPE", notes=("use kernel: host_tiled",))
-        view = w.views["fused"] = ops.NF4Tensors(w.packed, w.qabsmax, w.code2, w.absmax2, w.offset.reshape(1),
-                                                 w.shape[0], w.shape[1])
+            raise AnerRuntimeError(
+                f"fused NF4 kernels support blocksize 64, this weight has {w.blocksize}",
+                code="E-KERNEL-SHAPE",
+                notes=("use kernel: host_tiled",),
+            )
+        view = w.views["fused"] = ops.NF4Tensors(
+            w.packed, w.qabsmax, w.code2, w.absmax2, w.offset.reshape(1), w.shape[0], w.shape[1]
+        )
     return view
 
 

@@ -43,8 +43,11 @@ def module_identity(arch: str) -> str:
 def kernel_identity(arch: str, precision: str) -> str:
     """The identity string recorded in profiles and checkpoints for one precision profile."""
     if precision not in PRECISIONS:
-        raise AnerRuntimeError(f"fused kernels have no precision profile '{precision}'",
-                               code="E-KERNEL-PRECISION", notes=(f"expected one of {', '.join(PRECISIONS)}",))
+        raise AnerRuntimeError(
+            f"fused kernels have no precision profile '{precision}'",
+            code="E-KERNEL-PRECISION",
+            notes=(f"expected one of {', '.join(PRECISIONS)}",),
+        )
     return f"{module_identity(arch)} precision={precision}"
 
 
@@ -64,8 +67,11 @@ def compile_cubin(arch: str) -> bytes:
             nvrtc.compileProgram(prog, [*OPTIONS, f"--gpu-architecture={arch}"])
         except nvrtc.NVRTCError as exc:
             log = nvrtc.getProgramLog(prog)
-            raise AnerRuntimeError(f"NVRTC could not compile {SOURCE_NAME} for {arch}: {exc}",
-                                   code="E-KERNEL-COMPILE", notes=tuple(log.splitlines()[-20:])) from None
+            raise AnerRuntimeError(
+                f"NVRTC could not compile {SOURCE_NAME} for {arch}: {exc}",
+                code="E-KERNEL-COMPILE",
+                notes=tuple(log.splitlines()[-20:]),
+            ) from None
         return nvrtc.getCUBIN(prog)
     finally:
         nvrtc.destroyProgram(prog)
@@ -131,6 +137,7 @@ def load(device_index: int) -> CompiledModule:
         with cupy.cuda.Device(device_index):
             arch = target_arch(cupy.cuda.Device(device_index).compute_capability)  # e.g. "sm_90a"
             path = cubin_path(arch)
-            mod = _MODULES[device_index] = CompiledModule(arch, module_identity(arch), path,
-                                                          cupy.RawModule(path=str(path)), {})
+            mod = _MODULES[device_index] = CompiledModule(
+                arch, module_identity(arch), path, cupy.RawModule(path=str(path)), {}
+            )
     return mod

@@ -14,8 +14,11 @@ def function(name: str, argtypes: list) -> ctypes._CFuncPtr:
     try:
         fn = getattr(ctypes.CDLL("libcuda.so.1"), name)
     except (OSError, AttributeError) as exc:
-        raise AnerRuntimeError(f"the CUDA driver has no {name}: {exc}", code="E-KERNEL-UNAVAILABLE",
-                               notes=("TMA kernels need a CUDA 12+ driver",)) from None
+        raise AnerRuntimeError(
+            f"the CUDA driver has no {name}: {exc}",
+            code="E-KERNEL-UNAVAILABLE",
+            notes=("TMA kernels need a CUDA 12+ driver",),
+        ) from None
     fn.restype = ctypes.c_int
     fn.argtypes = argtypes
     return fn

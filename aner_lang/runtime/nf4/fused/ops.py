@@ -73,14 +73,14 @@ from __future__ import annotations
 import math
 from contextlib import nullcontext
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 import torch
 
 from aner_lang.errors import AnerRuntimeError
-from aner_lang.runtime.nf4.fused import compiler, programmatic, tensor_map
 from aner_lang.runtime.model.precision import matmul
+from aner_lang.runtime.nf4.fused import compiler, programmatic, tensor_map
 
 SMALL_MAX_TOKENS = 16
 _DT_NAME = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}
@@ -104,21 +104,30 @@ class NF4Tensors:
     def __post_init__(self) -> None:
         n, k = self.out_features, self.in_features
         if k % 64:
-            raise AnerRuntimeError(f"fused NF4 kernels need in_features % 64 == 0, got a {n}x{k} weight",
-                                   code="E-KERNEL-SHAPE", notes=("use kernel: host_tiled",))
+            raise AnerRuntimeError(
+                f"fused NF4 kernels need in_features % 64 == 0, got a {n}x{k} weight",
+                code="E-KERNEL-SHAPE",
+                notes=("use kernel: host_tiled",),
+            )
         for name in _POINTERS:
             t = getattr(self, name)
             if not t.is_cuda or not t.is_contiguous():
-                raise AnerRuntimeError(f"fused NF4 kernels need '{name}' as a contiguous CUDA tensor",
-                                       code="E-KERNEL-DEVICE")
+                raise AnerRuntimeError(
+                    f"fused NF4 kernels need '{name}' as a contiguous CUDA tensor",
+                    code="E-KERNEL-DEVICE",
+                )
         if self.packed.data_ptr() % 16:  # 16-byte loads and TMA copies
-            raise AnerRuntimeError(f"fused NF4 kernels need the packed bytes of the {n}x{k} weight 16-byte aligned",
-                                   code="E-KERNEL-DEVICE",
-                                   notes=("pass a tensor of its own, not a view into a buffer",))
+            raise AnerRuntimeError(
+                f"fused NF4 kernels need the packed bytes of the {n}x{k} weight 16-byte aligned",
+                code="E-KERNEL-DEVICE",
+                notes=("pass a tensor of its own, not a view into a buffer",),
+            )
         if self.packed.numel() != n * k // 2 or self.qabsmax.numel() != n * k // 64:
-            raise AnerRuntimeError(f"NF4 tensors do not match a {n}x{k} weight "
-                                   f"({self.packed.numel()} packed bytes, {self.qabsmax.numel()} absmax codes)",
-                                   code="E-KERNEL-SHAPE")
+            raise AnerRuntimeError(
+                f"NF4 tensors do not match a {n}x{k} weight "
+                f"({self.packed.numel()} packed bytes, {self.qabsmax.numel()} absmax codes)",
+                code="E-KERNEL-SHAPE",
+            )
         object.__setattr__(self, "_pointers", tuple(_ptr(getattr(self, p)) for p in _POINTERS))
 
     def args(self) -> list:
@@ -145,7 +154,7 @@ def _module(device: torch.device) -> compiler.CompiledModule:
     return compiler.load(_index(device))
 
 
-@lru_cache(maxsize=None)
+@cache
 def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
@@ -173,8 +182,15 @@ def _stream(index: int):
     return stream
 
 
-def _launch(device: torch.device, name: str, grid: tuple[int, ...], block: int, args: list,
-            shared_bytes: int = 0, overlapping: bool = False) -> None:
+def _launch(
+    device: torch.device,
+    name: str,
+    grid: tuple[int, ...],
+    block: int,
+    args: list,
+    shared_bytes: int = 0,
+    overlapping: bool = False,
+) -> None:
     """Launch kernel ``name`` on torch's current stream; ``overlapping`` (a kernel that starts with
     griddepcontrol.wait) lets its blocks be scheduled while the previous kernel finishes
     (programmatic.launch)."""
@@ -208,8 +224,9 @@ def _bucket(m: int) -> int:
 _BUFFERS: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 
 
-def dequantize(w: NF4Tensors, dtype: torch.dtype, *, rows: tuple[int, int] | None = None,
-               reuse: bool = False) -> torch.Tensor:
+def dequantize(
+    w: NF4Tensors, dtype: torch.dtype, *, rows: tuple[int, int] | None = None, reuse: bool = False
+) -> torch.Tensor:
     """The dense weight (rows ``[r0, r1)``, default all) as a [rows, K] ``dtype`` matrix. With
     ``reuse`` it lives in a per-device buffer that the next call overwrites (stream order makes
     that safe for the matmul that consumes it)."""
@@ -225,8 +242,13 @@ def dequantize(w: NF4Tensors, dtype: torch.dtype, *, rows: tuple[int, int] | Non
     else:
         out = torch.empty(n, dtype=dtype, device=device)
     threads = 256
-    _launch(device, f"nf4_dequant_{_DT_NAME[dtype]}", ((n // 32 + threads - 1) // threads,), threads,
-            [*w.args(), np.int64(r0 * k), np.int64(n), _ptr(out)])
+    _launch(
+        device,
+        f"nf4_dequant_{_DT_NAME[dtype]}",
+        ((n // 32 + threads - 1) // threads,),
+        threads,
+        [*w.args(), np.int64(r0 * k), np.int64(n), _ptr(out)],
+    )
     return out.view(r1 - r0, k)
 
 
@@ -262,7 +284,11 @@ def _uses_wgmma(m: int, dtype: torch.dtype, device: torch.device, n: int) -> boo
     128 tokens (one token tile), on weights with enough 128-row blocks to give about every
     multiprocessor one (the lm_head, wide MLP projections). Elsewhere its per-token-tile
     dequantization costs more than writing the dense weight once."""
-    if not (SMALL_MAX_TOKENS < m <= WGMMA_TILES[2] and dtype != torch.float32 and _module(device).has_wgmma):
+    if not (
+        SMALL_MAX_TOKENS < m <= WGMMA_TILES[2]
+        and dtype != torch.float32
+        and _module(device).has_wgmma
+    ):
         return False
     return -(-n // WGMMA_ROWS) >= 0.75 * _sm_count(_index(device))
 
@@ -270,14 +296,23 @@ def _uses_wgmma(m: int, dtype: torch.dtype, device: torch.device, n: int) -> boo
 def _wgmma_linear(x2: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype) -> torch.Tensor:
     m, n = x2.shape[0], w.out_features
     tile = wgmma_tile(m)
-    return _out16_or_32(x2, w, out_dtype, f"nf4_wgmma_fwd_{_DT_NAME[x2.dtype]}_m{tile}",
-                        (-(-n // WGMMA_ROWS), -(-m // tile)), 256, wgmma_smem_bytes(tile))
+    return _out16_or_32(
+        x2,
+        w,
+        out_dtype,
+        f"nf4_wgmma_fwd_{_DT_NAME[x2.dtype]}_m{tile}",
+        (-(-n // WGMMA_ROWS), -(-m // tile)),
+        256,
+        wgmma_smem_bytes(tile),
+    )
 
 
 # ---- many-token forward on Hopper, warp-specialized ---------------------------------------------
 
 WS_TILES = (64, 128)  # tokens per block of the warp-specialized kernel
-WS_MIN_K = 1024  # below this many input features, up to 32 tokens: the register-operand kernel's 32 tile
+WS_MIN_K = (
+    1024  # below this many input features, up to 32 tokens: the register-operand kernel's 32 tile
+)
 
 
 def ws_smem_bytes(tile: int) -> int:
@@ -307,21 +342,38 @@ def _uses_ws(m: int, dtype: torch.dtype, device: torch.device, n: int, k: int) -
 def _ws_linear(x2: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype) -> torch.Tensor:
     m, n = x2.shape[0], w.out_features
     tile = ws_tile(m)
-    return _out16_or_32(x2, w, out_dtype, f"nf4_ws_fwd_{_DT_NAME[x2.dtype]}_m{tile}",
-                        (-(-n // WGMMA_ROWS), -(-m // tile)), 512, ws_smem_bytes(tile))
+    return _out16_or_32(
+        x2,
+        w,
+        out_dtype,
+        f"nf4_ws_fwd_{_DT_NAME[x2.dtype]}_m{tile}",
+        (-(-n // WGMMA_ROWS), -(-m // tile)),
+        512,
+        ws_smem_bytes(tile),
+    )
 
 
 # ---- many-token forward on Hopper, TMA-fed -------------------------------------------------------
 
 # (tokens, weight rows, k-splits) per block, most work first (k-splits: a cluster of that many
 # blocks shares one tile's k-steps and adds their sums through distributed shared memory)
-TMA_KERNELS = ((256, 128, 1), (256, 128, 2), (256, 64, 1), (128, 128, 1), (128, 128, 2), (128, 64, 1))
+TMA_KERNELS = (
+    (256, 128, 1),
+    (256, 128, 2),
+    (256, 64, 1),
+    (128, 128, 1),
+    (128, 128, 2),
+    (128, 64, 1),
+)
 # Splitting k halves the x tiles each block reads for the same dequantization work per weight as
 # a 64-row block: on the H200 (2026-12-03, one run) 4096x14336 at 512 tokens 109.7 us against
 # 119.8 for 256 tokens x 64 rows, at 256 tokens 73.8 against 78.6 for 128 x 64; at K = 4096 it
 # tied or lost (4096x4096 at 512: 34.3 against 34.5, at 256: 24.7 against 23.6).
 TMA_SPLIT_MIN_K = 8192
-TMA_TOKENS = (64, 1024)  # M <= 1024 (past it cuBLAS on the dequantized weight wins); M <= 64: wide weights
+TMA_TOKENS = (
+    64,
+    1024,
+)  # M <= 1024 (past it cuBLAS on the dequantized weight wins); M <= 64: wide weights
 # A block takes about 0.5 us per 64-wide k-step, so few k-steps leave little to overlap: at K = 576
 # (9 steps, 49152x576) the warp-specialized GEMM won, and on small weights (SmolLM2's 576x1536)
 # dequantize + cuBLAS costs about 6 us in all. The wins measured were all at K >= 4096.
@@ -351,9 +403,13 @@ def tma_kernel(m: int, n: int, k: int, device: torch.device) -> tuple[int, int, 
     (64 to 768 tokens, one run) on 7, within 1% on 4096x4096 at 512 tokens, and not on 4096x4096
     at 768 (256 x 64: 64.4 us; 256 x 128, 96 blocks, just under the 0.75 per SM: 56.8)."""
     sms = _sm_count(_index(device))
-    shapes = [c for c in TMA_KERNELS if (c[0] == 128 or m > 128) and (c[2] == 1 or k >= TMA_SPLIT_MIN_K)]
-    return next((c for c in shapes if math.prod(_tma_grid(m, n, c)) >= 0.75 * sms),
-                max(shapes, key=lambda c: math.prod(_tma_grid(m, n, c))))
+    shapes = [
+        c for c in TMA_KERNELS if (c[0] == 128 or m > 128) and (c[2] == 1 or k >= TMA_SPLIT_MIN_K)
+    ]
+    return next(
+        (c for c in shapes if math.prod(_tma_grid(m, n, c)) >= 0.75 * sms),
+        max(shapes, key=lambda c: math.prod(_tma_grid(m, n, c))),
+    )
 
 
 def _uses_tma(m: int, dtype: torch.dtype, device: torch.device, n: int, k: int) -> bool:
@@ -365,29 +421,44 @@ def _uses_tma(m: int, dtype: torch.dtype, device: torch.device, n: int, k: int) 
       14336x4096 at 32 tokens 41.5-41.7 us against 44.4-44.7 for the warp-specialized one;
     * past 64 tokens, on a grid of at least 0.45 blocks per multiprocessor (4096x4096 at 128
       tokens, 64 blocks: 23 us against 28 for cuBLAS); smaller grids were not measured."""
-    if not (SMALL_MAX_TOKENS < m <= TMA_TOKENS[1] and k >= TMA_MIN_K and dtype != torch.float32
-            and _module(device).has_wgmma):
+    if not (
+        SMALL_MAX_TOKENS < m <= TMA_TOKENS[1]
+        and k >= TMA_MIN_K
+        and dtype != torch.float32
+        and _module(device).has_wgmma
+    ):
         return False
     if m <= TMA_TOKENS[0]:
         return _uses_wgmma(m, dtype, device, n)
-    return math.prod(_tma_grid(m, n, tma_kernel(m, n, k, device))) >= 0.45 * _sm_count(_index(device))
+    return math.prod(_tma_grid(m, n, tma_kernel(m, n, k, device))) >= 0.45 * _sm_count(
+        _index(device)
+    )
 
 
 def _tma_linear(x2: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype) -> torch.Tensor:
     m, k = x2.shape
     n = w.out_features
     tile, rows, splits = shape = tma_kernel(m, n, k, x2.device)
-    maps = (tensor_map.tiled_2d(x2.data_ptr(), 2, k, m, 64, tile, True),
-            tensor_map.tiled_2d(w.packed.data_ptr(), 1, k // 2, n, 32, rows, False))
+    maps = (
+        tensor_map.tiled_2d(x2.data_ptr(), 2, k, m, 64, tile, True),
+        tensor_map.tiled_2d(w.packed.data_ptr(), 1, k // 2, n, 32, rows, False),
+    )
     name = f"nf4_tma_fwd_{_DT_NAME[x2.dtype]}_m{tile}_r{rows}" + ("_k2" if splits == 2 else "")
-    return _out16_or_32(x2, w, out_dtype, name, _tma_grid(m, n, shape), 384, tma_smem_bytes(tile, rows), maps)
+    return _out16_or_32(
+        x2, w, out_dtype, name, _tma_grid(m, n, shape), 384, tma_smem_bytes(tile, rows), maps
+    )
 
 
 # ---- forward ---------------------------------------------------------------------------------
 
 
-def path(tokens: int, dtype: torch.dtype, device: torch.device | None = None, out_features: int = 0,
-         in_features: int = 0) -> str:
+def path(
+    tokens: int,
+    dtype: torch.dtype,
+    device: torch.device | None = None,
+    out_features: int = 0,
+    in_features: int = 0,
+) -> str:
     """Which implementation a forward with this many tokens takes (for reports and benchmarks);
     with a CUDA ``device`` and the weight's shape the many-token answer says which fused GEMM,
     if any, runs there."""
@@ -405,13 +476,20 @@ def path(tokens: int, dtype: torch.dtype, device: torch.device | None = None, ou
 def _matrix(t: torch.Tensor, w: NF4Tensors, width: int, what: str) -> torch.Tensor:
     """``t`` [..., width] checked against the weight and flattened to an aligned [rows, width]."""
     if t.dtype not in _DT_NAME:
-        raise AnerRuntimeError(f"fused NF4 kernels take float32, float16 or bfloat16 inputs, not {t.dtype}",
-                               code="E-KERNEL-DTYPE")
+        raise AnerRuntimeError(
+            f"fused NF4 kernels take float32, float16 or bfloat16 inputs, not {t.dtype}",
+            code="E-KERNEL-DTYPE",
+        )
     if t.device != w.packed.device:
-        raise AnerRuntimeError(f"{what} on {t.device} but the NF4 weight on {w.packed.device}", code="E-KERNEL-DEVICE")
+        raise AnerRuntimeError(
+            f"{what} on {t.device} but the NF4 weight on {w.packed.device}", code="E-KERNEL-DEVICE"
+        )
     if t.shape[-1] != width:
-        raise AnerRuntimeError(f"{what} has {t.shape[-1]} features, the {w.out_features}x{w.in_features} NF4 "
-                               f"weight needs {width}", code="E-KERNEL-SHAPE")
+        raise AnerRuntimeError(
+            f"{what} has {t.shape[-1]} features, the {w.out_features}x{w.in_features} NF4 "
+            f"weight needs {width}",
+            code="E-KERNEL-SHAPE",
+        )
     return _rows(t, width)
 
 
@@ -435,33 +513,72 @@ def linear(x: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype | None = None)
     if x.dtype == torch.float32:
         y = torch.empty(m, n, dtype=torch.float32, device=x.device)
         warps = 4
-        _launch(x.device, f"nf4_gemv_f32_m{_bucket(m)}", ((n + warps - 1) // warps,), 32 * warps,
-                [*w.args(), _ptr(x2), _ptr(y), np.int32(m), np.int32(n), np.int32(k)])
+        _launch(
+            x.device,
+            f"nf4_gemv_f32_m{_bucket(m)}",
+            ((n + warps - 1) // warps,),
+            32 * warps,
+            [*w.args(), _ptr(x2), _ptr(y), np.int32(m), np.int32(n), np.int32(k)],
+        )
         return y.to(out_dtype).view(*lead, n)
-    return _out16_or_32(x2, w, out_dtype, f"nf4_mma_fwd_{_DT_NAME[x.dtype]}_m{8 if m <= 8 else 16}",
-                        (-(-n // 16),), 256).view(*lead, n)
+    return _out16_or_32(
+        x2,
+        w,
+        out_dtype,
+        f"nf4_mma_fwd_{_DT_NAME[x.dtype]}_m{8 if m <= 8 else 16}",
+        (-(-n // 16),),
+        256,
+    ).view(*lead, n)
 
 
-def _out16_or_32(x2: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype, name: str, grid: tuple[int, ...],
-                 block: int, shared_bytes: int = 0, maps: tuple[np.ndarray, ...] = ()) -> torch.Tensor:
+def _out16_or_32(
+    x2: torch.Tensor,
+    w: NF4Tensors,
+    out_dtype: torch.dtype,
+    name: str,
+    grid: tuple[int, ...],
+    block: int,
+    shared_bytes: int = 0,
+    maps: tuple[np.ndarray, ...] = (),
+) -> torch.Tensor:
     """Launch a half-precision forward kernel that writes its fp32 accumulators either rounded to
     x's dtype (y16) or as they are (y32), whichever ``out_dtype`` asks for. A kernel given tensor
     ``maps`` (x's first) takes them ahead of the weight and reads x through them, not a pointer;
     those are the TMA GEMMs, which start with griddepcontrol.wait, so they are launched overlapping."""
     m, k = x2.shape
-    y = torch.empty(m, w.out_features, dtype=out_dtype if out_dtype == torch.float32 else x2.dtype, device=x2.device)
+    y = torch.empty(
+        m,
+        w.out_features,
+        dtype=out_dtype if out_dtype == torch.float32 else x2.dtype,
+        device=x2.device,
+    )
     f32, none = y.dtype == torch.float32, np.uint64(0)
     inputs = [*maps, *w.args()] if maps else [*w.args(), _ptr(x2)]
-    _launch(x2.device, name, grid, block, [*inputs, none if f32 else _ptr(y), _ptr(y) if f32 else none,
-                                           np.int32(m), np.int32(w.out_features), np.int32(k)], shared_bytes,
-            overlapping=bool(maps))
+    _launch(
+        x2.device,
+        name,
+        grid,
+        block,
+        [
+            *inputs,
+            none if f32 else _ptr(y),
+            _ptr(y) if f32 else none,
+            np.int32(m),
+            np.int32(w.out_features),
+            np.int32(k),
+        ],
+        shared_bytes,
+        overlapping=bool(maps),
+    )
     return y.to(out_dtype)
 
 
 # ---- backward to the input -------------------------------------------------------------------
 
 
-def grad_input(grad_y: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+def grad_input(
+    grad_y: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """dL/dx = grad_y @ W for grad_y [..., N], computed in grad_y's dtype with fp32 accumulation;
     the result has ``out_dtype`` (default grad_y's dtype)."""
     n, k = w.out_features, w.in_features
@@ -470,7 +587,9 @@ def grad_input(grad_y: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype | Non
     m = g2.shape[0]
     if m == 0:
         return grad_y.new_empty(*lead, k, dtype=out_dtype)
-    if m > SMALL_MAX_TOKENS or (n % 2 and grad_y.dtype != torch.float32):  # the mma kernel reads gy in pairs
+    if m > SMALL_MAX_TOKENS or (
+        n % 2 and grad_y.dtype != torch.float32
+    ):  # the mma kernel reads gy in pairs
         return _many_grad_input(g2, w, out_dtype).view(*lead, k)
     gx = torch.zeros(m, k, dtype=torch.float32, device=grad_y.device)
     sms = _sm_count(_index(grad_y.device))
@@ -478,14 +597,24 @@ def grad_input(grad_y: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype | Non
         threads = 128
         kblocks = (k // 8 + threads - 1) // threads
         rows = _split_rows(n, kblocks, sms, align=1)
-        _launch(grad_y.device, f"nf4_bwd_f32_m{_bucket(m)}", (kblocks, (n + rows - 1) // rows), threads,
-                [*w.args(), _ptr(g2), _ptr(gx), np.int32(m), np.int32(n), np.int32(k), np.int32(rows)])
+        _launch(
+            grad_y.device,
+            f"nf4_bwd_f32_m{_bucket(m)}",
+            (kblocks, (n + rows - 1) // rows),
+            threads,
+            [*w.args(), _ptr(g2), _ptr(gx), np.int32(m), np.int32(n), np.int32(k), np.int32(rows)],
+        )
         return gx.to(out_dtype).view(*lead, k)
     kblocks = (k + 255) // 256
     rows = _split_rows(n, kblocks, sms, align=64)
     mt = 8 if m <= 8 else 16
-    _launch(grad_y.device, f"nf4_mma_bwd_{_DT_NAME[grad_y.dtype]}_m{mt}", (kblocks, (n + rows - 1) // rows), 128,
-            [*w.args(), _ptr(g2), _ptr(gx), np.int32(m), np.int32(n), np.int32(k), np.int32(rows)])
+    _launch(
+        grad_y.device,
+        f"nf4_mma_bwd_{_DT_NAME[grad_y.dtype]}_m{mt}",
+        (kblocks, (n + rows - 1) // rows),
+        128,
+        [*w.args(), _ptr(g2), _ptr(gx), np.int32(m), np.int32(n), np.int32(k), np.int32(rows)],
+    )
     return gx.to(out_dtype).view(*lead, k)
 
 

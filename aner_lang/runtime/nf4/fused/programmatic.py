@@ -29,17 +29,32 @@ class _Attribute(ctypes.Structure):  # CUlaunchAttribute: id, padding to 8 bytes
 
 
 class _Config(ctypes.Structure):  # CUlaunchConfig
-    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("shared_bytes", ctypes.c_uint),
-                ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_Attribute)), ("num_attrs", ctypes.c_uint)]
+    _fields_ = [
+        ("grid", ctypes.c_uint * 3),
+        ("block", ctypes.c_uint * 3),
+        ("shared_bytes", ctypes.c_uint),
+        ("stream", ctypes.c_void_p),
+        ("attrs", ctypes.POINTER(_Attribute)),
+        ("num_attrs", ctypes.c_uint),
+    ]
 
 
 @lru_cache(maxsize=1)
 def _launch_kernel_ex():
-    return driver.function("cuLaunchKernelEx",
-                           [ctypes.POINTER(_Config), ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p])
+    return driver.function(
+        "cuLaunchKernelEx",
+        [
+            ctypes.POINTER(_Config),
+            ctypes.c_void_p,
+            ctypes.POINTER(ctypes.c_void_p),
+            ctypes.c_void_p,
+        ],
+    )
 
 
-def launch(function: int, grid: tuple[int, ...], block: int, shared_bytes: int, stream: int, args: list) -> None:
+def launch(
+    function: int, grid: tuple[int, ...], block: int, shared_bytes: int, stream: int, args: list
+) -> None:
     """Launch the CUfunction ``function`` on ``stream`` (raw handles) with programmatic stream
     serialization. ``args`` are the kernel's parameters as CuPy takes them: NumPy scalars and
     structured arrays (a tensor map), each passed by value."""
@@ -48,9 +63,18 @@ def launch(function: int, grid: tuple[int, ...], block: int, shared_bytes: int, 
     attr = _Attribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION)
     attr.value[0] = 1
     dims = (*grid, 1, 1)[:3]
-    config = _Config((ctypes.c_uint * 3)(*dims), (ctypes.c_uint * 3)(block, 1, 1), shared_bytes, stream,
-                     ctypes.pointer(attr), 1)
+    config = _Config(
+        (ctypes.c_uint * 3)(*dims),
+        (ctypes.c_uint * 3)(block, 1, 1),
+        shared_bytes,
+        stream,
+        ctypes.pointer(attr),
+        1,
+    )
     rc = _launch_kernel_ex()(ctypes.byref(config), function, params, None)
     if rc != 0:
-        raise AnerRuntimeError(f"cuLaunchKernelEx failed with CUDA error {rc} (grid {dims}, block {block}, "
-                               f"{shared_bytes} bytes of shared memory)", code="E-KERNEL-LAUNCH")
+        raise AnerRuntimeError(
+            f"cuLaunchKernelEx failed with CUDA error {rc} (grid {dims}, block {block}, "
+            f"{shared_bytes} bytes of shared memory)",
+            code="E-KERNEL-LAUNCH",
+        )

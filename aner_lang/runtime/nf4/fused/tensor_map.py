@@ -28,24 +28,58 @@ TENSOR_MAP = np.dtype({"names": ["bits"], "formats": [(np.uint64, (16,))], "item
 @lru_cache(maxsize=1)
 def _encode():
     u64p, u32p = ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint32)
-    return driver.function("cuTensorMapEncodeTiled",
-                           [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, u64p, u64p, u32p, u32p,
-                            ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int])
+    return driver.function(
+        "cuTensorMapEncodeTiled",
+        [
+            ctypes.c_void_p,
+            ctypes.c_int,
+            ctypes.c_uint32,
+            ctypes.c_void_p,
+            u64p,
+            u64p,
+            u32p,
+            u32p,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,
+        ],
+    )
 
 
 @lru_cache(maxsize=1024)
-def tiled_2d(address: int, elem_bytes: int, cols: int, rows: int, box_cols: int, box_rows: int,
-             swizzle_128b: bool) -> np.ndarray:
+def tiled_2d(
+    address: int,
+    elem_bytes: int,
+    cols: int,
+    rows: int,
+    box_cols: int,
+    box_rows: int,
+    swizzle_128b: bool,
+) -> np.ndarray:
     """The map of a row-major [rows, cols] matrix at ``address`` (rows packed, no padding), copied
     in boxes of [box_rows, box_cols]; reads past the matrix give zeros. ``swizzle_128b`` stores each
     box row's 16-byte chunks in the 128-byte swizzle a wgmma descriptor reads."""
     out = np.zeros(1, TENSOR_MAP)
-    rc = _encode()(out.ctypes.data, _DATA_TYPE[elem_bytes], 2, address,
-                   (ctypes.c_uint64 * 2)(cols, rows), (ctypes.c_uint64 * 1)(cols * elem_bytes),
-                   (ctypes.c_uint32 * 2)(box_cols, box_rows), (ctypes.c_uint32 * 2)(1, 1), _INTERLEAVE_NONE,
-                   _SWIZZLE_128B if swizzle_128b else _SWIZZLE_NONE, _L2_PROMOTION_256B, _OOB_FILL_ZERO)
+    rc = _encode()(
+        out.ctypes.data,
+        _DATA_TYPE[elem_bytes],
+        2,
+        address,
+        (ctypes.c_uint64 * 2)(cols, rows),
+        (ctypes.c_uint64 * 1)(cols * elem_bytes),
+        (ctypes.c_uint32 * 2)(box_cols, box_rows),
+        (ctypes.c_uint32 * 2)(1, 1),
+        _INTERLEAVE_NONE,
+        _SWIZZLE_128B if swizzle_128b else _SWIZZLE_NONE,
+        _L2_PROMOTION_256B,
+        _OOB_FILL_ZERO,
+    )
     if rc != 0:
-        raise AnerRuntimeError(f"cuTensorMapEncodeTiled failed with CUDA error {rc} for a {rows}x{cols} matrix "
-                               f"of {elem_bytes}-byte elements in {box_rows}x{box_cols} boxes", code="E-KERNEL-LAUNCH")
+        raise AnerRuntimeError(
+            f"cuTensorMapEncodeTiled failed with CUDA error {rc} for a {rows}x{cols} matrix "
+            f"of {elem_bytes}-byte elements in {box_rows}x{box_cols} boxes",
+            code="E-KERNEL-LAUNCH",
+        )
     out.flags.writeable = False
     return out

@@ -29,9 +29,14 @@ class AdamW:
 
     kind = "adamw"
 
-    def __init__(self, params: dict[str, torch.Tensor], lr: float = 1e-3,
-                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 1e-2) -> None:
+    def __init__(
+        self,
+        params: dict[str, torch.Tensor],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+    ) -> None:
         self.params = params
         self.lr, self.betas, self.eps, self.weight_decay = lr, betas, eps, weight_decay
         self.state: dict[str, AdamWState] = {}
@@ -42,8 +47,9 @@ class AdamW:
 
     def _state_for(self, name: str, p: torch.Tensor) -> AdamWState:
         if name not in self.state:
-            self.state[name] = AdamWState(self._zeros(p), self._zeros(p),
-                                          torch.tensor(0.0, dtype=torch.float32))
+            self.state[name] = AdamWState(
+                self._zeros(p), self._zeros(p), torch.tensor(0.0, dtype=torch.float32)
+            )
         return self.state[name]
 
     @torch.no_grad()
@@ -58,18 +64,25 @@ class AdamW:
             st = self._state_for(name, p)
             self._update(p, grad, st, lr, beta1, beta2)
 
-    def _update(self, p: torch.Tensor, grad: torch.Tensor, st: AdamWState, lr: float,
-                beta1: float, beta2: float) -> None:
+    def _update(
+        self,
+        p: torch.Tensor,
+        grad: torch.Tensor,
+        st: AdamWState,
+        lr: float,
+        beta1: float,
+        beta2: float,
+    ) -> None:
         # torch/optim/adam.py::_single_tensor_adam, decoupled_weight_decay=True, capturable=False
         st.step += 1
         p.mul_(1 - lr * self.weight_decay)
         st.exp_avg.lerp_(grad, 1 - beta1)
         st.exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
         step = st.step.item()
-        bias_correction1 = 1 - beta1 ** step
-        bias_correction2 = 1 - beta2 ** step
+        bias_correction1 = 1 - beta1**step
+        bias_correction2 = 1 - beta2**step
         step_size = lr / bias_correction1
-        bias_correction2_sqrt = bias_correction2 ** 0.5
+        bias_correction2_sqrt = bias_correction2**0.5
         denom = (st.exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(self.eps)
         p.addcdiv_(st.exp_avg, denom, value=-step_size)
 
@@ -103,5 +116,4 @@ class AdamW:
 
     def state_bytes(self) -> int:
         """Bytes of all optimizer moments."""
-        return sum(st.exp_avg.numel() * st.exp_avg.element_size() * 2
-                   for st in self.state.values())
+        return sum(st.exp_avg.numel() * st.exp_avg.element_size() * 2 for st in self.state.values())

@@ -30,8 +30,9 @@ class PagedAdamW(AdamW):
 
     kind = "paged_adamw"
 
-    def __init__(self, params: dict[str, torch.Tensor], page_bytes: int = 2 << 20,
-                 **kwargs: float) -> None:
+    def __init__(
+        self, params: dict[str, torch.Tensor], page_bytes: int = 2 << 20, **kwargs: float
+    ) -> None:
         super().__init__(params, **kwargs)
         self.page_bytes = page_bytes
         self.on_cuda = any(p.is_cuda for p in params.values())
@@ -49,10 +50,11 @@ class PagedAdamW(AdamW):
         try:
             import cupy
         except ImportError:
-            raise AnerRuntimeError("optimizer: paged_adamw on CUDA needs the Python package "
-                                   "'cupy' (managed memory)", code="E-PAGED-UNAVAILABLE",
-                                   notes=("install cupy-cuda12x/13x, or use optimizer: adamw",)
-                                   ) from None
+            raise AnerRuntimeError(
+                "optimizer: paged_adamw on CUDA needs the Python package 'cupy' (managed memory)",
+                code="E-PAGED-UNAVAILABLE",
+                notes=("install cupy-cuda12x/13x, or use optimizer: adamw",),
+            ) from None
         self._cp = cupy
         free, _total = torch.cuda.mem_get_info()
         self._cap = int(free * MANAGED_FRACTION)
@@ -65,8 +67,7 @@ class PagedAdamW(AdamW):
 
     def _zeros(self, p: torch.Tensor) -> torch.Tensor:
         nbytes = p.numel() * 4
-        if (not self.on_cuda or p.numel() < PAGE_MIN_ELEMENTS
-                or self._managed + nbytes > self._cap):
+        if not self.on_cuda or p.numel() < PAGE_MIN_ELEMENTS or self._managed + nbytes > self._cap:
             if self.on_cuda and p.numel() >= PAGE_MIN_ELEMENTS:
                 self._fallback += nbytes
             return torch.zeros_like(p)
@@ -79,8 +80,10 @@ class PagedAdamW(AdamW):
         # (DLPack would tag managed memory kDLCUDAManaged, which torch may refuse)
         t = torch.as_tensor(arr, device=torch.device("cuda", self._device))
         if t.data_ptr() != mem.ptr:
-            raise AnerRuntimeError("paged_adamw: torch copied the managed buffer instead of "
-                                   "viewing it", code="E-PAGED-UNAVAILABLE")
+            raise AnerRuntimeError(
+                "paged_adamw: torch copied the managed buffer instead of viewing it",
+                code="E-PAGED-UNAVAILABLE",
+            )
         self._buffers[t.data_ptr()] = (mem, arr)
         self._managed += nbytes
         return t
@@ -104,8 +107,15 @@ class PagedAdamW(AdamW):
             self._can_prefetch = False
             self._no_prefetch = f"; prefetch unavailable ({type(exc).__name__}: {exc})"
 
-    def _update(self, p: torch.Tensor, grad: torch.Tensor, st: AdamWState, lr: float,
-                beta1: float, beta2: float) -> None:
+    def _update(
+        self,
+        p: torch.Tensor,
+        grad: torch.Tensor,
+        st: AdamWState,
+        lr: float,
+        beta1: float,
+        beta2: float,
+    ) -> None:
         for t in (st.exp_avg, st.exp_avg_sq):
             self._prefetch(t, self._device if self.on_cuda else _CPU_DEVICE_ID)
         super()._update(p, grad, st, lr, beta1, beta2)
@@ -120,19 +130,24 @@ class PagedAdamW(AdamW):
         if not self.on_cuda:
             return "paged_adamw on CPU: no CUDA managed memory, plain AdamW"
         note = self._no_prefetch
-        spill = f"; {self._fallback} bytes past the cap kept as device memory" \
-            if self._fallback else ""
-        return (f"paged_adamw: {self._managed} bytes of moments in CUDA managed memory "
-                f"(cap {self._cap} bytes = {MANAGED_FRACTION:.0%} of free device memory), "
-                f"prefetch in {self.page_bytes}-byte pages{note}{spill}")
+        spill = (
+            f"; {self._fallback} bytes past the cap kept as device memory" if self._fallback else ""
+        )
+        return (
+            f"paged_adamw: {self._managed} bytes of moments in CUDA managed memory "
+            f"(cap {self._cap} bytes = {MANAGED_FRACTION:.0%} of free device memory), "
+            f"prefetch in {self.page_bytes}-byte pages{note}{spill}"
+        )
 
 
-def make_optimizer(kind: str, params: dict[str, torch.Tensor], page_bytes: int,
-                   **kwargs: float) -> AdamW:
+def make_optimizer(
+    kind: str, params: dict[str, torch.Tensor], page_bytes: int, **kwargs: float
+) -> AdamW:
     """The optimizer a profile names, over the adapter's fp32 masters."""
     if kind == "adamw":
         return AdamW(params, **kwargs)
     if kind == "paged_adamw":
         return PagedAdamW(params, page_bytes=page_bytes, **kwargs)
-    raise AnerRuntimeError(f"unknown optimizer {kind!r}; expected adamw or paged_adamw",
-                           code="E-OPTIMIZER")
+    raise AnerRuntimeError(
+        f"unknown optimizer {kind!r}; expected adamw or paged_adamw", code="E-OPTIMIZER"
+    )

@@ -1,0 +1,96 @@
+"""save_adapter / load_adapter: PEFT loads our adapters onto the HF model with our logits."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+
+from aner_lang.errors import AnerRuntimeError
+from aner_lang.runtime import adapters
+from aner_lang.runtime.adapters.files import load_adapter, save_adapter
+
+IDS = torch.tensor([[1, 5, 77, 300, 12, 9, 4000, 2]])
+_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "up_proj"]
+
+
+_MAKERS = {
+    "lora": lambda m: adapters.lora(m, rank=2, alpha=4.0, targets=_TARGETS, seed=1),
+    "lora_fa": lambda m: adapters.lora_fa(m, rank=2, alpha=3.0, targets=_TARGETS, seed=2),
+    "dora": lambda m: adapters.dora(m, rank=2, alpha=4.0, targets=_TARGETS, seed=3),
+    "tinylora": lambda m: adapters.tinylora(m, parameters=13, rank=2, targets=_TARGETS, seed=4),
+}
+
+
+@pytest.fixture(scope="module")
+def hf_tiny(tiny_gguf):
+    transformers = pytest.importorskip("transformers")
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        str(tiny_gguf.parent), gguf_file=tiny_gguf.name, dtype=torch.float32
+    ).eval()
+
+
+@pytest.mark.parametrize("method", sorted(_MAKERS))
+def test_peft_loads_our_adapter_with_our_logits(
+    trained_like, method, tiny_model, hf_tiny, tmp_path
+):
+    peft = pytest.importorskip("peft")
+    adapter = trained_like(_MAKERS[method](tiny_model))
+    want = adapter.forward(IDS)
+    assert (want - tiny_model.forward(IDS)).abs().max() > 1e-3
+    out = save_adapter(adapter, tmp_path / "a", format="peft")
+    assert sorted(p.name for p in out.iterdir()) == [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+    ]
+    model = peft.PeftModel.from_pretrained(copy.deepcopy(hf_tiny), str(out)).eval()
+    with torch.no_grad():
+        theirs = model(IDS).logits
+    torch.testing.assert_close(theirs, want, atol=1e-4, rtol=1e-4)
+    back = load_adapter(tiny_model, out)  # and our own reader of PEFT's format
+    torch.testing.assert_close(back.forward(IDS), want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("method", ["lora_fa", "tinylora", "full"])
+def test_safetensors_format_reloads_bit_for_bit(trained_like, method, tiny_model, tmp_path):
+    make = _MAKERS.get(method, adapters.full)
+    adapter = trained_like(make(tiny_model))
+    out = save_adapter(adapter, tmp_path / "a", format="safetensors")
+    back = load_adapter(tiny_model, out)
+    assert back.method == method and back.config == adapter.config
+    for k, v in adapter.tensors().items():
+        assert torch.equal(back.tensors()[k], v)
+    assert torch.equal(back.forward(IDS), adapter.forward(IDS))
+
+
+def test_bad_adapter_directories_are_refused(tiny_model, tmp_path):
+    with pytest.raises(AnerRuntimeError, match=r"neither adapter\.json nor adapter_config\.json"):
+        load_adapter(tiny_model, tmp_path)
+    with pytest.raises(AnerRuntimeError, match="no PEFT LoRA form"):
+        save_adapter(adapters.full(tiny_model), tmp_path / "f", format="peft")
+    with pytest.raises(AnerRuntimeError, match="unknown adapter format"):
+        save_adapter(_MAKERS["lora"](tiny_model), tmp_path / "f", format="onnx")
+    out = save_adapter(_MAKERS["lora"](tiny_model), tmp_path / "p", format="peft")
+    cfg = json.loads((out / "adapter_config.json").read_text())
+    (out / "adapter_config.json").write_text(json.dumps({**cfg, "peft_type": "IA3"}))
+    with pytest.raises(AnerRuntimeError, match="peft_type 'IA3' is not supported"):
+        load_adapter(tiny_model, out)
+    (out / "adapter_config.json").write_text(json.dumps({**cfg, "r": 3}))
+    with pytest.raises(AnerRuntimeError, match="missing or has the wrong shape"):
+        load_adapter(tiny_model, out)
+    (out / "adapter_model.safetensors").write_bytes(b"garbage")
+    with pytest.raises(AnerRuntimeError, match=r"adapter_model\.safetensors cannot be read"):
+        load_adapter(tiny_model, out)
+
+
+def test_safetensors_adapter_refuses_another_base(tiny_model, tmp_path):
+    from aner_lang.runtime.load.loader import load_model
+    from aner_lang.testing.fixture import write_fixture
+
+    out = save_adapter(_MAKERS["lora"](tiny_model), tmp_path / "a", format="safetensors")
+    other = load_model(write_fixture(tmp_path / "other.gguf", "tiny", seed=9), "float32", "cpu")
+    with pytest.raises(AnerRuntimeError, match="different base model") as e:
+        load_adapter(other, out)
+    assert e.value.code == "E-ADAPTER-BASE"

@@ -1,0 +1,98 @@
+"""The fused kernels' source, identity and caches, checked where no GPU is needed.
+
+NVRTC compiles for a named architecture without a GPU, so a broken kernel source fails here, on
+any machine with CuPy's NVRTC, before device time is spent. On a machine without CUDA,
+``kernel: fused`` must fail with one clear error.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from aner_lang.errors import AnerRuntimeError
+from aner_lang.runtime.nf4.fused import compiler
+
+torch = pytest.importorskip("torch")
+
+
+def test_identity_names_source_options_arch_and_precision() -> None:
+    ident = compiler.kernel_identity("sm_90", "bfloat16")
+    assert f"src=sha256:{compiler.source_sha256()}" in ident
+    assert "arch=sm_90" in ident and "precision=bfloat16" in ident and "--std=c++17" in ident
+    assert compiler.kernel_identity("sm_90", "float32") != ident
+    with pytest.raises(AnerRuntimeError, match="no precision profile 'tf32'"):
+        compiler.kernel_identity("sm_90", "tf32")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cupy_backends") is None, reason="needs CuPy's NVRTC")
+def test_source_compiles_for_hopper_and_is_cached_on_disk(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("ANER_KERNEL_CACHE", str(tmp_path))
+    try:
+        path = compiler.cubin_path("sm_90")
+    except OSError as exc:  # CuPy present but no NVRTC library on this machine
+        pytest.skip(f"NVRTC not loadable: {exc}")
+    cubin = path.read_bytes()
+    assert cubin[:4] == b"\x7fELF" and path.parent == tmp_path
+    for name in (
+        "nf4_dequant_bf16",
+        "nf4_gemv_f32_m16",
+        "nf4_mma_fwd_bf16_m16",
+        "nf4_mma_bwd_f16_m8",
+        "nf4_wgmma_fwd_bf16_m128",
+    ):
+        assert name.encode() in cubin
+    monkeypatch.setattr(
+        compiler, "compile_cubin", lambda arch: pytest.fail("recompiled despite the disk cache")
+    )
+    assert compiler.cubin_path("sm_90") == path
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without CUDA")
+def test_fused_without_cuda_is_a_clear_error() -> None:
+    from aner_lang.runtime.nf4.fused.availability import require_fused, unavailable_reason
+
+    assert "no CUDA GPU" in unavailable_reason()
+    with pytest.raises(AnerRuntimeError, match="kernel: fused needs a CUDA GPU") as err:
+        require_fused()
+    assert err.value.code == "E-KERNEL-UNAVAILABLE"
+
+
+def _nvrtc_check():
+    """tools/nvrtc_check.py (a script, not a package module), loaded by path."""
+    path = Path(__file__).resolve().parents[4] / "tools" / "nvrtc_check.py"
+    spec = importlib.util.spec_from_file_location("nvrtc_check", path)
+    module = sys.modules.setdefault("nvrtc_check", importlib.util.module_from_spec(spec))
+    spec.loader.exec_module(module)  # registered first: its dataclasses look their module up
+    return module
+
+
+def test_kernels_build_for_hopper_without_spills_or_serialized_wgmma() -> None:
+    """Compiled as on the GPU machine (sm_90a, ptxas -v) with the pip NVRTC: every kernel builds,
+    none spills registers, and ptxas keeps the wgmma pipeline asynchronous (an earlier version
+    whose second unrolled step ran under an `if` had all its wgmmas serialized, which shows only
+    as a C75xx note). Other architectures build too, with the wgmma kernels empty."""
+    check = _nvrtc_check()
+    lib = check.library()
+    if lib is None:
+        pytest.skip("nvidia-cuda-nvrtc is not installed")
+    report = check.compile_report(lib, "sm_90a")
+    assert report.ok, report.log[-3000:]
+    assert {
+        "nf4_dequant_bf16",
+        "nf4_mma_fwd_bf16_m16",
+        "nf4_mma_bwd_f16_m8",
+        "nf4_wgmma_fwd_bf16_m128",
+        "nf4_wgmma_fwd_f16_m256",
+        "nf4_ws_fwd_bf16_m128",
+        "nf4_ws_fwd_f16_m64",
+        "nf4_tma_fwd_bf16_m256_r64",
+        "nf4_tma_fwd_f16_m128_r128",
+        "nf4_tma_fwd_bf16_m256_r128_k2",
+    } <= set(report.registers)
+    assert report.serialized == []
+    assert {k: v for k, v in report.spills.items() if v} == {}
+    assert check.compile_report(lib, "sm_80").ok

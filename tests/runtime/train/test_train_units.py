@@ -1,0 +1,153 @@
+"""AdamW, loss scaling and profile rules against torch's own implementations, and the overflow
+path of the trainer on the tiny fixture model."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from aner_lang.errors import AnerRuntimeError
+from aner_lang.runtime import adapters as A
+from aner_lang.runtime.tasks.data import from_texts
+from aner_lang.runtime.train.loss_scale import LossScaler
+from aner_lang.runtime.train.optim import AdamW, make_optimizer
+from aner_lang.runtime.train.profile import Profile, dynamic, fixed, profile
+from aner_lang.runtime.train.schedule import learning_rate_at
+from aner_lang.runtime.train.trainer import train
+
+
+def test_adamw_is_bit_identical_to_torch_adamw():
+    gen = torch.Generator().manual_seed(0)
+    start = {"a": torch.randn(7, 5, generator=gen), "b": torch.randn(11, generator=gen)}
+    ours = {k: v.clone() for k, v in start.items()}
+    theirs = [v.clone().requires_grad_(True) for v in start.values()]
+    opt = AdamW(ours, lr=3e-3, weight_decay=0.1)
+    ref = torch.optim.AdamW(theirs, lr=3e-3, weight_decay=0.1, foreach=False)
+    for step in range(6):
+        grads = [torch.randn(v.shape, generator=gen) for v in start.values()]
+        for p, g in zip(theirs, grads):
+            p.grad = g.clone()
+        ref.step()
+        opt.step(dict(zip(ours, grads)))
+        for p, q in zip(ours.values(), theirs):
+            assert torch.equal(p, q.detach()), step
+    for name, p in zip(ours, theirs):
+        assert torch.equal(opt.state[name].exp_avg, ref.state[p]["exp_avg"])
+        assert torch.equal(opt.state[name].step, ref.state[p]["step"])
+
+
+def test_paged_adamw_on_cpu_is_plain_adamw_and_says_so():
+    opt = make_optimizer("paged_adamw", {"w": torch.zeros(3)}, page_bytes=1 << 21)
+    assert opt.managed_bytes() == 0 and "plain AdamW" in opt.report()
+
+
+def test_loss_scaler_follows_grad_scaler():
+    ours = LossScaler(dynamic(initial=8.0, growth_interval=2, max_retries=0))
+    ref = torch.amp.GradScaler("cpu", init_scale=8.0, growth_interval=2)
+    p = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.SGD([p], lr=0.0)
+    for inf in (False, False, True, False, False, False):
+        ref_loss = ref.scale((p * (float("inf") if inf else 1.0)).sum())
+        ref_loss.backward()
+        ref.step(opt)
+        ref.update()
+        g = torch.full((3,), float("inf") if inf else ours.state.scale)
+        found = ours.unscale_([g])
+        ours.update(found)
+        assert found == inf
+        assert ours.state.scale == ref.get_scale()
+        assert ours.state.growth_tracker == ref.state_dict()["_growth_tracker"]
+        opt.zero_grad()
+
+
+def test_fixed_scale_never_changes():
+    s = LossScaler(fixed(4.0))
+    s.update(True)
+    s.update(False)
+    assert s.state.scale == 4.0 and s.state.overflows == 1
+
+
+def test_profile_rules():
+    assert Profile("float16").loss_scale.kind == "dynamic"
+    assert Profile("bfloat16").loss_scale.kind == "none"
+    with pytest.raises(AnerRuntimeError, match="unknown precision"):
+        Profile("float8")
+    if not torch.cuda.is_available():
+        with pytest.raises(AnerRuntimeError, match="fused needs a CUDA GPU"):
+            profile(kernel="fused")
+    with pytest.raises(AnerRuntimeError, match="fused needs a CUDA GPU"):
+        Profile(kernel="fused").validate(torch.device("cpu"))
+    assert Profile().resolved_kernel(torch.device("cpu")) == "host_tiled"
+
+
+def test_full_rejects_nf4_and_adapters_reject_bad_arguments(tiny_model):
+    with pytest.raises(AnerRuntimeError, match="dense base"):
+        A.full(SimpleNamespace(storage="nf4_double_quant"))
+    with pytest.raises(AnerRuntimeError, match="rank must be at least 1"):
+        A.lora(tiny_model, rank=0)
+    with pytest.raises(AnerRuntimeError, match="unknown adapter target"):
+        A.lora(tiny_model, rank=2, targets=["qproj"])
+
+
+def test_schedule():
+    assert [learning_rate_at(k, 1.0, 4, 2, "linear") for k in range(4)] == [0.5, 1.0, 1.0, 0.5]
+    assert learning_rate_at(3, 1.0, 4, 0, "cosine") == pytest.approx(0.5 * (1 + (-(0.5**0.5))))
+
+
+def test_overflow_retries_then_skips_and_state_is_kept(tiny_model):
+    data = from_texts(["a tiny model learns these words"], context=16)
+    a = A.lora(tiny_model, rank=2, alpha=4.0, targets=["q_proj", "v_proj"], seed=1)
+    before = {k: v.clone() for k, v in a.params.items()}
+    # a scale of 1e39 is inf in fp32: every window overflows, retries, backs off, is skipped
+    prof = Profile(
+        loss_scale=dynamic(initial=3e38, growth_interval=1, backoff_factor=0.5, max_retries=2)
+    )
+    prof.loss_scale.scale = float("inf")
+    run = train(a, data, prof, steps=2, learning_rate=1e-2)
+    assert run.skipped_updates == 2 and run.retries == 4 and run.loss_history == []
+    assert all(torch.equal(before[k], v) for k, v in a.params.items())
+    assert "optim/step/layers.0.self_attn.q_proj.lora_A" not in a.state.tensors
+    # a finite scale: updates apply, the scale grows every good update (growth_interval 1)
+    b = A.lora(tiny_model, rank=2, alpha=4.0, seed=1)
+    run = train(
+        b,
+        data,
+        Profile(loss_scale=dynamic(initial=2.0, growth_interval=1)),
+        steps=3,
+        learning_rate=1e-2,
+    )
+    assert run.skipped_updates == 0 and run.loss_scale == 16.0
+    assert b.state.meta["loss_scale"]["growth_tracker"] == 0
+
+
+METHODS = {
+    "lora": lambda m: A.lora(m, rank=2, alpha=4.0, dropout=0.1, seed=3),
+    "lora_fa": lambda m: A.lora_fa(m, rank=2, alpha=4.0, seed=3),
+    "dora": lambda m: A.dora(m, rank=2, alpha=4.0, seed=3),
+    "tinylora": lambda m: A.tinylora(m, parameters=13, rank=2, seed=3),
+    "tinylora_per_module": lambda m: A.tinylora(m, parameters=3, sharing="per_module"),
+    "full": A.full,
+}
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_every_method_trains_and_resumes_bit_identically(tiny_model, method, precision):
+    data = from_texts(["a tiny model learns these words", "and these other words too"], context=16)
+    prof = Profile(precision)
+    opts = {"learning_rate": 1e-2, "micro_batch": 1, "accumulation": 2, "seed": 2}
+    ids = torch.tensor([[1, 2, 3, 4]])
+    before = tiny_model.forward(ids).detach()
+    straight = METHODS[method](tiny_model)
+    run = train(straight, data, prof, steps=2, **opts)
+    assert torch.equal(tiny_model.forward(ids), before)  # the shared base is untouched
+    assert run.skipped_updates == 0 and run.loss_history[1] != run.loss_history[0]
+    half = METHODS[method](tiny_model)
+    train(half, data, prof, steps=1, **opts)
+    resumed = A.adapter_from_state(tiny_model, half.state)
+    train(resumed, data, prof, steps=2, **opts)
+    a, b = straight.state.to_tensors(), resumed.state.to_tensors()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert straight.state.to_json()["counters"] == resumed.state.to_json()["counters"]
