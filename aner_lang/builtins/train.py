@@ -8,6 +8,7 @@ model (fused without CUDA, full on an NF4 base) are checked at run time with a c
 
 from __future__ import annotations
 
+from aner_lang.architectures import all_targets
 from aner_lang.builtins.model import overloads_for
 from aner_lang.builtins.spec import (
     Builtin,
@@ -60,11 +61,8 @@ KERNEL = EnumDecl(
 )
 TARGET = EnumDecl(
     "Target",
-    tuple(
-        Member(t, f"the {t} projection of every layer")
-        for t in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-    ),
-    doc="A projection an adapter changes.",
+    tuple(Member(p.target, p.doc) for p in all_targets()),
+    doc="A projection an adapter changes (the names of `aner_lang.architectures`).",
     category=_CATEGORY,
 )
 SHARING = EnumDecl(

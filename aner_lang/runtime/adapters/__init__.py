@@ -10,13 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 from aner_lang.errors import AnerRuntimeError
-from aner_lang.runtime.adapters.base import TARGETS, Adapter
+from aner_lang.runtime.adapters.base import Adapter
 from aner_lang.runtime.adapters.full import Full
 from aner_lang.runtime.adapters.lora import DoRA, LoRA, LoRAFA
 from aner_lang.runtime.adapters.tinylora import TinyLoRA
 
 __all__ = [
-    "TARGETS",
     "Adapter",
     "adapter_from_config",
     "adapter_from_state",

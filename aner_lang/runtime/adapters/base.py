@@ -20,25 +20,24 @@ from torch import nn
 from aner_lang.errors import AnerRuntimeError
 from aner_lang.runtime.io.host_copy import host_copies
 
-TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-_ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
-
 
 def target_modules(model: Any, targets: list[str]) -> list[tuple[str, nn.Module]]:
-    """`(name, FrozenLinear)` of every targeted projection, in model order (layer, then kind)."""
-    unknown = [t for t in targets if t not in TARGETS]
+    """`(name, FrozenLinear)` of every targeted projection, in model order (layer, then the
+    architecture table's projection order). Target names are the model's architecture's."""
+    arch = model.architecture
+    unknown = [t for t in targets if t not in arch.targets]
     if unknown or not targets:
         raise AnerRuntimeError(
-            f"unknown adapter target(s) {unknown or '[]'}; expected some of {', '.join(TARGETS)}",
+            f"unknown adapter target(s) {unknown or '[]'} for a {arch.name} model; expected some "
+            f"of {', '.join(arch.targets)}",
             code="E-ADAPTER-TARGET",
         )
-    out = []
-    for i, layer in enumerate(model.module.layers):
-        for t in TARGETS:
-            if t in targets:
-                block, owner = ("self_attn", layer.self_attn) if t in _ATTN else ("mlp", layer.mlp)
-                out.append((f"layers.{i}.{block}.{t}", getattr(owner, t)))
-    return out
+    return [
+        (p.module(i), model.module.get_submodule(p.module(i)))
+        for i in range(model.config.num_hidden_layers)
+        for p in arch.projections
+        if p.target in targets
+    ]
 
 
 class Adapter:

@@ -189,7 +189,9 @@ def _load_aner(model: Any, directory: Path) -> Any:
 
 
 def _load_peft(model: Any, directory: Path) -> Any:
-    from aner_lang.runtime.adapters import TARGETS, dora, lora
+    from aner_lang.runtime.adapters import dora, lora
+
+    known = model.architecture.targets
 
     cfg = _read_json(directory, PEFT_CONFIG)
     if cfg.get("peft_type") != "LORA":
@@ -205,13 +207,13 @@ def _load_peft(model: Any, directory: Path) -> Any:
         raise _fail(directory, "fan_in_fan_out and LoRA biases are not supported", "E-ADAPTER-PEFT")
     targets = cfg.get("target_modules") or []
     targets = [targets] if isinstance(targets, str) else list(targets)
-    unknown = [t for t in targets if t not in TARGETS]
+    unknown = [t for t in targets if t not in known]
     if unknown:
         raise _fail(
             directory,
-            f"target modules {unknown} are not Llama projections",
+            f"target modules {unknown} are not projections of this {model.architecture.name} model",
             "E-ADAPTER-PEFT",
-            f"supported: {', '.join(TARGETS)}",
+            f"supported: {', '.join(known)}",
         )
     rank, alpha = int(cfg["r"]), float(cfg["lora_alpha"])
     if cfg.get("use_rslora"):  # scaling alpha / sqrt(r) == (alpha * sqrt(r)) / r
@@ -222,7 +224,7 @@ def _load_peft(model: Any, directory: Path) -> Any:
         rank=rank,
         alpha=alpha,
         dropout=float(cfg.get("lora_dropout", 0.0)),
-        targets=[t for t in TARGETS if t in targets],
+        targets=[t for t in known if t in targets],
     )
     ours = {}
     back = {v: k for k, v in _PEFT_SUFFIX.items()}

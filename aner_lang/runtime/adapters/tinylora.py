@@ -16,17 +16,6 @@ import torch.nn.functional as F
 
 from aner_lang.runtime.adapters.base import Adapter, target_modules
 
-# GGUF tensor per projection, and whether llama.cpp permuted its rows (q/k: by head count)
-_GGUF = {
-    "q_proj": ("attn_q", "num_attention_heads"),
-    "k_proj": ("attn_k", "num_key_value_heads"),
-    "v_proj": ("attn_v", None),
-    "o_proj": ("attn_output", None),
-    "gate_proj": ("ffn_gate", None),
-    "up_proj": ("ffn_up", None),
-    "down_proj": ("ffn_down", None),
-}
-
 
 def _unquantized_weights(model, targets) -> list[torch.Tensor]:
     """fp32 target weights before any NF4 quantization (re-read from the GGUF file if needed)."""
@@ -37,10 +26,10 @@ def _unquantized_weights(model, targets) -> list[torch.Tensor]:
     gguf = GGUFFile(model.path)
     out = []
     for name, m in targets:
-        layer, kind = name.split(".")[1], name.split(".")[-1]
-        gname, heads = _GGUF[kind]
-        w = gguf.tensor(f"blk.{layer}.{gname}.weight", (m.out_features, m.in_features))
-        out.append(unpermute_rows(w, getattr(model.config, heads)) if heads else w)
+        layer, kind = int(name.split(".")[1]), name.split(".")[-1]
+        p = model.architecture.projection(kind)
+        w = gguf.tensor(p.gguf_tensor(layer), (m.out_features, m.in_features))
+        out.append(unpermute_rows(w, getattr(model.config, p.rope_heads)) if p.rope_heads else w)
     return out
 
 

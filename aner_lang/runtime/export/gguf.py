@@ -15,41 +15,32 @@ from typing import Any
 import numpy as np
 import torch
 
+from aner_lang.architectures import Norm
 from aner_lang.errors import AnerRuntimeError
 from aner_lang.runtime.io.gguf import permute_rows
 
 DTYPES = {"f16": np.float16, "f32": np.float32}
 _FILE_TYPE = {"f32": 0, "f16": 1}  # llama.cpp's LLAMA_FTYPE_ALL_F32 / MOSTLY_F16
 _SKIPPED_KEYS = ("GGUF.", "general.file_type", "general.quantization_version")
-_PROJ_NAMES = {
-    "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output",
-    "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
-}
 
 
 def _gguf_tensors(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
-    """(GGUF name, HF-layout fp32 tensor) for every tensor of a Llama model."""
-    m, c = model.module, model.config
-    yield "token_embd.weight", m.embed_tokens.dense_weight()
-    for i, layer in enumerate(m.layers):
-        for hf, gg in _PROJ_NAMES.items():
-            owner, proj = hf.split(".")
-            w = getattr(getattr(layer, owner), proj).dense_weight()
-            if gg == "attn_q":
-                w = permute_rows(w, c.num_attention_heads)
-            elif gg == "attn_k":
-                w = permute_rows(w, c.num_key_value_heads)
-            yield f"blk.{i}.{gg}.weight", w
-        yield f"blk.{i}.attn_norm.weight", layer.input_layernorm.weight
-        yield f"blk.{i}.ffn_norm.weight", layer.post_attention_layernorm.weight
-    yield "output_norm.weight", m.norm.weight
+    """(GGUF name, fp32 tensor in the file's layout) for every weight, as the model's
+    architecture table names and permutes them."""
+    m, c, arch = model.module, model.config, model.architecture
+    yield arch.embedding, m.embed_tokens.dense_weight()
+    for i in range(c.num_hidden_layers):
+        for part in arch.layer_order():
+            if isinstance(part, Norm):
+                yield part.gguf_tensor(i), m.get_submodule(f"layers.{i}.{part.module}").weight
+                continue
+            w = m.get_submodule(part.module(i)).dense_weight()
+            if part.rope_heads:
+                w = permute_rows(w, int(getattr(c, part.rope_heads)))
+            yield part.gguf_tensor(i), w
+    yield arch.output_norm, m.norm.weight
     if m.lm_head is not m.embed_tokens:
-        yield "output.weight", m.lm_head.dense_weight()
+        yield arch.output, m.lm_head.dense_weight()
 
 
 def _copy_metadata(writer: Any, source: Path) -> Any:
@@ -91,7 +82,7 @@ def export_gguf(model: Any, path: str | Path, dtype: str = "f16") -> Path:
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
-    writer = gguf.GGUFWriter(str(tmp), "llama")
+    writer = gguf.GGUFWriter(str(tmp), model.architecture.gguf_architectures[0])
     source = _copy_metadata(writer, Path(model.path))
     writer.add_file_type(_FILE_TYPE[dtype])
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
@@ -100,7 +91,7 @@ def export_gguf(model: Any, path: str | Path, dtype: str = "f16") -> Path:
             data = t.detach().float().cpu().numpy()
             writer.add_tensor(name, data if data.ndim == 1 else data.astype(DTYPES[dtype]))
         for t in source.tensors:
-            if t.name == "rope_freqs.weight":
+            if t.name == model.architecture.rope_freqs:
                 writer.add_tensor(t.name, np.array(t.data, dtype=np.float32))
         writer.write_header_to_file()
         writer.write_kv_data_to_file()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import struct
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -18,6 +18,7 @@ import torch
 from aner_lang.errors import AnerRuntimeError
 
 GGUF_MAGIC = b"GGUF"
+T = TypeVar("T", torch.Tensor, np.ndarray)
 # Smallest possible encodings, used to bound header counts by the file size before reading.
 _MIN_KV_BYTES = 8 + 1 + 4 + 1  # key length, 1-char key, value type, 1-byte value
 _MIN_TENSOR_INFO_BYTES = 8 + 1 + 4 + 8 + 4 + 8  # name length, name, n_dims, 1 dim, type, offset
@@ -152,26 +153,19 @@ class GGUFFile:
         return torch.from_numpy(array.reshape(shape)).to(dtype)
 
 
-def unpermute_rows(weight: torch.Tensor, n_head: int) -> torch.Tensor:
+def unpermute_rows(weight: T, n_head: int) -> T:
     """Undo llama.cpp's q/k row permutation (interleaved-pair RoPE -> HF rotate_half layout).
 
-    GGUF row h*D + 2i + j holds HF row h*D + j*D/2 + i (research/training.md section 9).
+    GGUF row h*D + 2i + j holds HF row h*D + j*D/2 + i (research/training.md section 9). Works on
+    torch tensors and numpy arrays alike (the fixture writer permutes numpy weights).
     """
     out = weight.shape[0]
-    return (
-        weight.reshape(n_head, out // n_head // 2, 2, *weight.shape[1:])
-        .transpose(1, 2)
-        .reshape(weight.shape)
-        .contiguous()
-    )
+    pairs = weight.reshape(n_head, out // n_head // 2, 2, *weight.shape[1:])
+    return pairs.swapaxes(1, 2).reshape(weight.shape)  # type: ignore[return-value]
 
 
-def permute_rows(weight: torch.Tensor, n_head: int) -> torch.Tensor:
+def permute_rows(weight: T, n_head: int) -> T:
     """llama.cpp's conversion permutation (HF layout -> GGUF), the inverse of `unpermute_rows`."""
     out = weight.shape[0]
-    return (
-        weight.reshape(n_head, 2, out // n_head // 2, *weight.shape[1:])
-        .transpose(1, 2)
-        .reshape(weight.shape)
-        .contiguous()
-    )
+    halves = weight.reshape(n_head, 2, out // n_head // 2, *weight.shape[1:])
+    return halves.swapaxes(1, 2).reshape(weight.shape)  # type: ignore[return-value]

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from aner_lang.architectures import ARCHITECTURES
 from aner_lang.errors import AnerRuntimeError
 from aner_lang.runtime.io.gguf import GGUFFile, unpermute_rows
 from aner_lang.runtime.io.packages import package_file
@@ -35,46 +36,39 @@ DEVICES = ("cpu", "cuda", "auto")
 
 
 def build_llama(gguf: GGUFFile, config: LlamaConfig, storage: str) -> LlamaModel:
-    """Construct the module from a GGUF file's tensors, validating every shape."""
+    """Construct the module from a GGUF file's tensors (named and laid out as the model's
+    architecture table says), validating every shape."""
     dense_storage = "float16" if storage == "float16" else "float32"
     c = config
-    q_out, kv_out = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+    arch = ARCHITECTURES[c.architecture]
 
-    def linear(name: str, shape: tuple[int, int], heads: int = 0) -> DenseLinear:
+    def linear(name: str, shape: tuple[int, int], heads_field: str | None = None) -> DenseLinear:
         w = gguf.tensor(name, shape)
-        if heads:
-            w = unpermute_rows(w, heads)
+        if heads_field:
+            w = unpermute_rows(w, int(getattr(c, heads_field)))
         return DenseLinear(w, dense_storage)
 
     def norm(name: str) -> RMSNorm:
         return RMSNorm(gguf.tensor(name, (c.hidden_size,)), c.rms_norm_eps)
 
-    embed = linear("token_embd.weight", (c.vocab_size, c.hidden_size))
+    def block(i: int, kind: str) -> dict[str, DenseLinear]:
+        return {
+            p.target: linear(p.gguf_tensor(i), c.dims(p.shape), p.rope_heads)
+            for p in arch.projections
+            if p.block == kind
+        }
+
+    embed = linear(arch.embedding, (c.vocab_size, c.hidden_size))
     layers = []
     for i in range(c.num_hidden_layers):
-        p = f"blk.{i}."
-        attn = LlamaAttention(
-            c,
-            linear(p + "attn_q.weight", (q_out, c.hidden_size), c.num_attention_heads),
-            linear(p + "attn_k.weight", (kv_out, c.hidden_size), c.num_key_value_heads),
-            linear(p + "attn_v.weight", (kv_out, c.hidden_size)),
-            linear(p + "attn_output.weight", (c.hidden_size, q_out)),
-        )
-        mlp = LlamaMLP(
-            linear(p + "ffn_gate.weight", (c.intermediate_size, c.hidden_size)),
-            linear(p + "ffn_up.weight", (c.intermediate_size, c.hidden_size)),
-            linear(p + "ffn_down.weight", (c.hidden_size, c.intermediate_size)),
-        )
-        layers.append(
-            LlamaDecoderLayer(attn, mlp, norm(p + "attn_norm.weight"), norm(p + "ffn_norm.weight"))
-        )
-    lm_head = (
-        embed if c.tie_word_embeddings else linear("output.weight", (c.vocab_size, c.hidden_size))
-    )
+        attn_norm, mlp_norm = (norm(n.gguf_tensor(i)) for n in arch.norms)
+        attn = LlamaAttention(c, **block(i, "self_attn"))
+        layers.append(LlamaDecoderLayer(attn, LlamaMLP(**block(i, "mlp")), attn_norm, mlp_norm))
+    lm_head = embed if c.tie_word_embeddings else linear(arch.output, (c.vocab_size, c.hidden_size))
     freq_factors = None
-    if gguf.has_tensor("rope_freqs.weight"):
-        freq_factors = gguf.tensor("rope_freqs.weight", (c.head_dim // 2,))
-    return LlamaModel(c, embed, layers, norm("output_norm.weight"), lm_head, freq_factors)
+    if gguf.has_tensor(arch.rope_freqs):
+        freq_factors = gguf.tensor(arch.rope_freqs, (c.head_dim // 2,))
+    return LlamaModel(c, embed, layers, norm(arch.output_norm), lm_head, freq_factors)
 
 
 def resolve_device(device: str) -> torch.device:

@@ -5,12 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from aner_lang.architectures import ARCHITECTURES, for_gguf
 from aner_lang.errors import AnerRuntimeError
 
 if TYPE_CHECKING:
     from aner_lang.runtime.io.gguf import GGUFFile
-
-SUPPORTED_ARCHITECTURES = ("llama",)
 
 
 @dataclass(frozen=True)
@@ -28,15 +27,31 @@ class LlamaConfig:
     rope_theta: float = 10000.0
     max_position_embeddings: int = 2048
     tie_word_embeddings: bool = True
+    architecture: str = "llama"
+    """The key of this model's table in `aner_lang.architectures.ARCHITECTURES`."""
+
+    @property
+    def q_size(self) -> int:
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_key_value_heads * self.head_dim
+
+    def dims(self, fields: tuple[str, str]) -> tuple[int, int]:
+        """A weight's ``[out, in]`` shape from the config fields an architecture table names."""
+        return int(getattr(self, fields[0])), int(getattr(self, fields[1]))
 
 
 def config_from_gguf(gguf: GGUFFile) -> LlamaConfig:
-    """The model's hyper-parameters (HF config names); raises for non-Llama architectures."""
+    """The model's hyper-parameters (HF config names); raises for an architecture without a
+    table in `aner_lang.architectures`."""
     arch = gguf.architecture
-    if arch not in SUPPORTED_ARCHITECTURES:
+    table = for_gguf(arch)
+    if table is None:
+        known = ", ".join(a for t in ARCHITECTURES.values() for a in t.gguf_architectures)
         raise AnerRuntimeError(
-            f"{gguf.path}: unsupported model architecture {arch!r}: Aner loads "
-            f"{', '.join(SUPPORTED_ARCHITECTURES)} GGUF files",
+            f"{gguf.path}: unsupported model architecture {arch!r}: Aner loads {known} GGUF files",
             code="E-GGUF-ARCH",
         )
     p = f"{arch}."
@@ -63,5 +78,6 @@ def config_from_gguf(gguf: GGUFFile) -> LlamaConfig:
         rms_norm_eps=float(gguf.metadata.get(p + "attention.layer_norm_rms_epsilon", 1e-5)),
         rope_theta=float(gguf.metadata.get(p + "rope.freq_base", 10000.0)),
         max_position_embeddings=int(gguf.metadata.get(p + "context_length", 2048)),
-        tie_word_embeddings=not gguf.has_tensor("output.weight"),
+        tie_word_embeddings=not gguf.has_tensor(table.output),
+        architecture=table.name,
     )

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from aner_lang.architectures import ARCHITECTURES, Architecture
 from aner_lang.runtime.model.config import LlamaConfig
 from aner_lang.runtime.model.tokenizer import Tokenizer
 from aner_lang.runtime.model.transformer import KVCache, LlamaModel, RMSNorm
@@ -28,6 +29,11 @@ class LoadedModel:
     storage: str
     device: torch.device
     metadata: dict[str, Any]
+
+    @property
+    def architecture(self) -> Architecture:
+        """The table of facts about this model's tensors (names, permutations, targets)."""
+        return ARCHITECTURES[self.config.architecture]
 
     @property
     def base(self) -> LoadedModel:
