@@ -46,3 +46,9 @@ class Registry:
 def registry() -> Registry:
     """The process-wide registry, built once from every declaration module."""
     return Registry([importlib.import_module(m).DECLARATIONS for m in _MODULES])
+
+
+def members(enum: str) -> tuple[str, ...]:
+    """The member names of builtin enum `enum`: the runtime validates Python-API arguments
+    (storage, precision, kernel, ...) against these, so each enum is spelled once."""
+    return tuple(m.name for m in registry().enums[enum].members)

@@ -133,6 +133,12 @@ RUN = TypeDecl(
         Field("optimizer_report", "String", "where the optimizer moments live"),
         Field("tokens_per_second", "Float", "scored tokens per second of this call"),
         Field("log_path", "String?", "the JSON-lines event log, one event per update"),
+        Field(
+            "kernel_identity",
+            "String",
+            "what the numbers depend on: NF4 kernel (name, source sha256, arithmetic), torch, "
+            "device; a resumed run must match it",
+        ),
     ),
     category=_CATEGORY,
 )

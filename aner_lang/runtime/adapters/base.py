@@ -12,16 +12,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
 
 from aner_lang.errors import AnerRuntimeError
 from aner_lang.runtime.io.host_copy import host_copies
+from aner_lang.runtime.model.linear import FrozenLinear
 
 
-def target_modules(model: Any, targets: list[str]) -> list[tuple[str, nn.Module]]:
+def target_modules(model: Any, targets: list[str]) -> list[tuple[str, FrozenLinear]]:
     """`(name, FrozenLinear)` of every targeted projection, in model order (layer, then the
     architecture table's projection order). Target names are the model's architecture's."""
     arch = model.architecture
@@ -33,7 +34,7 @@ def target_modules(model: Any, targets: list[str]) -> list[tuple[str, nn.Module]
             code="E-ADAPTER-TARGET",
         )
     return [
-        (p.module(i), model.module.get_submodule(p.module(i)))
+        (p.module(i), cast(FrozenLinear, model.module.get_submodule(p.module(i))))
         for i in range(model.config.num_hidden_layers)
         for p in arch.projections
         if p.target in targets
@@ -54,7 +55,7 @@ class Adapter:
         self.config = config
         self.params: dict[str, torch.Tensor] = {}
         self.frozen: dict[str, torch.Tensor] = {}
-        self.targets: list[tuple[str, nn.Module]] = []
+        self.targets: list[tuple[str, FrozenLinear]] = []
         self.training = False
         self.state: Any = None  # trainer.TrainState once trained
         self.dropout_generator: torch.Generator | None = None

@@ -1,24 +1,34 @@
-"""NF4 matmul backends and the one autograd Function that dispatches to them.
+"""NF4 matmul backends, which one a computation uses, and the autograd Function over them.
 
 A backend computes `linear(x, w) = x @ W^T` and `grad_input(grad_y, w) = grad_y @ W` for an
-`NF4Weight`; nothing else. The frozen base has no weight gradient, so the autograd Function saves
-no activations at all: backward needs only the packed weight. `host_tiled` (pure torch, CPU and
-CUDA) is built in; `fused` (NVRTC CUDA kernels) is loaded on first use so that machines without
-CuPy never import it.
+`NF4Weight`, and names itself with an identity string (what a checkpoint records). The frozen
+base has no weight gradient, so the autograd Function saves no activations at all: backward needs
+only the packed weight. `host_tiled` (pure torch, CPU and CUDA) is built in; `fused` (NVRTC CUDA
+kernels) is loaded on first use so that machines without CuPy never import it.
+
+Which backend runs is never state of the (shared) base model. `resolve_kernel` is the one rule
+turning a profile's `kernel` into a backend name for a device; a run enters `using_backend` for
+its duration, and every NF4 matmul inside takes that backend (`active_backend`). Outside any run
+(generation, evaluation) the rule's `auto` applies. So two adapters of one base, trained with
+different kernels, never see each other's choice.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from functools import cache
 from typing import Protocol
 
 import torch
 
+from aner_lang.builtins import members
 from aner_lang.errors import AnerRuntimeError
 from aner_lang.runtime.nf4 import host_tiled
 from aner_lang.runtime.nf4.quant import NF4Weight
 
-KERNELS = ("host_tiled", "fused", "auto")
+KERNELS = members("Kernel")
 
 
 class NF4Backend(Protocol):
@@ -29,6 +39,11 @@ class NF4Backend(Protocol):
     def linear(self, x: torch.Tensor, w: NF4Weight) -> torch.Tensor: ...
 
     def grad_input(self, grad_y: torch.Tensor, w: NF4Weight) -> torch.Tensor: ...
+
+    def identity(self, device: torch.device, dtype: torch.dtype) -> str:
+        """What produced a result bit for bit: the kernel's name and version, its source or
+        options, and the compute dtype of ``dtype`` inputs on ``device``."""
+        ...
 
 
 class HostTiled:
@@ -45,18 +60,33 @@ class HostTiled:
     def grad_input(self, grad_y: torch.Tensor, w: NF4Weight) -> torch.Tensor:
         return host_tiled.grad_input(grad_y, w, self.tile_bytes)
 
+    def identity(self, device: torch.device, dtype: torch.dtype) -> str:
+        # The tile size is part of it: it sets the shapes of the matmuls the tiles go through.
+        compute = str(dtype).removeprefix("torch.")
+        return f"aner.nf4.host_tiled/1;tile_bytes={self.tile_bytes};compute={compute}"
 
-def resolve_kernel(kernel: str) -> str:
-    """`auto` picks fused where CUDA kernels can run, host_tiled elsewhere; fused fails clearly."""
+
+def resolve_kernel(kernel: str, device: torch.device) -> str:
+    """The backend name `kernel` means on `device`: `auto` is fused on a CUDA device where the
+    kernels can run (CUDA visible and CuPy installed) and host_tiled everywhere else; `fused`
+    where it cannot run is a clear error, never a silent fallback."""
     from aner_lang.runtime.nf4.fused.availability import require_fused, unavailable_reason
 
     if kernel not in KERNELS:
         raise AnerRuntimeError(
-            f"unknown NF4 kernel {kernel!r}; expected one of {KERNELS}", code="E-KERNEL-UNKNOWN"
+            f"unknown NF4 kernel {kernel!r}; expected one of {', '.join(KERNELS)}",
+            code="E-KERNEL-UNKNOWN",
         )
     if kernel == "auto":
-        return "fused" if unavailable_reason() is None else "host_tiled"
+        fused_runs = device.type == "cuda" and unavailable_reason() is None
+        return "fused" if fused_runs else "host_tiled"
     if kernel == "fused":
+        if device.type != "cuda":
+            raise AnerRuntimeError(
+                f"kernel: fused needs a CUDA GPU, but this model is on {device.type}",
+                code="E-KERNEL-UNAVAILABLE",
+                notes=("use kernel: host_tiled, or kernel: auto to pick host_tiled here",),
+            )
         require_fused()
     return kernel
 
@@ -72,6 +102,25 @@ def get_backend(kernel: str, tile_bytes: int = host_tiled.DEFAULT_TILE_BYTES) ->
 
         return FusedBackend()
     raise AnerRuntimeError(f"no NF4 backend named {kernel!r}", code="E-KERNEL-UNKNOWN")
+
+
+_ACTIVE: ContextVar[NF4Backend | None] = ContextVar("aner_nf4_backend", default=None)
+
+
+@contextmanager
+def using_backend(backend: NF4Backend) -> Iterator[None]:
+    """Every NF4 matmul in this context (of this thread or task) runs on `backend`."""
+    token = _ACTIVE.set(backend)
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)
+
+
+def active_backend(device: torch.device) -> NF4Backend:
+    """The backend of the enclosing `using_backend`, else what `auto` means on `device`."""
+    backend = _ACTIVE.get()
+    return backend if backend is not None else get_backend(resolve_kernel("auto", device))
 
 
 class NF4Matmul(torch.autograd.Function):

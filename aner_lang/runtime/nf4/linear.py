@@ -1,9 +1,9 @@
 """`NF4Linear`: a frozen weight stored as double-quantized NF4 (the QLoRA base).
 
 The packed tensors are registered as buffers so `.to(device)` moves them and they never appear
-among parameters (nothing here is trainable). Which kernel computes the matmul is an attribute
-(`kernel`), set by the trainer from the profile, so one quantized model serves host_tiled and
-fused runs alike.
+among parameters (nothing here is trainable). Which kernel computes the matmul is not the
+module's business: it asks `active_backend` (the run's backend, see `backends`), so one quantized
+base serves host_tiled and fused runs alike, at once.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 
 from aner_lang.runtime.model.linear import FrozenLinear
 from aner_lang.runtime.nf4 import host_tiled
-from aner_lang.runtime.nf4.backends import get_backend, nf4_matmul
+from aner_lang.runtime.nf4.backends import active_backend, nf4_matmul
 from aner_lang.runtime.nf4.quant import NF4Weight, dequantize_nf4, quantize_nf4
 
 _PARTS = ("packed", "qabsmax", "absmax2", "code2", "offset")
@@ -23,23 +23,16 @@ class NF4Linear(FrozenLinear):
 
     storage = "nf4_double_quant"
 
-    def __init__(
-        self,
-        weight: NF4Weight,
-        kernel: str = "host_tiled",
-        tile_bytes: int = host_tiled.DEFAULT_TILE_BYTES,
-    ) -> None:
+    def __init__(self, weight: NF4Weight) -> None:
         super().__init__(weight.shape[1], weight.shape[0])
         for part in _PARTS:
             self.register_buffer(part, getattr(weight, part))
         self.blocksize = weight.blocksize
-        self.kernel = kernel
-        self.tile_bytes = tile_bytes
         self._nf4: NF4Weight | None = None
 
     @classmethod
-    def from_dense(cls, weight: torch.Tensor, **kwargs) -> NF4Linear:
-        return cls(quantize_nf4(weight), **kwargs)
+    def from_dense(cls, weight: torch.Tensor) -> NF4Linear:
+        return cls(quantize_nf4(weight))
 
     @property
     def weight_nf4(self) -> NF4Weight:
@@ -55,7 +48,7 @@ class NF4Linear(FrozenLinear):
         return w
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return nf4_matmul(x, self.weight_nf4, get_backend(self.kernel, self.tile_bytes))
+        return nf4_matmul(x, self.weight_nf4, active_backend(x.device))
 
     def dense_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return dequantize_nf4(self.weight_nf4, dtype)

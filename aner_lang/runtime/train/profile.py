@@ -4,6 +4,7 @@ A `Profile` is what `profile(...)` returns in a script. Its static rules (ranges
 are registry constraints the checker applies to literals; `Profile.validate(model)` applies the
 rules that need the machine or the model (fused without CUDA, float16 where autocast cannot run,
 managed memory budget) before the first batch, so a bad profile never costs a training run.
+The kernel a profile means on a device is `nf4.backends.resolve_kernel`'s one rule.
 """
 
 from __future__ import annotations
@@ -12,13 +13,20 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from aner_lang.builtins import members
 from aner_lang.errors import AnerRuntimeError
 from aner_lang.runtime.model.precision import DTYPES
+from aner_lang.runtime.nf4.backends import (
+    KERNELS,
+    HostTiled,
+    NF4Backend,
+    get_backend,
+    resolve_kernel,
+)
 from aner_lang.runtime.train.loss_scale import LossScaleState
 
-PRECISIONS = ("float32", "float16", "bfloat16")
-OPTIMIZERS = ("adamw", "paged_adamw")
-KERNELS = ("host_tiled", "fused", "auto")
+PRECISIONS = members("Precision")
+OPTIMIZERS = members("Optimizer")
 
 
 def check_precision_supported(precision: str, device: torch.device) -> None:
@@ -105,19 +113,17 @@ class Profile:
             self.loss_scale = dynamic() if self.precision == "float16" else LossScaleState("none")
 
     def resolved_kernel(self, device: torch.device) -> str:
-        """`auto` means fused on CUDA and host_tiled elsewhere."""
-        if self.kernel == "auto":
-            return "fused" if device.type == "cuda" else "host_tiled"
-        return self.kernel
+        """The NF4 kernel this profile runs on `device` (`backends.resolve_kernel`'s rule)."""
+        return resolve_kernel(self.kernel, device)
+
+    def backend(self, device: torch.device) -> NF4Backend:
+        """The NF4 backend a run with this profile enters (`backends.using_backend`)."""
+        kernel = self.resolved_kernel(device)
+        return HostTiled(self.dequant_tile_bytes) if kernel == "host_tiled" else get_backend(kernel)
 
     def validate(self, device: torch.device) -> None:
         """Rules that need the machine: raise a clear error before training starts."""
-        if self.kernel == "fused" and device.type != "cuda":
-            raise AnerRuntimeError(
-                f"profile: kernel: fused needs a CUDA GPU, but this model is on {device.type}",
-                code="E-PROFILE-FUSED",
-                notes=("use kernel: host_tiled or kernel: auto",),
-            )
+        self.resolved_kernel(device)
         check_precision_supported(self.precision, device)
         if self.memory_budget is not None and device.type == "cuda":
             free, _ = torch.cuda.mem_get_info()
@@ -156,10 +162,6 @@ def profile(
 ) -> Profile:
     """Builtin `profile`: construct and check what can be checked without a model."""
     p = Profile(precision, optimizer, kernel, page_bytes, loss_scale, memory_budget)
-    if kernel == "fused" and not torch.cuda.is_available():
-        raise AnerRuntimeError(
-            "profile: kernel: fused needs a CUDA GPU and none is available",
-            code="E-PROFILE-FUSED",
-            notes=("use kernel: host_tiled or kernel: auto",),
-        )
+    if kernel == "fused":  # fails here, before any model loads, where no GPU can run it
+        resolve_kernel(kernel, torch.device("cuda"))
     return p

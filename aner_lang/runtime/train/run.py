@@ -24,6 +24,7 @@ class Run:
     optimizer_report: str
     seconds: float
     log_path: str | None
+    kernel_identity: str
     optimizer_bytes: dict[str, int] = field(default_factory=dict)
 
     @property

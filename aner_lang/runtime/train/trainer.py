@@ -24,7 +24,8 @@ from typing import Any
 import torch
 
 from aner_lang.errors import AnerRuntimeError
-from aner_lang.runtime.model.precision import autocast
+from aner_lang.runtime.model.precision import DTYPES, autocast
+from aner_lang.runtime.nf4.backends import NF4Backend, using_backend
 from aner_lang.runtime.tasks.data import Dataset, collate, token_loss_sum
 from aner_lang.runtime.train import checkpoint
 from aner_lang.runtime.train.loss_scale import LossScaler
@@ -63,18 +64,32 @@ def _mean_loss(adapter: Any, data: Dataset, micro_batch: int, profile: Profile) 
     return total / max(count, 1)
 
 
-def _apply_kernel(adapter: Any, profile: Profile) -> str:
-    """Point every NF4 module at the profile's kernel; return the kernel identity string."""
-    kernel = profile.resolved_kernel(adapter.device)
-    idents = set()
-    for m in adapter.base.module.modules():
-        if hasattr(m, "kernel") and hasattr(m, "dense_weight"):
-            m.kernel = kernel
-            if hasattr(m, "tile_bytes"):
-                m.tile_bytes = profile.dequant_tile_bytes
-            idents.add(str(getattr(m, "kernel_identity", kernel)))
-    torch_id = f"torch={torch.__version__};device={adapter.device.type};fp32-masters"
-    return ";".join(sorted(idents) + [torch_id]) if idents else torch_id
+def run_identity(adapter: Any, profile: Profile, backend: NF4Backend) -> str:
+    """What a run's numbers depend on besides its inputs: the NF4 kernel's identity (or the dense
+    base's), torch, the device, fp32 masters. Recorded in every state and checkpoint; continuing
+    a state under a different identity would not be bit-identical, so `train` refuses it."""
+    device = adapter.device
+    base = adapter.base.module
+    dtype = DTYPES[profile.precision]
+    nf4 = any(getattr(m, "storage", None) == "nf4_double_quant" for m in base.modules())
+    kernel = backend.identity(device, dtype) if nf4 else f"aner.dense/1;compute={profile.precision}"
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    return f"{kernel};torch={torch.__version__};device={where};masters=float32"
+
+
+def _require_same_kernel(prev: TrainState, identity: str) -> None:
+    recorded = prev.meta.get("kernel_identity")
+    if recorded != identity:
+        raise AnerRuntimeError(
+            "train: this adapter's training state was produced by a different kernel, so "
+            "continuing it here would not be bit-identical to an uninterrupted run",
+            code="E-CKPT-KERNEL",
+            notes=(
+                f"recorded: {recorded}",
+                f"now:      {identity}",
+                "continue with the profile and machine the state was trained with",
+            ),
+        )
 
 
 def _validate_options(
@@ -129,7 +144,8 @@ def train(
     device = adapter.device
     profile.validate(device)
     set_deterministic(device)
-    kernel_identity = _apply_kernel(adapter, profile)
+    backend = profile.backend(device)
+    kernel_identity = run_identity(adapter, profile, backend)
     options = {
         "steps": steps,
         "learning_rate": learning_rate,
@@ -142,6 +158,8 @@ def train(
         "schedule": schedule,
     }
     prev = adapter.state
+    if prev is not None:
+        _require_same_kernel(prev, kernel_identity)
     opt = make_optimizer(
         profile.optimizer,
         adapter.params,
@@ -178,70 +196,85 @@ def train(
     params = list(adapter.params.items())
     examples = data.examples(adapter.tokenizer)
     start = time.perf_counter()
+    if log_file:
+        _write_event(
+            log_file,
+            {
+                "event": "start",
+                "kernel_identity": kernel_identity,
+                "profile": profile.to_json(),
+                "options": options,
+            },
+        )
     try:
-        while counters["updates"] < steps:
-            mark = cursor.mark()
-            for attempt in range(scaler.state.max_retries + 1):
-                cursor.restore(mark)
-                adapter.train_mode(True)
-                loss, scored = _window(
-                    adapter, examples, cursor, micro_batch, accumulation, pad, profile, scaler
-                )
-                grads = {n: p.grad for n, p in params if p.grad is not None}
-                overflow = scaler.unscale_(grads.values()) or not math.isfinite(loss)
-                scaler.update(overflow)
-                if not overflow:
-                    break
-                counters["retries"] += attempt < scaler.state.max_retries
-                _zero_grads(params)
-            k = counters["updates"]
-            event = {
-                "update": k + 1,
-                "loss": loss,
-                "scored_tokens": scored,
-                "loss_scale": scaler.state.scale,
-                "skipped": overflow,
-            }
-            if overflow:
-                counters["skipped_updates"] += 1
-            else:
-                lr = learning_rate_at(counters["applied"], learning_rate, steps, warmup, schedule)
-                if clip_norm is not None and clip_norm > 0:
-                    event["grad_norm"] = float(
-                        torch.nn.utils.clip_grad_norm_(
-                            [p for _, p in params if p.grad is not None], clip_norm, foreach=False
-                        )
+        with using_backend(backend):
+            while counters["updates"] < steps:
+                mark = cursor.mark()
+                for attempt in range(scaler.state.max_retries + 1):
+                    cursor.restore(mark)
+                    adapter.train_mode(True)
+                    loss, scored = _window(
+                        adapter, examples, cursor, micro_batch, accumulation, pad, profile, scaler
                     )
-                opt.step(grads, lr=lr)
-                counters["applied"] += 1
-                counters["loss_history"].append(loss)
-                counters["scored_tokens"] += scored
-                event["learning_rate"] = lr
-            _zero_grads(params)
-            counters["updates"] = k + 1
-            adapter.train_mode(False)
-            done = counters["updates"] == steps
-            if validation is not None and (
-                done
-                or counters["updates"] == 1
-                or (eval_every and counters["updates"] % eval_every == 0)
-            ):
-                v = _mean_loss(adapter, validation, micro_batch, profile)
-                counters["validation_history"].append([counters["updates"], v])
-                event["validation_loss"] = v
-            adapter.state = _snapshot(
-                adapter, opt, scaler, cursor, counters, profile, options, kernel_identity, gen
-            )
-            if log_file:
-                log_file.write(json.dumps(event) + "\n")
-                log_file.flush()
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(loss=f"{loss:.4f}")
-            if checkpoints and (
-                done or (checkpoint_every and counters["updates"] % checkpoint_every == 0)
-            ):
-                checkpoint.save(checkpoints, adapter.state)
+                    grads = {n: p.grad for n, p in params if p.grad is not None}
+                    overflow = scaler.unscale_(grads.values()) or not math.isfinite(loss)
+                    scaler.update(overflow)
+                    if not overflow:
+                        break
+                    counters["retries"] += attempt < scaler.state.max_retries
+                    _zero_grads(params)
+                k = counters["updates"]
+                event = {
+                    "event": "update",
+                    "update": k + 1,
+                    "loss": loss,
+                    "scored_tokens": scored,
+                    "loss_scale": scaler.state.scale,
+                    "skipped": overflow,
+                }
+                if overflow:
+                    counters["skipped_updates"] += 1
+                else:
+                    lr = learning_rate_at(
+                        counters["applied"], learning_rate, steps, warmup, schedule
+                    )
+                    if clip_norm is not None and clip_norm > 0:
+                        event["grad_norm"] = float(
+                            torch.nn.utils.clip_grad_norm_(
+                                [p for _, p in params if p.grad is not None],
+                                clip_norm,
+                                foreach=False,
+                            )
+                        )
+                    opt.step(grads, lr=lr)
+                    counters["applied"] += 1
+                    counters["loss_history"].append(loss)
+                    counters["scored_tokens"] += scored
+                    event["learning_rate"] = lr
+                _zero_grads(params)
+                counters["updates"] = k + 1
+                adapter.train_mode(False)
+                done = counters["updates"] == steps
+                if validation is not None and (
+                    done
+                    or counters["updates"] == 1
+                    or (eval_every and counters["updates"] % eval_every == 0)
+                ):
+                    v = _mean_loss(adapter, validation, micro_batch, profile)
+                    counters["validation_history"].append([counters["updates"], v])
+                    event["validation_loss"] = v
+                adapter.state = _snapshot(
+                    adapter, opt, scaler, cursor, counters, profile, options, kernel_identity, gen
+                )
+                if log_file:
+                    _write_event(log_file, event)
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{loss:.4f}")
+                if checkpoints and (
+                    done or (checkpoint_every and counters["updates"] % checkpoint_every == 0)
+                ):
+                    checkpoint.save(checkpoints, adapter.state)
     finally:
         adapter.train_mode(False)
         if log_file:
@@ -263,6 +296,7 @@ def train(
         optimizer_report=opt.report(),
         seconds=time.perf_counter() - start,
         log_path=log_path,
+        kernel_identity=kernel_identity,
         optimizer_bytes={"optimizer": opt.state_bytes(), "managed": opt.managed_bytes()},
     )
 
@@ -331,6 +365,11 @@ def _snapshot(
         "options": options,
     }
     return TrainState(tensors, meta)
+
+
+def _write_event(log_file: Any, event: dict[str, Any]) -> None:
+    log_file.write(json.dumps(event) + "\n")
+    log_file.flush()
 
 
 def _log_path(log: str | None, checkpoints: str | None) -> str | None:

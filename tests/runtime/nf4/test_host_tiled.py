@@ -7,7 +7,8 @@ import torch
 
 from aner_lang.errors import AnerRuntimeError
 from aner_lang.runtime.nf4 import host_tiled
-from aner_lang.runtime.nf4.backends import HostTiled, nf4_matmul, resolve_kernel
+from aner_lang.runtime.nf4.backends import HostTiled, nf4_matmul, resolve_kernel, using_backend
+from aner_lang.runtime.nf4.linear import NF4Linear
 from aner_lang.runtime.nf4.quant import dequantize_nf4, quantize_nf4
 
 
@@ -66,12 +67,39 @@ def test_rows_dequantize_only_the_requested_rows() -> None:
         assert torch.equal(host_tiled.rows(w, ids), dequantize_nf4(w)[ids])
 
 
-def test_fused_without_cuda_is_a_clear_error_and_auto_picks_host_tiled() -> None:
-    if torch.cuda.is_available():
-        pytest.skip("this machine has CUDA")
-    assert resolve_kernel("auto") == "host_tiled"
-    with pytest.raises(AnerRuntimeError, match="fused"):
-        resolve_kernel("fused")
+def test_one_rule_for_auto_and_a_clear_error_where_fused_cannot_run() -> None:
+    cpu = torch.device("cpu")
+    assert resolve_kernel("auto", cpu) == "host_tiled"  # on a CPU model even where CUDA exists
+    assert resolve_kernel("host_tiled", cpu) == "host_tiled"
+    with pytest.raises(AnerRuntimeError, match="kernel: fused needs a CUDA GPU") as err:
+        resolve_kernel("fused", cpu)
+    assert err.value.code == "E-KERNEL-UNAVAILABLE"
+    with pytest.raises(AnerRuntimeError, match="unknown NF4 kernel 'turbo'"):
+        resolve_kernel("turbo", cpu)
+    if not torch.cuda.is_available():
+        assert resolve_kernel("auto", torch.device("cuda")) == "host_tiled"
+        with pytest.raises(AnerRuntimeError, match="kernel: fused needs a CUDA GPU"):
+            resolve_kernel("fused", torch.device("cuda"))
+
+
+def test_a_run_scoped_backend_is_what_nf4_matmuls_take() -> None:
+    """Inside `using_backend` every NF4 matmul takes that backend; outside, `auto`'s."""
+    w = quantize_nf4(_weight(48, 64, seed=3))
+    x = torch.randn(2, 64, generator=torch.Generator().manual_seed(1))
+    seen = []
+
+    class Recording(HostTiled):
+        def linear(self, x, w):
+            seen.append(self.tile_bytes)
+            return super().linear(x, w)
+
+    layer = NF4Linear(w)
+    with using_backend(Recording(tile_bytes=4096)):
+        inside = layer(x)
+    outside = layer(x)
+    assert seen == [4096] and not hasattr(layer, "kernel")
+    assert torch.equal(inside, host_tiled.linear(x, w, 4096))
+    assert torch.equal(outside, host_tiled.linear(x, w))
 
 
 @pytest.mark.cuda

@@ -41,14 +41,19 @@ def module_identity(arch: str) -> str:
 
 
 def kernel_identity(arch: str, precision: str) -> str:
-    """The identity string recorded in profiles and checkpoints for one precision profile."""
+    """The identity string runs and checkpoints record for inputs of one precision: the source's
+    sha256, the compile options, the architecture and the arithmetic (compute dtype, fp32
+    accumulation), in the form of the reference system's `aner.nf4.cuda.fused/1;...`."""
     if precision not in PRECISIONS:
         raise AnerRuntimeError(
             f"fused kernels have no precision profile '{precision}'",
             code="E-KERNEL-PRECISION",
             notes=(f"expected one of {', '.join(PRECISIONS)}",),
         )
-    return f"{module_identity(arch)} precision={precision}"
+    return (
+        f"aner.nf4.cuda.fused/1;source_sha256={source_sha256()};options={' '.join(OPTIONS)};"
+        f"arch={arch};compute={precision};accumulate=float32"
+    )
 
 
 def cache_dir() -> Path:

@@ -4,11 +4,12 @@ launches with attributes), reached through ctypes in the libcuda the CUDA runtim
 from __future__ import annotations
 
 import ctypes
+from typing import Any
 
 from aner_lang.errors import AnerRuntimeError
 
 
-def function(name: str, argtypes: list) -> ctypes._CFuncPtr:
+def function(name: str, argtypes: list[type]) -> Any:
     """The driver function ``name`` returning a CUresult (int), with ``argtypes`` set; a clear
     error where the driver lacks it."""
     try:

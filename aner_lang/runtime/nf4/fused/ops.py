@@ -72,7 +72,7 @@ from __future__ import annotations
 
 import math
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 
 import numpy as np
@@ -100,6 +100,7 @@ class NF4Tensors:
     offset: torch.Tensor  # float32, one element (read by the kernels: no host sync)
     out_features: int
     in_features: int
+    _pointers: tuple[np.uint64, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         n, k = self.out_features, self.in_features
@@ -130,7 +131,7 @@ class NF4Tensors:
             )
         object.__setattr__(self, "_pointers", tuple(_ptr(getattr(self, p)) for p in _POINTERS))
 
-    def args(self) -> list:
+    def args(self) -> list[np.uint64]:
         """The kernels' leading arguments: the five device pointers."""
         return list(self._pointers)
 

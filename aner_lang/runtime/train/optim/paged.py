@@ -15,6 +15,8 @@ through `__cuda_array_interface__`, so the arithmetic is the same torch code as 
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from aner_lang.errors import AnerRuntimeError
@@ -31,7 +33,7 @@ class PagedAdamW(AdamW):
     kind = "paged_adamw"
 
     def __init__(
-        self, params: dict[str, torch.Tensor], page_bytes: int = 2 << 20, **kwargs: float
+        self, params: dict[str, torch.Tensor], page_bytes: int = 2 << 20, **kwargs: Any
     ) -> None:
         super().__init__(params, **kwargs)
         self.page_bytes = page_bytes
@@ -40,7 +42,7 @@ class PagedAdamW(AdamW):
         self._managed = 0
         self._cap = 0
         self._fallback = 0
-        self._cp = None
+        self._cp: Any = None  # the cupy module, imported only on CUDA
         self._can_prefetch = False
         self._no_prefetch = ""
         if self.on_cuda:
@@ -141,7 +143,7 @@ class PagedAdamW(AdamW):
 
 
 def make_optimizer(
-    kind: str, params: dict[str, torch.Tensor], page_bytes: int, **kwargs: float
+    kind: str, params: dict[str, torch.Tensor], page_bytes: int, **kwargs: Any
 ) -> AdamW:
     """The optimizer a profile names, over the adapter's fp32 masters."""
     if kind == "adamw":

@@ -21,8 +21,9 @@ torch = pytest.importorskip("torch")
 
 def test_identity_names_source_options_arch_and_precision() -> None:
     ident = compiler.kernel_identity("sm_90", "bfloat16")
-    assert f"src=sha256:{compiler.source_sha256()}" in ident
-    assert "arch=sm_90" in ident and "precision=bfloat16" in ident and "--std=c++17" in ident
+    assert ident.startswith("aner.nf4.cuda.fused/1;")
+    assert f";source_sha256={compiler.source_sha256()};" in ident
+    assert ";arch=sm_90;" in ident and ";compute=bfloat16;" in ident and "--std=c++17" in ident
     assert compiler.kernel_identity("sm_90", "float32") != ident
     with pytest.raises(AnerRuntimeError, match="no precision profile 'tf32'"):
         compiler.kernel_identity("sm_90", "tf32")

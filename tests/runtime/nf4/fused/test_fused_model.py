@@ -20,6 +20,7 @@ pytest.importorskip("cupy")
 
 from aner_lang.runtime.adapters import lora  # noqa: E402
 from aner_lang.runtime.model.precision import autocast  # noqa: E402
+from aner_lang.runtime.nf4.backends import get_backend, using_backend  # noqa: E402
 
 BOUND = {"float32": 1e-3, "float16": 0.05, "bfloat16": 0.05}
 SHAPES = [(1, 8), (2, 40)]
@@ -30,20 +31,6 @@ def nf4_model(smollm2_path):
     from aner_lang.runtime.load.loader import load_model
 
     return load_model(smollm2_path, storage="nf4_double_quant", device="cuda")
-
-
-def nf4_modules(model) -> list:
-    return [
-        m for m in model.module.modules() if hasattr(m, "kernel") and hasattr(m, "dense_weight")
-    ]
-
-
-def use_kernel(model, kernel: str) -> None:
-    """Point every NF4 module at a kernel, as the trainer does for a profile."""
-    mods = nf4_modules(model)
-    assert mods, "the NF4 model has no modules with a selectable kernel"
-    for m in mods:
-        m.kernel = kernel
 
 
 def scaled_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -58,8 +45,7 @@ def token_ids(model, batch: int, length: int, seed: int) -> torch.Tensor:
 
 
 def logits(model, kernel: str, ids: torch.Tensor, precision: str) -> torch.Tensor:
-    use_kernel(model, kernel)
-    with torch.no_grad(), autocast(precision, ids.device):
+    with torch.no_grad(), using_backend(get_backend(kernel)), autocast(precision, ids.device):
         return model.forward(ids).float()
 
 
@@ -85,9 +71,9 @@ def test_grad_to_layer_input(nf4_model, dtype: torch.dtype, tokens: int, record_
     g = torch.randn(tokens, layer.out_features, generator=gen).to("cuda")
     grads = {}
     for kernel, dt in (("host_tiled", torch.float32), ("fused", dtype)):
-        layer.kernel = kernel
         x = x0.detach().to(dt, copy=True).requires_grad_(True)
-        layer(x).backward(g.to(dt))
+        with using_backend(get_backend(kernel)):
+            layer(x).backward(g.to(dt))
         grads[kernel] = x.grad
     err = scaled_err(grads["fused"], grads["host_tiled"])
     record_property("scaled_input_grad_error", err)
@@ -103,12 +89,13 @@ def lora_grads(model, kernel: str, precision: str, ids: torch.Tensor) -> dict[st
         for name, p in adapter.params.items():
             if name.endswith("lora_B"):  # B starts at zero; make A's gradient non-zero too
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
-    use_kernel(model, kernel)
     scale = 4096.0 if precision == "float16" else 1.0
-    with autocast(precision, ids.device):
-        out = adapter.forward(ids[:, :-1]).float()
-    loss = torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), ids[:, 1:].reshape(-1))
-    (loss * scale).backward()
+    with using_backend(get_backend(kernel)):
+        with autocast(precision, ids.device):
+            out = adapter.forward(ids[:, :-1]).float()
+        targets = ids[:, 1:].reshape(-1)
+        loss = torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), targets)
+        (loss * scale).backward()
     return {n: p.grad.detach() / scale for n, p in adapter.params.items()}
 
 
