@@ -1,4 +1,4 @@
-"""The `aner` command: check, run, check-docs, builtins, lsp, fixture.
+"""The `aner` command: check, run, check-docs, builtins, explain, lsp, fixture.
 
 Exit codes: 0 success, 1 diagnostics (errors in a script, a failed run), 2 usage errors.
 Diagnostics go to stderr as `file:line:col: severity[code]: message` with a caret excerpt.
@@ -31,7 +31,16 @@ def _read(path: str) -> str | None:
         return None
 
 
-def cmd_check(args) -> int:
+def _write(text: str, output: str) -> None:
+    """`text` to stdout (`-`) or to the file `output`, creating its directory."""
+    if output == "-":
+        sys.stdout.write(text)
+    else:
+        Path(output).parent.mkdir(parents=True, exist_ok=True)
+        Path(output).write_text(text, encoding="utf-8")
+
+
+def cmd_check(args: argparse.Namespace) -> int:
     from aner_lang.check import analyze
 
     failed = False
@@ -46,7 +55,7 @@ def cmd_check(args) -> int:
     return 1 if failed else 0
 
 
-def cmd_run(args) -> int:
+def cmd_run(args: argparse.Namespace) -> int:
     from aner_lang.check import analyze
     from aner_lang.interp import AnerError, ExecContext, run
 
@@ -67,7 +76,7 @@ def cmd_run(args) -> int:
     return 0
 
 
-def cmd_check_docs(args) -> int:
+def cmd_check_docs(args: argparse.Namespace) -> int:
     from aner_lang.docs_check import check_markdown, markdown_files
 
     failed = False
@@ -81,16 +90,43 @@ def cmd_check_docs(args) -> int:
     return 1 if failed else 0
 
 
-def cmd_builtins(args) -> int:
+def cmd_builtins(args: argparse.Namespace) -> int:
     from aner_lang.builtins import registry
     from aner_lang.builtins.reference import render_reference
 
-    text = render_reference(registry())
-    if args.output == "-":
-        sys.stdout.write(text)
-    else:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(text, encoding="utf-8")
+    _write(render_reference(registry()), args.output)
+    return 0
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    """One code's explanation, the list of codes, or (`--markdown`) the whole reference.
+
+    Codes match exactly or in any letter case (`e-syntax`); an unknown code is a usage error (2)
+    with the closest known code suggested."""
+    from aner_lang.diagnostics import did_you_mean
+    from aner_lang.error_codes import ERROR_CODES, lookup
+    from aner_lang.error_reference import explain, listing, render_markdown
+
+    if args.markdown:
+        if args.code is not None:
+            print("aner explain: give a CODE or --markdown, not both", file=sys.stderr)
+            return 2
+        _write(render_markdown(), args.output)
+        return 0
+    if args.output != "-":
+        print("aner explain: -o/--output only goes with --markdown", file=sys.stderr)
+        return 2
+    if args.code is None:
+        sys.stdout.write(listing())
+        return 0
+    entry = lookup(args.code)
+    if entry is None:
+        best = did_you_mean(args.code.strip().upper(), ERROR_CODES)
+        hint = f"; did you mean {best}?" if best else ""
+        print(f"aner explain: unknown error code {args.code!r}{hint}", file=sys.stderr)
+        print("run `aner explain` to list every code", file=sys.stderr)
+        return 2
+    sys.stdout.write(explain(entry))
     return 0
 
 
@@ -121,6 +157,17 @@ def main(argv: list[str] | None = None) -> int:
         "-o", "--output", default="docs/builtins.md", help="file to write, or - for stdout"
     )
     p.set_defaults(fn=cmd_builtins)
+    p = sub.add_parser("explain", help="explain an error code, or list them all")
+    p.add_argument("code", nargs="?", help="an error code such as E-SYNTAX (any letter case)")
+    p.add_argument(
+        "--markdown",
+        action="store_true",
+        help="write the whole reference as Markdown (docs/errors.md)",
+    )
+    p.add_argument(
+        "-o", "--output", default="-", help="with --markdown: file to write, or - for stdout"
+    )
+    p.set_defaults(fn=cmd_explain)
     p = sub.add_parser("lsp", help="run the language server on stdio")
     p.set_defaults(fn=lambda a: _delegate("aner_lsp.server", "the language server", None))
     p = sub.add_parser(
@@ -137,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:
         return int(e.code or 0) and 2
-    return args.fn(args)
+    return int(args.fn(args))
 
 
 if __name__ == "__main__":

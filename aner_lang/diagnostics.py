@@ -6,7 +6,8 @@ message and code lives here; the CLI renders them as `file:line:col` plus a care
 LSP converts the same objects to LSP diagnostics.
 
 Codes are stable strings: ``E-SYNTAX``, ``E-UNKNOWN-NAME``, ... (errors) and ``W-UNUSED``
-(warnings). Tests and golden files refer to them.
+(warnings). Tests and golden files refer to them. Each is registered, with its explanation, in
+`aner_lang.error_codes` (`aner explain CODE`).
 """
 
 from __future__ import annotations

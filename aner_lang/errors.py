@@ -11,13 +11,12 @@ from __future__ import annotations
 class AnerRuntimeError(Exception):
     """A user-facing failure raised by a builtin implementation.
 
-    `code` is a stable error code (e.g. ``"E-GGUF-TRUNCATED"``); `notes` are extra lines shown under
-    the message (what was expected, how to fix it).
+    `code` is a stable error code (e.g. ``"E-GGUF-TRUNCATED"``), registered with its explanation in
+    `aner_lang.error_codes`; it has no default, so that every failure names a registered code.
+    `notes` are extra lines shown under the message (what was expected, how to fix it).
     """
 
-    def __init__(
-        self, message: str, *, code: str = "E-RUNTIME", notes: tuple[str, ...] = ()
-    ) -> None:
+    def __init__(self, message: str, *, code: str, notes: tuple[str, ...] = ()) -> None:
         super().__init__(message)
         self.message = message
         self.code = code
