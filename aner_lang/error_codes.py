@@ -1004,16 +1004,15 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         _SCRIPT,
         """
         `kernel: fused` runs CUDA kernels compiled with NVRTC through CuPy, on a CUDA 12 or newer
-        driver. This code means CuPy is not installed (`pip install 'aner[cuda]'`), or the driver
-        lacks an entry point the kernels use (`cuTensorMapEncodeTiled`, `cuLaunchKernelEx`):
-        update the driver. Or use `kernel: auto`, which picks `fused` only where it can run, or
-        `kernel: host_tiled`.
+        driver. This code means there is no CUDA GPU (the profile is made on a machine without
+        one, or training starts with the model on the CPU), CuPy is not installed
+        (`pip install 'aner[cuda]'`), or the driver lacks an entry point the kernels use
+        (`cuTensorMapEncodeTiled`, `cuLaunchKernelEx`): update the driver. Or use `kernel: auto`,
+        which picks `fused` only where it can run, or `kernel: host_tiled`.
         """,
         """
-        # on a CUDA machine where CuPy is not installed
-        let model = load_model("model.gguf", storage: nf4_double_quant, device: cuda)
-        let run = train(lora(model), texts(["some text"]), profile: profile(kernel: fused))
-        print(run)
+        # on a machine without a CUDA GPU
+        print(profile(kernel: fused))
         """,
     ),
     _code(
@@ -1077,7 +1076,7 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         """
         The fused kernels read contiguous CUDA tensors, with the packed weight 16-byte aligned, and
         inputs on the same GPU as the weight. Scripts cannot get here (a model on the CPU with
-        `kernel: fused` is refused as `E-PROFILE-FUSED`), so this code comes from Python code
+        `kernel: fused` is refused as `E-KERNEL-UNAVAILABLE`), so this code comes from Python code
         calling the kernels directly: move the tensors to the weight's GPU and make them
         contiguous, or give the packed weight a tensor of its own rather than a view into a larger
         buffer.
@@ -1371,21 +1370,6 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         """,
         """
         Python calling `Profile("float8", "adamw", "auto", 2 << 20, None, None)`.
-        """,
-    ),
-    _code(
-        "E-PROFILE-FUSED",
-        Area.TRAINING,
-        "`kernel: fused` needs a CUDA GPU",
-        _SCRIPT,
-        """
-        The fused NF4 kernels run on CUDA GPUs only. This code is given when the profile is made
-        on a machine without a CUDA GPU, and when training starts with the model on the CPU. Use
-        `kernel: auto` (fused on CUDA, host_tiled elsewhere) or `kernel: host_tiled`.
-        """,
-        """
-        # on a machine without a CUDA GPU
-        print(profile(kernel: fused))
         """,
     ),
     _code(

@@ -163,8 +163,8 @@ def hf_tensors(shape: Shape, vocab: int, seed: int, tied: bool) -> dict[str, np.
     t: dict[str, np.ndarray] = {arch.embedding: mat(vocab, shape.hidden)}
     for i in range(shape.layers):
         for part in arch.layer_order():
-            is_norm = isinstance(part, Norm)
-            t[part.gguf_tensor(i)] = norm() if is_norm else mat(*config.dims(part.shape))
+            weight = norm() if isinstance(part, Norm) else mat(*config.dims(part.shape))
+            t[part.gguf_tensor(i)] = weight
     t[arch.output_norm] = norm()
     if not tied:
         t[arch.output] = mat(vocab, shape.hidden)

@@ -7,6 +7,7 @@ Every builtin takes keyword arguments as the registry declares them (aner_lang/b
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from aner_lang.errors import AnerRuntimeError
@@ -41,7 +42,7 @@ def _check_rank(rank: int, alpha: float | None = None, dropout: float = 0.0) -> 
 
 
 def _low_rank(
-    method: str, model: Any, rank: int, alpha: float, dropout: float, targets: list[str], seed: int
+    method: str, model: Any, rank: int, alpha: float, dropout: float, targets: Sequence[str], seed: int
 ) -> Adapter:
     _check_rank(rank, alpha, dropout)
     return _LOW_RANK[method](model, rank, alpha, dropout, list(targets), seed)
@@ -52,7 +53,7 @@ def lora(
     rank: int = 8,
     alpha: float = 16.0,
     dropout: float = 0.0,
-    targets: list[str] = ("q_proj", "v_proj"),
+    targets: Sequence[str] = ("q_proj", "v_proj"),
     seed: int = 0,
 ) -> Adapter:
     """Builtin `lora`: QLoRA-style low-rank adapter (A and B trained)."""
@@ -64,7 +65,7 @@ def lora_fa(
     rank: int = 8,
     alpha: float = 16.0,
     dropout: float = 0.0,
-    targets: list[str] = ("q_proj", "v_proj"),
+    targets: Sequence[str] = ("q_proj", "v_proj"),
     seed: int = 0,
 ) -> Adapter:
     """Builtin `lora_fa`: A frozen at init, B trained."""
@@ -76,7 +77,7 @@ def dora(
     rank: int = 8,
     alpha: float = 16.0,
     dropout: float = 0.0,
-    targets: list[str] = ("q_proj", "v_proj"),
+    targets: Sequence[str] = ("q_proj", "v_proj"),
     seed: int = 0,
 ) -> Adapter:
     """Builtin `dora`: LoRA direction plus trainable row magnitude."""
@@ -88,7 +89,7 @@ def tinylora(
     parameters: int = 13,
     sharing: str = "global",
     rank: int = 2,
-    targets: list[str] = ("q_proj", "v_proj"),
+    targets: Sequence[str] = ("q_proj", "v_proj"),
     seed: int = 0,
 ) -> Adapter:
     """Builtin `tinylora`: `parameters` trainable numbers over fixed SVD bases."""
@@ -113,8 +114,14 @@ def adapter_from_config(model: Any, config: dict) -> Adapter:
     """Rebuild an adapter of `model` from `Adapter.config` (tensors re-initialised)."""
     cfg = dict(config)
     method = cfg.pop("method", None)
-    makers = {"lora": lora, "lora_fa": lora_fa, "dora": dora, "tinylora": tinylora, "full": full}
-    if method not in makers:
+    makers: dict[str, Callable[..., Adapter]] = {
+        "lora": lora,
+        "lora_fa": lora_fa,
+        "dora": dora,
+        "tinylora": tinylora,
+        "full": full,
+    }
+    if not isinstance(method, str) or method not in makers:
         raise AnerRuntimeError(f"unknown adapter method {method!r}", code="E-ADAPTER-METHOD")
     return makers[method](model, **cfg)
 

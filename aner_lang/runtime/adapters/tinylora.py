@@ -68,9 +68,8 @@ class TinyLoRA(Adapter):
             parts = (u[:, :rank].contiguous(), s[:rank].contiguous(), vh[:rank].contiguous(), proj)
             for key, tensor in zip(("U", "S", "Vh", "P"), parts):
                 self.frozen[f"{name}.tinylora_{key}"] = tensor.to(dev)
-            self._bases.append(
-                tuple(self.frozen[f"{name}.tinylora_{k}"] for k in ("U", "S", "Vh", "P"))
-            )
+            stored = [self.frozen[f"{name}.tinylora_{k}"] for k in ("U", "S", "Vh", "P")]
+            self._bases.append((stored[0], stored[1], stored[2], stored[3]))
             if sharing == "global":
                 self._v.append(shared)
             else:

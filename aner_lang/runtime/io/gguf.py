@@ -161,11 +161,11 @@ def unpermute_rows(weight: T, n_head: int) -> T:
     """
     out = weight.shape[0]
     pairs = weight.reshape(n_head, out // n_head // 2, 2, *weight.shape[1:])
-    return pairs.swapaxes(1, 2).reshape(weight.shape)  # type: ignore[return-value]
+    return pairs.swapaxes(1, 2).reshape(weight.shape)
 
 
 def permute_rows(weight: T, n_head: int) -> T:
     """llama.cpp's conversion permutation (HF layout -> GGUF), the inverse of `unpermute_rows`."""
     out = weight.shape[0]
     halves = weight.reshape(n_head, 2, out // n_head // 2, *weight.shape[1:])
-    return halves.swapaxes(1, 2).reshape(weight.shape)  # type: ignore[return-value]
+    return halves.swapaxes(1, 2).reshape(weight.shape)

@@ -10,6 +10,7 @@ import torch
 
 from aner_lang.architectures import ARCHITECTURES, Architecture
 from aner_lang.runtime.model.config import LlamaConfig
+from aner_lang.runtime.model.linear import FrozenLinear
 from aner_lang.runtime.model.tokenizer import Tokenizer
 from aner_lang.runtime.model.transformer import KVCache, LlamaModel, RMSNorm
 
@@ -57,7 +58,7 @@ class LoadedModel:
             if id(m) in seen:
                 continue
             seen.add(id(m))
-            if hasattr(m, "in_features") and hasattr(m, "dense_weight"):
+            if isinstance(m, FrozenLinear):
                 total += m.in_features * m.out_features
             elif isinstance(m, RMSNorm):
                 total += m.weight.numel()

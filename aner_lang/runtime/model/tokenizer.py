@@ -45,7 +45,9 @@ def _gpt2_pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
             f"unsupported GGUF pre-tokenizer {pre!r}; supported: {', '.join(sorted(_PRE_SPLITS))}",
             code="E-TOKENIZER",
         )
-    steps = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in _PRE_SPLITS[pre]]
+    steps: list[pre_tokenizers.PreTokenizer] = [
+        pre_tokenizers.Split(Regex(r), behavior="isolated") for r in _PRE_SPLITS[pre]
+    ]
     steps.append(pre_tokenizers.Split(Regex(GPT2_SPLIT), behavior="isolated"))
     steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
     return pre_tokenizers.Sequence(steps)
@@ -91,7 +93,7 @@ def _build_backend(meta: dict[str, Any], source: str) -> HFTokenizer:
                 vocab, spm_merges(tokens, scores), unk_token=unk, fuse_unk=True, byte_fallback=True
             )
         )
-        steps = [normalizers.Replace(" ", "\u2581")]
+        steps: list[normalizers.Normalizer] = [normalizers.Replace(" ", "\u2581")]
         if meta.get("tokenizer.ggml.add_space_prefix", True):
             steps.insert(0, normalizers.Prepend("\u2581"))
         tok.normalizer = normalizers.Sequence(steps)

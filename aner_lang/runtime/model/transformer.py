@@ -48,7 +48,7 @@ class KVCache:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Append this step's `[B, H_kv, T, D]` keys/values for `layer`; return all of them."""
         old_k, old_v = self.keys[layer], self.values[layer]
-        if old_k is not None:
+        if old_k is not None and old_v is not None:
             k = torch.cat([old_k, k], dim=2)
             v = torch.cat([old_v, v], dim=2)
         self.keys[layer], self.values[layer] = k, v
@@ -69,7 +69,7 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
+        freqs = positions.to(torch.float32)[:, None] * self.get_buffer("inv_freq")[None, :]
         emb = torch.cat([freqs, freqs], dim=-1)
         return emb.cos(), emb.sin()
 

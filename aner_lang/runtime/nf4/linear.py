@@ -39,11 +39,13 @@ class NF4Linear(FrozenLinear):
         """The current tensors (wherever the module now lives) as an `NF4Weight`: the same object
         while the buffers are the same tensors, so what a backend derives from it is built once
         (every forward asks)."""
-        parts = tuple(self._buffers[p] for p in _PARTS)
+        parts = [self.get_buffer(p) for p in _PARTS]
         w = self._nf4
         if w is None or any(a is not getattr(w, p) for a, p in zip(parts, _PARTS)):
+            packed, qabsmax, absmax2, code2, offset = parts
+            shape = (self.out_features, self.in_features)
             w = self._nf4 = NF4Weight(
-                *parts, shape=(self.out_features, self.in_features), blocksize=self.blocksize
+                packed, qabsmax, absmax2, code2, offset, shape=shape, blocksize=self.blocksize
             )
         return w
 

@@ -205,7 +205,7 @@ def from_jsonl(
         )
     records = []
     for n, row in enumerate(rows, start=1):
-        if prompt_field is not None:
+        if prompt_field is not None and completion_field is not None:
             records.append(
                 Record(
                     _text_field(path, n, row, prompt_field),

@@ -112,6 +112,14 @@ class Profile:
         if self.loss_scale is None:  # fp16 needs scaling; fp32 and bf16 do not (GradScaler use)
             self.loss_scale = dynamic() if self.precision == "float16" else LossScaleState("none")
 
+    @property
+    def scale_state(self) -> LossScaleState:
+        """The loss-scale rule (set in `__post_init__`: none given means dynamic() for float16
+        and no scaling otherwise)."""
+        if self.loss_scale is None:
+            raise AssertionError("Profile.__post_init__ sets loss_scale")
+        return self.loss_scale
+
     def resolved_kernel(self, device: torch.device) -> str:
         """The NF4 kernel this profile runs on `device` (`backends.resolve_kernel`'s rule)."""
         return resolve_kernel(self.kernel, device)
@@ -145,7 +153,7 @@ class Profile:
 
     def __repr__(self) -> str:
         ls = self.loss_scale
-        scale = ls.kind if ls.kind == "none" else f"{ls.kind}({ls.scale:g})"
+        scale = "none" if ls is None or ls.kind == "none" else f"{ls.kind}({ls.scale:g})"
         return (
             f"Profile({self.precision}, {self.optimizer}, kernel {self.kernel}, "
             f"page {self.page_bytes} B, loss scale {scale})"

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -12,6 +12,29 @@ import torch
 from aner_lang.errors import AnerRuntimeError
 
 STATE_FORMAT = "aner.train-state/1"
+
+
+@dataclass
+class Counters:
+    """What a run has done so far (`state.json`'s ``counters``)."""
+
+    updates: int = 0
+    """Accumulation windows done, applied or skipped: `train(..., steps: n)` runs until n."""
+    applied: int = 0
+    """Updates the optimizer applied (the schedule's position)."""
+    skipped_updates: int = 0
+    retries: int = 0
+    scored_tokens: int = 0
+    loss_history: list[float] = field(default_factory=list)
+    validation_history: list[list[float]] = field(default_factory=list)
+    """``[update, validation loss]`` pairs."""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Counters:
+        return cls(**json.loads(json.dumps(data)))
 
 
 @dataclass
@@ -23,16 +46,16 @@ class TrainState:
 
     @property
     def updates(self) -> int:
-        return self.meta["counters"]["updates"]
+        return int(self.meta["counters"]["updates"])
 
     def to_tensors(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().cpu().contiguous() for k, v in self.tensors.items()}
 
-    def to_json(self) -> dict:
-        return json.loads(json.dumps(self.meta))
+    def to_json(self) -> dict[str, Any]:
+        return dict(json.loads(json.dumps(self.meta)))
 
     @classmethod
-    def from_parts(cls, tensors: dict[str, torch.Tensor], meta: dict) -> TrainState:
+    def from_parts(cls, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> TrainState:
         if meta.get("format") != STATE_FORMAT:
             raise AnerRuntimeError(
                 f"not an Aner training state (format {meta.get('format')!r}, "

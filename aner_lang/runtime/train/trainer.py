@@ -34,7 +34,7 @@ from aner_lang.runtime.train.order import Cursor
 from aner_lang.runtime.train.profile import Profile
 from aner_lang.runtime.train.run import Run
 from aner_lang.runtime.train.schedule import SCHEDULES, learning_rate_at
-from aner_lang.runtime.train.state import STATE_FORMAT, TrainState
+from aner_lang.runtime.train.state import STATE_FORMAT, Counters, TrainState
 
 
 def set_deterministic(device: torch.device) -> None:
@@ -145,7 +145,6 @@ def train(
     profile.validate(device)
     set_deterministic(device)
     backend = profile.backend(device)
-    kernel_identity = run_identity(adapter, profile, backend)
     options = {
         "steps": steps,
         "learning_rate": learning_rate,
@@ -157,123 +156,30 @@ def train(
         "warmup": warmup,
         "schedule": schedule,
     }
-    prev = adapter.state
-    if prev is not None:
-        _require_same_kernel(prev, kernel_identity)
-    opt = make_optimizer(
-        profile.optimizer,
-        adapter.params,
-        profile.page_bytes,
-        lr=learning_rate,
-        weight_decay=weight_decay,
-    )
-    gen = torch.Generator(device=device)
-    gen.manual_seed(seed)
-    if prev is None:
-        scaler = LossScaler(replace(profile.loss_scale))
-        counters = {
-            "updates": 0,
-            "applied": 0,
-            "skipped_updates": 0,
-            "retries": 0,
-            "scored_tokens": 0,
-            "loss_history": [],
-            "validation_history": [],
-        }
-        cursor = Cursor(len(data), seed)
-    else:
-        opt.load_state_tensors(prev.tensors)
-        scaler = LossScaler.from_json(prev.meta["loss_scale"])
-        counters = json.loads(json.dumps(prev.meta["counters"]))
-        d = prev.meta["data"]
-        cursor = Cursor(len(data), d["seed"], d["epoch"], d["position"])
-        gen.set_state(prev.tensors["rng/generator"])
-    adapter.dropout_generator = gen
+    loop = _Loop(adapter, data, profile, options, run_identity(adapter, profile, backend))
     log_path = _log_path(log, checkpoints)
     log_file = open(log_path, "a", encoding="utf-8") if log_path else None
-    bar = _progress(steps, counters["updates"])
-    pad = adapter.tokenizer.pad_id or 0
-    params = list(adapter.params.items())
-    examples = data.examples(adapter.tokenizer)
+    bar = _progress(steps, loop.counters.updates)
     start = time.perf_counter()
-    if log_file:
-        _write_event(
-            log_file,
-            {
-                "event": "start",
-                "kernel_identity": kernel_identity,
-                "profile": profile.to_json(),
-                "options": options,
-            },
-        )
     try:
+        if log_file:
+            _write_event(log_file, loop.start_event())
         with using_backend(backend):
-            while counters["updates"] < steps:
-                mark = cursor.mark()
-                for attempt in range(scaler.state.max_retries + 1):
-                    cursor.restore(mark)
-                    adapter.train_mode(True)
-                    loss, scored = _window(
-                        adapter, examples, cursor, micro_batch, accumulation, pad, profile, scaler
-                    )
-                    grads = {n: p.grad for n, p in params if p.grad is not None}
-                    overflow = scaler.unscale_(grads.values()) or not math.isfinite(loss)
-                    scaler.update(overflow)
-                    if not overflow:
-                        break
-                    counters["retries"] += attempt < scaler.state.max_retries
-                    _zero_grads(params)
-                k = counters["updates"]
-                event = {
-                    "event": "update",
-                    "update": k + 1,
-                    "loss": loss,
-                    "scored_tokens": scored,
-                    "loss_scale": scaler.state.scale,
-                    "skipped": overflow,
-                }
-                if overflow:
-                    counters["skipped_updates"] += 1
-                else:
-                    lr = learning_rate_at(
-                        counters["applied"], learning_rate, steps, warmup, schedule
-                    )
-                    if clip_norm is not None and clip_norm > 0:
-                        event["grad_norm"] = float(
-                            torch.nn.utils.clip_grad_norm_(
-                                [p for _, p in params if p.grad is not None],
-                                clip_norm,
-                                foreach=False,
-                            )
-                        )
-                    opt.step(grads, lr=lr)
-                    counters["applied"] += 1
-                    counters["loss_history"].append(loss)
-                    counters["scored_tokens"] += scored
-                    event["learning_rate"] = lr
-                _zero_grads(params)
-                counters["updates"] = k + 1
-                adapter.train_mode(False)
-                done = counters["updates"] == steps
+            while loop.counters.updates < steps:
+                event = loop.update()
+                done = loop.counters.updates == steps
+                updates = loop.counters.updates
                 if validation is not None and (
-                    done
-                    or counters["updates"] == 1
-                    or (eval_every and counters["updates"] % eval_every == 0)
+                    done or updates == 1 or (eval_every and updates % eval_every == 0)
                 ):
-                    v = _mean_loss(adapter, validation, micro_batch, profile)
-                    counters["validation_history"].append([counters["updates"], v])
-                    event["validation_loss"] = v
-                adapter.state = _snapshot(
-                    adapter, opt, scaler, cursor, counters, profile, options, kernel_identity, gen
-                )
+                    event["validation_loss"] = loop.validate(validation)
+                adapter.state = loop.snapshot()
                 if log_file:
                     _write_event(log_file, event)
                 if bar is not None:
                     bar.update(1)
-                    bar.set_postfix(loss=f"{loss:.4f}")
-                if checkpoints and (
-                    done or (checkpoint_every and counters["updates"] % checkpoint_every == 0)
-                ):
+                    bar.set_postfix(loss=f"{event['loss']:.4f}")
+                if checkpoints and (done or (checkpoint_every and updates % checkpoint_every == 0)):
                     checkpoint.save(checkpoints, adapter.state)
     finally:
         adapter.train_mode(False)
@@ -281,90 +187,179 @@ def train(
             log_file.close()
         if bar is not None:
             bar.close()
-    st = adapter.state
-    c = st.meta["counters"]
-    return Run(
-        adapter=adapter,
-        profile=profile,
-        loss_history=list(c["loss_history"]),
-        validation_history=[tuple(v) for v in c["validation_history"]],
-        scored_tokens=c["scored_tokens"],
-        updates=c["updates"],
-        skipped_updates=c["skipped_updates"],
-        retries=c["retries"],
-        loss_scale=scaler.state.scale,
-        optimizer_report=opt.report(),
-        seconds=time.perf_counter() - start,
-        log_path=log_path,
-        kernel_identity=kernel_identity,
-        optimizer_bytes={"optimizer": opt.state_bytes(), "managed": opt.managed_bytes()},
-    )
+    return loop.result(time.perf_counter() - start, log_path)
 
 
-def _window(
-    adapter: Any,
-    examples: tuple,
-    cursor: Cursor,
-    micro_batch: int,
-    accumulation: int,
-    pad: int,
-    profile: Profile,
-    scaler: LossScaler,
-) -> tuple[float, int]:
-    """Forward/backward one accumulation window; returns (mean loss, scored tokens)."""
-    batches = [
-        collate([examples[i] for i in cursor.take(micro_batch)], pad, adapter.device)
-        for _ in range(accumulation)
-    ]
-    scored = sum(b.scored_tokens for b in batches)
-    total = 0.0
-    for batch in batches:
-        if batch.scored_tokens == 0:
-            continue
-        with autocast(profile.precision, adapter.device):
-            logits = adapter.forward(batch.input_ids)
-        loss = token_loss_sum(logits, batch) / scored
-        scaler.scale(loss).backward()
-        total += float(loss.detach())
-    return total, scored
+class _Loop:
+    """One `train` call's state: optimizer, loss scaler, counters, data cursor, RNG, and the
+    steps of an update. Built fresh, or from the adapter's `TrainState` to continue it exactly."""
 
+    def __init__(
+        self, adapter: Any, data: Dataset, profile: Profile, options: dict[str, Any], identity: str
+    ) -> None:
+        self.adapter, self.profile, self.options, self.identity = (
+            adapter,
+            profile,
+            options,
+            identity,
+        )
+        prev = adapter.state
+        if prev is not None:
+            _require_same_kernel(prev, identity)
+        self.opt = make_optimizer(
+            profile.optimizer,
+            adapter.params,
+            profile.page_bytes,
+            lr=options["learning_rate"],
+            weight_decay=options["weight_decay"],
+        )
+        self.gen = torch.Generator(device=adapter.device)
+        self.gen.manual_seed(options["seed"])
+        if prev is None:
+            self.scaler = LossScaler(replace(profile.scale_state))
+            self.counters = Counters()
+            self.cursor = Cursor(len(data), options["seed"])
+        else:
+            self.opt.load_state_tensors(prev.tensors)
+            self.scaler = LossScaler.from_json(prev.meta["loss_scale"])
+            self.counters = Counters.from_json(prev.meta["counters"])
+            d = prev.meta["data"]
+            self.cursor = Cursor(len(data), d["seed"], d["epoch"], d["position"])
+            self.gen.set_state(prev.tensors["rng/generator"])
+        adapter.dropout_generator = self.gen
+        self.pad = adapter.tokenizer.pad_id or 0
+        self.params = list(adapter.params.items())
+        self.examples = data.examples(adapter.tokenizer)
 
-def _zero_grads(params: list[tuple[str, torch.Tensor]]) -> None:
-    for _, p in params:
-        p.grad = None
+    def start_event(self) -> dict[str, Any]:
+        return {
+            "event": "start",
+            "kernel_identity": self.identity,
+            "profile": self.profile.to_json(),
+            "options": self.options,
+        }
 
+    def update(self) -> dict[str, Any]:
+        """One accumulation window, re-run with a backed-off loss scale while it overflows (up
+        to `max_retries`), then the optimizer step or the skip; returns the update's event."""
+        c, o, scaler = self.counters, self.options, self.scaler
+        mark = self.cursor.mark()
+        for attempt in range(scaler.state.max_retries + 1):
+            self.cursor.restore(mark)
+            self.adapter.train_mode(True)
+            loss, scored = self._window()
+            grads = {n: p.grad for n, p in self.params if p.grad is not None}
+            overflow = scaler.unscale_(grads.values()) or not math.isfinite(loss)
+            scaler.update(overflow)
+            if not overflow:
+                break
+            c.retries += attempt < scaler.state.max_retries
+            self._zero_grads()
+        event: dict[str, Any] = {
+            "event": "update",
+            "update": c.updates + 1,
+            "loss": loss,
+            "scored_tokens": scored,
+            "loss_scale": scaler.state.scale,
+            "skipped": overflow,
+        }
+        if overflow:
+            c.skipped_updates += 1
+        else:
+            lr = learning_rate_at(
+                c.applied, o["learning_rate"], o["steps"], o["warmup"], o["schedule"]
+            )
+            if o["clip_norm"] is not None and o["clip_norm"] > 0:
+                trained = [p for _, p in self.params if p.grad is not None]
+                norm = torch.nn.utils.clip_grad_norm_(trained, o["clip_norm"], foreach=False)
+                event["grad_norm"] = float(norm)
+            self.opt.step(grads, lr=lr)
+            c.applied += 1
+            c.loss_history.append(loss)
+            c.scored_tokens += scored
+            event["learning_rate"] = lr
+        self._zero_grads()
+        c.updates += 1
+        self.adapter.train_mode(False)
+        return event
 
-def _snapshot(
-    adapter: Any,
-    opt: Any,
-    scaler: LossScaler,
-    cursor: Cursor,
-    counters: dict,
-    profile: Profile,
-    options: dict,
-    kernel_identity: str,
-    gen: torch.Generator,
-) -> TrainState:
-    tensors = {f"adapter/{k}": v for k, v in adapter.tensors().items()}
-    tensors.update(opt.state_tensors())
-    tensors["rng/generator"] = gen.get_state().clone()
-    meta = {
-        "format": STATE_FORMAT,
-        "adapter": adapter.config,
-        "profile": profile.to_json(),
-        "base": {"path": str(adapter.base.path), "storage": adapter.base.storage},
-        "kernel_identity": kernel_identity,
-        "loss_scale": scaler.to_json(),
-        "data": {
-            "seed": cursor.seed,
-            "epoch": cursor.epoch,
-            "position": cursor.position,
-            "accumulation_offset": 0,
-        },
-        "counters": json.loads(json.dumps(counters)),
-        "options": options,
-    }
-    return TrainState(tensors, meta)
+    def _window(self) -> tuple[float, int]:
+        """Forward/backward one accumulation window; returns (mean loss, scored tokens)."""
+        o, adapter = self.options, self.adapter
+        batches = [
+            collate(
+                [self.examples[i] for i in self.cursor.take(o["micro_batch"])],
+                self.pad,
+                adapter.device,
+            )
+            for _ in range(o["accumulation"])
+        ]
+        scored = sum(b.scored_tokens for b in batches)
+        total = 0.0
+        for batch in batches:
+            if batch.scored_tokens == 0:
+                continue
+            with autocast(self.profile.precision, adapter.device):
+                logits = adapter.forward(batch.input_ids)
+            loss = token_loss_sum(logits, batch) / scored
+            self.scaler.scale(loss).backward()
+            total += float(loss.detach())
+        return total, scored
+
+    def _zero_grads(self) -> None:
+        for _, p in self.params:
+            p.grad = None
+
+    def validate(self, validation: Dataset) -> float:
+        v = _mean_loss(self.adapter, validation, self.options["micro_batch"], self.profile)
+        self.counters.validation_history.append([self.counters.updates, v])
+        return v
+
+    def snapshot(self) -> TrainState:
+        """The state after this update (consistent: optimizer stepped, scale updated)."""
+        adapter = self.adapter
+        tensors = {f"adapter/{k}": v for k, v in adapter.tensors().items()}
+        tensors.update(self.opt.state_tensors())
+        tensors["rng/generator"] = self.gen.get_state().clone()
+        meta = {
+            "format": STATE_FORMAT,
+            "adapter": adapter.config,
+            "profile": self.profile.to_json(),
+            "base": {"path": str(adapter.base.path), "storage": adapter.base.storage},
+            "kernel_identity": self.identity,
+            "loss_scale": self.scaler.to_json(),
+            "data": {
+                "seed": self.cursor.seed,
+                "epoch": self.cursor.epoch,
+                "position": self.cursor.position,
+                "accumulation_offset": 0,
+            },
+            "counters": self.counters.to_json(),
+            "options": self.options,
+        }
+        return TrainState(tensors, meta)
+
+    def result(self, seconds: float, log_path: str | None) -> Run:
+        c = self.counters
+        return Run(
+            adapter=self.adapter,
+            profile=self.profile,
+            loss_history=list(c.loss_history),
+            validation_history=[(int(u), v) for u, v in c.validation_history],
+            scored_tokens=c.scored_tokens,
+            updates=c.updates,
+            skipped_updates=c.skipped_updates,
+            retries=c.retries,
+            loss_scale=self.scaler.state.scale,
+            optimizer_report=self.opt.report(),
+            seconds=seconds,
+            log_path=log_path,
+            kernel_identity=self.identity,
+            optimizer_bytes={
+                "optimizer": self.opt.state_bytes(),
+                "managed": self.opt.managed_bytes(),
+            },
+        )
 
 
 def _write_event(log_file: Any, event: dict[str, Any]) -> None:
