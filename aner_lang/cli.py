@@ -10,9 +10,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from aner_lang.diagnostics import Diagnostic, render
+
+Command = Callable[[argparse.Namespace], int]
+"""A subcommand: the parsed arguments -> the exit code."""
 
 
 def _print(diags: list[Diagnostic], source: str | None) -> None:
@@ -31,7 +35,7 @@ def _read(path: str) -> str | None:
         return None
 
 
-def cmd_check(args) -> int:
+def cmd_check(args: argparse.Namespace) -> int:
     from aner_lang.check import analyze
 
     failed = False
@@ -46,7 +50,7 @@ def cmd_check(args) -> int:
     return 1 if failed else 0
 
 
-def cmd_run(args) -> int:
+def cmd_run(args: argparse.Namespace) -> int:
     from aner_lang.check import analyze
     from aner_lang.interp import AnerError, ExecContext, run
 
@@ -67,7 +71,7 @@ def cmd_run(args) -> int:
     return 0
 
 
-def cmd_check_docs(args) -> int:
+def cmd_check_docs(args: argparse.Namespace) -> int:
     from aner_lang.docs_check import check_markdown, markdown_files
 
     failed = False
@@ -81,7 +85,7 @@ def cmd_check_docs(args) -> int:
     return 1 if failed else 0
 
 
-def cmd_builtins(args) -> int:
+def cmd_builtins(args: argparse.Namespace) -> int:
     from aner_lang.builtins import registry
     from aner_lang.builtins.reference import render_reference
 
@@ -137,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:
         return int(e.code or 0) and 2
-    return args.fn(args)
+    command: Command = args.fn
+    return command(args)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from aner_lang.docs_check import check_markdown
 from aner_lang.errors import NativeBackendUnavailable
 from aner_lang.grammar import ast, parse
 from aner_lang.interp import AnerError, ExecContext, run
-from aner_lang.interp.interpreter import load_impl
+from aner_lang.interp.boundary import load_impl
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -135,14 +135,14 @@ def test_runtime_constraint_and_internal_error(monkeypatch) -> None:
     with pytest.raises(AnerError) as info:
         _run("let s = 0\nprint(range(0, 3, step: s))\n")
     assert info.value.diagnostic.code == "E-CONSTRAINT"
+    import aner_lang.interp.boundary as boundary
     import aner_lang.interp.corelib as corelib
-    import aner_lang.interp.interpreter as interp
 
     def broken(x):
         raise ValueError("boom")
 
     monkeypatch.setattr(corelib, "exp", broken)
-    monkeypatch.setattr(interp, "_impl_cache", {})
+    monkeypatch.setattr(boundary, "_impl_cache", {})
     with pytest.raises(AnerError) as info:
         _run("print(exp(1.0))\n")
     d = info.value.diagnostic
