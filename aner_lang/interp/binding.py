@@ -90,7 +90,7 @@ def _builtin_plan(info: CallInfo, written: set[int], returns: Type | None) -> Bu
         if expr is not None and id(expr) in written:
             args.append((name, expr, ty == FLOAT))
         elif p.default is not None:
-            defaults.append((name, registry_default(p.default)))
+            defaults.append((name, registry_default(p)))
         else:
             raise AssertionError(f"`{name}` of `{b.name}` is unbound")
     return BuiltinPlan(b, tuple(args), tuple(defaults), returns)

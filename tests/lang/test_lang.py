@@ -119,6 +119,19 @@ def test_imports_run(tmp_path: Path) -> None:
     assert out.getvalue() == "4\n"
 
 
+def test_defaults_of_an_imported_fn_and_record_are_its_own_module(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # `_run` names the script t.aner, relative to the working directory
+    (tmp_path / "lib.aner").write_text(
+        "enum Level { low, high }\n"
+        'fn f(n: Int, level: Level = low, k: Float = 2 + 3) -> String {\n  return "${n} ${level} ${k}"\n}\n'
+        "record R {\n  level: Level = high\n}\n"
+    )
+    out = _run('import "lib.aner"\nprint(f(1))\nprint(f(2, level: high))\nprint(R())\n', tmp_path)
+    assert out.splitlines() == ["1 low 5.0", "2 high 5.0", "R(level: high)"]
+
+
 def test_runtime_error_has_span_and_aner_stack() -> None:
     src = (
         "fn inner(x: Int) -> Float {\n  return 1 / x\n}\n"
