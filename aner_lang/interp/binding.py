@@ -4,10 +4,12 @@
 `CallInfo.bound` pairs every parameter with the expression that fills it, the argument the caller
 wrote or else the parameter's default. They are evaluated in different places:
 
-* an argument, in the caller's scope; an Int argument for a Float parameter becomes a Float;
+* an argument, in the caller's scope;
 * the default of a user `fn` parameter or `record` field, in the module that declares it (its
   names and enum members are that module's, also when another module calls it);
 * a builtin's default, from the registry, as `defaults.py` describes.
+
+Wherever it comes from, an Int for a Float parameter becomes a Float.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ UserArg: TypeAlias = tuple[str, ast.Expr, Module | None, bool]
 
 @dataclass(frozen=True, slots=True)
 class BuiltinPlan:
+    """A builtin call: the written arguments, then the registry defaults of the others."""
+
     builtin: Builtin
     args: tuple[Arg, ...]
     defaults: tuple[tuple[str, Default], ...]
@@ -41,6 +45,8 @@ class BuiltinPlan:
 
 @dataclass(frozen=True, slots=True)
 class FnPlan:
+    """A call of a user `fn`, whose body runs in `module`."""
+
     name: str
     fn: ast.FnDecl
     module: Module
@@ -49,6 +55,8 @@ class FnPlan:
 
 @dataclass(frozen=True, slots=True)
 class RecordPlan:
+    """A record construction: `args` in field order."""
+
     name: str
     args: tuple[UserArg, ...]
 
