@@ -10,9 +10,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from aner_lang.diagnostics import Diagnostic, render
+
+Command = Callable[[argparse.Namespace], int]
+"""A subcommand: the parsed arguments -> the exit code."""
 
 
 def _print(diags: list[Diagnostic], source: str | None) -> None:
@@ -184,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:
         return int(e.code or 0) and 2
-    return int(args.fn(args))
+    command: Command = args.fn
+    return command(args)
 
 
 if __name__ == "__main__":

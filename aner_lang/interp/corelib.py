@@ -5,26 +5,32 @@ from __future__ import annotations
 import builtins
 import json
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import TypeVar
 
 from aner_lang.errors import AnerRuntimeError
 from aner_lang.interp.context import ExecContext
-from aner_lang.interp.values import show, to_plain
+from aner_lang.interp.values import Value, show, to_plain
+
+Number = TypeVar("Number", int, float)
+"""Int or Float: `min`, `max` and `abs` have one overload for each, of the same type throughout."""
+R = TypeVar("R")
 
 
-def print_(ctx: ExecContext, value: Any) -> None:
+def print_(ctx: ExecContext, value: Value) -> None:
     print(show(value), file=ctx.stdout)
 
 
-def len_(items: Any = None, text: Any = None) -> int:
-    return len(items if items is not None else text)
+def len_(items: list[Value] | None = None, text: str | None = None) -> int:
+    """`len(items)` or `len(text)`: the overload called passes exactly one of them."""
+    return len(items) if items is not None else len(text or "")
 
 
 def range_(stop: int, start: int | None = None, step: int = 1) -> list[int]:
     return list(range(stop)) if start is None else list(range(start, stop, step))
 
 
-def str_(value: Any) -> str:
+def str_(value: Value) -> str:
     return show(value)
 
 
@@ -46,19 +52,19 @@ def split(text: str, sep: str | None) -> list[str]:
     return text.split(sep)
 
 
-def min_(a, b):
+def min_(a: Number, b: Number) -> Number:
     return min(a, b)
 
 
-def max_(a, b):
+def max_(a: Number, b: Number) -> Number:
     return max(a, b)
 
 
-def abs_(x):
+def abs_(x: Number) -> Number:
     return abs(x)
 
 
-def _checked(fn, x: float):
+def _checked(fn: Callable[[float], R], x: float) -> R:
     try:
         return fn(x)
     except (ValueError, OverflowError) as e:
@@ -109,7 +115,7 @@ def read_text(ctx: ExecContext, path: str) -> str:
         ) from None
 
 
-def write_json(ctx: ExecContext, path: str, value: Any) -> None:
+def write_json(ctx: ExecContext, path: str, value: Value) -> None:
     full = ctx.resolve_path(path)
     try:
         full.parent.mkdir(parents=True, exist_ok=True)

@@ -20,7 +20,7 @@ from aner_lang.docs_check import check_markdown
 from aner_lang.errors import NativeBackendUnavailable
 from aner_lang.grammar import ast, parse
 from aner_lang.interp import AnerError, ExecContext, run
-from aner_lang.interp.interpreter import load_impl
+from aner_lang.interp.boundary import load_impl
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -119,6 +119,19 @@ def test_imports_run(tmp_path: Path) -> None:
     assert out.getvalue() == "4\n"
 
 
+def test_defaults_of_an_imported_fn_and_record_are_its_own_module(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # `_run` names the script t.aner, relative to the working directory
+    (tmp_path / "lib.aner").write_text(
+        "enum Level { low, high }\n"
+        'fn f(n: Int, level: Level = low, k: Float = 2 + 3) -> String {\n  return "${n} ${level} ${k}"\n}\n'
+        "record R {\n  level: Level = high\n}\n"
+    )
+    out = _run('import "lib.aner"\nprint(f(1))\nprint(f(2, level: high))\nprint(R())\n', tmp_path)
+    assert out.splitlines() == ["1 low 5.0", "2 high 5.0", "R(level: high)"]
+
+
 def test_runtime_error_has_span_and_aner_stack() -> None:
     src = (
         "fn inner(x: Int) -> Float {\n  return 1 / x\n}\n"
@@ -135,14 +148,14 @@ def test_runtime_constraint_and_internal_error(monkeypatch) -> None:
     with pytest.raises(AnerError) as info:
         _run("let s = 0\nprint(range(0, 3, step: s))\n")
     assert info.value.diagnostic.code == "E-CONSTRAINT"
+    import aner_lang.interp.boundary as boundary
     import aner_lang.interp.corelib as corelib
-    import aner_lang.interp.interpreter as interp
 
     def broken(x):
         raise ValueError("boom")
 
     monkeypatch.setattr(corelib, "exp", broken)
-    monkeypatch.setattr(interp, "_impl_cache", {})
+    monkeypatch.setattr(boundary, "_impl_cache", {})
     with pytest.raises(AnerError) as info:
         _run("print(exp(1.0))\n")
     d = info.value.diagnostic
