@@ -24,10 +24,11 @@ KINDS = [lsp.CodeActionKind.QuickFix]
 
 def _touches(a: lsp.Range, b: lsp.Range) -> bool:
     """Whether the ranges overlap or meet (a cursor at either end of a word touches it)."""
-    return (a.start.line, a.start.character) <= (b.end.line, b.end.character) and (
-        b.start.line,
-        b.start.character,
-    ) <= (a.end.line, a.end.character)
+
+    def key(p: lsp.Position) -> tuple[int, int]:
+        return p.line, p.character
+
+    return key(a.start) <= key(b.end) and key(b.start) <= key(a.end)
 
 
 def quick_fixes(
