@@ -8,6 +8,30 @@ it). Cursor context always comes from the live text."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from aner_lang.check.analysis import Analysis, Definition
+    from aner_lang.check.types import Type
+
+
+class AnalysisView(Protocol):
+    """What completion and signature help read from an analysis: an `Analysis` of the live text,
+    or a `ShiftedAnalysis` of an older one."""
+
+    @property
+    def path(self) -> str | None: ...
+    @property
+    def source(self) -> str:
+        """The analysed text (the offsets of definitions and nodes point into it)."""
+        ...
+
+    @property
+    def imports(self) -> dict[int, Analysis]: ...
+    @property
+    def field_types(self) -> dict[str, dict[str, Type]]: ...
+    def scope_at(self, offset: int) -> dict[str, Definition]: ...
+
 
 def _common_prefix(a: str, b: str) -> int:
     """Length of the longest common prefix (binary search on slice compares, which run in C)."""
@@ -35,7 +59,7 @@ def _common_suffix(a: str, b: str, limit: int) -> int:
 class ShiftedAnalysis:
     """An `Analysis` of `old` text, queried with offsets into the `new` text."""
 
-    def __init__(self, analysis, new: str) -> None:
+    def __init__(self, analysis: Analysis, new: str) -> None:
         old = analysis.source
         self._analysis = analysis
         self._prefix = _common_prefix(old, new)
@@ -50,17 +74,21 @@ class ShiftedAnalysis:
             return offset - self._delta
         return offset if offset <= self._prefix else self._prefix
 
-    def scope_at(self, offset: int):
+    def scope_at(self, offset: int) -> dict[str, Definition]:
         return self._analysis.scope_at(self.map(offset))
 
-    def type_at(self, offset: int):
-        return self._analysis.type_at(self.map(offset))
+    @property
+    def path(self) -> str | None:
+        return self._analysis.path
 
-    def definition_at(self, offset: int):
-        return self._analysis.definition_at(self.map(offset))
+    @property
+    def source(self) -> str:
+        return self._analysis.source
 
-    def call_at(self, offset: int):
-        return self._analysis.call_at(self.map(offset))
+    @property
+    def imports(self) -> dict[int, Analysis]:
+        return self._analysis.imports
 
-    def __getattr__(self, name: str):
-        return getattr(self._analysis, name)
+    @property
+    def field_types(self) -> dict[str, dict[str, Type]]:
+        return self._analysis.field_types

@@ -4,9 +4,13 @@ Aner type strings (`List[Int]`, `Run?`), the registry's own notation."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from aner_lang.builtins import registry
-from aner_lang.check.analysis import Analysis
 from aner_lsp.lexer import Tok
+
+if TYPE_CHECKING:
+    from aner_lsp.stale import AnalysisView
 
 
 def base_name(ty: str) -> str:
@@ -14,7 +18,7 @@ def base_name(ty: str) -> str:
     return ty.rstrip("?").split("[", 1)[0]
 
 
-def call_returns(analysis: Analysis, name: str, offset: int) -> str | None:
+def call_returns(analysis: AnalysisView, name: str, offset: int) -> str | None:
     d = analysis.scope_at(offset).get(name)
     if d is not None:
         return str(d.ty) if d.kind in ("fn", "record") else None
@@ -22,11 +26,11 @@ def call_returns(analysis: Analysis, name: str, offset: int) -> str | None:
     return overloads[0].returns if overloads else None
 
 
-def field_type(analysis: Analysis, owner: str, name: str) -> str | None:
+def field_type(analysis: AnalysisView, owner: str, name: str) -> str | None:
     return fields_of(analysis, owner).get(name)
 
 
-def fields_of(analysis: Analysis, owner: str) -> dict[str, str]:
+def fields_of(analysis: AnalysisView, owner: str) -> dict[str, str]:
     """Field name -> type string of a builtin type or a record this file declares or imports."""
     owner = base_name(owner)
     decl = registry().types.get(owner)
@@ -49,7 +53,7 @@ def _skip_group(toks: tuple[Tok, ...], i: int) -> int:
     return i
 
 
-def chain_type(analysis: Analysis, toks: tuple[Tok, ...], offset: int) -> str | None:
+def chain_type(analysis: AnalysisView, toks: tuple[Tok, ...], offset: int) -> str | None:
     """The type of the postfix expression `toks`, or None where it cannot be known."""
     if not toks:
         return None

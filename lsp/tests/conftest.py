@@ -13,8 +13,9 @@ SERVER = [sys.executable, "-m", "aner_lang.cli", "lsp"]  # what `aner lsp` runs
 
 @pytest_lsp.fixture(scope="module", config=ClientServerConfig(server_command=SERVER))
 async def client(lsp_client: LanguageClient):
-    await lsp_client.initialize_session(
+    result = await lsp_client.initialize_session(
         types.InitializeParams(capabilities=pytest_lsp.client_capabilities("visual_studio_code"))
     )
+    lsp_client.server_capabilities = result.capabilities  # what the server advertised
     yield
     await lsp_client.shutdown_session()

@@ -7,7 +7,7 @@ import pytest
 from lsp_helpers import open_doc
 from lsprotocol import types
 
-from aner_lsp.formatting import format_source
+from aner_lsp.features.formatting import format_source
 
 in_server = pytest.mark.asyncio(loop_scope="module")
 

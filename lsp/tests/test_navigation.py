@@ -7,6 +7,8 @@ import pytest
 from lsp_helpers import at, open_doc
 from lsprotocol import types
 
+from aner_lsp.legend import TOKEN_TYPES
+
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 SCRIPT = """record Budget {
@@ -92,6 +94,26 @@ async def test_rename_local_binding(client):
     )
 
 
+async def test_references_with_and_without_the_declaration(client):
+    uri = "file:///tmp/references.aner"
+    await open_doc(client, uri, SCRIPT)
+
+    async def refs(marker, declaration):
+        return await client.text_document_references_async(
+            types.ReferenceParams(
+                context=types.ReferenceContext(include_declaration=declaration),
+                text_document=doc(uri),
+                position=at(SCRIPT, marker),
+            )
+        )
+
+    lines = sorted(r.range.start.line for r in await refs("count)", True))
+    assert lines == [5, 6, 10, 10]  # `let count`, the use after the emoji, two in `total`
+    uses = await refs("twice(count)", False)
+    assert [(r.uri, r.range.start) for r in uses] == [(uri, types.Position(10, 12))]
+    assert await refs("load_model", True) is None  # a builtin: no user definition
+
+
 async def test_document_symbols(client):
     uri = "file:///tmp/symbols.aner"
     await open_doc(client, uri, SCRIPT)
@@ -109,8 +131,6 @@ async def test_semantic_tokens(client):
         types.SemanticTokensParams(doc(uri))
     )
     data, line, col, found = list(tokens.data), 0, 0, {}
-    from aner_lsp.features import TOKEN_TYPES
-
     for i in range(0, len(data), 5):
         line += data[i]
         col = data[i + 1] if data[i] else col + data[i + 1]

@@ -1,9 +1,10 @@
 """Document formatting: re-indent by bracket depth (two spaces a level), strip trailing spaces,
 keep at most one blank line in a row and end with one newline.
 
-LANG provides no formatter, so this one is deliberately conservative: it only touches whitespace
-at line starts and ends, and it is only applied when the file parses cleanly before and after and
-both parses give the same syntax tree (spans aside). Anything else leaves the buffer alone."""
+The language has no formatter of its own, so this one is deliberately conservative: it only
+touches whitespace at line starts and ends, and it is only applied when the file parses cleanly
+before and after and both parses give the same syntax tree (spans aside). Anything else leaves
+the buffer alone."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from dataclasses import fields, is_dataclass
 
 from lsprotocol import types
 
+from aner_lsp.documents import AnerServer
 from aner_lsp.lexer import tokens
 from aner_lsp.positions import LineIndex
 
@@ -31,8 +33,9 @@ def _line_depths(source: str) -> list[int | None]:
             depths.append(None if "(" in stack or "[" in stack else stack.count("{"))
             first_on_line = True
             continue
-        if first_on_line and depths[-1] is not None and tok.text in ("}", "."):
-            depths[-1] += -1 if tok.text == "}" else 1
+        depth = depths[-1]
+        if first_on_line and depth is not None and tok.text in ("}", "."):
+            depths[-1] = depth + (-1 if tok.text == "}" else 1)
         first_on_line = False
         if tok.text in _OPENERS:
             stack.append(tok.text)
@@ -89,3 +92,12 @@ def formatting_edits(source: str, index: LineIndex) -> list[types.TextEdit]:
     if formatted is None or formatted == source:
         return []
     return [types.TextEdit(index.range(0, len(source)), formatted)]
+
+
+def on_formatting(ls: AnerServer, params: types.DocumentFormattingParams) -> list[types.TextEdit]:
+    doc = ls.workspace.get_text_document(params.text_document.uri)
+    return formatting_edits(doc.source, LineIndex(doc.source))
+
+
+def register(server: AnerServer) -> None:
+    server.feature(types.TEXT_DOCUMENT_FORMATTING)(on_formatting)
