@@ -42,7 +42,13 @@ def _check_rank(rank: int, alpha: float | None = None, dropout: float = 0.0) -> 
 
 
 def _low_rank(
-    method: str, model: Any, rank: int, alpha: float, dropout: float, targets: Sequence[str], seed: int
+    method: str,
+    model: Any,
+    rank: int,
+    alpha: float,
+    dropout: float,
+    targets: Sequence[str],
+    seed: int,
 ) -> Adapter:
     _check_rank(rank, alpha, dropout)
     return _LOW_RANK[method](model, rank, alpha, dropout, list(targets), seed)
