@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from aner_lang.builtins import Registry
 from aner_lang.builtins.spec import Builtin
 
 
+def signature_text(name: str, params: Iterable[tuple[str, str, str | None]], returns: str) -> str:
+    """`name(param: Type = default, ...) -> Returns` from (name, type, default or None) per
+    parameter: how a signature is written in messages, the reference and hovers."""
+    parts = ", ".join(f"{n}: {t}" + (f" = {d}" if d is not None else "") for n, t, d in params)
+    return f"{name}({parts}) -> {returns}"
+
+
 def signature(b: Builtin) -> str:
-    """`name(param: Type = default, ...) -> Returns`, as messages and the reference show it."""
-    params = ", ".join(
-        f"{p.name}: {p.type}" + (f" = {p.default}" if p.default is not None else "")
-        for p in b.params
-    )
-    return f"{b.name}({params}) -> {b.returns}"
+    """A builtin's signature, with its defaults as the registry writes them."""
+    return signature_text(b.name, ((p.name, p.type, p.default) for p in b.params), b.returns)
 
 
 def _entry(title: str, doc: str, items: list[tuple[str, str]]) -> list[str]:

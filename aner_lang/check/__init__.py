@@ -30,8 +30,8 @@ import os
 from aner_lang.builtins import registry
 from aner_lang.check.analysis import Analysis, CallInfo, Definition, Reference
 from aner_lang.check.checker import Resolver, analyze_module
-from aner_lang.diagnostics import internal_error
-from aner_lang.grammar import parse
+from aner_lang.diagnostics import Diagnostic, internal_error
+from aner_lang.grammar import ast, parse
 
 
 def file_resolver(path: str, importer: str | None) -> tuple[str, str]:
@@ -49,12 +49,22 @@ def analyze(source: str, path: str | None = None, *, resolver: Resolver | None =
     # cyclic GC rescanning them is pure overhead, so it is paused here (as in `parse`).
     gc_was_enabled = gc.isenabled()
     gc.disable()
+    module = ast.Module(path, ())  # what the result shows should the parser itself fail
+    syntax: list[Diagnostic] = []
     try:
-        return analyze_module(source, path, registry(), resolver or file_resolver, (key,), {})
+        module, syntax = parse(source, path)
+        return analyze_module(
+            source,
+            path,
+            registry(),
+            resolver or file_resolver,
+            (key,),
+            {},
+            parsed=(module, syntax),
+        )
     except Exception as exc:  # a bug in Aner: still a diagnostic, never a traceback
-        module, diags = parse(source, path)
         return Analysis(
-            path, source, module, diagnostics=diags + [internal_error(None, exc).at(path)]
+            path, source, module, diagnostics=syntax + [internal_error(None, exc).at(path)]
         )
     finally:
         if gc_was_enabled:

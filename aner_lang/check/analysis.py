@@ -3,16 +3,21 @@ side tables the interpreter runs from."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
+from aner_lang.builtins.reference import signature_text
 from aner_lang.diagnostics import Diagnostic
 from aner_lang.grammar import ast
 from aner_lang.grammar.ast import Span
 
 if TYPE_CHECKING:
     from aner_lang.builtins.spec import Builtin
+    from aner_lang.check.core import Param
     from aner_lang.check.types import Type
+
+_V = TypeVar("_V")
 
 
 @dataclass(eq=False)
@@ -36,14 +41,14 @@ class Definition:
         return str(self.ty)
 
 
-def fn_signature(fn: ast.FnDecl, returns: object) -> str:
-    params = ", ".join(
-        f"{p.name}: {_type_text(p.type)}" + (" = ..." if p.default else "") for p in fn.params
-    )
-    return f"fn {fn.name}({params}) -> {returns}"
+def fn_signature(fn: ast.FnDecl, returns: Type) -> str:
+    """`fn name(param: Type = ..., ...) -> Returns` (a default shows as `...`)."""
+    params = ((p.name, _type_text(p.type), None if p.default is None else "...") for p in fn.params)
+    return "fn " + signature_text(fn.name, params, str(returns))
 
 
 def _type_text(t: ast.TypeExpr) -> str:
+    """A type as written in source (`List[Int]?`)."""
     if isinstance(t, ast.OptionalType):
         return _type_text(t.inner) + "?"
     return t.name + (f"[{', '.join(_type_text(a) for a in t.args)}]" if t.args else "")
@@ -70,11 +75,12 @@ class CallInfo:
     call: ast.Call
     name: str
     kind: str
-    candidates: tuple = ()
+    candidates: tuple[Builtin, ...] | tuple[Definition, ...] = ()
+    """The overload set of a builtin, or the one user definition."""
     builtin: Builtin | None = None
     definition: Definition | None = None
     bound: tuple[tuple[str, ast.Expr | None], ...] = ()
-    param_types: tuple = ()
+    param_types: tuple[Type, ...] = ()
     """The declared type of each parameter in `bound` (the interpreter promotes Int to Float)."""
     receiver: ast.Expr | None = None
     """For method syntax `x.f(a)`: the expression `x` (bound to the first parameter)."""
@@ -116,7 +122,7 @@ class Analysis:
     record_fields: dict[str, tuple[ast.FieldDecl, ...]] = field(default_factory=dict)
     field_types: dict[str, dict[str, Type]] = field(default_factory=dict)
     """Field types of the records this file declares or imports."""
-    signatures: dict[int, tuple[list, Type]] = field(default_factory=dict)
+    signatures: dict[int, tuple[list[Param], Type]] = field(default_factory=dict)
     """id(FnDecl or RecordDecl) -> (parameters, return type), also for imported declarations."""
 
     @property
@@ -171,9 +177,10 @@ class Analysis:
         )
 
     @staticmethod
-    def _innermost(offset: int, items):
+    def _innermost(offset: int, items: Iterable[tuple[Span, _V]]) -> _V | None:
         """The value whose span is the smallest one containing `offset`."""
-        best, best_len = None, None
+        best: _V | None = None
+        best_len: int | None = None
         for span, value in items:
             if span.start <= offset <= span.end and (
                 best_len is None or span.end - span.start < best_len

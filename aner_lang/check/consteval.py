@@ -16,13 +16,25 @@ class NotConstant(Exception):
     """The expression mentions something that is not known before the script runs."""
 
 
-def _div(a, b):
+STATIC_FAILURES: tuple[type[Exception], ...] = (
+    NotConstant,
+    AnerRuntimeError,
+    OverflowError,
+    ValueError,
+)
+"""What `evaluate` may raise on a well-typed expression: it is not a constant (NotConstant), or
+running it fails, which the run reports (division or modulo by zero: AnerRuntimeError; an Int too
+large for a Float: OverflowError; `%` of an infinite Float: ValueError). Any other exception from
+a well-typed expression is a bug."""
+
+
+def _div(a: float, b: float) -> float:
     if b == 0:
         raise AnerRuntimeError("division by zero", code="E-DIV-ZERO")
     return a / b  # always true division: `/` gives a Float
 
 
-def _mod(a, b):
+def _mod(a: float, b: float) -> float:
     if b == 0:
         raise AnerRuntimeError("modulo by zero", code="E-DIV-ZERO")
     return math.fmod(a, b) if isinstance(a, float) or isinstance(b, float) else a % b
@@ -58,9 +70,10 @@ def evaluate(
     if isinstance(expr, ast.NoneLit):
         return None
     if isinstance(expr, ast.StringLit):
-        if all(isinstance(p, str) for p in expr.parts):
-            return "".join(expr.parts)
-        raise NotConstant
+        text = [p for p in expr.parts if isinstance(p, str)]
+        if len(text) < len(expr.parts):  # it interpolates an expression
+            raise NotConstant
+        return "".join(text)
     if isinstance(expr, ast.Name):
         if expr.name in env:
             return env[expr.name]

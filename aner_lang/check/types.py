@@ -4,6 +4,7 @@ assignability with Int -> Float promotion, and the parser for the type strings o
 from __future__ import annotations
 
 import re
+from collections.abc import Container, Mapping
 from dataclasses import dataclass
 from functools import cache
 
@@ -102,19 +103,22 @@ def join(a: Type, b: Type) -> Type | None:
 
 _TOKEN = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*|\[|\]|,|\?)")
 
+ParsedType = tuple[str, tuple["ParsedType", ...], int]
+"""A registry type string taken apart: (name, type arguments, how many `?` follow)."""
+
 
 @cache
-def parse_type_string(text: str) -> tuple:
+def parse_type_string(text: str) -> ParsedType:
     """Parse a registry type string (``"List[Target]"``, ``"Dataset?"``) into a nested tuple
-    ``(name, args, optional_depth)`` that the checker resolves against the known type names."""
+    ``(name, args, optional_depth)``; `registry_type` resolves it against the known type names."""
     tokens = _TOKEN.findall(text)
     pos = 0
 
-    def parse() -> tuple:
+    def parse() -> ParsedType:
         nonlocal pos
         name = tokens[pos]
         pos += 1
-        args: list = []
+        args: list[ParsedType] = []
         if pos < len(tokens) and tokens[pos] == "[":
             pos += 1
             args.append(parse())
@@ -132,3 +136,31 @@ def parse_type_string(text: str) -> tuple:
     if pos != len(tokens) or "".join(tokens) != re.sub(r"\s", "", text):
         raise ValueError(f"bad registry type string {text!r}")
     return result
+
+
+def registry_type(text: str, enums: Mapping[str, EnumT], named: Container[str]) -> Type:
+    """The type a registry type string means: a primitive, `List[...]`, one of `enums`, or one of
+    the `named` (record / opaque) types. Raises ValueError for anything else: registry text is
+    written by Aner's engineers, so an unknown name there is a bug, not user input."""
+    return _resolve(parse_type_string(text), text, enums, named)
+
+
+def _resolve(
+    parsed: ParsedType, text: str, enums: Mapping[str, EnumT], named: Container[str]
+) -> Type:
+    name, args, opt = parsed
+    if name == "List" and len(args) == 1:
+        ty: Type = ListT(_resolve(args[0], text, enums, named))
+    elif args:
+        raise ValueError(f"registry type {text!r}: only List takes type arguments")
+    elif name in PRIMITIVES:
+        ty = PRIMITIVES[name]
+    elif name in enums:
+        ty = enums[name]
+    elif name in named:
+        ty = NamedT(name)
+    else:
+        raise ValueError(f"registry type {text!r}: unknown type {name!r}")
+    for _ in range(opt):
+        ty = optional(ty)
+    return ty

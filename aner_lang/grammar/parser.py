@@ -25,8 +25,9 @@ import gc
 import itertools
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from functools import lru_cache
+from typing import Any, Literal, Protocol, final, overload
 
 from lark import Lark, Token, Transformer
 from lark.common import LexerConf
@@ -107,11 +108,28 @@ class _State(threading.local):
     """Per-thread parse state: position shifts of nested parses and the diagnostics they add."""
 
     def __init__(self) -> None:
-        self.shifts: list[tuple[int, int, int]] = []  # (line offset, column offset, char offset)
+        self.shifts: list[Shift] = []
         self.diagnostics: list[Diagnostic] = []
 
 
 _state = _State()
+
+
+@final
+class _Token(Token):
+    """A token of `_Lexer`: a Lark `Token` whose positions are always set (Lark's are optional)."""
+
+    __slots__ = ()
+    start_pos: int
+    line: int
+    column: int
+    end_line: int
+    end_column: int
+    end_pos: int
+
+
+Shift = tuple[int, int, int]
+"""Where a nested parse's text sits in the file: (line offset, column offset, char offset)."""
 
 
 class _Lexer(Lexer):
@@ -135,23 +153,27 @@ class _Lexer(Lexer):
         self.regex = re.compile("|".join(parts))
         self.ignore = frozenset(conf.ignore)
 
-    def lex(self, text: str) -> Iterator[Token]:
+    # Lark's interface-0 custom lexer: Lark calls it with the text alone.
+    def lex(self, text: str) -> Iterator[_Token]:  # type: ignore[override]
         line_off, col_off, pos_off = _state.shifts[-1] if _state.shifts else (0, 0, 0)
         match = self.regex.match
-        new_token = Token._future_new  # Token() minus its deprecated-keyword shim: hot path
+        # _Token() minus its deprecated-keyword shim: hot path
+        new_token: Callable[..., _Token] = _Token._future_new
         keywords = self.keywords
         ignore = self.ignore
         pos, line, line_start, end = 0, 1, 0, len(text)
         depth = 0
         prev: str | None = None
-        pending: Token | None = None
+        pending: _Token | None = None
         str_new = str.__new__
         while pos < end:
             m = match(text, pos)
             if m is None:
                 # unshifted: _error_diagnostic applies the shift
-                raise UnexpectedCharacters(text, pos, line, pos - line_start + 1)
-            kind = m.lastgroup
+                raise UnexpectedCharacters(  # type: ignore[no-untyped-call]  # Lark's is untyped
+                    text, pos, line, pos - line_start + 1
+                )
+            kind = m.lastgroup or ""  # every alternative of the regex is a named group
             value = m.group()
             new_pos = m.end()
             if kind in ignore:
@@ -190,7 +212,7 @@ class _Lexer(Lexer):
             prev = kind
             ln = line + line_off
             # Token(...) written out (its constructor is a Python-level call): hot path
-            tok = str_new(Token, value)
+            tok = str_new(_Token, value)
             tok.type = kind
             tok.start_pos = pos + pos_off
             tok.value = value
@@ -203,7 +225,7 @@ class _Lexer(Lexer):
             pos = new_pos
 
 
-def _span_maker():
+def _span_maker() -> Callable[[int, int, int, int, int, int], Span]:
     """`Span(...)` for the parser's hot path: the frozen dataclass's `__init__` goes through
     `object.__setattr__` per field; setting the slots directly builds the same object in half the time."""
     new = object.__new__
@@ -227,29 +249,37 @@ def _span_maker():
 _span = _span_maker()
 
 
-def _tspan(tok: Token) -> Span:
+def _tspan(tok: _Token) -> Span:
     return _span(tok.line, tok.column, tok.end_line, tok.end_column, tok.start_pos, tok.end_pos)
 
 
-def _sp(item) -> Span:
-    return _tspan(item) if type(item) is Token else item.span
+class _Spanned(Protocol):
+    """An AST node (every node has a span)."""
+
+    @property
+    def span(self) -> Span: ...
 
 
-def _cover(first, last) -> Span:
+def _cover(first: _Token | _Spanned, last: _Token | _Spanned) -> Span:
     """The span from the start of `first` to the end of `last` (tokens or nodes); written out
     because it runs for nearly every node of a large file."""
-    if type(first) is Token:
+    if type(first) is _Token:
         line, col, start = first.line, first.column, first.start_pos
     else:
         f = first.span
         line, col, start = f.line, f.col, f.start
-    if type(last) is Token:
+    if type(last) is _Token:
         return _span(line, col, last.end_line, last.end_column, start, last.end_pos)
     e = last.span
     return _span(line, col, e.end_line, e.end_col, start, e.end)
 
 
-def _nodes(items) -> tuple:
+Items = list[Any]
+"""A rule's children as Lark passes them to its callback: tokens (`_Token`), the nodes of
+sub-rules, and None for an absent optional part; the grammar rule fixes which is where."""
+
+
+def _nodes(items: Items) -> tuple[Any, ...]:
     """The child nodes of a rule, without its tokens and absent optional parts."""
     return tuple(i for i in items if i is not None and not isinstance(i, Token))
 
@@ -258,100 +288,101 @@ _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", '"': '"', "\\": "\\", "$": "$", "0"
 _INTERP = re.compile(r"\\(.)|\$\{([^}]*)\}?", re.S)
 
 
-class _ToAst(Transformer):
+class _ToAst(Transformer[_Token, object]):
     """Builds AST nodes during the LALR parse (one method per grammar rule or alias). Keyword and
     bracket tokens are named terminals so that each node's span covers them."""
 
-    def start(self, items):
+    def start(self, items: Items) -> tuple[ast.Stmt, ...]:
         return _nodes(items)
 
-    def block(self, items):
+    def block(self, items: Items) -> ast.Block:
         return ast.Block(_cover(items[0], items[-1]), _nodes(items))
 
-    def let(self, items):
+    def let(self, items: Items) -> ast.Let:
         _, name, ann, value = items
         return ast.Let(_cover(items[0], value), str(name), _tspan(name), ann, value)
 
-    def assign(self, items):
+    def assign(self, items: Items) -> ast.Assign:
         name, value = items
         return ast.Assign(_cover(name, value), str(name), _tspan(name), value)
 
-    def fn_decl(self, items):
+    def fn_decl(self, items: Items) -> ast.FnDecl:
         kw, name, *rest = items
         params = tuple(p for p in rest[:-2] if p is not None)
         return ast.FnDecl(_cover(kw, rest[-1]), str(name), _tspan(name), params, rest[-2], rest[-1])
 
-    def param(self, items):
+    def param(self, items: Items) -> ast.ParamDecl:
         name, typ, default = items
         return ast.ParamDecl(_cover(name, default or typ), str(name), _tspan(name), typ, default)
 
-    def field_decl(self, items):
+    def field_decl(self, items: Items) -> ast.FieldDecl:
         name, typ, default = items
         return ast.FieldDecl(_cover(name, default or typ), str(name), _tspan(name), typ, default)
 
-    def record_decl(self, items):
+    def record_decl(self, items: Items) -> ast.RecordDecl:
         return ast.RecordDecl(
             _cover(items[0], items[-1]), str(items[1]), _tspan(items[1]), _nodes(items[2:])
         )
 
-    def enum_member(self, items):
+    def enum_member(self, items: Items) -> ast.EnumMemberDecl:
         return ast.EnumMemberDecl(_tspan(items[0]), str(items[0]))
 
-    def enum_decl(self, items):
+    def enum_decl(self, items: Items) -> ast.EnumDecl:
         return ast.EnumDecl(
             _cover(items[0], items[-1]), str(items[1]), _tspan(items[1]), _nodes(items[2:])
         )
 
-    def if_stmt(self, items):
+    def if_stmt(self, items: Items) -> ast.If:
         kw, cond, then, orelse = items
         return ast.If(_cover(kw, orelse or then), cond, then, orelse)
 
-    def for_stmt(self, items):
+    def for_stmt(self, items: Items) -> ast.For:
         kw, var, iterable, body = items
         return ast.For(_cover(kw, body), str(var), _tspan(var), iterable, body)
 
-    def return_stmt(self, items):
+    def return_stmt(self, items: Items) -> ast.Return:
         kw, value = items
         return ast.Return(_cover(kw, value or kw), value)
 
-    def assert_stmt(self, items):
+    def assert_stmt(self, items: Items) -> ast.Assert:
         kw, cond, message = items
         return ast.Assert(_cover(kw, message or cond), cond, message)
 
-    def import_stmt(self, items):
+    def import_stmt(self, items: Items) -> ast.Import:
         kw, tok = items
         return ast.Import(_cover(kw, tok), _decode_plain(tok), _tspan(tok))
 
-    def expr_stmt(self, items):
+    def expr_stmt(self, items: Items) -> ast.ExprStmt:
         return ast.ExprStmt(items[0].span, items[0])
 
     # ---- types ----
-    def type_name(self, items):
+    def type_name(self, items: Items) -> ast.TypeName:
         name = items[0]
         return ast.TypeName(_cover(name, items[-1] or name), str(name), _nodes(items[1:]))
 
-    def optional_type(self, items):
+    def optional_type(self, items: Items) -> ast.OptionalType:
         return ast.OptionalType(_cover(items[0], items[1]), items[0])
 
     # ---- expressions ----
-    def expr(self, items):
+    def expr(self, items: Items) -> ast.Expr:
         """Group a flat chain `prefix* operand (op prefix* operand)*` by precedence (Pratt).
         Prefix `-` binds tightest; prefix `not` takes a whole comparison."""
         pos = 0
 
-        def operand(min_prec: int):
+        def operand(min_prec: int) -> ast.Expr:
             nonlocal pos
             head = items[pos]
             pos += 1
-            if type(head) is not Token:
-                return head
+            if type(head) is not _Token:
+                node: ast.Expr = head
+                return node
             if head.type == "NEG":
                 inner = operand(_UNARY_PREC)
                 return ast.Unary(_cover(head, inner), "-", inner)
             inner = climb(_NOT_PREC)
             return ast.Unary(_cover(head, inner), "not", inner)
 
-        def climb(min_prec: int):
+        def climb(min_prec: int) -> ast.Expr:
             nonlocal pos
             left = operand(min_prec)
             while pos < len(items):
@@ -366,37 +397,41 @@ class _ToAst(Transformer):
 
         return climb(0)
 
-    def call(self, items):
+    def call(self, items: Items) -> ast.Call:
         callee, lpar, *args, rpar = items
         return ast.Call(_cover(callee, rpar), callee, _nodes(args), _cover(lpar, rpar))
 
-    def member(self, items):
+    def member(self, items: Items) -> ast.Member:
         obj, name = items
         return ast.Member(_cover(obj, name), obj, str(name), _tspan(name))
 
-    def index(self, items):
+    def index(self, items: Items) -> ast.Index:
         obj, _, idx, rsqb = items
         return ast.Index(_cover(obj, rsqb), obj, idx)
 
-    def paren(self, items):
-        return items[1]
+    def paren(self, items: Items) -> ast.Expr:
+        inner: ast.Expr = items[1]
+        return inner
 
-    def named_arg(self, items):
+    def named_arg(self, items: Items) -> ast.Arg:
         name, value = items
         return ast.Arg(_cover(name, value), str(name), _tspan(name), value)
 
-    def pos_arg(self, items):
+    def pos_arg(self, items: Items) -> ast.Arg:
         return ast.Arg(items[0].span, None, None, items[0])
 
-    def int_lit(self, items):
+    def int_lit(self, items: Items) -> ast.IntLit:
         return ast.IntLit(_tspan(items[0]), int(items[0].replace("_", "")))
 
-    def float_lit(self, items):
+    def float_lit(self, items: Items) -> ast.FloatLit:
         return ast.FloatLit(_tspan(items[0]), float(items[0].replace("_", "")))
 
-    def bytes_lit(self, items):
+    def bytes_lit(self, items: Items) -> ast.BytesLit:
         tok = items[0]
-        number, unit = re.fullmatch(r"([0-9_.]+)[ \t]*([A-Za-z]+)", str(tok)).groups()
+        m = re.fullmatch(r"([0-9_.]+)[ \t]*([A-Za-z]+)", str(tok))
+        if m is None:
+            raise AssertionError(f"the BYTES terminal matched {tok!r}")
+        number, unit = m.groups()
         amount = float(number.replace("_", "")) * BYTE_UNITS[unit]
         span = _tspan(tok)
         if amount != int(amount):
@@ -405,36 +440,36 @@ class _ToAst(Transformer):
             )
         return ast.BytesLit(span, int(amount), " ".join(str(tok).split()))
 
-    def string_lit(self, items):
+    def string_lit(self, items: Items) -> ast.StringLit:
         return ast.StringLit(_tspan(items[0]), _string_parts(items[0]))
 
-    def true_lit(self, items):
+    def true_lit(self, items: Items) -> ast.BoolLit:
         return ast.BoolLit(_tspan(items[0]), True)
 
-    def false_lit(self, items):
+    def false_lit(self, items: Items) -> ast.BoolLit:
         return ast.BoolLit(_tspan(items[0]), False)
 
-    def none_lit(self, items):
+    def none_lit(self, items: Items) -> ast.NoneLit:
         return ast.NoneLit(_tspan(items[0]))
 
-    def name(self, items):
+    def name(self, items: Items) -> ast.Name:
         return ast.Name(_tspan(items[0]), str(items[0]))
 
-    def list_lit(self, items):
+    def list_lit(self, items: Items) -> ast.ListLit:
         return ast.ListLit(_cover(items[0], items[-1]), _nodes(items))
 
 
-def _decode_plain(tok: Token) -> str:
+def _decode_plain(tok: _Token) -> str:
     return _INTERP.sub(
         lambda m: _ESCAPES.get(m.group(1), m.group(1)) if m.group(1) is not None else m.group(0),
         str(tok)[1:-1],
     )
 
 
-def _string_parts(tok: Token) -> tuple:
+def _string_parts(tok: _Token) -> tuple[str | ast.Expr, ...]:
     """Split a string token into text and `${expr}` parts, parsing each expression in place."""
     raw = str(tok)[1:-1]
-    parts: list = []
+    parts: list[str | ast.Expr] = []
     text: list[str] = []
     pos = 0
     for m in _INTERP.finditer(raw):
@@ -476,38 +511,51 @@ def _parser() -> Lark:
     )
 
 
+_Reduce = tuple[int, str, Callable[[Items], Any]]
+_Action = tuple[Literal[True], int] | tuple[Literal[False], _Reduce]
+_Tables = tuple[
+    dict[int, dict[str, _Action]], dict[int, dict[str, int]], dict[str, int], dict[str, int], _Lexer
+]
+
+
 @lru_cache(maxsize=1)
-def _tables():
+def _tables() -> _Tables:
     """Lark's LALR tables re-keyed for `_fast_parse`: per state, token type -> (True, next state)
-    for a shift or (False, (rule size, rule origin, Lark's callback for the rule)) for a reduce."""
+    for a shift or (False, (rule size, rule origin, Lark's callback for the rule)) for a reduce;
+    and per state, the next state after each symbol it shifts (the goto after a reduce)."""
     lark = _parser()
     inner = lark.parser.parser.parser
     table, callbacks = inner.parse_table, inner.callbacks
-    reduces: dict = {}
-    states = {}
+    reduces: dict[int, _Reduce] = {}
+    states: dict[int, dict[str, _Action]] = {}
+    gotos: dict[int, dict[str, int]] = {}
     for state, actions in table.states.items():
-        row = {}
+        row: dict[str, _Action] = {}
+        goto: dict[str, int] = {}
         for sym, (action, arg) in actions.items():
             if action.name == "Shift":
                 row[sym] = (True, arg)
+                goto[sym] = arg
             else:
                 key = id(arg)
                 if key not in reduces:
                     reduces[key] = (len(arg.expansion), str(arg.origin.name), callbacks[arg])
                 row[sym] = (False, reduces[key])
         states[state] = row
-    return states, table.start_states, table.end_states, lark.parser.lexer.lexer
+        gotos[state] = goto
+    lexer: _Lexer = lark.parser.lexer.lexer  # ours, inside Lark's wrapper for custom lexers
+    return states, gotos, table.start_states, table.end_states, lexer
 
 
-def _fast_parse(text: str, start: str):
+def _fast_parse(text: str, start: str) -> Any:
     """The LALR loop of Lark's parser (same tables, same rule callbacks), minus its per-token
     overhead. Returns None on any syntax error; the caller then re-runs Lark's own parse, which
     raises the usual exception."""
-    states, start_states, end_states, lexer = _tables()
+    states, gotos, start_states, end_states, lexer = _tables()
     end_state = end_states[start]
     state = start_states[start]
     state_stack = [state]
-    value_stack: list = []
+    value_stack: list[Any] = []
     push_state = state_stack.append
     push_value = value_stack.append
     row = states[state]
@@ -532,7 +580,7 @@ def _fast_parse(text: str, start: str):
                 else:
                     values = []
                 value = callback(values)
-                state = states[state_stack[-1]][origin][1]
+                state = gotos[state_stack[-1]][origin]
                 push_state(state)
                 push_value(value)
                 row = states[state]
@@ -550,7 +598,7 @@ def _fast_parse(text: str, start: str):
         else:
             values = []
         value = callback(values)
-        state = states[state_stack[-1]][origin][1]
+        state = gotos[state_stack[-1]][origin]
         push_state(state)
         push_value(value)
         if state == end_state:
@@ -558,7 +606,13 @@ def _fast_parse(text: str, start: str):
         row = states[state]
 
 
-def _parse_with_shift(text: str, start: str, shift: tuple[int, int, int]):
+@overload
+def _parse_with_shift(text: str, start: Literal["start"], shift: Shift) -> tuple[ast.Stmt, ...]: ...
+@overload
+def _parse_with_shift(text: str, start: Literal["expr"], shift: Shift) -> ast.Expr: ...
+def _parse_with_shift(text: str, start: str, shift: Shift) -> Any:
+    """Parse `text` from the rule `start` (the whole file, or an expression), its positions
+    shifted to where it sits in the file."""
     _state.shifts.append(shift)
     try:
         kept = len(_state.diagnostics)
@@ -574,27 +628,28 @@ def _parse_with_shift(text: str, start: str, shift: tuple[int, int, int]):
         _state.shifts.pop()
 
 
-def _error_diagnostic(err: UnexpectedInput, shift: tuple[int, int, int]) -> Diagnostic:
+def _error_diagnostic(err: UnexpectedInput, shift: Shift) -> Diagnostic:
     line_off, col_off, pos_off = shift
     if isinstance(err, UnexpectedToken):
         tok = err.token
         expected = sorted({_display(t) for t in (err.accepts or err.expected)} - {"a newline"})
-        if tok.type == "$END":
-            end = tok.end_pos if tok.end_pos is not None else pos_off
-            span = Span(
-                tok.end_line or 1 + line_off,
-                tok.end_column or 1,
-                tok.end_line or 1 + line_off,
-                (tok.end_column or 1) + 1,
-                end,
-                end,
-            )
-            return msg.syntax_unexpected(span, "end of input", expected)
-        found = "newline" if tok.type == "_NL" else f"`{tok}`"
-        return msg.syntax_unexpected(_tspan(tok), found, expected)
+        if isinstance(tok, _Token):  # one of ours; else Lark's end-of-input token
+            found = "newline" if tok.type == "_NL" else f"`{tok}`"
+            return msg.syntax_unexpected(_tspan(tok), found, expected)
+        end = tok.end_pos if tok.end_pos is not None else pos_off
+        span = Span(
+            tok.end_line or 1 + line_off,
+            tok.end_column or 1,
+            tok.end_line or 1 + line_off,
+            (tok.end_column or 1) + 1,
+            end,
+            end,
+        )
+        return msg.syntax_unexpected(span, "end of input", expected)
     line = err.line + line_off
     col = err.column + (col_off if err.line == 1 else 0)
-    pos = err.pos_in_stream + pos_off
+    # Lark declares `pos_in_stream` None; the UnexpectedCharacters of `_Lexer.lex` sets it.
+    pos = err.pos_in_stream + pos_off  # type: ignore[operator]
     char = err.char if isinstance(err, UnexpectedCharacters) else "?"
     return msg.syntax_bad_char(Span(line, col, line, col + 1, pos, pos + 1), char)
 
@@ -649,6 +704,7 @@ def parse(source: str, path: str | None = None) -> tuple[ast.Module, list[Diagno
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
+        body: Sequence[ast.Stmt]
         broken: list[Span] = []
         try:
             body = _parse_with_shift(source, "start", (0, 0, 0))
@@ -703,9 +759,12 @@ def _salvage(text: str, diag: Diagnostic, line_off: int) -> str:
     missing = text.count("{") - text.count("}")
     if "end of input" in diag.message and missing > 0:
         return text + "}" * missing
+    span = diag.span
+    if span is None:
+        raise AssertionError(f"a syntax error without a span: {diag}")
     lines = text.split("\n")
-    i = diag.span.line - line_off - 1
-    if 0 < i < len(lines) and diag.span.col == len(lines[i]) - len(lines[i].lstrip()) + 1:
+    i = span.line - line_off - 1
+    if 0 < i < len(lines) and span.col == len(lines[i]) - len(lines[i].lstrip()) + 1:
         # the error is at a line's first token: the previous line is the unfinished one
         i = (
             max(j for j in range(i) if lines[j].strip())
