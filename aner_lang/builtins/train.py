@@ -65,6 +65,23 @@ TARGET = EnumDecl(
     doc="A projection an adapter changes (the names of `aner_lang.architectures`).",
     category=_CATEGORY,
 )
+ACTIVATIONS = EnumDecl(
+    "Activations",
+    (
+        Member("keep", "every activation backward needs stays on the device (fastest)"),
+        Member(
+            "checkpoint",
+            "per decoder layer only its input is kept; the layer runs again in backward "
+            "(gradients bit-identical, about a third more compute, far less memory)",
+        ),
+        Member(
+            "offload",
+            "checkpoint, with the kept layer inputs in pinned host memory (copied asynchronously)",
+        ),
+    ),
+    doc="What an update keeps of the forward pass for its backward.",
+    category=_CATEGORY,
+)
 SHARING = EnumDecl(
     "Sharing",
     (
@@ -104,6 +121,7 @@ PROFILE = TypeDecl(
         Field("optimizer", "Optimizer"),
         Field("kernel", "Kernel"),
         Field("page_bytes", "Bytes", "paged AdamW prefetch granularity"),
+        Field("activations", "Activations", "what an update keeps for backward"),
     ),
     category=_CATEGORY,
 )
@@ -320,6 +338,13 @@ _BUILTINS = (
                 "fail early if the GPU has less free memory",
                 keyword_only=True,
             ),
+            Param(
+                "activations",
+                "Activations",
+                "keep",
+                "keep, or checkpoint (optionally offload) per decoder layer",
+                keyword_only=True,
+            ),
         ),
         "Profile",
         "How updates run. fp32 master weights always; kernel: fused needs CUDA.",
@@ -412,6 +437,6 @@ _BUILTINS = (
 
 DECLARATIONS = Declarations(
     builtins=_BUILTINS + overloads_for("Adapter"),
-    enums=(PRECISION, OPTIMIZER, KERNEL, TARGET, SHARING, SCHEDULE),
+    enums=(PRECISION, OPTIMIZER, KERNEL, ACTIVATIONS, TARGET, SHARING, SCHEDULE),
     types=(ADAPTER, PROFILE, LOSS_SCALE, RUN),
 )

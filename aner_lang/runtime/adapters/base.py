@@ -59,6 +59,7 @@ class Adapter:
         self.training = False
         self.state: Any = None  # trainer.TrainState once trained
         self.dropout_generator: torch.Generator | None = None
+        self._active_depth = 0
 
     # -- the forward protocol -------------------------------------------------------------
     @property
@@ -80,11 +81,35 @@ class Adapter:
         with self.active():
             return self.model.module(input_ids, cache)
 
+    def loss(self, input_ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Summed next-token cross-entropy (`LlamaModel.loss`) with this adapter active."""
+        with self.active():
+            return self.model.module.loss(input_ids, targets)
+
     __call__ = forward
 
     @contextmanager
     def active(self) -> Iterator[None]:
-        """Hook this adapter's deltas into the base for the duration of one forward."""
+        """This adapter on its base for the enclosed computation: a forward, and the backward of
+        a checkpointed one (which runs decoder layers forward again). Re-entrant: an `active()`
+        inside another changes nothing."""
+        if self._active_depth:
+            self._active_depth += 1
+            try:
+                yield
+            finally:
+                self._active_depth -= 1
+            return
+        with self._attached():
+            self._active_depth = 1
+            try:
+                yield
+            finally:
+                self._active_depth = 0
+
+    @contextmanager
+    def _attached(self) -> Iterator[None]:
+        """Hook this adapter's deltas into the base's target modules."""
         handles = [
             module.register_forward_hook(self._hook(i))
             for i, (_, module) in enumerate(self.targets)

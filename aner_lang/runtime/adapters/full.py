@@ -45,7 +45,7 @@ class Full(Adapter):
         return len(self.params)
 
     @contextmanager
-    def active(self) -> Iterator[None]:
+    def _attached(self) -> Iterator[None]:
         saved = [(module, attr, module._parameters[attr]) for module, attr, _ in self._slots]
         try:
             for module, attr, master in self._slots:

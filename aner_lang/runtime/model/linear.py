@@ -30,6 +30,11 @@ class FrozenLinear(nn.Module):
         """A fresh dense copy of the weight, `[out_features, in_features]`."""
         raise NotImplementedError
 
+    def grad_input(self, grad_y: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
+        """`grad_y @ W`: the gradient to the input of `forward`, computed in grad_y's dtype
+        (what a fused loss needs without re-running the forward)."""
+        raise NotImplementedError
+
     def rows(self, ids: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
         """Embedding lookup: rows `ids` of the weight, shape `ids.shape + (in_features,)`."""
         raise NotImplementedError
@@ -72,6 +77,9 @@ class DenseLinear(FrozenLinear):
 
     def dense_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return self.weight.detach().to(dtype=dtype, copy=True)
+
+    def grad_input(self, grad_y: torch.Tensor) -> torch.Tensor:
+        return grad_y @ self.weight.detach().to(grad_y.dtype)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.embedding(ids, self.weight)

@@ -3,6 +3,11 @@
 Matches HF transformers' `LlamaForCausalLM` numerically (RMSNorm in fp32, split-half RoPE computed
 in fp32, GQA attention through `scaled_dot_product_attention`, SwiGLU). Every weight matrix is a
 `FrozenLinear` called as a module, so NF4 can swap it and adapters can wrap it.
+
+Precision: the residual stream is kept in the compute dtype, fp32 unless an autocast region
+(a half-precision profile) is active, where it is that half dtype, as the models' own bf16
+checkpoints run. What buys accuracy stays fp32 in every case: the norm statistics, the rotary
+angles, the loss (`loss`), and the trainable masters (owned by adapters).
 """
 
 from __future__ import annotations
@@ -12,8 +17,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from aner_lang.errors import AnerRuntimeError
+from aner_lang.runtime.model.activations import run_layer
 from aner_lang.runtime.model.config import LlamaConfig
 from aner_lang.runtime.model.linear import FrozenLinear
+from aner_lang.runtime.model.loss import head_loss_sum, logits_loss_sum
 
 
 class RMSNorm(nn.Module):
@@ -28,7 +35,7 @@ class RMSNorm(nn.Module):
         dtype = x.dtype
         h = x.to(torch.float32)
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
+        return (self.weight * h.to(dtype)).to(dtype)
 
 
 class KVCache:
@@ -120,15 +127,19 @@ class LlamaAttention(nn.Module):
             past = cache.length
             k, v = cache.update(layer, k, v)
         groups = self.num_heads // self.num_kv_heads
-        if groups > 1:
+        # fp32 keeps the reference arithmetic (its key/value gradients differ in the last bits);
+        # half precision lets attention share each key/value head instead of copying it.
+        shared = groups > 1 and x.dtype != torch.float32
+        if groups > 1 and not shared:
             k = k.repeat_interleave(groups, dim=1)
             v = v.repeat_interleave(groups, dim=1)
         if past == 0 or t == 1:  # causal from scratch, or one new token that sees every key
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=past == 0 and t > 1)
+            causal = past == 0 and t > 1
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=shared)
         else:  # query i (absolute position past+i) sees keys 0..past+i
             keys = torch.arange(past + t, device=x.device)
             mask = keys[None, :] <= (past + torch.arange(t, device=x.device))[:, None]
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=shared)
         out = out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)
         return self.o_proj(out)
 
@@ -212,12 +223,25 @@ class LlamaModel(nn.Module):
             )
         positions = torch.arange(past, past + t, device=input_ids.device)
         cos, sin = self.rotary(positions)
-        h = self.embed_tokens.rows(input_ids).to(torch.float32)
+        dev = input_ids.device.type
+        dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else torch.float32
+        h = self.embed_tokens.rows(input_ids).to(dtype)
         for i, layer in enumerate(self.layers):
-            h = layer(h, cos, sin, i, cache)
+            h = run_layer(layer, h, cos, sin, i, cache)
         if cache is not None:
             cache.length += t
         return self.norm(h)
 
     def forward(self, input_ids: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         return self.lm_head(self.hidden_states(input_ids, cache)).to(torch.float32)
+
+    def loss(self, input_ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Summed next-token cross-entropy over `targets` (`IGNORE` where unscored), fp32.
+
+        In half precision with a frozen head, through `head_loss_sum` (no full logits held);
+        otherwise from the logits, the reference arithmetic (`forward`'s logits, bit for bit)."""
+        hidden = self.hidden_states(input_ids)
+        frozen = not any(p.requires_grad for p in self.lm_head.parameters())
+        if hidden.dtype != torch.float32 and frozen:
+            return head_loss_sum(hidden, self.lm_head, targets)
+        return logits_loss_sum(self.lm_head(hidden).to(torch.float32), targets)

@@ -55,6 +55,9 @@ class NF4Linear(FrozenLinear):
     def dense_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return dequantize_nf4(self.weight_nf4, dtype)
 
+    def grad_input(self, grad_y: torch.Tensor) -> torch.Tensor:
+        return active_backend(grad_y.device).grad_input(grad_y.contiguous(), self.weight_nf4)
+
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         return host_tiled.rows(self.weight_nf4, ids)
 

@@ -1,11 +1,11 @@
-"""Datasets of token ids with a per-token scoring mask, and the batch/loss code shared by
-evaluation and training.
+"""Datasets of token ids with a per-token scoring mask, and the batches evaluation and training
+draw from them.
 
 An example is a sequence of at most `context` token ids; `scored[t]` says whether token t is a
 target the loss predicts (from position t-1). Prompt tokens are unscored, so a prompt/completion
 example trains only on the completion. The loss is mean next-token cross-entropy over scored
-targets; `token_loss_sum` returns the sum and the count so a caller can normalise over a whole
-accumulation window.
+targets: a model's `loss(input_ids, targets)` returns the sum and `Batch.scored_tokens` the
+count, so a caller can normalise over a whole accumulation window.
 """
 
 from __future__ import annotations
@@ -18,15 +18,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 
 from aner_lang.errors import AnerRuntimeError
+from aner_lang.runtime.model.loss import IGNORE
 from aner_lang.runtime.model.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
     from aner_lang.interp.context import ExecContext
-
-IGNORE = -100
 
 
 @dataclass(frozen=True)
@@ -108,16 +106,6 @@ def collate(examples: Sequence[Example], pad_id: int, device: torch.device | str
         keep = torch.tensor(e.scored[1:], dtype=torch.bool)
         targets[row, : n - 1] = torch.where(keep, tgt, torch.full_like(tgt, IGNORE))
     return Batch(ids.to(device), targets.to(device))
-
-
-def token_loss_sum(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
-    """Sum of next-token cross-entropy over the batch's scored targets (fp32 scalar)."""
-    return F.cross_entropy(
-        logits.float().reshape(-1, logits.shape[-1]),
-        batch.targets.reshape(-1),
-        ignore_index=IGNORE,
-        reduction="sum",
-    )
 
 
 def _check_context(context: int) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from aner_lang.errors import AnerRuntimeError
-from aner_lang.runtime.tasks.data import Dataset, collate, token_loss_sum
+from aner_lang.runtime.tasks.data import Dataset, collate
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ def evaluate(model: Any, dataset: Dataset, batch_size: int = 8) -> Evaluation:
     with torch.no_grad():
         for start in range(0, len(examples), batch_size):
             batch = collate(examples[start : start + batch_size], pad, model.device)
-            total += token_loss_sum(model.forward(batch.input_ids), batch).double().cpu()
+            total += model.loss(batch.input_ids, batch.targets).double().cpu()
             count += batch.scored_tokens
     if count == 0:
         raise AnerRuntimeError(

@@ -46,12 +46,14 @@ class LossScaler:
         return loss * torch.tensor(self.state.scale, dtype=torch.float32, device=loss.device)
 
     @torch.no_grad()
-    def unscale_(self, grads: Iterable[torch.Tensor]) -> bool:
-        """Unscale gradients in place; True when any of them is non-finite (an overflow).
+    def unscale_(self, grads: Iterable[torch.Tensor]) -> torch.Tensor:
+        """Unscale gradients in place; returns a 0-d fp32 tensor, non-zero when any of them is
+        non-finite (an overflow). Not read here: the trainer reads it together with the loss, in
+        the update's one host synchronisation.
 
-        GradScaler's own fused kernel (one launch per device and dtype, one host sync in all),
-        with its inverse scale float32(1 / float64(scale)); without scaling the inverse is 1,
-        which leaves every value as it is and still finds the non-finite ones."""
+        GradScaler's own fused kernel (one launch per device and dtype), with its inverse scale
+        float32(1 / float64(scale)); without scaling the inverse is 1, which leaves every value as
+        it is and still finds the non-finite ones."""
         inv = (
             float(torch.tensor(1.0 / float(self.state.scale), dtype=torch.float32))
             if self.enabled
@@ -60,13 +62,14 @@ class LossScaler:
         groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
         for g in grads:
             groups.setdefault((g.device, g.dtype), []).append(g)
-        found = []
+        found = torch.zeros((), dtype=torch.float32)
         for (device, _), group in groups.items():
-            found.append(torch.zeros(1, dtype=torch.float32, device=device))
+            flag = torch.zeros(1, dtype=torch.float32, device=device)
             torch._amp_foreach_non_finite_check_and_unscale_(
-                group, found[-1], torch.tensor(inv, dtype=torch.float32, device=device)
+                group, flag, torch.tensor(inv, dtype=torch.float32, device=device)
             )
-        return any(bool(f.item()) for f in found)  # read once every group's check is queued
+            found = found.to(device) + flag.sum()
+        return found
 
     def update(self, found_inf: bool) -> None:
         """GradScaler.update: back off on overflow, grow after growth_interval good updates."""

@@ -26,6 +26,7 @@ from aner_lang.runtime.nf4.backends import (
 from aner_lang.runtime.train.loss_scale import LossScaleState
 
 PRECISIONS = members("Precision")
+ACTIVATIONS = members("Activations")
 OPTIMIZERS = members("Optimizer")
 
 
@@ -92,12 +93,15 @@ class Profile:
     memory_budget: int | None = None
     dequant_tile_bytes: int = 8 << 20
     """host_tiled NF4: bytes of one dequantized weight tile (memory report hook)."""
+    activations: str = "keep"
+    """What an update keeps for backward (`model.activations`)."""
 
     def __post_init__(self) -> None:
         for name, value, allowed in (
             ("precision", self.precision, PRECISIONS),
             ("optimizer", self.optimizer, OPTIMIZERS),
             ("kernel", self.kernel, KERNELS),
+            ("activations", self.activations, ACTIVATIONS),
         ):
             if value not in allowed:
                 raise AnerRuntimeError(
@@ -167,9 +171,12 @@ def profile(
     page_bytes: int = 2 << 20,
     loss_scale: LossScaleState | None = None,
     memory_budget: int | None = None,
+    activations: str = "keep",
 ) -> Profile:
     """Builtin `profile`: construct and check what can be checked without a model."""
-    p = Profile(precision, optimizer, kernel, page_bytes, loss_scale, memory_budget)
+    p = Profile(
+        precision, optimizer, kernel, page_bytes, loss_scale, memory_budget, activations=activations
+    )
     if kernel == "fused":  # fails here, before any model loads, where no GPU can run it
         resolve_kernel(kernel, torch.device("cuda"))
     return p

@@ -24,9 +24,10 @@ from typing import Any
 import torch
 
 from aner_lang.errors import AnerRuntimeError
+from aner_lang.runtime.model.activations import ActivationPolicy, keeping
 from aner_lang.runtime.model.precision import DTYPES, autocast
 from aner_lang.runtime.nf4.backends import NF4Backend, using_backend
-from aner_lang.runtime.tasks.data import Dataset, collate, token_loss_sum
+from aner_lang.runtime.tasks.data import Dataset, collate
 from aner_lang.runtime.train import checkpoint
 from aner_lang.runtime.train.loss_scale import LossScaler
 from aner_lang.runtime.train.optim import make_optimizer
@@ -58,8 +59,7 @@ def _mean_loss(adapter: Any, data: Dataset, micro_batch: int, profile: Profile) 
         for i in range(0, len(examples), micro_batch):
             batch = collate(examples[i : i + micro_batch], pad, adapter.device)
             with autocast(profile.precision, adapter.device):
-                logits = adapter.forward(batch.input_ids)
-            total += float(token_loss_sum(logits, batch))
+                total += float(adapter.loss(batch.input_ids, batch.targets))
             count += batch.scored_tokens
     return total / max(count, 1)
 
@@ -158,13 +158,13 @@ def train(
     }
     loop = _Loop(adapter, data, profile, options, run_identity(adapter, profile, backend))
     log_path = _log_path(log, checkpoints)
-    log_file = open(log_path, "a", encoding="utf-8") if log_path else None
+    events = _EventLog(log_path)
     bar = _progress(steps, loop.counters.updates)
     start = time.perf_counter()
+    activations = ActivationPolicy(profile.activations, (loop.gen,))
     try:
-        if log_file:
-            _write_event(log_file, loop.start_event())
-        with using_backend(backend):
+        events.add(loop.start_event())
+        with using_backend(backend), keeping(activations):
             while loop.counters.updates < steps:
                 event = loop.update()
                 done = loop.counters.updates == steps
@@ -173,21 +173,48 @@ def train(
                     done or updates == 1 or (eval_every and updates % eval_every == 0)
                 ):
                     event["validation_loss"] = loop.validate(validation)
-                adapter.state = loop.snapshot()
-                if log_file:
-                    _write_event(log_file, event)
+                events.add(event)
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix(loss=f"{event['loss']:.4f}")
-                if checkpoints and (done or (checkpoint_every and updates % checkpoint_every == 0)):
-                    checkpoint.save(checkpoints, adapter.state)
+                if done or (checkpoints and checkpoint_every and updates % checkpoint_every == 0):
+                    adapter.state = loop.snapshot()
+                    if checkpoints:
+                        checkpoint.save(checkpoints, adapter.state)
     finally:
         adapter.train_mode(False)
-        if log_file:
-            log_file.close()
+        events.close()
         if bar is not None:
             bar.close()
     return loop.result(time.perf_counter() - start, log_path)
+
+
+class _EventLog:
+    """The JSON-lines event log. An update's event is written when the next one arrives (or at
+    the end): by then the values it still holds on the device (its gradient norm) are computed,
+    so writing never waits for the GPU."""
+
+    def __init__(self, path: str | None) -> None:
+        self.file = open(path, "a", encoding="utf-8") if path else None
+        self.pending: dict[str, Any] | None = None
+
+    def add(self, event: dict[str, Any]) -> None:
+        self._write_pending()
+        self.pending = event
+
+    def _write_pending(self) -> None:
+        if self.pending is not None and self.file is not None:
+            ready = {
+                k: float(v) if isinstance(v, torch.Tensor) else v for k, v in self.pending.items()
+            }
+            self.file.write(json.dumps(ready) + "\n")
+            self.file.flush()
+        self.pending = None
+
+    def close(self) -> None:
+        self._write_pending()
+        if self.file is not None:
+            self.file.close()
 
 
 class _Loop:
@@ -241,15 +268,21 @@ class _Loop:
 
     def update(self) -> dict[str, Any]:
         """One accumulation window, re-run with a backed-off loss scale while it overflows (up
-        to `max_retries`), then the optimizer step or the skip; returns the update's event."""
+        to `max_retries`), then the optimizer step or the skip; returns the update's event.
+
+        The host waits for the device once per update: to read the window's loss and overflow
+        flag together, which decide between the step and the skip."""
         c, o, scaler = self.counters, self.options, self.scaler
         mark = self.cursor.mark()
         for attempt in range(scaler.state.max_retries + 1):
             self.cursor.restore(mark)
             self.adapter.train_mode(True)
-            loss, scored = self._window()
+            loss_sum, scored = self._window()
             grads = {n: p.grad for n, p in self.params if p.grad is not None}
-            overflow = scaler.unscale_(grads.values()) or not math.isfinite(loss)
+            found = scaler.unscale_(grads.values())
+            flags = torch.stack([loss_sum, found.to(loss_sum.device, torch.float64)])
+            loss, found_inf = flags.tolist()
+            overflow = bool(found_inf) or not math.isfinite(loss)
             scaler.update(overflow)
             if not overflow:
                 break
@@ -272,7 +305,7 @@ class _Loop:
             if o["clip_norm"] is not None and o["clip_norm"] > 0:
                 trained = [p for _, p in self.params if p.grad is not None]
                 norm = torch.nn.utils.clip_grad_norm_(trained, o["clip_norm"], foreach=False)
-                event["grad_norm"] = float(norm)
+                event["grad_norm"] = norm  # read when the event is written (`_EventLog`)
             self.opt.step(grads, lr=lr)
             c.applied += 1
             c.loss_history.append(loss)
@@ -283,8 +316,9 @@ class _Loop:
         self.adapter.train_mode(False)
         return event
 
-    def _window(self) -> tuple[float, int]:
-        """Forward/backward one accumulation window; returns (mean loss, scored tokens)."""
+    def _window(self) -> tuple[torch.Tensor, int]:
+        """Forward/backward one accumulation window; returns (its loss, on the device: the sum
+        over its scored tokens divided by their count; scored tokens)."""
         o, adapter = self.options, self.adapter
         batches = [
             collate(
@@ -295,15 +329,15 @@ class _Loop:
             for _ in range(o["accumulation"])
         ]
         scored = sum(b.scored_tokens for b in batches)
-        total = 0.0
+        total = torch.zeros((), dtype=torch.float64, device=adapter.device)
         for batch in batches:
             if batch.scored_tokens == 0:
                 continue
-            with autocast(self.profile.precision, adapter.device):
-                logits = adapter.forward(batch.input_ids)
-            loss = token_loss_sum(logits, batch) / scored
-            self.scaler.scale(loss).backward()
-            total += float(loss.detach())
+            with adapter.active():  # through backward: checkpointed layers run forward again
+                with autocast(self.profile.precision, adapter.device):
+                    loss = adapter.loss(batch.input_ids, batch.targets) / scored
+                self.scaler.scale(loss).backward()
+            total += loss.detach()
         return total, scored
 
     def _zero_grads(self) -> None:
@@ -360,11 +394,6 @@ class _Loop:
                 "managed": self.opt.managed_bytes(),
             },
         )
-
-
-def _write_event(log_file: Any, event: dict[str, Any]) -> None:
-    log_file.write(json.dumps(event) + "\n")
-    log_file.flush()
 
 
 def _log_path(log: str | None, checkpoints: str | None) -> str | None:

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from aner_lang.runtime import adapters as A
-from aner_lang.runtime.tasks.data import collate, from_texts, token_loss_sum
+from aner_lang.runtime.model.loss import logits_loss_sum
+from aner_lang.runtime.tasks.data import collate, from_texts
 from aner_lang.runtime.train.profile import profile
 from aner_lang.runtime.train.state import TrainState
 from aner_lang.runtime.train.trainer import train
@@ -148,7 +149,7 @@ def test_lora_matches_peft_over_5_updates(real_model, smollm2_path, data):
     theirs = []
     for _ in range(5):
         logits = model(input_ids=batch.input_ids).logits
-        loss = token_loss_sum(logits, batch) / batch.scored_tokens
+        loss = logits_loss_sum(logits, batch.targets) / batch.scored_tokens
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, 1.0, foreach=False)
         opt.step()

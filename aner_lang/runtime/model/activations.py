@@ -1,0 +1,103 @@
+"""What a training run keeps of the forward pass for backward: everything, or per decoder layer
+only its input (activation checkpointing), optionally in pinned host memory.
+
+The choice belongs to a run (a profile's `activations:`), never to the shared base model: a run
+enters `keeping(policy)` and `LlamaModel` runs each decoder layer through `run_layer`.
+
+Rules:
+
+* Checkpointing recomputes a layer's forward during backward. The recomputation must see the
+  same random numbers as the forward, so the state of every generator the layer draws from (the
+  run's dropout generator; torch's default generators are handled by torch itself) is captured
+  when the layer runs forward and restored for its recomputation, then put back. Gradients are
+  therefore bit-identical to keeping everything.
+* `offload` keeps the tensors backward needs in pinned host memory, copied asynchronously on the
+  current stream (`torch.autograd.graph.save_on_cpu`); with checkpointing these are the layer
+  inputs, one `[batch, tokens, hidden]` tensor per layer.
+* Outside a gradient computation (evaluation, generation) nothing is checkpointed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any, cast
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from aner_lang.builtins import members
+
+MODES = members("Activations")
+
+
+@dataclass(frozen=True)
+class ActivationPolicy:
+    mode: str = "keep"
+    generators: tuple[torch.Generator, ...] = ()
+    """Generators the layers draw from besides torch's defaults (the run's dropout generator)."""
+
+    @property
+    def checkpointing(self) -> bool:
+        return self.mode in ("checkpoint", "offload")
+
+
+_KEEP = ActivationPolicy()
+_POLICY: ContextVar[ActivationPolicy | None] = ContextVar("aner_activations", default=None)
+
+
+@contextmanager
+def keeping(policy: ActivationPolicy) -> Iterator[None]:
+    """Run the enclosed forward and backward passes under `policy`."""
+    if policy.mode not in MODES:
+        raise ValueError(f"unknown activation mode {policy.mode!r}")
+    token = _POLICY.set(policy)
+    try:
+        with ExitStack() as stack:
+            if policy.mode == "offload":
+                stack.enter_context(torch.autograd.graph.save_on_cpu(pin_memory=True))
+            yield
+    finally:
+        _POLICY.reset(token)
+
+
+class _Generators:
+    """The recomputation's generator states: those of the forward, restored for the replay."""
+
+    def __init__(self, generators: tuple[torch.Generator, ...]) -> None:
+        self.generators = generators
+        self.forward_states: list[torch.Tensor] = []
+
+    @contextmanager
+    def forward(self) -> Iterator[None]:
+        self.forward_states = [g.get_state() for g in self.generators]
+        yield
+
+    @contextmanager
+    def recompute(self) -> Iterator[None]:
+        current = [g.get_state() for g in self.generators]
+        for g, state in zip(self.generators, self.forward_states):
+            g.set_state(state)
+        try:
+            yield
+        finally:
+            for g, state in zip(self.generators, current):
+                g.set_state(state)
+
+
+def run_layer(layer: Callable[..., torch.Tensor], *args: Any) -> torch.Tensor:
+    """`layer(*args)`, checkpointed when the enclosing policy says so and gradients are on."""
+    policy = _POLICY.get() or _KEEP
+    if not policy.checkpointing or not torch.is_grad_enabled():
+        return layer(*args)
+    states = _Generators(policy.generators)
+
+    def contexts() -> tuple[AbstractContextManager[None], AbstractContextManager[None]]:
+        return states.forward(), states.recompute()
+
+    return cast(
+        torch.Tensor,
+        checkpoint(layer, *args, use_reentrant=False, context_fn=contexts),
+    )
