@@ -20,6 +20,7 @@ from torch import nn
 from aner_lang.errors import AnerRuntimeError
 from aner_lang.runtime.io.host_copy import host_copies
 from aner_lang.runtime.model.linear import FrozenLinear
+from aner_lang.runtime.model.sections import section
 
 
 def target_modules(model: Any, targets: list[str]) -> list[tuple[str, FrozenLinear]]:
@@ -122,7 +123,8 @@ class Adapter:
 
     def _hook(self, index: int) -> Callable:
         def hook(_module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
-            return self._apply(index, args[0], output)
+            with section("lora"):
+                return self._apply(index, args[0], output)
 
         return hook
 

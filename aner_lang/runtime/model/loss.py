@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from aner_lang.runtime.model.linear import FrozenLinear
+from aner_lang.runtime.model.sections import section
 
 IGNORE = -100
 CHUNK_BYTES = 256 << 20
@@ -73,7 +74,8 @@ class _HeadCrossEntropy(torch.autograd.Function):
         (grad,) = ctx.saved_tensors
         if grad is None:
             return None, None, None, None
-        return grad * grad_total.to(grad.dtype), None, None, None
+        with section("loss"):
+            return grad * grad_total.to(grad.dtype), None, None, None
 
 
 def head_loss_sum(hidden: torch.Tensor, head: FrozenLinear, targets: torch.Tensor) -> torch.Tensor:

@@ -21,6 +21,7 @@ from aner_lang.runtime.model.activations import run_layer
 from aner_lang.runtime.model.config import LlamaConfig
 from aner_lang.runtime.model.linear import FrozenLinear
 from aner_lang.runtime.model.loss import head_loss_sum, logits_loss_sum
+from aner_lang.runtime.model.sections import section
 
 
 class RMSNorm(nn.Module):
@@ -32,10 +33,11 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        h = x.to(torch.float32)
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.weight * h.to(dtype)).to(dtype)
+        with section("norms_activations"):
+            dtype = x.dtype
+            h = x.to(torch.float32)
+            h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+            return (self.weight * h.to(dtype)).to(dtype)
 
 
 class KVCache:
@@ -121,6 +123,22 @@ class LlamaAttention(nn.Module):
         q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        with section("attention"):
+            out = self._attend(q, k, v, cos, sin, layer, cache)
+        return self.o_proj(out)
+
+    def _attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        layer: int,
+        cache: KVCache | None,
+    ) -> torch.Tensor:
+        """Rotary positions, the cache, causal attention: `[B, T, heads * head_dim]`."""
+        b, _, t, _ = q.shape
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         past = 0
         if cache is not None:
@@ -129,7 +147,7 @@ class LlamaAttention(nn.Module):
         groups = self.num_heads // self.num_kv_heads
         # fp32 keeps the reference arithmetic (its key/value gradients differ in the last bits);
         # half precision lets attention share each key/value head instead of copying it.
-        shared = groups > 1 and x.dtype != torch.float32
+        shared = groups > 1 and q.dtype != torch.float32
         if groups > 1 and not shared:
             k = k.repeat_interleave(groups, dim=1)
             v = v.repeat_interleave(groups, dim=1)
@@ -137,11 +155,10 @@ class LlamaAttention(nn.Module):
             causal = past == 0 and t > 1
             out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=shared)
         else:  # query i (absolute position past+i) sees keys 0..past+i
-            keys = torch.arange(past + t, device=x.device)
-            mask = keys[None, :] <= (past + torch.arange(t, device=x.device))[:, None]
+            keys = torch.arange(past + t, device=q.device)
+            mask = keys[None, :] <= (past + torch.arange(t, device=q.device))[:, None]
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=shared)
-        out = out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)
-        return self.o_proj(out)
+        return out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)
 
 
 class LlamaMLP(nn.Module):
@@ -154,7 +171,10 @@ class LlamaMLP(nn.Module):
         self.gate_proj, self.up_proj, self.down_proj = gate_proj, up_proj, down_proj
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_proj(x), self.up_proj(x)
+        with section("norms_activations"):
+            h = F.silu(gate) * up
+        return self.down_proj(h)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -242,6 +262,7 @@ class LlamaModel(nn.Module):
         otherwise from the logits, the reference arithmetic (`forward`'s logits, bit for bit)."""
         hidden = self.hidden_states(input_ids)
         frozen = not any(p.requires_grad for p in self.lm_head.parameters())
-        if hidden.dtype != torch.float32 and frozen:
-            return head_loss_sum(hidden, self.lm_head, targets)
-        return logits_loss_sum(self.lm_head(hidden).to(torch.float32), targets)
+        with section("loss"):
+            if hidden.dtype != torch.float32 and frozen:
+                return head_loss_sum(hidden, self.lm_head, targets)
+            return logits_loss_sum(self.lm_head(hidden).to(torch.float32), targets)

@@ -25,6 +25,7 @@ import torch
 
 from aner_lang.builtins import members
 from aner_lang.errors import AnerRuntimeError
+from aner_lang.runtime.model.sections import section
 from aner_lang.runtime.nf4 import host_tiled
 from aner_lang.runtime.nf4.quant import NF4Weight
 
@@ -134,14 +135,15 @@ class NF4Matmul(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, w: NF4Weight, backend: NF4Backend) -> torch.Tensor:
         ctx.w, ctx.backend = w, backend
-        return backend.linear(x, w)
+        with section("nf4_forward"):
+            return backend.linear(x, w)
 
     @staticmethod
     def backward(ctx: Any, grad_y: torch.Tensor) -> tuple[torch.Tensor | None, None, None]:
-        grad_x = (
-            ctx.backend.grad_input(grad_y.contiguous(), ctx.w) if ctx.needs_input_grad[0] else None
-        )
-        return grad_x, None, None
+        if not ctx.needs_input_grad[0]:
+            return None, None, None
+        with section("nf4_backward"):
+            return ctx.backend.grad_input(grad_y.contiguous(), ctx.w), None, None
 
 
 def nf4_matmul(x: torch.Tensor, w: NF4Weight, backend: NF4Backend) -> torch.Tensor:

@@ -26,6 +26,7 @@ import torch
 from aner_lang.errors import AnerRuntimeError
 from aner_lang.runtime.model.activations import ActivationPolicy, keeping
 from aner_lang.runtime.model.precision import DTYPES, autocast
+from aner_lang.runtime.model.sections import section
 from aner_lang.runtime.nf4.backends import NF4Backend, using_backend
 from aner_lang.runtime.tasks.data import Dataset, collate
 from aner_lang.runtime.train import checkpoint
@@ -279,7 +280,8 @@ class _Loop:
             self.adapter.train_mode(True)
             loss_sum, scored = self._window()
             grads = {n: p.grad for n, p in self.params if p.grad is not None}
-            found = scaler.unscale_(grads.values())
+            with section("optimizer"):
+                found = scaler.unscale_(grads.values())
             flags = torch.stack([loss_sum, found.to(loss_sum.device, torch.float64)])
             loss, found_inf = flags.tolist()
             overflow = bool(found_inf) or not math.isfinite(loss)
@@ -302,11 +304,12 @@ class _Loop:
             lr = learning_rate_at(
                 c.applied, o["learning_rate"], o["steps"], o["warmup"], o["schedule"]
             )
-            if o["clip_norm"] is not None and o["clip_norm"] > 0:
-                trained = [p for _, p in self.params if p.grad is not None]
-                norm = torch.nn.utils.clip_grad_norm_(trained, o["clip_norm"], foreach=False)
-                event["grad_norm"] = norm  # read when the event is written (`_EventLog`)
-            self.opt.step(grads, lr=lr)
+            with section("optimizer"):
+                if o["clip_norm"] is not None and o["clip_norm"] > 0:
+                    trained = [p for _, p in self.params if p.grad is not None]
+                    norm = torch.nn.utils.clip_grad_norm_(trained, o["clip_norm"], foreach=False)
+                    event["grad_norm"] = norm  # read when the event is written (`_EventLog`)
+                self.opt.step(grads, lr=lr)
             c.applied += 1
             c.loss_history.append(loss)
             c.scored_tokens += scored

@@ -1,0 +1,437 @@
+"""QLoRA training at the sizes users train: Aner against PEFT + bitsandbytes, Liger and Unsloth.
+
+Every side trains the same LoRA (rank 16, alpha 32, all seven linear targets, no dropout) on the
+same NF4 double-quantized base of random weights of a real model's shape, from the same initial
+adapter weights (Aner's, copied into the others), on the same token batches, with AdamW at the
+same learning rate and no clipping. Each side runs in its own process, one after another.
+
+Reported per side: tokens/s over `--steps` updates after `--warmup`, the ratio to PEFT + bnb and
+to Unsloth, peak CUDA memory (weights included), peak host RSS, and the largest relative
+difference of its first `--compare` losses from Aner's. For Aner also the device time of two
+profiled updates split by what it was for (NF4 forward/backward, LoRA, attention, norms and
+activations, loss, optimizer, other, idle).
+
+    python benchmarks/train_scale.py --shapes llama3-8b-8,llama3-8b --out /tmp/scale
+    python benchmarks/train_scale.py --dry-run          # CPU, tiny shape: the plumbing only
+
+Shapes: smollm2 (context 512), llama3.2-1b, llama3-8b-8 (8 of 32 layers), llama3-8b (context
+2048). Sides: aner, peft, peft-gc (gradient checkpointing), peft-liger, unsloth, unsloth-gc.
+The peers need `.peers/site` on PYTHONPATH (shared/device/peers-site.sh) and the offline
+variables that script lists; a side whose packages are missing is reported as skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+RANK, ALPHA, LR = 16, 32.0, 2e-4
+SHAPES: dict[str, dict[str, Any]] = {
+    "tiny": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                 "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
+                 "tie_word_embeddings": True, "rope_theta": 10000.0, "context": 32},
+    "smollm2": {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+                    "num_attention_heads": 9, "num_key_value_heads": 3, "vocab_size": 49152,
+                    "tie_word_embeddings": True, "rope_theta": 100000.0, "context": 512},
+    "llama3.2-1b": {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+                        "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+                        "tie_word_embeddings": True, "rope_theta": 500000.0, "context": 2048,
+                        "rope_scaling": {"rope_type": "llama3", "factor": 32.0,
+                                      "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                      "original_max_position_embeddings": 8192}},
+    "llama3-8b-8": {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 8,
+                        "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+                        "tie_word_embeddings": False, "rope_theta": 500000.0, "context": 2048},
+    "llama3-8b": {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                      "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+                      "tie_word_embeddings": False, "rope_theta": 500000.0, "context": 2048},
+}  # fmt: skip
+SIDES = ("aner", "peft", "peft-gc", "peft-liger", "unsloth", "unsloth-gc")
+
+
+# ---- the parent: model folder, batches, one process per side, the table -----------------------
+
+
+def make_model(shape: str, folder: Path, device: str) -> None:
+    """Random weights of `shape` in bf16 (fp32 on the CPU), saved with a tokenizer whose vocabulary
+    has the model's size (the batches are token ids; Unsloth wants a tokenizer in the folder)."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    cfg = {k: v for k, v in SHAPES[shape].items() if k != "context"}
+    config = LlamaConfig(**cfg, max_position_embeddings=max(8192, SHAPES[shape]["context"]),
+                         bos_token_id=1, eos_token_id=2, pad_token_id=0)  # fmt: skip
+    torch.manual_seed(0)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    with torch.device(device):
+        model = LlamaForCausalLM(config).to(dtype)
+    model.save_pretrained(folder, safe_serialization=True)
+    vocab = {f"<t{i}>": i for i in range(config.vocab_size)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<t0>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<t1>", eos_token="<t2>",
+                                   pad_token="<t0>", unk_token="<t0>")  # fmt: skip
+    fast.save_pretrained(folder)
+    del model
+
+
+def make_batches(shape: str, count: int, path: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, SHAPES[shape]["vocab_size"], (count, SHAPES[shape]["context"]),
+                        generator=gen)  # fmt: skip
+    save_file({"ids": ids}, str(path))
+
+
+def run_side(side: str, job: dict[str, Any]) -> dict[str, Any]:
+    out = Path(job["dir"]) / f"{side}.json"
+    cmd = [sys.executable, __file__, "--worker", side, "--job", json.dumps(job), "--json", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=job["timeout"])
+    if proc.returncode != 0 or not out.exists():
+        tail = (proc.stderr or proc.stdout)[-1500:]
+        return {"side": side, "error": f"exit {proc.returncode}: {tail}"}
+    return dict(json.loads(out.read_text()))
+
+
+def table(shape: str, rows: list[dict[str, Any]]) -> str:
+    ok = {r["side"]: r for r in rows if "tokens_per_s" in r}
+    peft, unsloth, aner = ok.get("peft"), ok.get("unsloth"), ok.get("aner")
+    lines = [f"## {shape}", "",
+             "| side | tok/s | vs PEFT+bnb | vs Unsloth | peak CUDA GB | host RSS GB | loss vs Aner |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        if "tokens_per_s" not in r:
+            lines.append(f"| {r['side']} | {r.get('error', r.get('skipped', '?'))[:80]} |||||| ")
+            continue
+        tps = r["tokens_per_s"]
+        vs_p = f"{tps / peft['tokens_per_s']:.2f}x" if peft else "-"
+        vs_u = f"{tps / unsloth['tokens_per_s']:.2f}x" if unsloth else "-"
+        diff = "-"
+        if aner and r is not aner:
+            n = min(len(aner["losses"]), len(r["losses"]))
+            d = max(abs(a - b) / abs(a) for a, b in zip(aner["losses"][:n], r["losses"][:n]))
+            diff = f"{100 * d:.2f}% over {n}"
+        lines.append(f"| {r['side']} | {tps:,.0f} | {vs_p} | {vs_u} | "
+                     f"{r['peak_cuda_bytes'] / 1e9:.1f} | {r['host_rss_bytes'] / 1e9:.1f} | {diff} |")  # fmt: skip
+    if aner and aner.get("device_time"):
+        lines += ["", "Aner device time of two profiled updates, by section:", ""]
+        total = sum(aner["device_time"].values())
+        for name, us in sorted(aner["device_time"].items(), key=lambda kv: -kv[1]):
+            lines.append(f"- {name}: {us / 1e3:.1f} ms ({100 * us / total:.0f}%)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default="smollm2,llama3.2-1b,llama3-8b-8,llama3-8b")
+    ap.add_argument("--sides", default=",".join(SIDES))
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--compare", type=int, default=20, help="losses compared with Aner's")
+    ap.add_argument("--precision", default="bfloat16", choices=("bfloat16", "float16"))
+    ap.add_argument("--activations", default="keep", choices=("keep", "checkpoint", "offload"))
+    ap.add_argument("--context", type=int, default=0, help="override the shape's context")
+    ap.add_argument("--out", default="/tmp/train_scale")
+    ap.add_argument("--timeout", type=int, default=900)
+    ap.add_argument("--dry-run", action="store_true", help="CPU, tiny shape, aner and peft")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--job", help=argparse.SUPPRESS)
+    ap.add_argument("--json", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        result = WORKERS[args.worker](json.loads(args.job))
+        Path(args.json).write_text(json.dumps(result))
+        return 0
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    shapes, sides = args.shapes.split(","), args.sides.split(",")
+    if args.dry_run:
+        shapes, sides, device = ["tiny"], ["aner", "peft"], "cpu"
+    report = []
+    for shape in shapes:
+        if args.context:
+            SHAPES[shape]["context"] = args.context
+        work = Path(args.out) / shape
+        work.mkdir(parents=True, exist_ok=True)
+        if not (work / "model" / "config.json").exists():
+            make_model(shape, work / "model", device)
+        count = args.warmup + max(args.steps, args.compare)
+        make_batches(shape, count, work / "batches.safetensors")
+        job = {"dir": str(work), "model": str(work / "model"), "shape": shape,
+               "batches": str(work / "batches.safetensors"), "steps": args.steps,
+               "warmup": args.warmup, "compare": args.compare, "precision": args.precision,
+               "activations": args.activations, "device": device, "timeout": args.timeout,
+               "context": SHAPES[shape]["context"]}  # fmt: skip
+        rows = [run_side(side, job) for side in sides]
+        text = table(shape, rows)
+        print(text, flush=True)
+        report.append({"shape": shape, "job": job, "rows": rows, "table": text})
+    (Path(args.out) / "train_scale.json").write_text(json.dumps(report, indent=1))
+    return 0
+
+
+# ---- the sides -----------------------------------------------------------------------------------
+
+
+def _batches(job: dict[str, Any]) -> Any:
+    from safetensors.torch import load_file
+
+    return load_file(job["batches"])["ids"]
+
+
+def _measure(step: Any, ids: Any, job: dict[str, Any]) -> dict[str, Any]:
+    """Warm up, then time `--steps` updates; the first `--compare` losses are kept as well. The
+    batches are taken in the order Aner's trainer draws them (its seeded epoch order)."""
+    import torch
+
+    from aner_lang.runtime.train.order import epoch_order
+
+    ids = ids[epoch_order(len(ids), 0, 0)]
+    cuda = job["device"] == "cuda"
+    losses = []
+    for i in range(job["warmup"]):
+        step(ids[i : i + 1])
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    for i in range(job["warmup"], job["warmup"] + job["steps"]):
+        losses.append(step(ids[i : i + 1]))
+    if cuda:
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    losses = [float(x) for x in losses]
+    while len(losses) < job["compare"]:
+        i = job["warmup"] + len(losses)
+        losses.append(float(step(ids[i : i + 1])))
+    return {
+        "tokens_per_s": job["steps"] * ids.shape[1] / seconds,
+        "peak_cuda_bytes": torch.cuda.max_memory_allocated() if cuda else 0,
+        "host_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "losses": losses,
+    }
+
+
+def _token_dataset(tokenizer: Any, ids: Any) -> Any:
+    """A Dataset whose examples are the given token rows, every target scored."""
+    from aner_lang.runtime.tasks.data import Dataset, Example, Record
+
+    data = Dataset(tuple(Record("", "") for _ in range(len(ids))), ids.shape[1], "benchmark")
+    rows = tuple(Example(tuple(r.tolist()), (True,) * ids.shape[1]) for r in ids)
+    data._cache[id(tokenizer)] = (tokenizer, rows)
+    return data
+
+
+def aner_worker(job: dict[str, Any]) -> dict[str, Any]:
+    """Aner's own trainer (`train`), as a script runs it, continued across the timed calls."""
+    import torch
+    from safetensors.torch import save_file
+
+    from aner_lang.runtime import adapters as A
+    from aner_lang.runtime.load.loader import load_model
+    from aner_lang.runtime.model.sections import sections_on
+    from aner_lang.runtime.train.profile import profile
+    from aner_lang.runtime.train.trainer import train
+
+    start = time.perf_counter()
+    model = load_model(job["model"], storage="nf4_double_quant", device=job["device"])
+    load_s = time.perf_counter() - start
+    prof = profile(precision=job["precision"], activations=job["activations"])
+    adapter = A.lora(model, rank=RANK, alpha=ALPHA, targets=TARGETS, seed=0)
+    save_file(adapter.tensors(), str(Path(job["dir"]) / "init_adapter.safetensors"))
+    data = _token_dataset(model.tokenizer, _batches(job))
+    cuda = job["device"] == "cuda"
+    done = 0
+
+    def run(steps: int) -> Any:
+        nonlocal done
+        done += steps
+        return train(adapter, data, prof, steps=done, learning_rate=LR, clip_norm=None, seed=0)
+
+    run(job["warmup"])
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    timed = run(job["steps"])
+    if cuda:
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    losses = timed.loss_history[job["warmup"] :]
+    if len(losses) < job["compare"]:
+        losses = run(job["compare"] - len(losses)).loss_history[job["warmup"] :]
+    result = {
+        "side": "aner",
+        "tokens_per_s": job["steps"] * data.context / seconds,
+        "peak_cuda_bytes": torch.cuda.max_memory_allocated() if cuda else 0,
+        "host_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "losses": losses[: job["compare"]],
+        "load_seconds": load_s,
+        "kernel_identity": timed.kernel_identity,
+        "precision": job["precision"],
+        "activations": job["activations"],
+    }
+    if cuda:
+        with sections_on():
+            result["device_time"] = _profile(lambda: run(2))
+    return result
+
+
+def _profile(updates: Any) -> dict[str, float]:
+    """Device time (us) of `updates()` by section (`runtime/model/sections.py`), plus idle."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        updates()
+        torch.cuda.synchronize()
+        wall_us = (time.perf_counter() - start) * 1e6
+    totals: dict[str, float] = {}
+    busy = 0.0
+    for evt in prof.events():
+        if not evt.kernels:
+            continue
+        name, parent = "other", evt
+        while parent is not None:  # the innermost section or backward node above the launch
+            label = _category(parent.name)
+            if label:
+                name = label
+                break
+            parent = parent.cpu_parent
+        us = sum(k.duration for k in evt.kernels)
+        totals[name] = totals.get(name, 0.0) + us
+        busy += us
+    totals["idle"] = max(0.0, wall_us - busy)
+    return totals
+
+
+def _category(op: str) -> str | None:
+    from aner_lang.runtime.model.sections import PREFIX
+
+    if op.startswith(PREFIX):
+        return op[len(PREFIX) :]
+    rules = (("NF4Matmul", "nf4_backward"), ("HeadCrossEntropy", "loss"),
+             ("ScaledDotProduct", "attention"), ("Flash", "attention"),
+             ("MmBackward", "lora"), ("AddmmBackward", "lora"),
+             ("Silu", "norms_activations"), ("Rsqrt", "norms_activations"),
+             ("Pow", "norms_activations"), ("Mean", "norms_activations"))  # fmt: skip
+    if "Backward" in op:
+        for key, label in rules:
+            if key in op:
+                return label
+    return None
+
+
+def _peft_model(job: dict[str, Any], liger: bool, checkpointing: bool) -> Any:
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    if liger:
+        from liger_kernel.transformers import apply_liger_kernel_to_llama
+
+        apply_liger_kernel_to_llama()
+    kwargs: dict[str, Any] = {"dtype": torch.bfloat16, "attn_implementation": "sdpa"}
+    if job["device"] == "cuda":
+        from transformers import BitsAndBytesConfig
+
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=torch.bfloat16)  # fmt: skip
+        kwargs["device_map"] = "cuda"
+    model = AutoModelForCausalLM.from_pretrained(job["model"], **kwargs)
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.enable_input_require_grads()
+    config = LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=0.0, target_modules=TARGETS,
+                        task_type="CAUSAL_LM")  # fmt: skip
+    return get_peft_model(model, config)
+
+
+def _copy_initial_adapter(model: Any, job: dict[str, Any]) -> None:
+    """Aner's initial A and B into the PEFT modules (`layers.3.self_attn.q_proj.lora_A` ->
+    `...layers.3.self_attn.q_proj.lora_A.default.weight`)."""
+    import torch
+    from safetensors.torch import load_file
+
+    ours = load_file(str(Path(job["dir"]) / "init_adapter.safetensors"))
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for key, t in ours.items():
+            module, kind = key.rsplit(".", 1)
+            matches = [n for n in params if n.endswith(f"{module}.{kind}.default.weight")]
+            if len(matches) != 1:
+                raise KeyError(f"no single PEFT parameter for {key}: {matches}")
+            params[matches[0]].copy_(t.to(params[matches[0]].dtype))
+
+
+def _hf_step(model: Any, job: dict[str, Any]) -> Any:
+    import torch
+
+    device = next(model.parameters()).device
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trainable, lr=LR)
+    model.train()
+
+    def step(ids: torch.Tensor) -> torch.Tensor:
+        ids = ids.to(device)
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    return step
+
+
+def peft_worker(job: dict[str, Any], liger: bool = False, checkpointing: bool = False) -> Any:
+    model = _peft_model(job, liger, checkpointing)
+    _copy_initial_adapter(model, job)
+    result = _measure(_hf_step(model, job), _batches(job), job)
+    name = "peft" + ("-liger" if liger else "") + ("-gc" if checkpointing else "")
+    quant = "bnb nf4" if job["device"] == "cuda" else "no quantization (CPU dry run)"
+    return {**result, "side": name, "base": quant}
+
+
+def unsloth_worker(job: dict[str, Any], checkpointing: bool = False) -> dict[str, Any]:
+    import torch
+    from unsloth import FastLanguageModel
+
+    model, _ = FastLanguageModel.from_pretrained(
+        model_name=job["model"], max_seq_length=job["context"], dtype=torch.bfloat16,
+        load_in_4bit=True)  # fmt: skip
+    model = FastLanguageModel.get_peft_model(
+        model, r=RANK, lora_alpha=ALPHA, lora_dropout=0, target_modules=TARGETS,
+        use_gradient_checkpointing="unsloth" if checkpointing else False)  # fmt: skip
+    _copy_initial_adapter(model, job)
+    result = _measure(_hf_step(model, job), _batches(job), job)
+    return {**result, "side": "unsloth-gc" if checkpointing else "unsloth"}
+
+
+WORKERS = {
+    "aner": aner_worker,
+    "peft": peft_worker,
+    "peft-gc": lambda job: peft_worker(job, checkpointing=True),
+    "peft-liger": lambda job: peft_worker(job, liger=True),
+    "unsloth": unsloth_worker,
+    "unsloth-gc": lambda job: unsloth_worker(job, checkpointing=True),
+}
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    sys.exit(main())
