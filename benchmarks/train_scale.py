@@ -84,6 +84,20 @@ def make_model(shape: str, folder: Path, device: str) -> None:
     del model
 
 
+def make_gguf(shape: str, path: Path) -> None:
+    """Random weights of `shape` as an f16 GGUF, written by the project's fixture writer (for runs
+    of Aner alone, before a peer's folder is needed)."""
+    from aner_lang.testing.fixture import Shape, embedded_tokenizer, write_fixture
+
+    c = SHAPES[shape]
+    fixture = Shape(layers=c["num_hidden_layers"], hidden=c["hidden_size"],
+                    heads=c["num_attention_heads"], kv_heads=c["num_key_value_heads"],
+                    ffn=c["intermediate_size"], context=max(8192, c["context"]),
+                    rope_theta=c["rope_theta"], vocab_size=c["vocab_size"])  # fmt: skip
+    write_fixture(path, fixture, tensor_type="f16", tied=c["tie_word_embeddings"],
+                  tokenizer=embedded_tokenizer())  # fmt: skip
+
+
 def make_batches(shape: str, count: int, path: Path) -> None:
     import torch
     from safetensors.torch import save_file
@@ -145,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="/tmp/train_scale")
     ap.add_argument("--timeout", type=int, default=900)
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny shape, aner and peft")
+    ap.add_argument("--gguf", action="store_true", help="Aner alone, on a fixture GGUF")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--job", help=argparse.SUPPRESS)
     ap.add_argument("--json", help=argparse.SUPPRESS)
@@ -165,11 +180,18 @@ def main(argv: list[str] | None = None) -> int:
             SHAPES[shape]["context"] = args.context
         work = Path(args.out) / shape
         work.mkdir(parents=True, exist_ok=True)
-        if not (work / "model" / "config.json").exists():
-            make_model(shape, work / "model", device)
+        if args.gguf:
+            model = work / "model.gguf"
+            sides = ["aner"]
+            if not model.exists():
+                make_gguf(shape, model)
+        else:
+            model = work / "model"
+            if not (model / "config.json").exists():
+                make_model(shape, model, device)
         count = args.warmup + max(args.steps, args.compare)
         make_batches(shape, count, work / "batches.safetensors")
-        job = {"dir": str(work), "model": str(work / "model"), "shape": shape,
+        job = {"dir": str(work), "model": str(model), "shape": shape,
                "batches": str(work / "batches.safetensors"), "steps": args.steps,
                "warmup": args.warmup, "compare": args.compare, "precision": args.precision,
                "activations": args.activations, "device": device, "timeout": args.timeout,

@@ -116,3 +116,26 @@ def test_lora_gradients_match_host_tiled(nf4_model, precision: str, record_prope
     record_property("fused_vs_host_tiled_same_precision", vs_same)
     assert vs_same < BOUND[precision]
     assert vs_fp32 < max(BOUND[precision], 1.5 * host_vs_fp32)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("tokens", [16, 512, 2048])
+def test_half_input_gradient_within_its_rounding_bound(dtype: torch.dtype, tokens: int) -> None:
+    """The fused backward to the input in half precision (what training under bf16/fp16 runs):
+    grad_y and the dequantized W are each rounded to `dtype` (relative error u each), products
+    accumulate in fp32, the result is rounded once. So elementwise
+    |ours - exact| <= (2u + u^2) (|grad_y| @ |W|) + u |exact| (tests/runtime/model has the same
+    bound for host_tiled on the CPU)."""
+    from aner_lang.runtime.nf4.backends import get_backend
+    from aner_lang.runtime.nf4.quant import dequantize_nf4, quantize_nf4
+
+    u = 2.0**-8 if dtype == torch.bfloat16 else 2.0**-11
+    gen = torch.Generator().manual_seed(tokens)
+    w = quantize_nf4((torch.randn(4096, 1024, generator=gen) * 0.02).cuda())
+    g = torch.randn(tokens, 4096, generator=gen).cuda()
+    dense = dequantize_nf4(w)
+    exact = g @ dense
+    ours = get_backend("fused").grad_input(g.to(dtype), w)
+    assert ours.dtype == dtype
+    bound = (2 * u + u * u) * (g.abs() @ dense.abs()) + u * exact.abs()
+    assert ((ours.float() - exact).abs() <= bound).all()
