@@ -345,6 +345,14 @@ _BUILTINS = (
                 "keep, or checkpoint (optionally offload) per decoder layer",
                 keyword_only=True,
             ),
+            Param(
+                "graphs",
+                "Bool",
+                "true",
+                "replay each batch shape's forward and backward from a CUDA graph (CUDA, no "
+                "dropout, activations: keep); the same numbers, without the host in the step",
+                keyword_only=True,
+            ),
         ),
         "Profile",
         "How updates run. fp32 master weights always; kernel: fused needs CUDA.",

@@ -19,7 +19,8 @@ def autocast(precision: str, device: torch.device) -> AbstractContextManager[obj
     """The forward-pass context for `precision` on `device` (no-op for float32)."""
     if precision == "float32":
         return nullcontext()
-    return torch.autocast(device_type=device.type, dtype=DTYPES[precision])
+    # no cast cache: the same numbers, and a step that CUDA graphs can record
+    return torch.autocast(device_type=device.type, dtype=DTYPES[precision], cache_enabled=False)
 
 
 def compute_dtype(t: torch.Tensor) -> torch.dtype:

@@ -95,6 +95,9 @@ class Profile:
     """host_tiled NF4: bytes of one dequantized weight tile (memory report hook)."""
     activations: str = "keep"
     """What an update keeps for backward (`model.activations`)."""
+    graphs: bool = True
+    """Record each batch shape's forward and backward as a CUDA graph where it can run
+    (`train.graphs`)."""
 
     def __post_init__(self) -> None:
         for name, value, allowed in (
@@ -172,10 +175,18 @@ def profile(
     loss_scale: LossScaleState | None = None,
     memory_budget: int | None = None,
     activations: str = "keep",
+    graphs: bool = True,
 ) -> Profile:
     """Builtin `profile`: construct and check what can be checked without a model."""
     p = Profile(
-        precision, optimizer, kernel, page_bytes, loss_scale, memory_budget, activations=activations
+        precision,
+        optimizer,
+        kernel,
+        page_bytes,
+        loss_scale,
+        memory_budget,
+        activations=activations,
+        graphs=graphs,
     )
     if kernel == "fused":  # fails here, before any model loads, where no GPU can run it
         resolve_kernel(kernel, torch.device("cuda"))

@@ -30,6 +30,7 @@ from aner_lang.runtime.model.sections import section
 from aner_lang.runtime.nf4.backends import NF4Backend, using_backend
 from aner_lang.runtime.tasks.data import Dataset, collate
 from aner_lang.runtime.train import checkpoint
+from aner_lang.runtime.train.graphs import GraphSteps, eligibility
 from aner_lang.runtime.train.loss_scale import LossScaler
 from aner_lang.runtime.train.optim import make_optimizer
 from aner_lang.runtime.train.order import Cursor
@@ -258,10 +259,14 @@ class _Loop:
         self.pad = adapter.tokenizer.pad_id or 0
         self.params = list(adapter.params.items())
         self.examples = data.examples(adapter.tokenizer)
+        dropout = float(adapter.config.get("dropout", 0.0))
+        off = eligibility(adapter.device, dropout, profile.activations, profile.graphs)
+        self.steps = GraphSteps(self._forward_backward, [p for _, p in self.params], off)
 
     def start_event(self) -> dict[str, Any]:
         return {
             "event": "start",
+            "cuda_graphs": self.steps.status,
             "kernel_identity": self.identity,
             "profile": self.profile.to_json(),
             "options": self.options,
@@ -333,19 +338,36 @@ class _Loop:
         ]
         scored = sum(b.scored_tokens for b in batches)
         total = torch.zeros((), dtype=torch.float64, device=adapter.device)
+        scale = self.scaler.state.scale if self.scaler.enabled else None
         for batch in batches:
             if batch.scored_tokens == 0:
                 continue
-            with adapter.active():  # through backward: checkpointed layers run forward again
-                with autocast(self.profile.precision, adapter.device):
-                    loss = adapter.loss(batch.input_ids, batch.targets) / scored
-                self.scaler.scale(loss).backward()
-            total += loss.detach()
+            total += self.steps(batch.input_ids, batch.targets, scored, scale)
         return total, scored
 
+    def _forward_backward(
+        self,
+        ids: torch.Tensor,
+        targets: torch.Tensor,
+        scored: torch.Tensor,
+        scale: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """One micro-batch: its loss sum over the window's `scored` count, scaled by `scale`
+        for backward; returns the unscaled loss (eager, or recorded by `GraphSteps`)."""
+        adapter = self.adapter
+        with adapter.active():  # through backward: checkpointed layers run forward again
+            with autocast(self.profile.precision, adapter.device):
+                loss = adapter.loss(ids, targets) / scored
+            (loss if scale is None else loss * scale).backward()
+        return loss.detach()
+
     def _zero_grads(self) -> None:
+        """Gradients dropped, or zeroed where they live when graphs accumulate into them."""
         for _, p in self.params:
-            p.grad = None
+            if self.steps.on and p.grad is not None:
+                p.grad.zero_()
+            else:
+                p.grad = None
 
     def validate(self, validation: Dataset) -> float:
         v = _mean_loss(self.adapter, validation, self.options["micro_batch"], self.profile)

@@ -1,9 +1,12 @@
-"""AdamW on fp32 master tensors, bit-identical to `torch.optim.AdamW(foreach=False)`.
+"""AdamW on fp32 master tensors, bit-identical to `torch.optim.AdamW` (foreach or not).
 
 We keep our own loop instead of wrapping `torch.optim.AdamW` because the trainer needs the state
-as plain named tensors (for exact checkpoints) and paged AdamW swaps where the moments live; the
-arithmetic is torch's single-tensor path op for op (research/training.md 7.4), so the test can
-demand identical updates.
+as plain named tensors (for exact checkpoints) and paged AdamW swaps where the moments live. The
+arithmetic is torch's, op for op (research/training.md 7.4): each elementwise step is the same
+operation on the same operands in torch's single-tensor and multi-tensor paths, so both give the
+same bits. `AdamW` runs the multi-tensor form (a few `torch._foreach_*` launches per update for
+all tensors, instead of eight per tensor: the host cost of an update of hundreds of LoRA tensors);
+`PagedAdamW` keeps the per-tensor form, which lets it move each tensor's pages around its update.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ class AdamW:
     """Decoupled-weight-decay Adam over named fp32 tensors (the masters are updated in place)."""
 
     kind = "adamw"
+    per_tensor = False
+    """Update tensor by tensor (`_update`) instead of all at once (`_update_group`)."""
 
     def __init__(
         self,
@@ -57,12 +62,46 @@ class AdamW:
         """One update of every tensor that has a gradient, in the order of `params`."""
         lr = self.lr if lr is None else lr
         beta1, beta2 = self.betas
+        groups: dict[tuple[torch.device, torch.dtype], list[tuple[torch.Tensor, ...]]] = {}
         for name, p in self.params.items():
             grad = grads.get(name)
             if grad is None:
                 continue
             st = self._state_for(name, p)
-            self._update(p, grad, st, lr, beta1, beta2)
+            if self.per_tensor:
+                self._update(p, grad, st, lr, beta1, beta2)
+                continue
+            groups.setdefault((p.device, p.dtype), []).append(
+                (p, grad, st.exp_avg, st.exp_avg_sq, st.step)
+            )
+        for group in groups.values():
+            params, grad_list, exp_avgs, exp_avg_sqs, steps = (list(x) for x in zip(*group))
+            self._update_group(params, grad_list, exp_avgs, exp_avg_sqs, steps, lr, beta1, beta2)
+
+    def _update_group(
+        self,
+        params: list[torch.Tensor],
+        grads: list[torch.Tensor],
+        exp_avgs: list[torch.Tensor],
+        exp_avg_sqs: list[torch.Tensor],
+        steps: list[torch.Tensor],
+        lr: float,
+        beta1: float,
+        beta2: float,
+    ) -> None:
+        # torch/optim/adam.py::_multi_tensor_adam, decoupled_weight_decay=True, capturable=False
+        torch._foreach_add_(steps, 1)
+        torch._foreach_mul_(params, 1 - lr * self.weight_decay)
+        torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
+        torch._foreach_mul_(exp_avg_sqs, beta2)
+        torch._foreach_addcmul_(exp_avg_sqs, grads, grads, 1 - beta2)
+        counts = [s.item() for s in steps]  # CPU tensors: no device synchronisation
+        step_size = [(lr / (1 - beta1**n)) * -1 for n in counts]
+        bias_correction2_sqrt = [(1 - beta2**n) ** 0.5 for n in counts]
+        denom = torch._foreach_sqrt(exp_avg_sqs)
+        torch._foreach_div_(denom, bias_correction2_sqrt)
+        torch._foreach_add_(denom, self.eps)
+        torch._foreach_addcdiv_(params, exp_avgs, denom, step_size)
 
     def _update(
         self,
@@ -73,7 +112,9 @@ class AdamW:
         beta1: float,
         beta2: float,
     ) -> None:
-        # torch/optim/adam.py::_single_tensor_adam, decoupled_weight_decay=True, capturable=False
+        """One tensor's update (`PagedAdamW`'s path).
+
+        torch/optim/adam.py::_single_tensor_adam, decoupled_weight_decay=True, capturable=False."""
         st.step += 1
         p.mul_(1 - lr * self.weight_decay)
         st.exp_avg.lerp_(grad, 1 - beta1)

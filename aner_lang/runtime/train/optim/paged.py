@@ -31,6 +31,7 @@ class PagedAdamW(AdamW):
     """AdamW with managed-memory moments on CUDA; identical arithmetic to `AdamW`."""
 
     kind = "paged_adamw"
+    per_tensor = True  # each tensor's pages come to the device for its own update
 
     def __init__(
         self, params: dict[str, torch.Tensor], page_bytes: int = 2 << 20, **kwargs: Any

@@ -1,0 +1,131 @@
+"""A micro-batch's forward and backward replayed from a CUDA graph, one graph per batch shape.
+
+Launching a step's thousands of kernels from Python costs more host time than the GPU needs to
+run them at the sizes users train (a QLoRA step of an 8B model is ~10,000 launches). A graph
+records them once and replays them with one launch: the GPU no longer waits for the host.
+
+Rules:
+
+* Eager and replay run the same function (`forward_backward`) on the same operands, so their
+  results are the same bits; the per-batch numbers it needs (the window's scored-token count, the
+  loss scale) are device tensors, written before each replay, never constants of the recording.
+* A graph's inputs and gradients live at fixed addresses: the batch is copied into the graph's
+  own input tensors, and gradients are zeroed in place between windows, never re-allocated.
+* Graphs need CUDA and a step without host-side randomness or host round trips: no dropout (its
+  masks come from the run's own generator), activations kept (`checkpoint` replays generator
+  states, `offload` copies to pinned host memory). Elsewhere, or when recording fails, the step
+  runs eagerly; `GraphSteps.status` says which and why.
+* Recording warms the function up once on a side stream first (kernels compiled, workspaces
+  allocated); the gradients that warm-up leaves are zeroed before the real replay.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+MAX_SHAPES = 8
+"""Shapes recorded at most; a run whose batches keep changing shape runs the rest eagerly."""
+
+Step = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+"""(input_ids, targets, scored, scale or None) -> the micro-batch's loss sum / scored."""
+
+
+@dataclass
+class _Graph:
+    graph: torch.cuda.CUDAGraph
+    ids: torch.Tensor
+    targets: torch.Tensor
+    scored: torch.Tensor
+    scale: torch.Tensor | None
+    loss: torch.Tensor
+
+
+class GraphSteps:
+    """Runs `step` for a micro-batch through a recorded graph of its shape, or eagerly."""
+
+    def __init__(self, step: Step, params: list[torch.Tensor], reason_off: str | None) -> None:
+        self.step, self.params = step, params
+        self.status = "off: " + reason_off if reason_off else "on"
+        self._graphs: dict[tuple[int, ...], _Graph] = {}
+        self._pool: Any = None
+
+    @property
+    def on(self) -> bool:
+        return self.status == "on"
+
+    def __call__(
+        self, ids: torch.Tensor, targets: torch.Tensor, scored: int, scale: float | None
+    ) -> torch.Tensor:
+        device = ids.device
+        scored_t = torch.tensor(float(scored), dtype=torch.float32, device=device)
+        scale_t = None if scale is None else torch.tensor(scale, dtype=torch.float32, device=device)
+        if not self.on:
+            return self.step(ids, targets, scored_t, scale_t)
+        key = tuple(ids.shape)
+        g = self._graphs.get(key)
+        if g is None:
+            if len(self._graphs) >= MAX_SHAPES:
+                return self.step(ids, targets, scored_t, scale_t)
+            g = self._record(ids, targets, scored_t, scale_t)
+            if g is None:
+                return self.step(ids, targets, scored_t, scale_t)
+            self._graphs[key] = g
+        g.ids.copy_(ids)
+        g.targets.copy_(targets)
+        g.scored.copy_(scored_t)
+        if g.scale is not None and scale_t is not None:
+            g.scale.copy_(scale_t)
+        g.graph.replay()
+        return g.loss
+
+    def _record(
+        self,
+        ids: torch.Tensor,
+        targets: torch.Tensor,
+        scored: torch.Tensor,
+        scale: torch.Tensor | None,
+    ) -> _Graph | None:
+        ids_s, targets_s, scored_s = ids.clone(), targets.clone(), scored.clone()
+        scale_s = None if scale is None else scale.clone()
+        for p in self.params:  # gradients at fixed addresses, accumulated into by the graph
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        grads = [p.grad for p in self.params if p.grad is not None]
+        saved = [g.clone() for g in grads]
+        try:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self.step(ids_s, targets_s, scored_s, scale_s)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            with torch.cuda.graph(graph, pool=self._pool):
+                loss = self.step(ids_s, targets_s, scored_s, scale_s)
+        except RuntimeError as exc:  # an operation that cannot be recorded: run eagerly
+            self.status = f"off: recording failed ({type(exc).__name__}: {str(exc)[:200]})"
+            loss = None
+        with torch.no_grad():  # undo what the warm-up (and a failed recording) accumulated
+            for grad, before in zip(grads, saved):
+                grad.copy_(before)
+        if loss is None:
+            return None
+        return _Graph(graph, ids_s, targets_s, scored_s, scale_s, loss)
+
+
+def eligibility(device: torch.device, dropout: float, activations: str, wanted: bool) -> str | None:
+    """None when a run may record its steps; otherwise why not, in words for the event log."""
+    if not wanted:
+        return "the profile turns them off (graphs: false)"
+    if device.type != "cuda":
+        return f"CUDA graphs need a CUDA device, this run is on {device.type}"
+    if dropout > 0:
+        return "dropout draws its masks from the run's generator on the host"
+    if activations != "keep":
+        return f"activations: {activations} replays generator states or copies to the host"
+    return None
