@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from aner_lang.errors import AnerRuntimeError
-from aner_lang.runtime.model.config import LlamaConfig
+from aner_lang.runtime.model.config import ModelConfig
 from aner_lang.runtime.model.linear import FrozenLinear
 
 
@@ -58,7 +58,7 @@ class KVCache:
 class RotaryEmbedding(nn.Module):
     """HF-style split-half rotary position embedding (cos/sin computed in fp32)."""
 
-    def __init__(self, config: LlamaConfig, freq_factors: torch.Tensor | None = None) -> None:
+    def __init__(self, config: ModelConfig, freq_factors: torch.Tensor | None = None) -> None:
         super().__init__()
         d = config.head_dim
         inv_freq = 1.0 / (
@@ -86,21 +86,43 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class LlamaAttention(nn.Module):
-    """Grouped-query self-attention over `q_proj`, `k_proj`, `v_proj`, `o_proj`."""
+    """Grouped-query self-attention over `q_proj`, `k_proj`, `v_proj`, `o_proj`.
+
+    Architecture options (their tables in `aner_lang.architectures` say which model has which):
+    `q_bias`/`k_bias`/`v_bias` are added to the projections' outputs (Qwen2), after any adapter's
+    delta, as HF adds a Linear's bias; `q_norm`/`k_norm` RMS-normalise every head of the queries
+    and keys before rope (Qwen3).
+    """
 
     def __init__(
         self,
-        config: LlamaConfig,
+        config: ModelConfig,
         q_proj: FrozenLinear,
         k_proj: FrozenLinear,
         v_proj: FrozenLinear,
         o_proj: FrozenLinear,
+        q_bias: torch.Tensor | None = None,
+        k_bias: torch.Tensor | None = None,
+        v_bias: torch.Tensor | None = None,
+        q_norm: RMSNorm | None = None,
+        k_norm: RMSNorm | None = None,
     ) -> None:
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = q_proj, k_proj, v_proj, o_proj
+        for name, bias in (("q_bias", q_bias), ("k_bias", k_bias), ("v_bias", v_bias)):
+            frozen = None if bias is None else nn.Parameter(bias.float(), requires_grad=False)
+            self.register_parameter(name, frozen)
+        self.q_norm, self.k_norm = q_norm, k_norm
+
+    def _project(self, proj: FrozenLinear, bias: torch.Tensor | None, x: torch.Tensor, heads: int):
+        """`[B, T, hidden]` -> `[B, T, heads, head_dim]` through `proj` and its bias."""
+        y = proj(x)
+        if bias is not None:
+            y = y + bias.to(y.dtype)
+        return y.view(*x.shape[:2], heads, self.head_dim)
 
     def forward(
         self,
@@ -111,10 +133,13 @@ class LlamaAttention(nn.Module):
         cache: KVCache | None,
     ) -> torch.Tensor:
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q = self._project(self.q_proj, self.q_bias, x, self.num_heads)
+        k = self._project(self.k_proj, self.k_bias, x, self.num_kv_heads)
+        v = self._project(self.v_proj, self.v_bias, x, self.num_kv_heads).transpose(1, 2)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rope(q.transpose(1, 2), cos, sin)
+        k = apply_rope(k.transpose(1, 2), cos, sin)
         past = 0
         if cache is not None:
             past = cache.length
@@ -182,7 +207,7 @@ class LlamaModel(nn.Module):
 
     def __init__(
         self,
-        config: LlamaConfig,
+        config: ModelConfig,
         embed_tokens: FrozenLinear,
         layers: list[LlamaDecoderLayer],
         norm: RMSNorm,
