@@ -153,6 +153,8 @@ class GGUFFile:
                 )
             self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
         self.metadata: dict[str, Any] = {}
+        self.value_types: dict[str, tuple[int, int | None]] = {}
+        """Each metadata key's GGUF value type (and an array's item type), for copying it."""
         self.tensors: dict[str, TensorInfo] = {}
         try:
             self._parse()
@@ -190,7 +192,12 @@ class GGUFFile:
         cur = _Cursor(buf, 24)
         for _ in range(n_kv):
             key = cur.string()
-            self.metadata[key] = cur.value(cur.u32())
+            vtype = cur.u32()
+            item = None
+            if vtype == _ARRAY and cur.pos + 4 <= cur.end:
+                item = struct.unpack_from("<I", buf, cur.pos)[0]
+            self.metadata[key] = cur.value(vtype)
+            self.value_types[key] = (vtype, item)
         raw: list[tuple[str, tuple[int, ...], int, int]] = []
         for _ in range(n_tensors):
             name = cur.string()

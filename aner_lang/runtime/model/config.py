@@ -291,3 +291,27 @@ def config_from_hf(cfg: dict[str, Any], folder: Path) -> ModelConfig:
         rope_scaling=scaling,
     )
     return _check(source, "E-HF-CONFIG", config)
+
+
+def gguf_hyperparameters(config: ModelConfig) -> dict[str, Any]:
+    """The GGUF metadata keys llama.cpp's converter writes for these hyper-parameters (the inverse
+    of `config_from_gguf`; Llama 3 rope scaling travels as the ``rope_freqs`` tensor instead)."""
+    p = ARCHITECTURES[config.architecture].gguf_architectures[0] + "."
+    keys: dict[str, Any] = {
+        p + "context_length": config.max_position_embeddings,
+        p + "embedding_length": config.hidden_size,
+        p + "feed_forward_length": config.intermediate_size,
+        p + "block_count": config.num_hidden_layers,
+        p + "attention.head_count": config.num_attention_heads,
+        p + "attention.head_count_kv": config.num_key_value_heads,
+        p + "attention.key_length": config.head_dim,
+        p + "attention.value_length": config.head_dim,
+        p + "attention.layer_norm_rms_epsilon": float(config.rms_norm_eps),
+        p + "rope.freq_base": float(config.rope_theta),
+        p + "rope.dimension_count": config.head_dim,
+        p + "vocab_size": config.vocab_size,
+    }
+    if config.rope_scaling is not None and config.rope_scaling.rope_type == "linear":
+        keys[p + "rope.scaling.type"] = "linear"
+        keys[p + "rope.scaling.factor"] = float(config.rope_scaling.factor)
+    return keys

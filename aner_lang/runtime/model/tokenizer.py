@@ -54,6 +54,20 @@ TEKKEN_SPLIT = (
 )
 
 
+# The split regexes as Hugging Face tokenizer.json files write them, and the llama.cpp
+# pre-tokenizer name llama.cpp's converter gives a vocabulary that uses them.
+HF_SPLIT_NAMES = {
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+": "llama-bpe",
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+": "qwen2",
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+": "tekken",
+}
+TOKEN_TYPE_NORMAL, TOKEN_TYPE_UNUSED = 1, 5
+
+
 @dataclass(frozen=True)
 class PreTokenizer:
     """llama.cpp's handling of one ``tokenizer.ggml.pre`` name (src/llama-vocab.cpp)."""
@@ -221,6 +235,41 @@ def _build_backend(meta: dict[str, Any], source: str) -> tuple[HFTokenizer, bool
     return tok, cleans
 
 
+def _gguf_vocabulary(spec: dict[str, Any]) -> dict[str, Any] | None:
+    """A byte-level BPE tokenizer.json as GGUF ``tokenizer.ggml.*`` vocabulary keys, as llama.cpp's
+    converter writes them; None when it is another kind (its pre-tokenizer unknown to llama.cpp,
+    SentencePiece-style byte fallback, ...)."""
+    model, pre = spec.get("model") or {}, spec.get("pre_tokenizer") or {}
+    if model.get("type") != "BPE" or model.get("byte_fallback"):
+        return None
+    steps = pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
+    kinds = [step.get("type") for step in steps]
+    if kinds == ["ByteLevel"] and steps[0].get("use_regex", True):
+        name: str | None = "gpt-2"
+    elif kinds == ["Split", "ByteLevel"] and not steps[1].get("use_regex", True):
+        name = HF_SPLIT_NAMES.get((steps[0].get("pattern") or {}).get("Regex", ""))
+    else:
+        name = None
+    if name is None:
+        return None
+    by_id: dict[int, tuple[str, int]] = {
+        i: (t, TOKEN_TYPE_NORMAL) for t, i in model.get("vocab", {}).items()
+    }
+    for added in spec.get("added_tokens", []):
+        kind = TOKEN_TYPE_CONTROL if added.get("special") else TOKEN_TYPE_USER_DEFINED
+        by_id[int(added["id"])] = (added["content"], kind)
+    count = max(by_id) + 1 if by_id else 0
+    tokens = [by_id.get(i, (f"[PAD{i}]", TOKEN_TYPE_UNUSED)) for i in range(count)]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
+    return {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": name,
+        "tokenizer.ggml.tokens": [t for t, _ in tokens],
+        "tokenizer.ggml.token_type": [k for _, k in tokens],
+        "tokenizer.ggml.merges": merges,
+    }
+
+
 def _token_text(value: Any) -> str | None:
     """A special token as tokenizer_config.json writes it: a string or an AddedToken object."""
     if isinstance(value, dict):
@@ -248,6 +297,10 @@ class Tokenizer:
     stop_ids: frozenset[int] = field(default_factory=frozenset)
     clean_spaces: bool = False
     """Decode as llama.cpp does for this GGUF pre-tokenizer (`clean_spaces`)."""
+    gguf_vocabulary: dict[str, Any] | None = None
+    """A Hugging Face tokenizer's GGUF ``tokenizer.ggml.*`` vocabulary keys, when it has a GGUF
+    form (for exporting a folder's model to GGUF); None for a GGUF's own tokenizer (its file
+    holds them) or a tokenizer GGUF cannot describe."""
 
     def __post_init__(self) -> None:
         for what in ("bos_id", "eos_id", "pad_id"):
@@ -320,6 +373,7 @@ class Tokenizer:
                 f"{path}: not a tokenizer the tokenizers library can read ({exc})",
                 code="E-TOKENIZER",
             ) from None
+        vocabulary = _gguf_vocabulary(json.loads(backend.to_str()))
         tc = _read_json(folder / "tokenizer_config.json")
         config = _read_json(folder / "config.json")
         generation = _read_json(folder / "generation_config.json")
@@ -360,6 +414,7 @@ class Tokenizer:
                 add_bos=add_bos,
                 chat_template=template if isinstance(template, str) else None,
                 stop_ids=frozenset(stops),
+                gguf_vocabulary=vocabulary,
             )
         except AnerRuntimeError as e:
             raise AnerRuntimeError(f"{folder}: {e.message}", code=e.code) from None
@@ -382,6 +437,32 @@ class Tokenizer:
             )
         text = self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special)
         return clean_spaces(text) if self.clean_spaces else text
+
+    def gguf_metadata(self, vocab_size: int) -> dict[str, Any] | None:
+        """Every ``tokenizer.*`` GGUF key of a Hugging Face tokenizer (vocabulary, special ids,
+        chat template) for a model of `vocab_size` embedding rows; None when it has no GGUF form.
+        Rows past the tokenizer's last token get ``[PAD{id}]`` tokens, as llama.cpp's converter
+        writes them."""
+        if self.gguf_vocabulary is None:
+            return None
+        meta = dict(self.gguf_vocabulary)
+        tokens = meta["tokenizer.ggml.tokens"]
+        pads = range(len(tokens), vocab_size)
+        meta["tokenizer.ggml.tokens"] = tokens + [f"[PAD{i}]" for i in pads]
+        meta["tokenizer.ggml.token_type"] = meta["tokenizer.ggml.token_type"] + [
+            TOKEN_TYPE_USER_DEFINED for _ in pads
+        ]
+        for key, value in (
+            ("bos_token_id", self.bos_id),
+            ("eos_token_id", self.eos_id),
+            ("padding_token_id", self.pad_id),
+            ("add_bos_token", self.add_bos),
+        ):
+            if value is not None:
+                meta["tokenizer.ggml." + key] = value
+        if self.chat_template:
+            meta["tokenizer.chat_template"] = self.chat_template
+        return meta
 
     def token_text(self, token_id: int) -> str:
         return self.backend.id_to_token(token_id) or ""
