@@ -5,10 +5,10 @@ GGUF vocabularies follow llama.cpp's reading of the same metadata:
 
 * ``gpt2``: byte-level BPE from ``tokenizer.ggml.tokens``/``merges``. The pre-tokenizer named by
   ``tokenizer.ggml.pre`` is llama.cpp's list of regexes for that name (`PRE_TOKENIZERS`), applied
-  in turn, each splitting the pieces the previous one left; llama.cpp's flags for the name come
-  with it: ``ignore_merges`` (a piece that is itself a token is not merged further: Llama 3,
-  Tekken) and ``clean_spaces`` (decoding drops the space before ``. , ! ?`` and in some
-  contractions, as llama.cpp's detokenizer does).
+  in turn, each splitting the pieces the previous one left, with llama.cpp's ``ignore_merges``
+  flag for the name (a piece that is itself a token is not merged further: Llama 3, Tekken).
+  Decoding concatenates the tokens' texts, as llama.cpp's server and command line print them
+  (its library's optional ``clean_spaces`` pass is not applied there either).
 * ``llama``: SentencePiece-style BPE with byte fallback, merges derived from the token scores as
   llama.cpp's SPM tokenizer ranks them, "▁" for spaces and a leading "▁".
 
@@ -74,14 +74,13 @@ class PreTokenizer:
 
     splits: tuple[str, ...]
     ignore_merges: bool = False
-    clean_spaces: bool = True
 
 
 _DEFAULT = PreTokenizer((r"[\p{P}\$\+<=>\^~\|]+", GPT2_SPLIT, r"\p{N}+", r"[0-9][0-9][0-9]"))
 _GPT2 = PreTokenizer((GPT2_SPLIT,))
-_DIGITS_GPT2 = (r"\p{N}", GPT2_SPLIT)
 _LLAMA3 = PreTokenizer((LLAMA3_SPLIT,), ignore_merges=True)
-_QWEN2 = PreTokenizer((QWEN2_SPLIT,), clean_spaces=False)
+_QWEN2 = PreTokenizer((QWEN2_SPLIT,))
+_DIGITS_GPT2 = PreTokenizer((r"\p{N}", GPT2_SPLIT))
 
 PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     "default": _DEFAULT,
@@ -96,10 +95,10 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     # Qwen2, Qwen2.5, Qwen3 and their distillations
     "qwen2": _QWEN2,
     "deepseek-r1-qwen": _QWEN2,
-    "stablelm2": PreTokenizer((QWEN2_SPLIT,)),
-    "megrez": PreTokenizer((QWEN2_SPLIT,)),
+    "stablelm2": _QWEN2,
+    "megrez": _QWEN2,
     # Mistral's Tekken vocabulary (Mistral Nemo, Small 3)
-    "tekken": PreTokenizer((TEKKEN_SPLIT,), ignore_merges=True, clean_spaces=False),
+    "tekken": PreTokenizer((TEKKEN_SPLIT,), ignore_merges=True),
     # GPT-2's own split
     "gpt-2": _GPT2,
     "phi-2": _GPT2,
@@ -107,11 +106,11 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     "olmo": _GPT2,
     "jais": _GPT2,
     # every digit isolated, then GPT-2's split (SmolLM, StarCoder, ...)
-    "smollm": PreTokenizer(_DIGITS_GPT2, clean_spaces=False),
-    "starcoder": PreTokenizer(_DIGITS_GPT2),
-    "refact": PreTokenizer(_DIGITS_GPT2),
-    "codeshell": PreTokenizer(_DIGITS_GPT2),
-    "command-r": PreTokenizer(_DIGITS_GPT2, clean_spaces=False),
+    "smollm": _DIGITS_GPT2,
+    "starcoder": _DIGITS_GPT2,
+    "refact": _DIGITS_GPT2,
+    "codeshell": _DIGITS_GPT2,
+    "command-r": _DIGITS_GPT2,
 }
 
 
@@ -133,39 +132,6 @@ def _byte_level_pre_tokenizer(pre: PreTokenizer) -> pre_tokenizers.PreTokenizer:
     return pre_tokenizers.Sequence(steps)
 
 
-def clean_spaces(text: str) -> str:
-    """llama.cpp's ``clean_spaces`` passes over detokenized text, ported as written (in place over
-    one buffer): no space before ``? ! . ,``; a lone apostrophe between spaces loses both; `` 's``,
-    `` 'm``, `` 're``, `` 've`` lose the space."""
-    t = list(text)
-    n, total = len(t), min(len(t), 1)
-    for i in range(1, n):
-        x = t[i]
-        if t[i - 1] == " " and x in "?!.,":
-            total -= 1
-        t[total] = x
-        total += 1
-    n, total, i = total, min(total, 1), 1
-    while i < n:
-        x = t[i]
-        if x == "'" and i + 1 < n and t[i - 1] == " " and t[i + 1] == " ":
-            total -= 1
-            i += 1
-            t[i] = "\0"
-        t[total] = x
-        total += 1
-        i += 1
-    n, total = total, min(total, 1)
-    for i in range(1, n):
-        x = t[i]
-        if t[i - 1] == " " and x == "'" and i + 1 < n:
-            if t[i + 1] in "sm" or (i + 2 < n and t[i + 1] + t[i + 2] in ("re", "ve")):
-                total -= 1
-        t[total] = x
-        total += 1
-    return "".join(t[:total])
-
-
 def spm_merges(tokens: Sequence[str], scores: Sequence[float]) -> list[tuple[str, str]]:
     """BPE merges that reproduce SentencePiece/llama.cpp SPM ranking: higher score merges first.
 
@@ -183,8 +149,8 @@ def spm_merges(tokens: Sequence[str], scores: Sequence[float]) -> list[tuple[str
     return [(left, right) for _, _, left, right in ranked]
 
 
-def _build_backend(meta: dict[str, Any], source: str) -> tuple[HFTokenizer, bool]:
-    """The tokenizer of GGUF metadata and whether its decoding cleans spaces."""
+def _build_backend(meta: dict[str, Any], source: str) -> HFTokenizer:
+    """The tokenizer of GGUF metadata."""
     kind = meta.get("tokenizer.ggml.model")
     tokens = meta.get("tokenizer.ggml.tokens")
     if not tokens:
@@ -195,7 +161,6 @@ def _build_backend(meta: dict[str, Any], source: str) -> tuple[HFTokenizer, bool
     vocab = {t: i for i, t in enumerate(tokens)}
     unk_id = meta.get("tokenizer.ggml.unknown_token_id")
     unk = tokens[unk_id] if unk_id is not None and unk_id < len(tokens) else None
-    cleans = False
     if kind == "gpt2":
         pre = _pre_tokenizer(str(meta.get("tokenizer.ggml.pre", "default")), source)
         merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
@@ -204,7 +169,6 @@ def _build_backend(meta: dict[str, Any], source: str) -> tuple[HFTokenizer, bool
         )
         tok.pre_tokenizer = _byte_level_pre_tokenizer(pre)
         tok.decoder = decoders.ByteLevel()
-        cleans = pre.clean_spaces
     elif kind == "llama":
         scores = meta.get("tokenizer.ggml.scores") or [0.0] * len(tokens)
         tok = HFTokenizer(
@@ -232,7 +196,7 @@ def _build_backend(meta: dict[str, Any], source: str) -> tuple[HFTokenizer, bool
         if ty in (TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED)
     ]
     tok.add_special_tokens(special)
-    return tok, cleans
+    return tok
 
 
 def _gguf_vocabulary(spec: dict[str, Any]) -> dict[str, Any] | None:
@@ -295,8 +259,6 @@ class Tokenizer:
     add_bos: bool
     chat_template: str | None
     stop_ids: frozenset[int] = field(default_factory=frozenset)
-    clean_spaces: bool = False
-    """Decode as llama.cpp does for this GGUF pre-tokenizer (`clean_spaces`)."""
     gguf_vocabulary: dict[str, Any] | None = None
     """A Hugging Face tokenizer's GGUF ``tokenizer.ggml.*`` vocabulary keys, when it has a GGUF
     form (for exporting a folder's model to GGUF); None for a GGUF's own tokenizer (its file
@@ -321,7 +283,7 @@ class Tokenizer:
 
     @classmethod
     def from_metadata(cls, meta: dict[str, Any], source: str = "<gguf>") -> Tokenizer:
-        backend, cleans = _build_backend(meta, source)
+        backend = _build_backend(meta, source)
         eos = meta.get("tokenizer.ggml.eos_token_id")
         stops = {
             i
@@ -345,7 +307,6 @@ class Tokenizer:
                 add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", default_bos)),
                 chat_template=meta.get("tokenizer.chat_template"),
                 stop_ids=frozenset(int(i) for i in stops),
-                clean_spaces=cleans,
             )
         except AnerRuntimeError as e:
             raise AnerRuntimeError(f"{source}: {e.message}", code=e.code) from None
@@ -435,8 +396,7 @@ class Tokenizer:
                 f"token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})",
                 code="E-TOKEN-ID",
             )
-        text = self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special)
-        return clean_spaces(text) if self.clean_spaces else text
+        return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special)
 
     def gguf_metadata(self, vocab_size: int) -> dict[str, Any] | None:
         """Every ``tokenizer.*`` GGUF key of a Hugging Face tokenizer (vocabulary, special ids,
