@@ -76,12 +76,12 @@ def _folder_metadata(writer: Any, model: Any) -> None:
             "pre-tokenizer llama.cpp knows: Llama 3, Qwen2, Tekken or GPT-2)",
             code="E-EXPORT",
         )
-    _write_keys(
+    write_keys(
         writer, {"general.name": model.name, **gguf_hyperparameters(model.config), **tokenizer}
     )
 
 
-def _write_keys(writer: Any, keys: dict[str, Any]) -> None:
+def write_keys(writer: Any, keys: dict[str, Any]) -> None:
     """Metadata values with the GGUF types llama.cpp reads them as: integers u32 (token types
     i32), floats f32, strings, booleans, and arrays of one of those."""
     import gguf
