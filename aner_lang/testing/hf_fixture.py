@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from aner_lang.runtime.model.tokenizer import HF_SPLIT_NAMES
 
@@ -112,7 +113,7 @@ FAMILY = {
 }
 
 
-def build_tokenizer(family: str, vocab_size: int = 320) -> object:
+def build_tokenizer(family: str, vocab_size: int = 320) -> Any:
     """A byte-level BPE `tokenizers.Tokenizer` of the family's kind, trained on `CORPUS`."""
     from tokenizers import (
         Regex,
@@ -154,10 +155,10 @@ def build_tokenizer(family: str, vocab_size: int = 320) -> object:
     return tok
 
 
-def _config(family: str, vocab: int) -> object:
+def _config(family: str, vocab: int) -> Any:
     import transformers
 
-    common = {
+    common: dict[str, Any] = {
         "vocab_size": vocab,
         "hidden_size": 64,
         "intermediate_size": 96,
@@ -182,14 +183,21 @@ def _config(family: str, vocab: int) -> object:
         )
     if family == "mistral":
         return transformers.MistralConfig(
-            **common, tie_word_embeddings=False, sliding_window=4096, rope_theta=1000000.0
+            **common,
+            tie_word_embeddings=False,
+            sliding_window=4096,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
         )
     if family == "qwen2":
-        return transformers.Qwen2Config(**common, tie_word_embeddings=True, rope_theta=1000000.0)
+        return transformers.Qwen2Config(
+            **common,
+            tie_word_embeddings=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        )
     return transformers.Qwen3Config(**common, head_dim=24, tie_word_embeddings=False)
 
 
-def build_hf_model(family: str, vocab: int, seed: int = 0) -> object:
+def build_hf_model(family: str, vocab: int, seed: int = 0) -> Any:
     """The family's transformers model, every parameter seeded noise, in eval mode."""
     import torch
     import transformers

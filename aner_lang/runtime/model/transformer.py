@@ -116,8 +116,13 @@ class LlamaAttention(nn.Module):
             frozen = None if bias is None else nn.Parameter(bias.float(), requires_grad=False)
             self.register_parameter(name, frozen)
         self.q_norm, self.k_norm = q_norm, k_norm
+        self.q_bias: torch.Tensor | None
+        self.k_bias: torch.Tensor | None
+        self.v_bias: torch.Tensor | None
 
-    def _project(self, proj: FrozenLinear, bias: torch.Tensor | None, x: torch.Tensor, heads: int):
+    def _project(
+        self, proj: FrozenLinear, bias: torch.Tensor | None, x: torch.Tensor, heads: int
+    ) -> torch.Tensor:
         """`[B, T, hidden]` -> `[B, T, heads, head_dim]` through `proj` and its bias."""
         y = proj(x)
         if bias is not None:
