@@ -20,7 +20,7 @@ which writes llama.cpp's converter's layout (names, q/k permutation, rope_freqs,
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +67,15 @@ _MISTRAL_TEMPLATE = (
     "[/INST]{% elif m['role'] == 'assistant' %}{{ m['content'] }}{{ eos_token }}"
     "{% else %}{{ raise_exception('only user and assistant messages') }}{% endif %}{% endfor %}"
 )
+_QWEN = Family(
+    "qwen2",
+    "qwen2",
+    ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
+    None,
+    "<|im_end|>",
+    _CHATML,
+    nfc=True,
+)
 FAMILY = {
     "llama3": Family(
         "llama",
@@ -92,24 +101,8 @@ FAMILY = {
         _MISTRAL_TEMPLATE,
         ignore_merges=True,
     ),
-    "qwen2": Family(
-        "qwen2",
-        "qwen2",
-        ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
-        None,
-        "<|im_end|>",
-        _CHATML,
-        nfc=True,
-    ),
-    "qwen3": Family(
-        "qwen3",
-        "qwen2",
-        ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
-        None,
-        "<|im_end|>",
-        _CHATML,
-        nfc=True,
-    ),
+    "qwen2": _QWEN,
+    "qwen3": replace(_QWEN, model_type="qwen3"),
 }
 
 

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from make_llamacpp_reference import post, start_server, write_reference
+from make_llamacpp_reference import post, start_server, tokenize, write_reference
 
 CASES = [
     "The quiet mountain lake reflects the clear morning sky.",
@@ -92,9 +92,7 @@ def main() -> None:
             base = server.listening_address
             cases = []
             for text in CASES:
-                ids = post(
-                    base, "/tokenize", {"content": text, "add_special": True, "parse_special": True}
-                )["tokens"]
+                ids = tokenize(base, text)
                 decoded = post(base, "/detokenize", {"tokens": ids})["content"]
                 cases.append({"text": text, "ids": ids, "decoded": decoded})
             results[pre] = cases
