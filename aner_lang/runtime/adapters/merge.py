@@ -10,6 +10,7 @@ that is exactly ``W'^T``, so merge needs no per-method formula that could drift 
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any
 
 import torch
@@ -47,14 +48,8 @@ def _dense_clone(model: Any, weights: dict[str, torch.Tensor]) -> Any:
                 w = weights.get(full)
                 replaced[id(child)] = DenseLinear(w if w is not None else child.dense_weight())
             setattr(parent, child_name, replaced[id(child)])
-    return type(model)(
-        module=module.to(model.device),
-        tokenizer=model.tokenizer,
-        config=model.config,
-        path=model.path,
-        storage="float32",
-        device=model.device,
-        metadata=dict(model.metadata),
+    return dataclasses.replace(
+        model, module=module.to(model.device), storage="float32", metadata=dict(model.metadata)
     )
 
 

@@ -18,19 +18,17 @@ from aner_lang.runtime.adapters.base import Adapter, target_modules
 
 
 def _unquantized_weights(model, targets) -> list[torch.Tensor]:
-    """fp32 target weights before any NF4 quantization (re-read from the GGUF file if needed)."""
+    """fp32 target weights before any NF4 quantization (re-read from the model's file or folder
+    through its `TensorSource` if needed)."""
     if all(m.storage in ("float32", "float16") for _, m in targets):
         return [m.dense_weight() for _, m in targets]
-    from aner_lang.runtime.io.gguf import GGUFFile, unpermute_rows
+    from aner_lang.runtime.io.source import open_source
 
-    gguf = GGUFFile(model.path)
-    out = []
-    for name, m in targets:
-        layer, kind = int(name.split(".")[1]), name.split(".")[-1]
-        p = model.architecture.projection(kind)
-        w = gguf.tensor(p.gguf_tensor(layer), (m.out_features, m.in_features))
-        out.append(unpermute_rows(w, getattr(model.config, p.rope_heads)) if p.rope_heads else w)
-    return out
+    source, _ = open_source(model.path)
+    c = model.config
+    weights = {w.name: w for w in model.architecture.weights(c.num_hidden_layers, True)}
+    cpu = torch.device("cpu")
+    return [source.read(weights[name], c, torch.float32, cpu) for name, _ in targets]
 
 
 class TinyLoRA(Adapter):

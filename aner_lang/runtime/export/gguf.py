@@ -1,9 +1,11 @@
 """Writing a model (a base, or a merged adapter) back to GGUF.
 
-`export_gguf(model, path, dtype)` writes llama.cpp's layout: GGUF tensor names, q/k rows permuted
-back to interleaved-pair RoPE order, norms in f32, every metadata key (tokenizer, chat template,
-hyper-parameters) copied from the source GGUF, so llama.cpp, HF transformers and our loader all
-read it.
+`export_gguf(model, path, dtype)` writes llama.cpp's layout for the model's architecture (the
+one it came from: a Qwen2 model is written as ``qwen2``): GGUF tensor names, q/k rows permuted
+back to interleaved-pair RoPE order where llama.cpp permutes them, norms, biases and Llama 3's
+``rope_freqs`` in f32. Metadata (tokenizer, chat template, hyper-parameters) is copied from a
+source GGUF; a model read from a Hugging Face folder is described as llama.cpp's converter would
+describe it. llama.cpp, HF transformers and our loader all read the result.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from aner_lang.architectures import Norm
+from aner_lang.architectures import Kind
 from aner_lang.errors import AnerRuntimeError
-from aner_lang.runtime.io.gguf import permute_rows
+from aner_lang.runtime.io.gguf import GGUFFile, permute_rows
+from aner_lang.runtime.model.config import gguf_hyperparameters
 
 DTYPES = {"f16": np.float16, "f32": np.float32}
 _FILE_TYPE = {"f32": 0, "f16": 1}  # llama.cpp's LLAMA_FTYPE_ALL_F32 / MOSTLY_F16
@@ -26,43 +29,80 @@ _SKIPPED_KEYS = ("GGUF.", "general.file_type", "general.quantization_version")
 
 def _gguf_tensors(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
     """(GGUF name, fp32 tensor in the file's layout) for every weight, as the model's
-    architecture table names and permutes them."""
-    m, c, arch = model.module, model.config, model.architecture
-    yield arch.embedding, m.embed_tokens.dense_weight()
-    for i in range(c.num_hidden_layers):
-        for part in arch.layer_order():
-            if isinstance(part, Norm):
-                yield part.gguf_tensor(i), m.get_submodule(f"layers.{i}.{part.module}").weight
-                continue
-            w = m.get_submodule(part.module(i)).dense_weight()
-            if part.rope_heads:
-                w = permute_rows(w, int(getattr(c, part.rope_heads)))
-            yield part.gguf_tensor(i), w
-    yield arch.output_norm, m.norm.weight
-    if m.lm_head is not m.embed_tokens:
-        yield arch.output, m.lm_head.dense_weight()
+    architecture table names and permutes them (`Architecture.weights`)."""
+    m, c = model.module, model.config
+    for w in model.architecture.weights(c.num_hidden_layers, c.tie_word_embeddings):
+        if w.kind is Kind.LINEAR:
+            t = m.get_submodule(w.name).dense_weight()
+        elif w.kind is Kind.NORM:
+            t = m.get_submodule(w.name).weight
+        else:
+            t = m.get_parameter(w.name)
+        if w.rope_heads:
+            t = permute_rows(t, int(getattr(c, w.rope_heads)))
+        yield w.gguf, t
+    if model.rope_freqs is not None:
+        yield model.architecture.rope_freqs, model.rope_freqs
 
 
-def _copy_metadata(writer: Any, source: Path) -> Any:
-    """Every key of the source GGUF except the ones describing its own tensor encoding.
-
-    Returns the source's reader, for the tensors that are not weights (Llama 3 `rope_freqs`)."""
+def _copy_metadata(writer: Any, source: Path) -> None:
+    """Every key of the source GGUF except the ones describing its own tensor encoding."""
     import gguf
 
     try:
-        reader = gguf.GGUFReader(str(source))
-    except (OSError, ValueError) as e:
+        file = GGUFFile(source)
+    except AnerRuntimeError as e:
         raise AnerRuntimeError(
-            f"export_gguf: cannot read the source model {source} to copy its metadata ({e})",
+            f"export_gguf: cannot read the source model {source} to copy its metadata "
+            f"({e.message})",
             code="E-EXPORT",
         ) from None
-    for key, field in reader.fields.items():
+    for key, value in file.metadata.items():
         if key.startswith(_SKIPPED_KEYS) or key == "general.architecture":
             continue
-        vtype = field.types[0]
-        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(key, field.contents(), vtype, sub_type=sub)
-    return reader
+        vtype, item = file.value_types[key]
+        sub = gguf.GGUFValueType(item) if item is not None else None
+        writer.add_key_value(key, value, gguf.GGUFValueType(vtype), sub_type=sub)
+
+
+def _folder_metadata(writer: Any, model: Any) -> None:
+    """A Hugging Face folder's model described as llama.cpp's converter describes it: name,
+    hyper-parameters and the tokenizer's vocabulary, special ids and chat template."""
+    tokenizer = model.tokenizer.gguf_metadata(model.config.vocab_size)
+    if tokenizer is None:
+        raise AnerRuntimeError(
+            f"export_gguf: the tokenizer of {model.path} has no GGUF form Aner can write "
+            "(GGUF export of a folder's model needs a byte-level BPE tokenizer.json whose "
+            "pre-tokenizer llama.cpp knows: Llama 3, Qwen2, Tekken or GPT-2)",
+            code="E-EXPORT",
+        )
+    write_keys(
+        writer, {"general.name": model.name, **gguf_hyperparameters(model.config), **tokenizer}
+    )
+
+
+def write_keys(writer: Any, keys: dict[str, Any]) -> None:
+    """Metadata values with the GGUF types llama.cpp reads them as: integers u32 (token types
+    i32), floats f32, strings, booleans, and arrays of one of those."""
+    import gguf
+
+    t = gguf.GGUFValueType
+
+    def vtype(value: Any, key: str) -> Any:
+        if isinstance(value, bool):
+            return t.BOOL
+        if isinstance(value, int):
+            return t.INT32 if key.endswith("token_type") or value < 0 else t.UINT32
+        if isinstance(value, float):
+            return t.FLOAT32
+        return t.STRING
+
+    for key, value in keys.items():
+        if isinstance(value, list):
+            sub = vtype(value[0], key) if value else t.STRING
+            writer.add_key_value(key, value, t.ARRAY, sub_type=sub)
+        else:
+            writer.add_key_value(key, value, vtype(value, key))
 
 
 def export_gguf(model: Any, path: str | Path, dtype: str = "f16") -> Path:
@@ -83,16 +123,16 @@ def export_gguf(model: Any, path: str | Path, dtype: str = "f16") -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
     writer = gguf.GGUFWriter(str(tmp), model.architecture.gguf_architectures[0])
-    source = _copy_metadata(writer, Path(model.path))
+    if Path(model.path).is_dir():
+        _folder_metadata(writer, model)
+    else:
+        _copy_metadata(writer, Path(model.path))
     writer.add_file_type(_FILE_TYPE[dtype])
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     with torch.no_grad():
         for name, t in _gguf_tensors(model):
             data = t.detach().float().cpu().numpy()
             writer.add_tensor(name, data if data.ndim == 1 else data.astype(DTYPES[dtype]))
-        for t in source.tensors:
-            if t.name == model.architecture.rope_freqs:
-                writer.add_tensor(t.name, np.array(t.data, dtype=np.float32))
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()

@@ -1,4 +1,5 @@
-"""The base model's fingerprint: sha256 of its GGUF file, computed once and cached.
+"""The base model's fingerprint: sha256 of its GGUF file (or of a Hugging Face folder's files),
+computed once and cached.
 
 A checkpoint records which base it was trained on, and loading refuses a different base. Hashing
 a 100 MB GGUF costs a fraction of a second, far too much to pay at every checkpoint, so the digest
@@ -59,26 +60,43 @@ def _write_cache(file: Path, data: dict[str, dict[str, object]]) -> None:
         pass
 
 
+def _files(p: Path) -> list[Path]:
+    """The files a fingerprint covers: the file itself, or a folder's files (not sub-folders)."""
+    return sorted(f for f in p.iterdir() if f.is_file()) if p.is_dir() else [p]
+
+
+def _digest(p: Path) -> str:
+    if not p.is_dir():
+        return sha256_file(p)
+    h = hashlib.sha256()
+    for f in _files(p):
+        h.update(f"{f.name}\0{sha256_file(f)}\n".encode())
+    return h.hexdigest()
+
+
 def fingerprint(path: str | Path) -> str:
-    """sha256 of the GGUF at `path`, from the cache when its size and mtime still match."""
+    """sha256 of the GGUF at `path` (of a folder: of its files' names and digests), from the cache
+    when the total size and the latest mtime still match."""
     p = Path(path).resolve()
     try:
-        st = p.stat()
+        stats = [f.stat() for f in _files(p)]
     except OSError as e:
         raise AnerRuntimeError(
             f"cannot fingerprint base model {p}: {e.strerror}", code="E-FINGERPRINT"
         ) from None
+    size = sum(st.st_size for st in stats)
+    mtime = max((st.st_mtime_ns for st in stats), default=0)
     cache_file = cache_dir() / _CACHE_NAME
     cache = _read_cache(cache_file)
     entry = cache.get(str(p))
     if (
         isinstance(entry, dict)
-        and entry.get("size") == st.st_size
-        and entry.get("mtime_ns") == st.st_mtime_ns
+        and entry.get("size") == size
+        and entry.get("mtime_ns") == mtime
         and isinstance(entry.get("sha256"), str)
     ):
         return str(entry["sha256"])
-    digest = sha256_file(p)
-    cache[str(p)] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": digest}
+    digest = _digest(p)
+    cache[str(p)] = {"size": size, "mtime_ns": mtime, "sha256": digest}
     _write_cache(cache_file, cache)
     return digest

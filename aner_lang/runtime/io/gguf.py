@@ -1,14 +1,24 @@
-"""Read a GGUF file into HF-layout torch tensors, with errors a user can act on.
+"""GGUF files: a bounded reader of the header and metadata, and tensors read one at a time.
 
-`gguf.GGUFReader` memory-maps the file and trusts its header; a truncated or corrupted file makes
-it fail deep inside numpy. We check the header against the file size first (so a crafted count can
-never drive a huge allocation), wrap every reader failure into `AnerRuntimeError` naming the file,
-then validate the architecture, the tensor set and every tensor shape before dequantizing.
+The header is parsed here rather than by `gguf.GGUFReader`, for three reasons. Every count and
+length in the file is checked against the bytes that remain before anything is allocated, so a
+crafted or truncated file is a clear error, never a huge allocation or a numpy traceback. Large
+metadata arrays (a 128k-token vocabulary, 280k merges) are decoded in one pass, not as one numpy
+view per element. And tensor data is never touched while reading the header: a tensor is read
+when it is asked for, through one read-only memory map of the file, and the pages it occupied are
+released from this process right after (``madvise(MADV_DONTNEED)``; they stay in the page cache),
+so reading a 16 GB model keeps at most one tensor's pages resident.
+
+Tensors are dequantized with the `gguf` package (every type it implements: F32, F16, BF16, Q8_0,
+Q4_0, Q4_1, Q5_0, Q5_1, Q2_K to Q6_K, ...), in bounded row chunks, straight into the target
+device's tensor. Dense types (F32, F16, BF16) go to the device as they are and are converted there.
 """
 
 from __future__ import annotations
 
+import mmap
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -22,87 +32,205 @@ T = TypeVar("T", torch.Tensor, np.ndarray)
 # Smallest possible encodings, used to bound header counts by the file size before reading.
 _MIN_KV_BYTES = 8 + 1 + 4 + 1  # key length, 1-char key, value type, 1-byte value
 _MIN_TENSOR_INFO_BYTES = 8 + 1 + 4 + 8 + 4 + 8  # name length, name, n_dims, 1 dim, type, offset
+_MAX_DIMS = 4
+_DEFAULT_ALIGNMENT = 32
+_CHUNK_BYTES = 64 << 20
+"""Dequantized fp32 bytes produced on the host per step: bounds host memory for quantized types."""
+
+# GGUF metadata value types: (struct format, size) of the scalars; 8 = string, 9 = array.
+_SCALARS = {
+    0: ("<B", 1),
+    1: ("<b", 1),
+    2: ("<H", 2),
+    3: ("<h", 2),
+    4: ("<I", 4),
+    5: ("<i", 4),
+    6: ("<f", 4),
+    7: ("<?", 1),
+    10: ("<Q", 8),
+    11: ("<q", 8),
+    12: ("<d", 8),
+}
+_NUMPY = {
+    0: "<u1",
+    1: "<i1",
+    2: "<u2",
+    3: "<i2",
+    4: "<u4",
+    5: "<i4",
+    6: "<f4",
+    7: "?",
+    10: "<u8",
+    11: "<i8",
+    12: "<f8",
+}
+_STRING, _ARRAY = 8, 9
 
 
 def _fail(path: Path, what: str, code: str, *notes: str) -> AnerRuntimeError:
     return AnerRuntimeError(f"{path}: {what}", code=code, notes=notes)
 
 
-def _check_header(path: Path) -> None:
-    """Reject files that are not GGUF or whose header counts cannot fit in the file."""
-    size = path.stat().st_size
-    with path.open("rb") as f:
-        head = f.read(24)
-    if len(head) < 24:
-        raise _fail(
-            path,
-            f"not a GGUF file: only {size} bytes, shorter than a GGUF header",
-            "E-GGUF-TRUNCATED",
-        )
-    if head[:4] != GGUF_MAGIC:
-        raise _fail(
-            path, f"not a GGUF file: magic bytes are {head[:4]!r}, expected b'GGUF'", "E-GGUF-MAGIC"
-        )
-    version, n_tensors, n_kv = struct.unpack("<IQQ", head[4:24])
-    if version not in (2, 3):
-        raise _fail(path, f"unsupported GGUF version {version} (supported: 2, 3)", "E-GGUF-VERSION")
-    budget = size - 24
-    if n_kv * _MIN_KV_BYTES + n_tensors * _MIN_TENSOR_INFO_BYTES > budget:
-        raise _fail(
-            path,
-            f"corrupted or truncated GGUF header: it declares {n_kv} metadata keys "
-            f"and {n_tensors} tensors, which cannot fit in {size} bytes",
-            "E-GGUF-TRUNCATED",
-        )
+class _Truncated(Exception):
+    """A read past the end of the header: the file is cut short or a length is corrupted."""
+
+
+class _Cursor:
+    """Reads GGUF header values from a buffer, every length checked against what remains."""
+
+    def __init__(self, buf: mmap.mmap, pos: int) -> None:
+        self.buf, self.pos, self.end = buf, pos, len(buf)
+
+    def take(self, n: int) -> int:
+        if n < 0 or self.pos + n > self.end:
+            raise _Truncated
+        start = self.pos
+        self.pos += n
+        return start
+
+    def scalar(self, vtype: int) -> Any:
+        fmt, size = _SCALARS[vtype]
+        return struct.unpack_from(fmt, self.buf, self.take(size))[0]
+
+    def u32(self) -> int:
+        return int(self.scalar(4))
+
+    def u64(self) -> int:
+        return int(self.scalar(10))
+
+    def string(self) -> str:
+        n = self.u64()
+        start = self.take(n)
+        return bytes(self.buf[start : start + n]).decode("utf-8")
+
+    def value(self, vtype: int) -> Any:
+        if vtype in _SCALARS:
+            return self.scalar(vtype)
+        if vtype == _STRING:
+            return self.string()
+        if vtype != _ARRAY:
+            raise ValueError(f"unknown metadata value type {vtype}")
+        item, count = self.u32(), self.u64()
+        if item in _NUMPY:
+            size = _SCALARS[item][1]
+            if count > (self.end - self.pos) // size:
+                raise _Truncated
+            start = self.take(count * size)
+            return np.frombuffer(self.buf, _NUMPY[item], count, start).tolist()
+        if count > (self.end - self.pos) // 8:  # every string or array item takes >= 8 bytes
+            raise _Truncated
+        return [self.value(item) for _ in range(count)]
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where one tensor's bytes are and what they hold."""
+
+    name: str
+    shape: tuple[int, ...]
+    """Hugging Face order (slowest dimension first): GGUF lists dimensions the other way."""
+    qtype: Any
+    """The `gguf.GGMLQuantizationType`."""
+    offset: int
+    """Absolute byte offset of the data in the file."""
+    nbytes: int
 
 
 class GGUFFile:
-    """An opened GGUF file: metadata as Python values and lazily dequantized HF-layout tensors."""
+    """An opened GGUF file: metadata as Python values and tensors read on demand."""
 
     def __init__(self, path: str | Path) -> None:
-        import gguf
-
         self.path = Path(path)
         if not self.path.is_file():
             raise AnerRuntimeError(f"{self.path}: no such model file", code="E-GGUF-NOT-FOUND")
-        _check_header(self.path)
-        try:
-            self._reader = gguf.GGUFReader(str(self.path))
-        except (
-            ValueError,
-            IndexError,
-            KeyError,
-            TypeError,
-            struct.error,
-            OverflowError,
-            MemoryError,
-            UnicodeDecodeError,
-        ) as exc:
-            raise _fail(
-                self.path, f"corrupted or truncated GGUF file ({exc})", "E-GGUF-CORRUPT"
-            ) from None
-        self.metadata: dict[str, Any] = {}
-        for key, field in self._reader.fields.items():
-            try:
-                self.metadata[key] = field.contents()
-            except (ValueError, IndexError, UnicodeDecodeError) as exc:
-                raise _fail(
-                    self.path, f"metadata key {key!r} is corrupted ({exc})", "E-GGUF-CORRUPT"
-                ) from None
-        self._tensors = {t.name: t for t in self._reader.tensors}
-        self._check_tensor_extents()
-
-    def _check_tensor_extents(self) -> None:
-        size = self.path.stat().st_size
-        for t in self._tensors.values():
-            end = int(t.data_offset) + int(t.n_bytes)
-            if end > size or t.data.nbytes != int(t.n_bytes):
+        with self.path.open("rb") as f:
+            size = self.path.stat().st_size
+            if size < 24:
                 raise _fail(
                     self.path,
-                    f"truncated GGUF file: tensor {t.name!r} needs bytes up to "
-                    f"{end}, the file has {size}",
+                    f"not a GGUF file: only {size} bytes, shorter than a GGUF header",
                     "E-GGUF-TRUNCATED",
                 )
+            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        self.metadata: dict[str, Any] = {}
+        self.value_types: dict[str, tuple[int, int | None]] = {}
+        """Each metadata key's GGUF value type (and an array's item type), for copying it."""
+        self.tensors: dict[str, TensorInfo] = {}
+        try:
+            self._parse()
+        except _Truncated:
+            raise _fail(
+                self.path,
+                "truncated GGUF file: its header runs past the end of the file",
+                "E-GGUF-TRUNCATED",
+            ) from None
+        except (ValueError, UnicodeDecodeError, KeyError, OverflowError) as exc:
+            raise _fail(self.path, f"corrupted GGUF file ({exc})", "E-GGUF-CORRUPT") from None
+
+    def _parse(self) -> None:
+        import gguf
+
+        buf, size = self._map, len(self._map)
+        if buf[:4] != GGUF_MAGIC:
+            raise _fail(
+                self.path,
+                f"not a GGUF file: magic bytes are {bytes(buf[:4])!r}, expected b'GGUF'",
+                "E-GGUF-MAGIC",
+            )
+        version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
+        if version not in (2, 3):
+            raise _fail(
+                self.path, f"unsupported GGUF version {version} (supported: 2, 3)", "E-GGUF-VERSION"
+            )
+        if n_kv * _MIN_KV_BYTES + n_tensors * _MIN_TENSOR_INFO_BYTES > size - 24:
+            raise _fail(
+                self.path,
+                f"corrupted or truncated GGUF header: it declares {n_kv} metadata keys "
+                f"and {n_tensors} tensors, which cannot fit in {size} bytes",
+                "E-GGUF-TRUNCATED",
+            )
+        cur = _Cursor(buf, 24)
+        for _ in range(n_kv):
+            key = cur.string()
+            vtype = cur.u32()
+            item = None
+            if vtype == _ARRAY and cur.pos + 4 <= cur.end:
+                item = struct.unpack_from("<I", buf, cur.pos)[0]
+            self.metadata[key] = cur.value(vtype)
+            self.value_types[key] = (vtype, item)
+        raw: list[tuple[str, tuple[int, ...], int, int]] = []
+        for _ in range(n_tensors):
+            name = cur.string()
+            n_dims = cur.u32()
+            if not 1 <= n_dims <= _MAX_DIMS:
+                raise ValueError(f"tensor {name!r} has {n_dims} dimensions")
+            dims = tuple(cur.u64() for _ in range(n_dims))
+            raw.append((name, dims, cur.u32(), cur.u64()))
+        alignment = int(self.metadata.get("general.alignment", _DEFAULT_ALIGNMENT))
+        if alignment <= 0 or alignment & (alignment - 1):
+            raise ValueError(f"general.alignment {alignment} is not a power of two")
+        data_start = -(-cur.pos // alignment) * alignment
+        for name, dims, type_id, offset in raw:
+            try:
+                qtype = gguf.GGMLQuantizationType(type_id)
+                block, type_size = gguf.GGML_QUANT_SIZES[qtype]
+            except (ValueError, KeyError):
+                raise _fail(
+                    self.path, f"tensor {name!r} has unknown GGML type {type_id}", "E-GGUF-TYPE"
+                ) from None
+            count = int(np.prod(dims, dtype=object))
+            if count == 0 or dims[0] % block:
+                raise ValueError(f"tensor {name!r} has shape {list(dims)} for {qtype.name}")
+            nbytes = count // block * type_size
+            start = data_start + offset
+            if offset % alignment or start + nbytes > size:
+                raise _fail(
+                    self.path,
+                    f"truncated GGUF file: tensor {name!r} needs bytes up to "
+                    f"{start + nbytes}, the file has {size}",
+                    "E-GGUF-TRUNCATED",
+                )
+            self.tensors[name] = TensorInfo(name, tuple(reversed(dims)), qtype, start, nbytes)
 
     # -- metadata --------------------------------------------------------------------------------
     @property
@@ -116,41 +244,81 @@ class GGUFFile:
 
     # -- tensors ---------------------------------------------------------------------------------
     def has_tensor(self, name: str) -> bool:
-        return name in self._tensors
+        return name in self.tensors
 
     def tensor_type(self, name: str) -> str:
-        return self._tensors[name].tensor_type.name
+        return str(self.tensors[name].qtype.name)
 
-    def tensor(
-        self, name: str, shape: tuple[int, ...], dtype: torch.dtype = torch.float32
-    ) -> torch.Tensor:
-        """Dequantize GGUF tensor `name`, checking it has HF shape `shape` (out, in)."""
-        import gguf
-
-        t = self._tensors.get(name)
+    def info(self, name: str, shape: tuple[int, ...]) -> TensorInfo:
+        """Tensor `name`, checked to exist with Hugging Face shape `shape` (out, in)."""
+        t = self.tensors.get(name)
         if t is None:
             raise _fail(self.path, f"missing tensor {name!r}", "E-GGUF-TENSOR")
-        got = tuple(int(d) for d in reversed(t.shape))  # GGUF lists dims fastest-first
-        if got != tuple(shape):
+        if t.shape != tuple(shape):
             raise _fail(
                 self.path,
-                f"tensor {name!r} has shape {list(got)}, expected "
+                f"tensor {name!r} has shape {list(t.shape)}, expected "
                 f"{list(shape)} from the model's metadata",
                 "E-GGUF-SHAPE",
             )
-        qtype = t.tensor_type
-        if qtype in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
-            array = np.array(t.data)  # a writable copy: the memmap is read-only
-        else:
+        return t
+
+    def tensor(
+        self,
+        name: str,
+        shape: tuple[int, ...],
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> torch.Tensor:
+        """Tensor `name` (checked to have shape `shape`) as a new `dtype` tensor on `device`,
+        in the file's row order; its pages are released from this process afterwards."""
+        import gguf
+
+        t = self.info(name, shape)
+        q = gguf.GGMLQuantizationType
+        dense = {q.F32: torch.float32, q.F16: torch.float16, q.BF16: torch.bfloat16}
+        try:
+            if t.qtype in dense:
+                src = torch.frombuffer(
+                    self._map,
+                    dtype=dense[t.qtype],
+                    count=t.nbytes // dense[t.qtype].itemsize,
+                    offset=t.offset,
+                )
+                out = src.reshape(shape).to(device=device, copy=True).to(dtype)
+            else:
+                out = self._dequantize(t, dtype, torch.device(device))
+        finally:
+            self._release(t)
+        return out
+
+    def _dequantize(self, t: TensorInfo, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """A block-quantized tensor, dequantized on the host in bounded row chunks."""
+        import gguf
+
+        rows = int(np.prod(t.shape[:-1], dtype=np.int64))
+        row_bytes = t.nbytes // rows
+        data = np.frombuffer(self._map, np.uint8, t.nbytes, t.offset).reshape(rows, row_bytes)
+        out = torch.empty((rows, t.shape[-1]), dtype=dtype, device=device)
+        step = max(1, _CHUNK_BYTES // (4 * t.shape[-1]))
+        for r in range(0, rows, step):
             try:
-                array = gguf.quants.dequantize(t.data, qtype)
+                part = gguf.quants.dequantize(data[r : r + step], t.qtype)
             except NotImplementedError:
                 raise _fail(
                     self.path,
-                    f"tensor {name!r} uses GGML type {qtype.name}, which cannot be dequantized",
+                    f"tensor {t.name!r} uses GGML type {t.qtype.name}, which cannot be dequantized",
                     "E-GGUF-TYPE",
                 ) from None
-        return torch.from_numpy(array.reshape(shape)).to(dtype)
+            out[r : r + step].copy_(torch.from_numpy(part))
+        return out.reshape(t.shape)
+
+    def _release(self, t: TensorInfo) -> None:
+        """Drop this process's mapping of the tensor's pages (the page cache keeps them)."""
+        page = mmap.PAGESIZE
+        start = t.offset // page * page
+        if hasattr(self._map, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+            self._map.madvise(mmap.MADV_DONTNEED, start, t.offset + t.nbytes - start)
 
 
 def unpermute_rows(weight: T, n_head: int) -> T:

@@ -1,8 +1,15 @@
-"""`load_model`: a GGUF file -> a `LoadedModel` with the requested storage on the requested device.
+"""`load_model`: a GGUF file or a Hugging Face folder -> a `LoadedModel` with the requested storage
+on the requested device, streamed one tensor at a time.
 
-The GGUF tensors are dequantized to fp32 in HF layout (q/k rows un-permuted), then stored as the
-requested Storage: float32 or float16 `DenseLinear`s, or NF4 with double quantization through
-`runtime.nf4.quantize_model`. Norm weights always stay fp32.
+Everything that can be checked without tensor data is checked first: the hyper-parameters
+(`model.config`), the tokenizer (special token ids in range, a vocabulary the embedding covers),
+and every tensor's presence and shape against the architecture table's list of weights
+(`Architecture.weights`). Only then are tensors read, one at a time: read from the source in
+Hugging Face layout straight onto the target device, converted there to the target storage
+(float32 or float16 `DenseLinear`s, or NF4 with double quantization through `quantize_nf4` on that
+device), and the source's copy released. Host memory stays bounded by a small multiple of the
+largest tensor, never the model. Norm weights and biases stay fp32; a norm weight that is not
+finite fails the load.
 """
 
 from __future__ import annotations
@@ -12,12 +19,18 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from aner_lang.architectures import ARCHITECTURES
+from aner_lang.architectures import ARCHITECTURES, Kind
 from aner_lang.errors import AnerRuntimeError
-from aner_lang.runtime.io.gguf import GGUFFile, unpermute_rows
 from aner_lang.runtime.io.packages import package_file
-from aner_lang.runtime.model.config import LlamaConfig, config_from_gguf
-from aner_lang.runtime.model.linear import DenseLinear
+from aner_lang.runtime.io.progress import Progress
+from aner_lang.runtime.io.source import SafetensorsSource, TensorSource, open_source
+from aner_lang.runtime.model.config import (
+    ModelConfig,
+    config_from_gguf,
+    config_from_hf,
+    rope_freq_factors,
+)
+from aner_lang.runtime.model.linear import DenseLinear, FrozenLinear
 from aner_lang.runtime.model.loaded import LoadedModel
 from aner_lang.runtime.model.tokenizer import Tokenizer
 from aner_lang.runtime.model.transformer import (
@@ -35,40 +48,88 @@ STORAGES = ("float32", "float16", "nf4_double_quant")
 DEVICES = ("cpu", "cuda", "auto")
 
 
-def build_llama(gguf: GGUFFile, config: LlamaConfig, storage: str) -> LlamaModel:
-    """Construct the module from a GGUF file's tensors (named and laid out as the model's
-    architecture table says), validating every shape."""
-    dense_storage = "float16" if storage == "float16" else "float32"
-    c = config
-    arch = ARCHITECTURES[c.architecture]
+def _frozen_linear(storage: str) -> Any:
+    """A function turning one fp32/fp16 weight on its device into the storage's `FrozenLinear`."""
+    if storage != "nf4_double_quant":
+        return lambda w: DenseLinear(w, storage)
+    try:
+        from aner_lang.runtime.nf4.linear import NF4Linear
+        from aner_lang.runtime.nf4.quant import quantize_nf4
+    except ImportError:
+        raise AnerRuntimeError(
+            "storage: nf4_double_quant is not available in this build "
+            "(aner_lang.runtime.nf4 is missing)",
+            code="E-NF4-UNAVAILABLE",
+            notes=("use storage: float32 or float16",),
+        ) from None
+    return lambda w: NF4Linear(quantize_nf4(w))
 
-    def linear(name: str, shape: tuple[int, int], heads_field: str | None = None) -> DenseLinear:
-        w = gguf.tensor(name, shape)
-        if heads_field:
-            w = unpermute_rows(w, int(getattr(c, heads_field)))
-        return DenseLinear(w, dense_storage)
 
-    def norm(name: str) -> RMSNorm:
-        return RMSNorm(gguf.tensor(name, (c.hidden_size,)), c.rms_norm_eps)
+def read_weights(
+    source: TensorSource,
+    config: ModelConfig,
+    storage: str,
+    device: torch.device,
+    label: str = "",
+) -> dict[str, Any]:
+    """Every weight of the model, by `Weight.name`, in its final storage on `device`.
 
-    def block(i: int, kind: str) -> dict[str, DenseLinear]:
-        return {
-            p.target: linear(p.gguf_tensor(i), c.dims(p.shape), p.rope_heads)
-            for p in arch.projections
-            if p.block == kind
-        }
+    Checks every tensor's presence and shape before reading any, then streams them."""
+    arch = ARCHITECTURES[config.architecture]
+    weights = arch.weights(config.num_hidden_layers, config.tie_word_embeddings)
+    for w in weights:
+        source.check(w, config)
+    linear = _frozen_linear(storage)
+    linear_dtype = torch.float16 if storage == "float16" else torch.float32
+    progress = Progress(
+        label or f"loading {source.path.name}", sum(map(source.nbytes, weights)), len(weights)
+    )
+    out: dict[str, Any] = {}
+    with torch.inference_mode(False), torch.no_grad():
+        for w in weights:
+            dtype = linear_dtype if w.kind is Kind.LINEAR else torch.float32
+            t = source.read(w, config, dtype, device)
+            if w.kind is Kind.LINEAR:
+                out[w.name] = linear(t)
+            elif w.kind is Kind.NORM:
+                if not bool(torch.isfinite(t).all()):
+                    raise AnerRuntimeError(
+                        f"{source.path}: norm weight {w.hf} holds values that are not finite",
+                        code="E-MODEL-WEIGHTS",
+                        notes=("the file is damaged; download or convert it again",),
+                    )
+                out[w.name] = RMSNorm(t, config.rms_norm_eps)
+            else:
+                out[w.name] = t
+            del t
+            progress.update(source.nbytes(w))
+    progress.close()
+    return out
 
-    embed = linear(arch.embedding, (c.vocab_size, c.hidden_size))
+
+def assemble(
+    config: ModelConfig, parts: dict[str, Any], rope_freqs: torch.Tensor | None
+) -> LlamaModel:
+    """The module from its weights (`read_weights`'s dictionary), as the architecture says."""
+    arch = ARCHITECTURES[config.architecture]
     layers = []
-    for i in range(c.num_hidden_layers):
-        attn_norm, mlp_norm = (norm(n.gguf_tensor(i)) for n in arch.norms)
-        attn = LlamaAttention(c, **block(i, "self_attn"))
-        layers.append(LlamaDecoderLayer(attn, LlamaMLP(**block(i, "mlp")), attn_norm, mlp_norm))
-    lm_head = embed if c.tie_word_embeddings else linear(arch.output, (c.vocab_size, c.hidden_size))
-    freq_factors = None
-    if gguf.has_tensor(arch.rope_freqs):
-        freq_factors = gguf.tensor(arch.rope_freqs, (c.head_dim // 2,))
-    return LlamaModel(c, embed, layers, norm(arch.output_norm), lm_head, freq_factors)
+    for i in range(config.num_hidden_layers):
+
+        def part(name: str, i: int = i) -> Any:
+            return parts.get(f"layers.{i}.{name}")
+
+        attn = LlamaAttention(
+            config,
+            *(part(f"self_attn.{p}") for p in ("q_proj", "k_proj", "v_proj", "o_proj")),
+            *(part(f"self_attn.{b}_bias") for b in ("q", "k", "v")),
+            *(part(f"self_attn.{n}_norm") for n in ("q", "k")),
+        )
+        mlp = LlamaMLP(*(part(f"mlp.{p}") for p in ("gate_proj", "up_proj", "down_proj")))
+        norms = (part(n.module) for n in arch.norms)
+        layers.append(LlamaDecoderLayer(attn, mlp, *norms))
+    embed: FrozenLinear = parts["embed_tokens"]
+    lm_head = embed if config.tie_word_embeddings else parts["lm_head"]
+    return LlamaModel(config, embed, layers, parts["norm"], lm_head, rope_freqs)
 
 
 def resolve_device(device: str) -> torch.device:
@@ -87,47 +148,63 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def _quantize_nf4(module: LlamaModel) -> None:
-    try:
-        from aner_lang.runtime.nf4 import quantize_model
-    except ImportError:
-        raise AnerRuntimeError(
-            "storage: nf4_double_quant is not available in this build "
-            "(aner_lang.runtime.nf4 is missing)",
-            code="E-NF4-UNAVAILABLE",
-            notes=("use storage: float32 or float16",),
-        ) from None
-    quantize_model(module)
-
-
 def _scalar_metadata(meta: dict[str, Any]) -> dict[str, Any]:
     """Metadata without the vocabulary-sized arrays (the tokenizer holds those)."""
     return {k: v for k, v in meta.items() if not isinstance(v, list) or len(v) <= 64}
 
 
+def describe(
+    path: Path,
+) -> tuple[TensorSource, ModelConfig, Tokenizer, dict[str, Any], torch.Tensor | None]:
+    """A model's source, checked hyper-parameters, tokenizer, metadata and rope frequency
+    factors: everything but the weights, read without touching tensor data."""
+    if not path.exists():
+        raise AnerRuntimeError(f"{path}: no such model file or folder", code="E-GGUF-NOT-FOUND")
+    source, gguf = open_source(path)
+    if gguf is not None:
+        config = config_from_gguf(gguf)
+        tokenizer = Tokenizer.from_gguf(gguf)
+        metadata = _scalar_metadata(gguf.metadata)
+        arch = ARCHITECTURES[config.architecture]
+        rope = rope_freq_factors(config)
+        if gguf.has_tensor(arch.rope_freqs):
+            rope = gguf.tensor(arch.rope_freqs, (config.head_dim // 2,))
+    else:
+        assert isinstance(source, SafetensorsSource)
+        config = config_from_hf(source.config, path)
+        tokenizer = Tokenizer.from_hf_folder(path)
+        metadata = _scalar_metadata(source.config)
+        rope = rope_freq_factors(config)
+    if tokenizer.vocab_size > config.vocab_size:
+        raise AnerRuntimeError(
+            f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but the model's embedding "
+            f"only {config.vocab_size} rows",
+            code="E-TOKENIZER",
+        )
+    return source, config, tokenizer, metadata, rope
+
+
 def load_model(path: str | Path, storage: str = "float32", device: str = "auto") -> LoadedModel:
-    """Read a Llama GGUF file into a `LoadedModel` with the given storage on the given device."""
+    """Read a GGUF file or a Hugging Face folder into a `LoadedModel` with the given storage on
+    the given device, one tensor at a time."""
     if storage not in STORAGES:
         raise AnerRuntimeError(
             f"unknown storage {storage!r}; expected one of {', '.join(STORAGES)}", code="E-STORAGE"
         )
     dev = resolve_device(device)
-    gguf = GGUFFile(path)
-    config = config_from_gguf(gguf)
-    tokenizer = Tokenizer.from_gguf(gguf)
-    with torch.inference_mode(False), torch.no_grad():
-        module = build_llama(gguf, config, storage)
-        if storage == "nf4_double_quant":
-            _quantize_nf4(module)
+    path = Path(path)
+    source, config, tokenizer, metadata, rope = describe(path)
+    module = assemble(config, read_weights(source, config, storage, dev), rope)
     module.eval().to(dev)
     return LoadedModel(
         module=module,
         tokenizer=tokenizer,
         config=config,
-        path=Path(path),
+        path=path,
         storage=storage,
         device=dev,
-        metadata=_scalar_metadata(gguf.metadata),
+        metadata=metadata,
+        rope_freqs=rope,
     )
 
 

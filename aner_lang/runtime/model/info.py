@@ -36,7 +36,7 @@ def model_info(model: Any) -> ModelInfo:
     c = base.config
     return ModelInfo(
         name=base.name,
-        architecture=str(base.metadata.get("general.architecture")),
+        architecture=base.source_architecture,
         parameters=base.parameter_count(),
         layers=c.num_hidden_layers,
         hidden_size=c.hidden_size,

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from aner_lang.architectures import ARCHITECTURES, Architecture
-from aner_lang.runtime.model.config import LlamaConfig
+from aner_lang.runtime.model.config import ModelConfig
 from aner_lang.runtime.model.linear import FrozenLinear
 from aner_lang.runtime.model.tokenizer import Tokenizer
 from aner_lang.runtime.model.transformer import KVCache, LlamaModel, RMSNorm
@@ -25,11 +25,14 @@ class LoadedModel:
 
     module: LlamaModel
     tokenizer: Tokenizer
-    config: LlamaConfig
+    config: ModelConfig
     path: Path
     storage: str
     device: torch.device
     metadata: dict[str, Any]
+    """A GGUF's scalar metadata, or a folder's config.json."""
+    rope_freqs: torch.Tensor | None = None
+    """Per-frequency rope divisors (Llama 3 scaling), written back to GGUF as ``rope_freqs``."""
 
     @property
     def architecture(self) -> Architecture:
@@ -52,7 +55,18 @@ class LoadedModel:
 
     @property
     def name(self) -> str:
-        return str(self.metadata.get("general.name", self.path.stem))
+        """The model's own name: a GGUF's ``general.name`` (or ``general.basename``), a folder's
+        ``_name_or_path``, else the file's stem or the folder's name."""
+        for key in ("general.name", "general.basename", "_name_or_path"):
+            if isinstance(self.metadata.get(key), str) and self.metadata[key]:
+                return str(self.metadata[key])
+        return self.path.name if self.path.is_dir() else self.path.stem
+
+    @property
+    def source_architecture(self) -> str:
+        """The architecture the file names: GGUF ``general.architecture`` or a folder's
+        ``model_type`` (``mistral`` is read with the ``llama`` table)."""
+        return str(self.metadata.get("general.architecture") or self.metadata.get("model_type"))
 
     def parameter_count(self) -> int:
         """Weights of the model as a dense network (tied embeddings counted once)."""

@@ -1,22 +1,30 @@
-"""The tokenizer a GGUF file describes, built with the `tokenizers` library.
+"""A model's tokenizer, built with the `tokenizers` library from a GGUF's metadata or read from a
+Hugging Face folder's tokenizer.json, and its chat template.
 
-Two vocabulary kinds are supported, following llama.cpp's reading of the same metadata:
+GGUF vocabularies follow llama.cpp's reading of the same metadata:
 
-* ``gpt2``: byte-level BPE from ``tokenizer.ggml.tokens``/``merges``, with the pre-tokenizer named
-  by ``tokenizer.ggml.pre`` (llama.cpp's regex list for that name; ``smollm`` isolates every digit
-  before the GPT-2 split).
+* ``gpt2``: byte-level BPE from ``tokenizer.ggml.tokens``/``merges``. The pre-tokenizer named by
+  ``tokenizer.ggml.pre`` is llama.cpp's list of regexes for that name (`PRE_TOKENIZERS`), applied
+  in turn, each splitting the pieces the previous one left, with llama.cpp's ``ignore_merges``
+  flag for the name (a piece that is itself a token is not merged further: Llama 3, Tekken).
+  Decoding concatenates the tokens' texts, as llama.cpp's server and command line print them
+  (its library's optional ``clean_spaces`` pass is not applied there either).
 * ``llama``: SentencePiece-style BPE with byte fallback, merges derived from the token scores as
   llama.cpp's SPM tokenizer ranks them, "▁" for spaces and a leading "▁".
 
 Control and user-defined tokens (token types 3 and 4) are special tokens matched in text, as
-llama.cpp does with ``parse_special``. The chat template is rendered with jinja2, as llama.cpp's
-jinja mode and HF transformers do.
+llama.cpp does with ``parse_special``. A Hugging Face folder's tokenizer.json is used as it is,
+with tokenizer_config.json's special tokens and chat template (or chat_template.jinja). The chat
+template is rendered with jinja2 in a sandbox, with the globals and filters HF transformers gives
+templates (``raise_exception``, ``strftime_now``, a ``tojson`` that keeps non-ASCII text).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
@@ -30,25 +38,96 @@ if TYPE_CHECKING:
 TOKEN_TYPE_CONTROL = 3
 TOKEN_TYPE_USER_DEFINED = 4
 GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
-# llama.cpp's pre-tokenizer regexes applied before the GPT-2 split, by `tokenizer.ggml.pre`.
-_PRE_SPLITS: dict[str, tuple[str, ...]] = {
-    "gpt2": (),
-    "smollm": (r"\p{N}",),
-    "starcoder": (r"\p{N}",),
-    "refact": (r"\p{N}",),
+_CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+LLAMA3_SPLIT = (
+    _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+    r"|\s+(?!\S)|\s+"
+)
+QWEN2_SPLIT = (
+    _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+    r"|\s+(?!\S)|\s+"
+)
+TEKKEN_SPLIT = (
+    r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+"
+    r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*"
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+# The split regexes as Hugging Face tokenizer.json files write them, and the llama.cpp
+# pre-tokenizer name llama.cpp's converter gives a vocabulary that uses them.
+HF_SPLIT_NAMES = {
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+": "llama-bpe",
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+": "qwen2",
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+": "tekken",
+}
+TOKEN_TYPE_NORMAL, TOKEN_TYPE_UNUSED = 1, 5
+
+
+@dataclass(frozen=True)
+class PreTokenizer:
+    """llama.cpp's handling of one ``tokenizer.ggml.pre`` name (src/llama-vocab.cpp)."""
+
+    splits: tuple[str, ...]
+    ignore_merges: bool = False
+
+
+_DEFAULT = PreTokenizer((r"[\p{P}\$\+<=>\^~\|]+", GPT2_SPLIT, r"\p{N}+", r"[0-9][0-9][0-9]"))
+_GPT2 = PreTokenizer((GPT2_SPLIT,))
+_LLAMA3 = PreTokenizer((LLAMA3_SPLIT,), ignore_merges=True)
+_QWEN2 = PreTokenizer((QWEN2_SPLIT,))
+_DIGITS_GPT2 = PreTokenizer((r"\p{N}", GPT2_SPLIT))
+
+PRE_TOKENIZERS: dict[str, PreTokenizer] = {
+    "default": _DEFAULT,
+    # Llama 3, 3.1, 3.2 (llama.cpp's LLAMA3 group)
+    "llama-bpe": _LLAMA3,
+    "llama3": _LLAMA3,
+    "llama-v3": _LLAMA3,
+    "falcon3": _LLAMA3,
+    "pixtral": _LLAMA3,
+    "dbrx": PreTokenizer((LLAMA3_SPLIT,)),
+    "smaug-bpe": PreTokenizer((LLAMA3_SPLIT,)),
+    # Qwen2, Qwen2.5, Qwen3 and their distillations
+    "qwen2": _QWEN2,
+    "deepseek-r1-qwen": _QWEN2,
+    "stablelm2": _QWEN2,
+    "megrez": _QWEN2,
+    # Mistral's Tekken vocabulary (Mistral Nemo, Small 3)
+    "tekken": PreTokenizer((TEKKEN_SPLIT,), ignore_merges=True),
+    # GPT-2's own split
+    "gpt-2": _GPT2,
+    "phi-2": _GPT2,
+    "mpt": _GPT2,
+    "olmo": _GPT2,
+    "jais": _GPT2,
+    # every digit isolated, then GPT-2's split (SmolLM, StarCoder, ...)
+    "smollm": _DIGITS_GPT2,
+    "starcoder": _DIGITS_GPT2,
+    "refact": _DIGITS_GPT2,
+    "codeshell": _DIGITS_GPT2,
+    "command-r": _DIGITS_GPT2,
 }
 
 
-def _gpt2_pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
-    if pre not in _PRE_SPLITS:
+def _pre_tokenizer(pre: str, source: str) -> PreTokenizer:
+    if pre not in PRE_TOKENIZERS:
         raise AnerRuntimeError(
-            f"unsupported GGUF pre-tokenizer {pre!r}; supported: {', '.join(sorted(_PRE_SPLITS))}",
+            f"{source}: unsupported GGUF pre-tokenizer {pre!r} (tokenizer.ggml.pre)",
             code="E-TOKENIZER",
+            notes=(f"Aner knows: {', '.join(sorted(PRE_TOKENIZERS))}",),
         )
+    return PRE_TOKENIZERS[pre]
+
+
+def _byte_level_pre_tokenizer(pre: PreTokenizer) -> pre_tokenizers.PreTokenizer:
     steps: list[pre_tokenizers.PreTokenizer] = [
-        pre_tokenizers.Split(Regex(r), behavior="isolated") for r in _PRE_SPLITS[pre]
+        pre_tokenizers.Split(Regex(r), behavior="isolated") for r in pre.splits
     ]
-    steps.append(pre_tokenizers.Split(Regex(GPT2_SPLIT), behavior="isolated"))
     steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
     return pre_tokenizers.Sequence(steps)
 
@@ -71,6 +150,7 @@ def spm_merges(tokens: Sequence[str], scores: Sequence[float]) -> list[tuple[str
 
 
 def _build_backend(meta: dict[str, Any], source: str) -> HFTokenizer:
+    """The tokenizer of GGUF metadata."""
     kind = meta.get("tokenizer.ggml.model")
     tokens = meta.get("tokenizer.ggml.tokens")
     if not tokens:
@@ -82,9 +162,12 @@ def _build_backend(meta: dict[str, Any], source: str) -> HFTokenizer:
     unk_id = meta.get("tokenizer.ggml.unknown_token_id")
     unk = tokens[unk_id] if unk_id is not None and unk_id < len(tokens) else None
     if kind == "gpt2":
+        pre = _pre_tokenizer(str(meta.get("tokenizer.ggml.pre", "default")), source)
         merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
-        tok = HFTokenizer(models.BPE(vocab, merges, fuse_unk=False, ignore_merges=False))
-        tok.pre_tokenizer = _gpt2_pre_tokenizer(str(meta.get("tokenizer.ggml.pre", "default")))
+        tok = HFTokenizer(
+            models.BPE(vocab, merges, fuse_unk=False, ignore_merges=pre.ignore_merges)
+        )
+        tok.pre_tokenizer = _byte_level_pre_tokenizer(pre)
         tok.decoder = decoders.ByteLevel()
     elif kind == "llama":
         scores = meta.get("tokenizer.ggml.scores") or [0.0] * len(tokens)
@@ -116,9 +199,57 @@ def _build_backend(meta: dict[str, Any], source: str) -> HFTokenizer:
     return tok
 
 
+def _gguf_vocabulary(spec: dict[str, Any]) -> dict[str, Any] | None:
+    """A byte-level BPE tokenizer.json as GGUF ``tokenizer.ggml.*`` vocabulary keys, as llama.cpp's
+    converter writes them; None when it is another kind (its pre-tokenizer unknown to llama.cpp,
+    SentencePiece-style byte fallback, ...)."""
+    model, pre = spec.get("model") or {}, spec.get("pre_tokenizer") or {}
+    if model.get("type") != "BPE" or model.get("byte_fallback"):
+        return None
+    steps = pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
+    kinds = [step.get("type") for step in steps]
+    if kinds == ["ByteLevel"] and steps[0].get("use_regex", True):
+        name: str | None = "gpt-2"
+    elif kinds == ["Split", "ByteLevel"] and not steps[1].get("use_regex", True):
+        name = HF_SPLIT_NAMES.get((steps[0].get("pattern") or {}).get("Regex", ""))
+    else:
+        name = None
+    if name is None:
+        return None
+    by_id: dict[int, tuple[str, int]] = {
+        i: (t, TOKEN_TYPE_NORMAL) for t, i in model.get("vocab", {}).items()
+    }
+    for added in spec.get("added_tokens", []):
+        kind = TOKEN_TYPE_CONTROL if added.get("special") else TOKEN_TYPE_USER_DEFINED
+        by_id[int(added["id"])] = (added["content"], kind)
+    count = max(by_id) + 1 if by_id else 0
+    tokens = [by_id.get(i, (f"[PAD{i}]", TOKEN_TYPE_UNUSED)) for i in range(count)]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
+    return {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": name,
+        "tokenizer.ggml.tokens": [t for t, _ in tokens],
+        "tokenizer.ggml.token_type": [k for _, k in tokens],
+        "tokenizer.ggml.merges": merges,
+    }
+
+
+def _token_text(value: Any) -> str | None:
+    """A special token as tokenizer_config.json writes it: a string or an AddedToken object."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _read_json(path: Path) -> Any:
+    from aner_lang.runtime.io.source import read_json
+
+    return read_json(path, "E-TOKENIZER") if path.is_file() else {}
+
+
 @dataclass
 class Tokenizer:
-    """Encode/decode text and render chat prompts for one GGUF vocabulary."""
+    """Encode/decode text and render chat prompts for one vocabulary."""
 
     backend: HFTokenizer
     vocab_size: int
@@ -128,6 +259,27 @@ class Tokenizer:
     add_bos: bool
     chat_template: str | None
     stop_ids: frozenset[int] = field(default_factory=frozenset)
+    gguf_vocabulary: dict[str, Any] | None = None
+    """A Hugging Face tokenizer's GGUF ``tokenizer.ggml.*`` vocabulary keys, when it has a GGUF
+    form (for exporting a folder's model to GGUF); None for a GGUF's own tokenizer (its file
+    holds them) or a tokenizer GGUF cannot describe."""
+
+    def __post_init__(self) -> None:
+        for what in ("bos_id", "eos_id", "pad_id"):
+            value = getattr(self, what)
+            if value is not None and not 0 <= value < self.vocab_size:
+                raise AnerRuntimeError(
+                    f"the tokenizer's {what.removesuffix('_id')} token id {value} is outside its "
+                    f"vocabulary of {self.vocab_size} tokens",
+                    code="E-TOKENIZER",
+                )
+        bad = sorted(i for i in self.stop_ids if not 0 <= i < self.vocab_size)
+        if bad:
+            raise AnerRuntimeError(
+                f"the tokenizer's end-of-generation token id {bad[0]} is outside its vocabulary "
+                f"of {self.vocab_size} tokens",
+                code="E-TOKENIZER",
+            )
 
     @classmethod
     def from_metadata(cls, meta: dict[str, Any], source: str = "<gguf>") -> Tokenizer:
@@ -143,20 +295,90 @@ class Tokenizer:
             if i is not None
         }
         kind = meta.get("tokenizer.ggml.model")
-        return cls(
-            backend=backend,
-            vocab_size=len(meta["tokenizer.ggml.tokens"]),
-            bos_id=meta.get("tokenizer.ggml.bos_token_id"),
-            eos_id=eos,
-            pad_id=meta.get("tokenizer.ggml.padding_token_id", eos),
-            add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", kind == "llama")),
-            chat_template=meta.get("tokenizer.chat_template"),
-            stop_ids=frozenset(int(i) for i in stops),
-        )
+        pre = meta.get("tokenizer.ggml.pre")
+        default_bos = kind == "llama" or (pre in PRE_TOKENIZERS and PRE_TOKENIZERS[pre] is _LLAMA3)
+        try:
+            return cls(
+                backend=backend,
+                vocab_size=len(meta["tokenizer.ggml.tokens"]),
+                bos_id=meta.get("tokenizer.ggml.bos_token_id"),
+                eos_id=eos,
+                pad_id=meta.get("tokenizer.ggml.padding_token_id", eos),
+                add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", default_bos)),
+                chat_template=meta.get("tokenizer.chat_template"),
+                stop_ids=frozenset(int(i) for i in stops),
+            )
+        except AnerRuntimeError as e:
+            raise AnerRuntimeError(f"{source}: {e.message}", code=e.code) from None
 
     @classmethod
     def from_gguf(cls, gguf: GGUFFile) -> Tokenizer:
         return cls.from_metadata(gguf.metadata, str(gguf.path))
+
+    @classmethod
+    def from_hf_folder(cls, folder: Path) -> Tokenizer:
+        """tokenizer.json as it is, with tokenizer_config.json's special tokens and chat template
+        (or chat_template.jinja) and the end-of-generation ids of generation_config.json."""
+        path = folder / "tokenizer.json"
+        if not path.is_file():
+            raise AnerRuntimeError(
+                f"{folder}: no tokenizer.json",
+                code="E-TOKENIZER",
+                notes=("a Hugging Face model folder holds its tokenizer as tokenizer.json",),
+            )
+        _read_json(path)  # bounded, with a clear error when it is not JSON
+        try:
+            backend = HFTokenizer.from_file(str(path))
+        except Exception as exc:  # the tokenizers library raises plain Exception
+            raise AnerRuntimeError(
+                f"{path}: not a tokenizer the tokenizers library can read ({exc})",
+                code="E-TOKENIZER",
+            ) from None
+        vocabulary = _gguf_vocabulary(json.loads(backend.to_str()))
+        tc = _read_json(folder / "tokenizer_config.json")
+        config = _read_json(folder / "config.json")
+        generation = _read_json(folder / "generation_config.json")
+
+        def token_id(key: str) -> int | None:
+            text = _token_text(tc.get(key))
+            found = backend.token_to_id(text) if text is not None else None
+            if found is None and isinstance(config.get(f"{key}_id"), int):
+                return int(config[f"{key}_id"])
+            return found
+
+        bos, eos, pad = token_id("bos_token"), token_id("eos_token"), token_id("pad_token")
+        if "add_bos_token" in tc:
+            add_bos = bool(tc["add_bos_token"])
+        else:  # what tokenizer.json's post-processor adds
+            plain = backend.encode("a", add_special_tokens=False).ids
+            full = backend.encode("a", add_special_tokens=True).ids
+            add_bos = bos is not None and full[:1] == [bos] and plain[:1] != [bos]
+        template = tc.get("chat_template")
+        if isinstance(template, list):  # named templates: the default one
+            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+            template = named.get("default")
+        jinja = folder / "chat_template.jinja"
+        if template is None and jinja.is_file():
+            template = jinja.read_text(encoding="utf-8")
+        stops = {eos} if eos is not None else set()
+        for ids in (generation.get("eos_token_id"), config.get("eos_token_id")):
+            stops |= {
+                int(i) for i in (ids if isinstance(ids, list) else [ids]) if isinstance(i, int)
+            }
+        try:
+            return cls(
+                backend=backend,
+                vocab_size=backend.get_vocab_size(with_added_tokens=True),
+                bos_id=bos,
+                eos_id=eos,
+                pad_id=pad if pad is not None else eos,
+                add_bos=add_bos,
+                chat_template=template if isinstance(template, str) else None,
+                stop_ids=frozenset(stops),
+                gguf_vocabulary=vocabulary,
+            )
+        except AnerRuntimeError as e:
+            raise AnerRuntimeError(f"{folder}: {e.message}", code=e.code) from None
 
     def encode(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         """Token ids of `text`; `add_special` prepends BOS when the vocabulary asks for it,
@@ -176,27 +398,63 @@ class Tokenizer:
             )
         return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special)
 
+    def gguf_metadata(self, vocab_size: int) -> dict[str, Any] | None:
+        """Every ``tokenizer.*`` GGUF key of a Hugging Face tokenizer (vocabulary, special ids,
+        chat template) for a model of `vocab_size` embedding rows; None when it has no GGUF form.
+        Rows past the tokenizer's last token get ``[PAD{id}]`` tokens, as llama.cpp's converter
+        writes them."""
+        if self.gguf_vocabulary is None:
+            return None
+        meta = dict(self.gguf_vocabulary)
+        tokens = meta["tokenizer.ggml.tokens"]
+        pads = range(len(tokens), vocab_size)
+        meta["tokenizer.ggml.tokens"] = tokens + [f"[PAD{i}]" for i in pads]
+        meta["tokenizer.ggml.token_type"] = meta["tokenizer.ggml.token_type"] + [
+            TOKEN_TYPE_USER_DEFINED for _ in pads
+        ]
+        for key, value in (
+            ("bos_token_id", self.bos_id),
+            ("eos_token_id", self.eos_id),
+            ("padding_token_id", self.pad_id),
+            ("add_bos_token", self.add_bos),
+        ):
+            if value is not None:
+                meta["tokenizer.ggml." + key] = value
+        if self.chat_template:
+            meta["tokenizer.chat_template"] = self.chat_template
+        return meta
+
     def token_text(self, token_id: int) -> str:
         return self.backend.id_to_token(token_id) or ""
 
     def apply_chat_template(
         self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True
     ) -> str:
-        """Render the GGUF chat template (jinja2, HF semantics) for `messages`."""
+        """Render the model's chat template (jinja2, HF semantics) for `messages`."""
         if not self.chat_template:
             raise AnerRuntimeError(
-                "this model's GGUF has no chat template "
-                "(tokenizer.chat_template); use generate() with a prompt",
+                "this model has no chat template (GGUF tokenizer.chat_template, or "
+                "tokenizer_config.json's chat_template); use generate() with a prompt",
                 code="E-CHAT-TEMPLATE",
             )
+        from datetime import datetime
+
         from jinja2 import TemplateError
+        from jinja2.ext import loopcontrols
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         def raise_exception(message: str) -> None:
             raise AnerRuntimeError(f"chat template: {message}", code="E-CHAT-TEMPLATE")
 
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        def tojson(value: Any, indent: int | None = None) -> str:
+            return json.dumps(value, ensure_ascii=False, indent=indent)
+
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
+        )
+        env.filters["tojson"] = tojson
         env.globals["raise_exception"] = raise_exception
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         token = self.token_text
         try:
             return env.from_string(self.chat_template).render(

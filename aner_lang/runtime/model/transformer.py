@@ -18,7 +18,7 @@ from torch import nn
 
 from aner_lang.errors import AnerRuntimeError
 from aner_lang.runtime.model.activations import run_layer
-from aner_lang.runtime.model.config import LlamaConfig
+from aner_lang.runtime.model.config import ModelConfig
 from aner_lang.runtime.model.linear import FrozenLinear
 from aner_lang.runtime.model.loss import head_loss_sum, logits_loss_sum
 from aner_lang.runtime.model.sections import section
@@ -67,7 +67,7 @@ class KVCache:
 class RotaryEmbedding(nn.Module):
     """HF-style split-half rotary position embedding (cos/sin computed in fp32)."""
 
-    def __init__(self, config: LlamaConfig, freq_factors: torch.Tensor | None = None) -> None:
+    def __init__(self, config: ModelConfig, freq_factors: torch.Tensor | None = None) -> None:
         super().__init__()
         d = config.head_dim
         inv_freq = 1.0 / (
@@ -95,21 +95,48 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class LlamaAttention(nn.Module):
-    """Grouped-query self-attention over `q_proj`, `k_proj`, `v_proj`, `o_proj`."""
+    """Grouped-query self-attention over `q_proj`, `k_proj`, `v_proj`, `o_proj`.
+
+    Architecture options (their tables in `aner_lang.architectures` say which model has which):
+    `q_bias`/`k_bias`/`v_bias` are added to the projections' outputs (Qwen2), after any adapter's
+    delta, as HF adds a Linear's bias; `q_norm`/`k_norm` RMS-normalise every head of the queries
+    and keys before rope (Qwen3).
+    """
 
     def __init__(
         self,
-        config: LlamaConfig,
+        config: ModelConfig,
         q_proj: FrozenLinear,
         k_proj: FrozenLinear,
         v_proj: FrozenLinear,
         o_proj: FrozenLinear,
+        q_bias: torch.Tensor | None = None,
+        k_bias: torch.Tensor | None = None,
+        v_bias: torch.Tensor | None = None,
+        q_norm: RMSNorm | None = None,
+        k_norm: RMSNorm | None = None,
     ) -> None:
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = q_proj, k_proj, v_proj, o_proj
+        for name, bias in (("q_bias", q_bias), ("k_bias", k_bias), ("v_bias", v_bias)):
+            frozen = None if bias is None else nn.Parameter(bias.float(), requires_grad=False)
+            self.register_parameter(name, frozen)
+        self.q_norm, self.k_norm = q_norm, k_norm
+        self.q_bias: torch.Tensor | None
+        self.k_bias: torch.Tensor | None
+        self.v_bias: torch.Tensor | None
+
+    def _project(
+        self, proj: FrozenLinear, bias: torch.Tensor | None, x: torch.Tensor, heads: int
+    ) -> torch.Tensor:
+        """`[B, T, hidden]` -> `[B, T, heads, head_dim]` through `proj` and its bias."""
+        y = proj(x)
+        if bias is not None:
+            y = y + bias.to(y.dtype)
+        return y.view(*x.shape[:2], heads, self.head_dim)
 
     def forward(
         self,
@@ -119,12 +146,13 @@ class LlamaAttention(nn.Module):
         layer: int,
         cache: KVCache | None,
     ) -> torch.Tensor:
-        b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q = self._project(self.q_proj, self.q_bias, x, self.num_heads)
+        k = self._project(self.k_proj, self.k_bias, x, self.num_kv_heads)
+        v = self._project(self.v_proj, self.v_bias, x, self.num_kv_heads).transpose(1, 2)
         with section("attention"):
-            out = self._attend(q, k, v, cos, sin, layer, cache)
+            if self.q_norm is not None and self.k_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
+            out = self._attend(q.transpose(1, 2), k.transpose(1, 2), v, cos, sin, layer, cache)
         return self.o_proj(out)
 
     def _attend(
@@ -137,7 +165,8 @@ class LlamaAttention(nn.Module):
         layer: int,
         cache: KVCache | None,
     ) -> torch.Tensor:
-        """Rotary positions, the cache, causal attention: `[B, T, heads * head_dim]`."""
+        """Rotary positions, the cache, causal attention over `[B, heads, T, head_dim]` inputs:
+        `[B, T, heads * head_dim]`."""
         b, _, t, _ = q.shape
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         past = 0
@@ -213,7 +242,7 @@ class LlamaModel(nn.Module):
 
     def __init__(
         self,
-        config: LlamaConfig,
+        config: ModelConfig,
         embed_tokens: FrozenLinear,
         layers: list[LlamaDecoderLayer],
         norm: RMSNorm,

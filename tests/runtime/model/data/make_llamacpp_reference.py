@@ -44,6 +44,12 @@ def post(base: str, route: str, body: dict) -> dict:
         return json.loads(resp.read())
 
 
+def tokenize(base: str, text: str, parse_special: bool = True) -> list[int]:
+    """llama.cpp's token ids of `text` (BOS added as the vocabulary asks)."""
+    body = {"content": text, "add_special": True, "parse_special": parse_special}
+    return post(base, "/tokenize", body)["tokens"]
+
+
 def start_server(model: Path):
     """llama.cpp's server on a localhost port, in-process; keep the object alive while used."""
     import xllamacpp
@@ -76,12 +82,8 @@ def main() -> None:
     base = server.listening_address
     cases = []
     for text in CASES:
-        ids = post(
-            base, "/tokenize", {"content": text, "add_special": True, "parse_special": True}
-        )["tokens"]
-        plain = post(
-            base, "/tokenize", {"content": text, "add_special": True, "parse_special": False}
-        )["tokens"]
+        ids = tokenize(base, text)
+        plain = tokenize(base, text, parse_special=False)
         decoded = post(base, "/detokenize", {"tokens": ids})["content"]
         cases.append({"text": text, "ids": ids, "ids_no_special": plain, "decoded": decoded})
     chat = post(base, "/apply-template", {"messages": MESSAGES})["prompt"]

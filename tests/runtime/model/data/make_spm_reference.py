@@ -17,7 +17,7 @@ import io
 import tempfile
 from pathlib import Path
 
-from make_llamacpp_reference import post, start_server, write_reference
+from make_llamacpp_reference import post, start_server, tokenize, write_reference
 
 CORPUS = """\
 Aner is a small, statically typed scripting language for adapting language models.
@@ -98,9 +98,7 @@ def main() -> None:
         base = server.listening_address
         cases = []
         for text in CASES:
-            ids = post(
-                base, "/tokenize", {"content": text, "add_special": True, "parse_special": True}
-            )["tokens"]
+            ids = tokenize(base, text)
             cases.append(
                 {
                     "text": text,

@@ -1,0 +1,247 @@
+"""Tiny random-weight models of every supported architecture, built with HF transformers.
+
+`write_hf_model(folder, family)` saves a Hugging Face model folder (config.json, safetensors,
+tokenizer.json, tokenizer_config.json with a chat template) whose distinctive features are all on:
+
+| family | transformers class | features |
+|---|---|---|
+| ``llama3`` | `LlamaForCausalLM` | ``llama3`` rope scaling, tied embeddings, Llama 3 pre-tokenizer, BOS |
+| ``mistral`` | `MistralForCausalLM` | untied output, GQA, Tekken pre-tokenizer, BOS |
+| ``qwen2`` | `Qwen2ForCausalLM` | q/k/v biases, tied embeddings, a padded vocabulary, Qwen2 split |
+| ``qwen3`` | `Qwen3ForCausalLM` | q/k RMSNorm, head size unlike hidden/heads, untied output |
+
+Every parameter is seeded noise (biases and norm weights included: transformers initialises those
+to 0 and 1, which would hide a missing bias or norm). The tokenizer is a byte-level BPE trained
+with the `tokenizers` library on a small corpus, with the family's own split regex as its
+tokenizer.json writes it. `write_gguf_from_hf` converts a folder to GGUF through Aner's exporter,
+which writes llama.cpp's converter's layout (names, q/k permutation, rope_freqs, metadata).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from aner_lang.runtime.model.tokenizer import HF_SPLIT_NAMES
+
+FAMILIES = ("llama3", "mistral", "qwen2", "qwen3")
+CORPUS = [
+    "Aner is a small, statically typed scripting language for adapting language models.",
+    "A user writes a script that declares a base model, adapters, a training profile and data.",
+    "The quiet mountain lake reflects the clear morning sky; the old pine trees stand still.",
+    "In 1969, 3 astronauts flew 384,400 km to the Moon. The trip took about 76 hours!",
+    "Don't stop: it's what they've said we'd do, and I'll do it. Isn't it?",
+    "def train(model, steps=20):\n    return model.fit(steps)  # code has indentation\n",
+    "Le café est très bon. Der Bär läuft schnell. Ça va? Naïve coöperation, déjà vu.",
+    "Numbers like 2024, 3.14159 and 1,000,000 appear in text, as do e-mail@example.com and URLs.",
+]
+_SPLITS = {name: pattern for pattern, name in HF_SPLIT_NAMES.items()}
+
+
+@dataclass(frozen=True)
+class Family:
+    model_type: str
+    split: str
+    """The llama.cpp pre-tokenizer name of the family's split regex (`HF_SPLIT_NAMES`)."""
+    specials: tuple[str, ...]
+    bos: str | None
+    eos: str
+    template: str
+    ignore_merges: bool = False
+    nfc: bool = False
+
+
+_LLAMA3_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>"
+    "\n\n{{ m['content'] | trim }}<|eot_id|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
+_CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+_MISTRAL_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}[INST]{{ m['content'] }}"
+    "[/INST]{% elif m['role'] == 'assistant' %}{{ m['content'] }}{{ eos_token }}"
+    "{% else %}{{ raise_exception('only user and assistant messages') }}{% endif %}{% endfor %}"
+)
+_QWEN = Family(
+    "qwen2",
+    "qwen2",
+    ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
+    None,
+    "<|im_end|>",
+    _CHATML,
+    nfc=True,
+)
+FAMILY = {
+    "llama3": Family(
+        "llama",
+        "llama-bpe",
+        (
+            "<|begin_of_text|>",
+            "<|end_of_text|>",
+            "<|start_header_id|>",
+            "<|end_header_id|>",
+            "<|eot_id|>",
+        ),
+        "<|begin_of_text|>",
+        "<|eot_id|>",
+        _LLAMA3_TEMPLATE,
+        ignore_merges=True,
+    ),
+    "mistral": Family(
+        "mistral",
+        "tekken",
+        ("<unk>", "<s>", "</s>", "[INST]", "[/INST]"),
+        "<s>",
+        "</s>",
+        _MISTRAL_TEMPLATE,
+        ignore_merges=True,
+    ),
+    "qwen2": _QWEN,
+    "qwen3": replace(_QWEN, model_type="qwen3"),
+}
+
+
+def build_tokenizer(family: str, vocab_size: int = 320) -> Any:
+    """A byte-level BPE `tokenizers.Tokenizer` of the family's kind, trained on `CORPUS`."""
+    from tokenizers import (
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
+
+    f = FAMILY[family]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(_SPLITS[f.split]), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+        ]
+    )
+    if f.nfc:
+        tok.normalizer = normalizers.NFC()
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(f.specials),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(CORPUS, trainer)
+    spec = json.loads(tok.to_str())
+    spec["model"]["ignore_merges"] = f.ignore_merges
+    tok = Tokenizer.from_str(json.dumps(spec))
+    if f.bos is not None:
+        bos_id = tok.token_to_id(f.bos)
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{f.bos} $A", pair=f"{f.bos} $A {f.bos} $B", special_tokens=[(f.bos, bos_id)]
+        )
+    return tok
+
+
+def _config(family: str, vocab: int) -> Any:
+    import transformers
+
+    common: dict[str, Any] = {
+        "vocab_size": vocab,
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 256,
+        "rms_norm_eps": 1e-5,
+    }
+    if family == "llama3":
+        return transformers.LlamaConfig(
+            **common,
+            tie_word_embeddings=True,
+            rope_parameters={
+                "rope_type": "llama3",
+                "rope_theta": 500000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+        )
+    if family == "mistral":
+        return transformers.MistralConfig(
+            **common,
+            tie_word_embeddings=False,
+            sliding_window=4096,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        )
+    if family == "qwen2":
+        return transformers.Qwen2Config(
+            **common,
+            tie_word_embeddings=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        )
+    return transformers.Qwen3Config(**common, head_dim=24, tie_word_embeddings=False)
+
+
+def build_hf_model(family: str, vocab: int, seed: int = 0) -> Any:
+    """The family's transformers model, every parameter seeded noise, in eval mode."""
+    import torch
+    import transformers
+
+    classes = {
+        "llama3": transformers.LlamaForCausalLM,
+        "mistral": transformers.MistralForCausalLM,
+        "qwen2": transformers.Qwen2ForCausalLM,
+        "qwen3": transformers.Qwen3ForCausalLM,
+    }
+    model = classes[family](_config(family, vocab))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen)
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.1 * noise)
+            elif p.dim() == 1:
+                p.copy_(0.1 * noise)
+            else:
+                p.copy_(noise / p.shape[1] ** 0.5)
+    return model.eval()
+
+
+def write_hf_model(folder: str | Path, family: str, seed: int = 0) -> Path:
+    """Write the family's tiny model as a Hugging Face folder and return it."""
+    if family not in FAMILY:
+        raise ValueError(f"unknown family {family!r}; choose from {', '.join(FAMILIES)}")
+    f = FAMILY[family]
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = build_tokenizer(family)
+    size = tok.get_vocab_size()
+    vocab = -(-size // 64) * 64 if family == "qwen2" else size  # Qwen pads its embedding
+    model = build_hf_model(family, vocab, seed)
+    model.save_pretrained(str(out))
+    tok.save(str(out / "tokenizer.json"))
+    config = {
+        "bos_token": f.bos,
+        "eos_token": f.eos,
+        "pad_token": f.specials[0],
+        "chat_template": f.template,
+        "model_max_length": 256,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
+    return out
+
+
+def write_gguf_from_hf(folder: str | Path, out: str | Path) -> Path:
+    """Convert a Hugging Face folder to an f32 GGUF in llama.cpp's converter's layout."""
+    from aner_lang.runtime.export.gguf import export_gguf
+    from aner_lang.runtime.load.loader import load_model
+
+    return export_gguf(load_model(folder, device="cpu"), out, dtype="f32")
