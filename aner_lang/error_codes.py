@@ -644,6 +644,76 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         print(read_text("missing.txt"))
         """,
     ),
+    _code(
+        "E-FILE-MISSING",
+        Area.EVALUATION,
+        "a file the script names does not exist",
+        _SITUATION,
+        """
+        Aner reads user files through one bounded reader (`aner_lang/files.py`). The path, as the
+        message gives it (relative paths in a script are relative to the script's directory),
+        names nothing, or a part of it is not a folder. Check the spelling and the directory.
+        """,
+        """
+        A dataset, template or configuration path that does not exist.
+        """,
+    ),
+    _code(
+        "E-FILE-KIND",
+        Area.EVALUATION,
+        "the path is a folder, a device, a pipe or a socket, not a file",
+        _SITUATION,
+        """
+        Aner only reads regular files: a device such as `/dev/zero` or `/dev/urandom`, or a named
+        pipe, could make a read block forever or never end, so they are refused before opening
+        (a symbolic link is followed first: a link to a device is refused too). Give the path of
+        an ordinary file.
+        """,
+        """
+        A script's `read_text("/dev/zero")`, or an import of a named pipe.
+        """,
+    ),
+    _code(
+        "E-FILE-TOO-LARGE",
+        Area.EVALUATION,
+        "a file, or one line of it, is larger than Aner reads for its kind",
+        _SITUATION,
+        """
+        Every read is bounded: scripts and imports (8 MiB), text read whole such as `read_text`
+        and JSON configurations (256 MiB), one line of a JSON-lines dataset (16 MiB). The message
+        names the bound. Split the file, or for data, use a format read a record at a time.
+        """,
+        """
+        A JSON-lines dataset with a 20 MiB line.
+        """,
+    ),
+    _code(
+        "E-FILE-ENCODING",
+        Area.EVALUATION,
+        "a text file is not UTF-8",
+        _SITUATION,
+        """
+        Scripts, templates and datasets are read as UTF-8, exactly as written. The message gives
+        the line and column of the first byte that is not UTF-8; convert the file (for example
+        with `iconv -t UTF-8`).
+        """,
+        """
+        A dataset saved in Latin-1 with an accented letter on line 12.
+        """,
+    ),
+    _code(
+        "E-FILE-READ",
+        Area.EVALUATION,
+        "the system refused to read a file",
+        _SITUATION,
+        """
+        The file exists but reading it failed; the message gives the system's reason (no
+        permission, an input/output error). Fix the permissions or the storage.
+        """,
+        """
+        A dataset file without read permission for the user running Aner.
+        """,
+    ),
     # ---- model files -----------------------------------------------------------------------------
     _code(
         "E-GGUF-NOT-FOUND",
