@@ -138,6 +138,9 @@ def table(shape: str, rows: list[dict[str, Any]]) -> str:
             diff = f"{100 * d:.2f}% over {n}"
         lines.append(f"| {r['side']} | {tps:,.0f} | {vs_p} | {vs_u} | "
                      f"{r['peak_cuda_bytes'] / 1e9:.1f} | {r['host_rss_bytes'] / 1e9:.1f} | {diff} |")  # fmt: skip
+    if aner:
+        lines += ["", f"Aner: CUDA graphs {aner.get('cuda_graphs')}; {aner['precision']}, "
+                  f"activations {aner['activations']}, loaded in {aner['load_seconds']:.1f} s"]  # fmt: skip
     if aner and aner.get("device_time"):
         lines += ["", "Aner device time of two profiled updates, by section:", ""]
         total = sum(aner["device_time"].values())
@@ -207,6 +210,15 @@ def main(argv: list[str] | None = None) -> int:
 # ---- the sides -----------------------------------------------------------------------------------
 
 
+def _peak_rss() -> int:
+    """This process's peak resident set (VmHWM: unlike ru_maxrss, not inherited from the parent
+    that forked it)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def _batches(job: dict[str, Any]) -> Any:
     from safetensors.torch import load_file
 
@@ -241,7 +253,7 @@ def _measure(step: Any, ids: Any, job: dict[str, Any]) -> dict[str, Any]:
     return {
         "tokens_per_s": job["steps"] * ids.shape[1] / seconds,
         "peak_cuda_bytes": torch.cuda.max_memory_allocated() if cuda else 0,
-        "host_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "host_rss_bytes": _peak_rss(),
         "losses": losses,
     }
 
@@ -298,8 +310,9 @@ def aner_worker(job: dict[str, Any]) -> dict[str, Any]:
         "side": "aner",
         "tokens_per_s": job["steps"] * data.context / seconds,
         "peak_cuda_bytes": torch.cuda.max_memory_allocated() if cuda else 0,
-        "host_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "host_rss_bytes": _peak_rss(),
         "losses": losses[: job["compare"]],
+        "cuda_graphs": timed.cuda_graphs,
         "load_seconds": load_s,
         "kernel_identity": timed.kernel_identity,
         "precision": job["precision"],

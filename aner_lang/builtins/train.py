@@ -152,6 +152,11 @@ RUN = TypeDecl(
         Field("tokens_per_second", "Float", "scored tokens per second of this call"),
         Field("log_path", "String?", "the JSON-lines event log, one event per update"),
         Field(
+            "cuda_graphs",
+            "String",
+            "on, or off and why (updates replayed from CUDA graphs: see profile graphs)",
+        ),
+        Field(
             "kernel_identity",
             "String",
             "what the numbers depend on: NF4 kernel (name, source sha256, arithmetic), torch, "

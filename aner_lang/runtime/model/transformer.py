@@ -19,6 +19,7 @@ from torch import nn
 from aner_lang.errors import AnerRuntimeError
 from aner_lang.runtime.model.activations import run_layer
 from aner_lang.runtime.model.config import ModelConfig
+from aner_lang.runtime.model.fused_ops import rms_norm, swiglu
 from aner_lang.runtime.model.linear import FrozenLinear
 from aner_lang.runtime.model.loss import head_loss_sum, logits_loss_sum
 from aner_lang.runtime.model.sections import section
@@ -34,6 +35,8 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         with section("norms_activations"):
+            if x.dtype != torch.float32:  # half precision: keep only x for backward
+                return rms_norm(x, self.weight, self.eps)
             dtype = x.dtype
             h = x.to(torch.float32)
             h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -202,7 +205,7 @@ class LlamaMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_proj(x), self.up_proj(x)
         with section("norms_activations"):
-            h = F.silu(gate) * up
+            h = F.silu(gate) * up if gate.dtype == torch.float32 else swiglu(gate, up)
         return self.down_proj(h)
 
 

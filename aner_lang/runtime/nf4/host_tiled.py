@@ -77,18 +77,20 @@ def grad_input(
 
 
 def rows(w: NF4Weight, ids: torch.Tensor) -> torch.Tensor:
-    """Embedding lookup: dequantize only the rows `ids` (fp32), shape ids.shape + (in,)."""
+    """Embedding lookup: dequantize only the rows `ids` (fp32), shape ids.shape + (in,).
+
+    Rows that are whole blocks (every model's hidden size) are gathered straight from `ids` on
+    the device: no host round trip, so a training step stays one CUDA graph. Otherwise rows start
+    mid-block and each distinct one is dequantized from its block boundary."""
     n_in = w.shape[1]
-    unique, inverse = torch.unique(ids.reshape(-1), return_inverse=True)
     if n_in % w.blocksize == 0:
-        out = _aligned_rows(w, unique)
-    else:  # rows start mid-block: dequantize from the block boundary and slice
-        parts = []
-        for r in unique.tolist():
-            start = (r * n_in) // w.blocksize * w.blocksize
-            parts.append(dequantize_range(w, start, (r + 1) * n_in)[r * n_in - start :])
-        out = torch.stack(parts)
-    return out[inverse].reshape(*ids.shape, n_in)
+        return _aligned_rows(w, ids.reshape(-1)).reshape(*ids.shape, n_in)
+    unique, inverse = torch.unique(ids.reshape(-1), return_inverse=True)
+    parts = []
+    for r in unique.tolist():
+        start = (r * n_in) // w.blocksize * w.blocksize
+        parts.append(dequantize_range(w, start, (r + 1) * n_in)[r * n_in - start :])
+    return torch.stack(parts)[inverse].reshape(*ids.shape, n_in)
 
 
 def _aligned_rows(w: NF4Weight, row_ids: torch.Tensor) -> torch.Tensor:

@@ -25,6 +25,7 @@ class Run:
     seconds: float
     log_path: str | None
     kernel_identity: str
+    cuda_graphs: str
     optimizer_bytes: dict[str, int] = field(default_factory=dict)
 
     @property

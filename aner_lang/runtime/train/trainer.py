@@ -414,6 +414,7 @@ class _Loop:
             seconds=seconds,
             log_path=log_path,
             kernel_identity=self.identity,
+            cuda_graphs=self.steps.status,
             optimizer_bytes={
                 "optimizer": self.opt.state_bytes(),
                 "managed": self.opt.managed_bytes(),

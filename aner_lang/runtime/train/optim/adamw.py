@@ -1,12 +1,12 @@
-"""AdamW on fp32 master tensors, bit-identical to `torch.optim.AdamW` (foreach or not).
+"""AdamW on fp32 master tensors, bit-identical to `torch.optim.AdamW(foreach=True)`.
 
 We keep our own loop instead of wrapping `torch.optim.AdamW` because the trainer needs the state
 as plain named tensors (for exact checkpoints) and paged AdamW swaps where the moments live. The
-arithmetic is torch's, op for op (research/training.md 7.4): each elementwise step is the same
-operation on the same operands in torch's single-tensor and multi-tensor paths, so both give the
-same bits. `AdamW` runs the multi-tensor form (a few `torch._foreach_*` launches per update for
-all tensors, instead of eight per tensor: the host cost of an update of hundreds of LoRA tensors);
-`PagedAdamW` keeps the per-tensor form, which lets it move each tensor's pages around its update.
+arithmetic is torch's multi-tensor path op for op (research/training.md 7.4): a few
+`torch._foreach_*` launches per update for all tensors instead of eight per tensor (the host cost
+of an update of hundreds of LoRA tensors). On the CPU it also equals torch's single-tensor path
+bit for bit; on CUDA the two paths' kernels may round differently, so every optimizer here
+(`PagedAdamW` included) uses the multi-tensor form.
 """
 
 from __future__ import annotations
@@ -31,8 +31,6 @@ class AdamW:
     """Decoupled-weight-decay Adam over named fp32 tensors (the masters are updated in place)."""
 
     kind = "adamw"
-    per_tensor = False
-    """Update tensor by tensor (`_update`) instead of all at once (`_update_group`)."""
 
     def __init__(
         self,
@@ -68,9 +66,6 @@ class AdamW:
             if grad is None:
                 continue
             st = self._state_for(name, p)
-            if self.per_tensor:
-                self._update(p, grad, st, lr, beta1, beta2)
-                continue
             groups.setdefault((p.device, p.dtype), []).append(
                 (p, grad, st.exp_avg, st.exp_avg_sq, st.step)
             )
@@ -102,30 +97,6 @@ class AdamW:
         torch._foreach_div_(denom, bias_correction2_sqrt)
         torch._foreach_add_(denom, self.eps)
         torch._foreach_addcdiv_(params, exp_avgs, denom, step_size)
-
-    def _update(
-        self,
-        p: torch.Tensor,
-        grad: torch.Tensor,
-        st: AdamWState,
-        lr: float,
-        beta1: float,
-        beta2: float,
-    ) -> None:
-        """One tensor's update (`PagedAdamW`'s path).
-
-        torch/optim/adam.py::_single_tensor_adam, decoupled_weight_decay=True, capturable=False."""
-        st.step += 1
-        p.mul_(1 - lr * self.weight_decay)
-        st.exp_avg.lerp_(grad, 1 - beta1)
-        st.exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-        step = st.step.item()
-        bias_correction1 = 1 - beta1**step
-        bias_correction2 = 1 - beta2**step
-        step_size = lr / bias_correction1
-        bias_correction2_sqrt = bias_correction2**0.5
-        denom = (st.exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(self.eps)
-        p.addcdiv_(st.exp_avg, denom, value=-step_size)
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         """Moments and steps as contiguous CPU tensors, keyed for `TrainState`."""

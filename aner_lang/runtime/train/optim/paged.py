@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from aner_lang.errors import AnerRuntimeError
-from aner_lang.runtime.train.optim.adamw import AdamW, AdamWState
+from aner_lang.runtime.train.optim.adamw import AdamW
 
 PAGE_MIN_ELEMENTS = 100_000
 MANAGED_FRACTION = 0.5
@@ -31,7 +31,6 @@ class PagedAdamW(AdamW):
     """AdamW with managed-memory moments on CUDA; identical arithmetic to `AdamW`."""
 
     kind = "paged_adamw"
-    per_tensor = True  # each tensor's pages come to the device for its own update
 
     def __init__(
         self, params: dict[str, torch.Tensor], page_bytes: int = 2 << 20, **kwargs: Any
@@ -110,19 +109,24 @@ class PagedAdamW(AdamW):
             self._can_prefetch = False
             self._no_prefetch = f"; prefetch unavailable ({type(exc).__name__}: {exc})"
 
-    def _update(
+    def _update_group(
         self,
-        p: torch.Tensor,
-        grad: torch.Tensor,
-        st: AdamWState,
+        params: list[torch.Tensor],
+        grads: list[torch.Tensor],
+        exp_avgs: list[torch.Tensor],
+        exp_avg_sqs: list[torch.Tensor],
+        steps: list[torch.Tensor],
         lr: float,
         beta1: float,
         beta2: float,
     ) -> None:
-        for t in (st.exp_avg, st.exp_avg_sq):
+        """AdamW's update with the moments' pages brought to the device first and sent back to
+        the host after, both asynchronously on the current stream."""
+        moments = exp_avgs + exp_avg_sqs
+        for t in moments:
             self._prefetch(t, self._device if self.on_cuda else _CPU_DEVICE_ID)
-        super()._update(p, grad, st, lr, beta1, beta2)
-        for t in (st.exp_avg, st.exp_avg_sq):
+        super()._update_group(params, grads, exp_avgs, exp_avg_sqs, steps, lr, beta1, beta2)
+        for t in moments:
             self._prefetch(t, _CPU_DEVICE_ID)
 
     def managed_bytes(self) -> int:

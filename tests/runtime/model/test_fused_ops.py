@@ -1,0 +1,61 @@
+"""The half-precision RMSNorm and SwiGLU functions: the forward of the plain ops, their
+analytic gradients, and less kept for backward."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from aner_lang.runtime.model.fused_ops import rms_norm, swiglu
+
+
+def _plain_norm(x, w, eps):
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return (w * h.to(x.dtype)).to(x.dtype)
+
+
+def _saved_bytes(fn, *args) -> int:
+    total = 0
+
+    def pack(t):
+        nonlocal total
+        total += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn(*args)
+    return total
+
+
+def test_rms_norm_forward_is_the_plain_ops_and_gradients_match_autograd():
+    gen = torch.Generator().manual_seed(0)
+    x = (torch.randn(3, 7, 64, generator=gen) * 3).requires_grad_(True)
+    w = (1 + 0.1 * torch.randn(64, generator=gen)).requires_grad_(True)
+    g = torch.randn(3, 7, 64, generator=gen)
+    ours = rms_norm(x, w, 1e-5)
+    ref = _plain_norm(x, w, 1e-5)
+    assert torch.equal(ours, ref)
+    gx, gw = torch.autograd.grad(ours, (x, w), g)
+    rx, rw = torch.autograd.grad(ref, (x, w), g)
+    assert torch.allclose(gx, rx, rtol=1e-5, atol=1e-6) and torch.allclose(gw, rw, rtol=1e-5)
+    xb = x.detach().to(torch.bfloat16).requires_grad_(True)
+    assert torch.equal(rms_norm(xb, w.detach(), 1e-5), _plain_norm(xb, w.detach(), 1e-5))
+    kept = _saved_bytes(lambda: rms_norm(xb, w.detach(), 1e-5))
+    assert kept < _saved_bytes(lambda: _plain_norm(xb, w.detach(), 1e-5)) / 3
+
+
+def test_swiglu_gradients_match_autograd_and_keep_only_the_inputs():
+    gen = torch.Generator().manual_seed(1)
+    gate = (torch.randn(5, 96, generator=gen) * 2).requires_grad_(True)
+    up = torch.randn(5, 96, generator=gen).requires_grad_(True)
+    g = torch.randn(5, 96, generator=gen)
+    ours = swiglu(gate, up)
+    ref = F.silu(gate) * up
+    assert torch.allclose(ours, ref)
+    for a, b in zip(
+        torch.autograd.grad(ours, (gate, up), g), torch.autograd.grad(ref, (gate, up), g)
+    ):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+    gb, ub = (t.detach().to(torch.bfloat16).requires_grad_(True) for t in (gate, up))
+    assert _saved_bytes(lambda: swiglu(gb, ub)) == 2 * gb.numel() * gb.element_size()
