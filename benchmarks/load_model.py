@@ -53,8 +53,10 @@ from aner_lang.runtime.load.loader import load_model
 m = load_model(sys.argv[1], storage="nf4_double_quant", device=sys.argv[2])
 if m.device.type == "cuda":
     torch.cuda.synchronize()
+hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM:")]  # not the parent's
 print(json.dumps({"seconds": time.perf_counter() - t,
-                  "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+                  "peak_rss": int(hwm[0].split()[1]) * 1024 if hwm else
+                  resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
 """
 
 HF_BNB = """
@@ -69,8 +71,10 @@ m = AutoModelForCausalLM.from_pretrained(sys.argv[1], quantization_config=q,
 AutoTokenizer.from_pretrained(sys.argv[1])
 if sys.argv[2] == "cuda":
     torch.cuda.synchronize()
+hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM:")]  # not the parent's
 print(json.dumps({"seconds": time.perf_counter() - t,
-                  "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+                  "peak_rss": int(hwm[0].split()[1]) * 1024 if hwm else
+                  resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
 """
 
 
