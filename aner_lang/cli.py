@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -59,20 +61,40 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _launch(file: str, nproc: int) -> int:
+    """`aner run FILE` on `nproc` ranks of this host, started by torchrun (docs/distributed.md).
+
+    A child process, so this command never imports torch itself."""
+    if "WORLD_SIZE" in os.environ:
+        print("aner run: --nproc inside a distributed run (WORLD_SIZE is set)", file=sys.stderr)
+        return 2
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    cmd = [*torchrun, "--nproc-per-node", str(nproc), "-m", "aner_lang.cli", "run", file]
+    return subprocess.run(cmd, check=False).returncode and 1
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from aner_lang.check import analyze
     from aner_lang.interp import AnerError, ExecContext, run
 
+    if args.nproc < 1:
+        print("aner run: --nproc must be at least 1", file=sys.stderr)
+        return 2
+    if args.nproc > 1:
+        return _launch(args.file, args.nproc)
     source = _read(args.file)
     if source is None:
         return 1
+    main_rank = os.environ.get("RANK", "0") == "0"  # torchrun's; only rank 0 prints
     analysis = analyze(source, args.file)
-    _print(analysis.diagnostics, source)
+    if main_rank:
+        _print(analysis.diagnostics, source)
     if analysis.errors:
         return 1
     path = Path(args.file).resolve()
+    out = sys.stdout if main_rank else open(os.devnull, "w", encoding="utf-8")
     try:
-        run(analysis, ExecContext(script_dir=path.parent, stdout=sys.stdout, script_path=path))
+        run(analysis, ExecContext(script_dir=path.parent, stdout=out, script_path=path))
     except AnerError as e:
         d = e.diagnostic
         _print([d], source if d.path == args.file else _read(d.path) if d.path else None)
@@ -152,6 +174,12 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(fn=cmd_check)
     p = sub.add_parser("run", help="check and run a script")
     p.add_argument("file")
+    p.add_argument(
+        "--nproc",
+        type=int,
+        default=1,
+        help="run the script on this many ranks of this host (torchrun; one GPU each)",
+    )
     p.set_defaults(fn=cmd_run)
     p = sub.add_parser("check-docs", help="check the ```aner blocks of Markdown files or folders")
     p.add_argument("paths", nargs="+")

@@ -29,7 +29,9 @@ from aner_lang.runtime.model.precision import DTYPES, autocast
 from aner_lang.runtime.model.sections import section
 from aner_lang.runtime.nf4.backends import NF4Backend, using_backend
 from aner_lang.runtime.tasks.data import Dataset, collate
+from aner_lang.runtime.io.world import once
 from aner_lang.runtime.train import checkpoint
+from aner_lang.runtime.train.distributed import Parallel, for_run
 from aner_lang.runtime.train.graphs import GraphSteps, eligibility
 from aner_lang.runtime.train.loss_scale import LossScaler
 from aner_lang.runtime.train.optim import make_optimizer
@@ -158,10 +160,13 @@ def train(
         "warmup": warmup,
         "schedule": schedule,
     }
-    loop = _Loop(adapter, data, profile, options, run_identity(adapter, profile, backend))
+    parallel = for_run(adapter, profile)
+    identity = run_identity(adapter, profile, backend)
+    loop = _Loop(parallel.trained, data, profile, options, identity, parallel)
     log_path = _log_path(log, checkpoints)
-    events = _EventLog(log_path)
-    bar = _progress(steps, loop.counters.updates)
+    main = parallel.world.main  # only rank 0 logs and writes
+    events = _EventLog(log_path if main else None)
+    bar = _progress(steps, loop.counters.updates) if main else None
     start = time.perf_counter()
     activations = ActivationPolicy(profile.activations, (loop.gen,))
     try:
@@ -182,8 +187,10 @@ def train(
                 if done or (checkpoints and checkpoint_every and updates % checkpoint_every == 0):
                     adapter.state = loop.snapshot()
                     if checkpoints:
-                        checkpoint.save(checkpoints, adapter.state)
+                        state = adapter.state
+                        once(lambda: checkpoint.save(checkpoints, state))
     finally:
+        parallel.finish()
         adapter.train_mode(False)
         events.close()
         if bar is not None:
@@ -224,7 +231,13 @@ class _Loop:
     steps of an update. Built fresh, or from the adapter's `TrainState` to continue it exactly."""
 
     def __init__(
-        self, adapter: Any, data: Dataset, profile: Profile, options: dict[str, Any], identity: str
+        self,
+        adapter: Any,
+        data: Dataset,
+        profile: Profile,
+        options: dict[str, Any],
+        identity: str,
+        parallel: Parallel,
     ) -> None:
         self.adapter, self.profile, self.options, self.identity = (
             adapter,
@@ -232,12 +245,13 @@ class _Loop:
             options,
             identity,
         )
+        self.parallel = parallel
         prev = adapter.state
         if prev is not None:
             _require_same_kernel(prev, identity)
         self.opt = make_optimizer(
             profile.optimizer,
-            adapter.params,
+            parallel.optimizer_params(adapter.params),
             profile.page_bytes,
             lr=options["learning_rate"],
             weight_decay=options["weight_decay"],
@@ -249,7 +263,7 @@ class _Loop:
             self.counters = Counters()
             self.cursor = Cursor(len(data), options["seed"])
         else:
-            self.opt.load_state_tensors(prev.tensors)
+            self.opt.load_state_tensors(parallel.scattered(prev.tensors))
             self.scaler = LossScaler.from_json(prev.meta["loss_scale"])
             self.counters = Counters.from_json(prev.meta["counters"])
             d = prev.meta["data"]
@@ -260,7 +274,9 @@ class _Loop:
         self.params = list(adapter.params.items())
         self.examples = data.examples(adapter.tokenizer)
         dropout = float(adapter.config.get("dropout", 0.0))
-        off = eligibility(adapter.device, dropout, profile.activations, profile.graphs)
+        off = parallel.graphs_off or eligibility(
+            adapter.device, dropout, profile.activations, profile.graphs
+        )
         self.steps = GraphSteps(self._forward_backward, [p for _, p in self.params], off)
 
     def start_event(self) -> dict[str, Any]:
@@ -270,6 +286,7 @@ class _Loop:
             "kernel_identity": self.identity,
             "profile": self.profile.to_json(),
             "options": self.options,
+            "world_size": self.parallel.world.size,
         }
 
     def update(self) -> dict[str, Any]:
@@ -284,10 +301,12 @@ class _Loop:
             self.cursor.restore(mark)
             self.adapter.train_mode(True)
             loss_sum, scored = self._window()
-            grads = {n: p.grad for n, p in self.params if p.grad is not None}
+            grads = self.parallel.gradients(self.params)
             with section("optimizer"):
                 found = scaler.unscale_(grads.values())
-            flags = torch.stack([loss_sum, found.to(loss_sum.device, torch.float64)])
+            flags = self.parallel.total(
+                torch.stack([loss_sum, found.to(loss_sum.device, torch.float64)])
+            )
             loss, found_inf = flags.tolist()
             overflow = bool(found_inf) or not math.isfinite(loss)
             scaler.update(overflow)
@@ -312,7 +331,7 @@ class _Loop:
             with section("optimizer"):
                 if o["clip_norm"] is not None and o["clip_norm"] > 0:
                     trained = [p for _, p in self.params if p.grad is not None]
-                    norm = torch.nn.utils.clip_grad_norm_(trained, o["clip_norm"], foreach=False)
+                    norm = self.parallel.clip_grad_norm(trained, grads, o["clip_norm"])
                     event["grad_norm"] = norm  # read when the event is written (`_EventLog`)
                 self.opt.step(grads, lr=lr)
             c.applied += 1
@@ -325,22 +344,23 @@ class _Loop:
         return event
 
     def _window(self) -> tuple[torch.Tensor, int]:
-        """Forward/backward one accumulation window; returns (its loss, on the device: the sum
-        over its scored tokens divided by their count; scored tokens)."""
-        o, adapter = self.options, self.adapter
-        batches = [
-            collate(
-                [self.examples[i] for i in self.cursor.take(o["micro_batch"])],
-                self.pad,
-                adapter.device,
-            )
+        """Forward/backward this rank's share of one accumulation window; returns (its loss, on
+        the device: the sum over its scored tokens divided by the window's count; the window's
+        scored tokens, all ranks')."""
+        o, adapter, parallel = self.options, self.adapter, self.parallel
+        drawn = [
+            self.cursor.take(o["micro_batch"] * parallel.world.size)
             for _ in range(o["accumulation"])
         ]
-        scored = sum(b.scored_tokens for b in batches)
+        scored = sum(self.examples[i].scored_tokens for ids in drawn for i in ids)
+        batches = [
+            collate([self.examples[i] for i in parallel.share(ids)], self.pad, adapter.device)
+            for ids in drawn
+        ]
         total = torch.zeros((), dtype=torch.float64, device=adapter.device)
         scale = self.scaler.state.scale if self.scaler.enabled else None
         for batch in batches:
-            if batch.scored_tokens == 0:
+            if batch.scored_tokens == 0 and not parallel.collective_forward:
                 continue
             total += self.steps(batch.input_ids, batch.targets, scored, scale)
         return total, scored
@@ -378,7 +398,7 @@ class _Loop:
         """The state after this update (consistent: optimizer stepped, scale updated)."""
         adapter = self.adapter
         tensors = {f"adapter/{k}": v for k, v in adapter.tensors().items()}
-        tensors.update(self.opt.state_tensors())
+        tensors.update(self.parallel.gathered(self.opt.state_tensors()))
         tensors["rng/generator"] = self.gen.get_state().clone()
         meta = {
             "format": STATE_FORMAT,

@@ -1,0 +1,195 @@
+"""Full fine-tuning sharded over ranks with FSDP2 (`torch.distributed.fsdp.fully_shard`).
+
+Full fine-tuning keeps an fp32 master, its gradient and two AdamW moments per weight: 16 bytes
+per parameter, which is what stops a model from fitting one GPU. Sharded, each rank keeps 1/N of
+each: every decoder layer (and the root: embeddings, final norm, head) is a `fully_shard` unit
+whose parameters are gathered for its forward and backward and freed after, and whose gradients
+are reduce-scattered in fp32.
+
+Rules:
+
+* For the length of one `train` call the adapter's masters live in a training copy of the base
+  module (`_ShardedAdapter`): the module's structure and buffers deep-copied, its parameters the
+  masters, then sharded; the adapter's own whole masters are released meanwhile. `finish`
+  gathers the trained masters back into the adapter, so after `train` it is an ordinary `full`
+  adapter on every rank (evaluate, save, merge, resume work as in one process).
+* Each rank's part of a tensor is FSDP2's: row chunks as `torch.chunk(t, N, dim=0)` gives them
+  (a rank past the last chunk holds none). The optimizer updates these parts in place and keeps
+  its moments for them only; checkpoints hold whole tensors (`gathered`), and a whole state is cut
+  into this world's parts on resume (`scattered`), so a checkpoint of N ranks resumes on M.
+* Mixed precision follows the profile: parameters are gathered in the profile's compute dtype
+  (fp32 when it is float32), gradients are reduced in fp32 into fp32 masters. With
+  `ANER_FSDP_OFFLOAD=1` the masters, their gradients and the optimizer state stay in host memory
+  (`CPUOffloadPolicy`) and only a layer's gathered parameters visit the GPU.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+    register_fsdp_forward_method,
+)
+from torch.distributed.tensor import DTensor, Shard
+
+from aner_lang.errors import AnerRuntimeError
+from aner_lang.runtime.io.world import World
+from aner_lang.runtime.model.precision import DTYPES
+from aner_lang.runtime.train.distributed.buckets import all_reduce_sum
+from aner_lang.runtime.train.distributed.parallel import DataParallel
+
+OFFLOAD_ENV = "ANER_FSDP_OFFLOAD"
+_MOMENTS = ("optim/exp_avg/", "optim/exp_avg_sq/")
+
+
+def offload_wanted() -> bool:
+    """Whether `ANER_FSDP_OFFLOAD=1` asks for masters and optimizer state in host memory."""
+    return os.environ.get(OFFLOAD_ENV, "0") not in ("", "0")
+
+
+def local_part(whole: torch.Tensor, world: World) -> torch.Tensor:
+    """Rank `world.rank`'s row chunk of `whole`, as FSDP2 shards a parameter."""
+    chunks = torch.chunk(whole, world.size, dim=0)
+    if world.rank < len(chunks):
+        return chunks[world.rank]
+    return whole.new_empty((0, *whole.shape[1:]))
+
+
+class _ShardedAdapter:
+    """The `full` adapter as the training loop sees it while its masters are sharded: `params`
+    are the sharded masters and `loss` runs the sharded module; the rest is the adapter's."""
+
+    def __init__(self, full: Any, module: nn.Module) -> None:
+        self.full, self.module = full, module
+        self.params: dict[str, torch.Tensor] = dict(module.named_parameters())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.full, name)
+
+    @contextmanager
+    def active(self) -> Iterator[None]:
+        yield
+
+    def loss(self, input_ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return self.module.loss(input_ids, targets)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Whole masters (gathered from every rank; every rank must call this)."""
+        return {n: _whole(p).detach().cpu() for n, p in self.params.items()}
+
+
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+class ShardedFull(DataParallel):
+    """`full` fine-tuning with FSDP2 over the decoder layers (see the module docstring)."""
+
+    graphs_off = "FSDP gathers parameters with collectives inside the step"
+    collective_forward = True
+
+    def __init__(self, adapter: Any, profile: Any, world: World) -> None:
+        super().__init__(adapter, profile, world)
+        base = adapter.base.module
+        if not hasattr(base, "layers"):
+            raise AnerRuntimeError(
+                "train: sharded full fine-tuning needs a decoder-layer model", code="E-DIST-FSDP"
+            )
+        device = adapter.device
+        self.mesh = init_device_mesh(device.type, (world.size,))
+        compute = None if profile.precision == "float32" else DTYPES[profile.precision]
+        policy = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
+        offload = offload_wanted()
+        if offload and device.type != "cuda":
+            raise AnerRuntimeError(
+                f"{OFFLOAD_ENV}=1 offloads from a GPU, but this run is on {device.type}",
+                code="E-DIST-FSDP",
+            )
+        placement: OffloadPolicy = CPUOffloadPolicy() if offload else OffloadPolicy()
+        memo: dict[int, Any] = {
+            id(p): nn.Parameter(adapter.params[n], requires_grad=True)
+            for n, p in base.named_parameters()
+        }
+        module = copy.deepcopy(base, memo)
+        for layer in module.layers:
+            fully_shard(layer, mesh=self.mesh, mp_policy=policy, offload_policy=placement)
+        fully_shard(module, mesh=self.mesh, mp_policy=policy, offload_policy=placement)
+        register_fsdp_forward_method(module, "loss")
+        self._sharded = _ShardedAdapter(adapter, module)
+        with torch.no_grad():  # the adapter's whole masters are released while sharded
+            for t in adapter.params.values():
+                t.data = t.new_empty(0)
+
+    @property
+    def trained(self) -> Any:
+        return self._sharded
+
+    def gradients(self, params: list[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """This rank's part of every gradient (already reduce-scattered by FSDP)."""
+        return {n: p.grad.to_local() for n, p in params if p.grad is not None}
+
+    def clip_grad_norm(
+        self, params: list[torch.Tensor], grads: dict[str, torch.Tensor], max_norm: float
+    ) -> torch.Tensor:
+        parts = list(grads.values())
+        squares = torch.stack(
+            [torch.linalg.vector_norm(g, dtype=torch.float32) ** 2 for g in parts]
+        ).sum()
+        all_reduce_sum([squares])
+        norm = squares.sqrt()
+        coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+        torch._foreach_mul_(parts, coef)
+        return norm
+
+    def optimizer_params(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {n: _local(p) for n, p in params.items()}
+
+    def gathered(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        out = dict(tensors)
+        for key, part in tensors.items():
+            name = _moment_of(key)
+            if name is not None:
+                p = self._sharded.params[name]
+                here = part.to(_local(p).device)
+                shaped = DTensor.from_local(
+                    here, self.mesh, [Shard(0)], shape=p.shape, stride=p.stride()
+                )
+                out[key] = shaped.full_tensor().cpu()
+        return out
+
+    def scattered(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        out = dict(tensors)
+        for key, whole in tensors.items():
+            name = _moment_of(key)
+            if name is not None and name in self._sharded.params:
+                out[key] = local_part(whole, self.world).clone()
+        return out
+
+    def finish(self) -> None:
+        with torch.no_grad():
+            for name, p in self._sharded.params.items():
+                master = self.adapter.params[name]
+                master.data = _whole(p).detach().to(master.device, torch.float32).clone()
+
+
+def _local(p: torch.Tensor) -> torch.Tensor:
+    return p.to_local() if isinstance(p, DTensor) else p
+
+
+def _moment_of(key: str) -> str | None:
+    """The parameter name of an optimizer moment's state key, None for other keys."""
+    for prefix in _MOMENTS:
+        if key.startswith(prefix):
+            return key[len(prefix) :]
+    return None
