@@ -4,7 +4,8 @@ Full fine-tuning keeps an fp32 master, its gradient and two AdamW moments per we
 per parameter, which is what stops a model from fitting one GPU. Sharded, each rank keeps 1/N of
 each: every decoder layer (and the root: embeddings, final norm, head) is a `fully_shard` unit
 whose parameters are gathered for its forward and backward and freed after, and whose gradients
-are reduce-scattered in fp32.
+are reduce-scattered in fp32 after every micro-step's backward (summed, not averaged: the loss is
+already normalised over the whole window), so no rank ever holds a whole gradient.
 
 Rules:
 
@@ -36,6 +37,7 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import (
     CPUOffloadPolicy,
+    FSDPModule,
     MixedPrecisionPolicy,
     OffloadPolicy,
     fully_shard,
@@ -58,12 +60,19 @@ def offload_wanted() -> bool:
     return os.environ.get(OFFLOAD_ENV, "0") not in ("", "0")
 
 
+def rows_on_rank(rows: int, world: World) -> tuple[int, int]:
+    """(first row, row count) of rank `world.rank`'s chunk of a tensor of `rows` rows, as FSDP2
+    shards it (`torch.chunk` along dim 0: chunks of ceil(rows / N), the last ones short or
+    empty)."""
+    chunk = -(-rows // world.size)
+    start = min(rows, world.rank * chunk)
+    return start, min(chunk, rows - start)
+
+
 def local_part(whole: torch.Tensor, world: World) -> torch.Tensor:
-    """Rank `world.rank`'s row chunk of `whole`, as FSDP2 shards a parameter."""
-    chunks = torch.chunk(whole, world.size, dim=0)
-    if world.rank < len(chunks):
-        return chunks[world.rank]
-    return whole.new_empty((0, *whole.shape[1:]))
+    """Rank `world.rank`'s row chunk of `whole`."""
+    start, count = rows_on_rank(whole.shape[0], world)
+    return whole.narrow(0, start, count)
 
 
 class _ShardedAdapter:
@@ -102,10 +111,6 @@ class ShardedFull(DataParallel):
     def __init__(self, adapter: Any, profile: Any, world: World) -> None:
         super().__init__(adapter, profile, world)
         base = adapter.base.module
-        if not hasattr(base, "layers"):
-            raise AnerRuntimeError(
-                "train: sharded full fine-tuning needs a decoder-layer model", code="E-DIST-FSDP"
-            )
         device = adapter.device
         self.mesh = init_device_mesh(device.type, (world.size,))
         compute = None if profile.precision == "float32" else DTYPES[profile.precision]
@@ -114,7 +119,7 @@ class ShardedFull(DataParallel):
         if offload and device.type != "cuda":
             raise AnerRuntimeError(
                 f"{OFFLOAD_ENV}=1 offloads from a GPU, but this run is on {device.type}",
-                code="E-DIST-FSDP",
+                code="E-DIST-OFFLOAD",
             )
         placement: OffloadPolicy = CPUOffloadPolicy() if offload else OffloadPolicy()
         memo: dict[int, Any] = {
@@ -125,6 +130,10 @@ class ShardedFull(DataParallel):
         for layer in module.layers:
             fully_shard(layer, mesh=self.mesh, mp_policy=policy, offload_policy=placement)
         fully_shard(module, mesh=self.mesh, mp_policy=policy, offload_policy=placement)
+        for unit in module.modules():  # the loss is normalised over the window already: sum
+            if isinstance(unit, FSDPModule):
+                unit.set_gradient_divide_factor(1.0)
+                unit.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no PREMUL)
         register_fsdp_forward_method(module, "loss")
         self._sharded = _ShardedAdapter(adapter, module)
         with torch.no_grad():  # the adapter's whole masters are released while sharded

@@ -1,0 +1,164 @@
+"""Training on 2 ranks (gloo, CPU) against one process: data parallel LoRA, FSDP2 `full`.
+
+One `aner run --nproc 2` launch runs every 2-rank training of this module (starting ranks costs
+more than the tiny trainings); the one-process runs happen in the test process. With N ranks and
+`micro_batch: k` the windows are those of one process with `micro_batch: k * N`, so the two must
+agree within fp32 rounding (the sums over ranks add in another order), and a checkpoint of either
+continues on the other. Continuing a 2-rank checkpoint on 2 ranks is bit-exact.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from aner_lang.cli import main as aner
+from aner_lang.runtime.train import checkpoint
+
+SETUP = """
+let m = load_model("{gguf}", storage: float32, device: cpu)
+let data = texts(["Aner makes model adaptation explicit.", "The quiet lake reflects the sky.",
+                  "Seven engineers share one tree.", "A fourth line, the longest one of all."],
+                 context: 24)
+let p = profile(precision: float32, optimizer: adamw, kernel: host_tiled)
+# Adam turns rounding noise in tiny gradients into steps of the learning rate's size: full's
+# is 0.001, so its 2-rank and 1-process results compare at fp32 tolerance
+fn run(a: Adapter, steps: Int, micro: Int, dir: String, lr: Float) -> Run {{
+  return train(a, data, p, steps: steps, micro_batch: micro, accumulation: 2, learning_rate: lr,
+               weight_decay: 0.01, clip_norm: 0.5, seed: 5, checkpoints: dir, checkpoint_every: 1)
+}}
+fn low_rank() -> Adapter {{
+  return lora(m, rank: 2, alpha: 4.0, targets: [q_proj, v_proj, down_proj], seed: 3)
+}}
+"""
+ONE = """
+print(run(low_rank(), 2, 2, "one/lora", 0.01))
+print(run(full(m), 2, 2, "one/full", 0.001))
+print(run(full(m), 1, 2, "one/full_first", 0.001))
+"""
+TWO = """
+print(run(low_rank(), 2, 1, "two/lora", 0.01))
+print(run(low_rank(), 1, 1, "two/lora_first", 0.01))
+print(run(resume("two/lora_first", model: m), 2, 1, "two/lora_cont", 0.01))
+print(run(full(m), 2, 1, "two/full", 0.001))
+print(run(full(m), 1, 1, "two/full_first", 0.001))
+print(run(resume("two/full_first", model: m), 2, 1, "two/full_cont", 0.001))
+print(run(resume("one/full_first", model: m), 2, 1, "two/full_from_one", 0.001))
+print(memory(full(m), p))
+"""
+AFTER = """
+print(run(resume("two/lora_first", model: m), 2, 2, "one/lora_from_two", 0.01))
+print(run(resume("two/full_first", model: m), 2, 2, "one/full_from_two", 0.001))
+"""
+
+
+def _script(folder: Path, name: str, gguf: Path, body: str) -> str:
+    path = folder / name
+    path.write_text(SETUP.format(gguf=gguf) + body, encoding="utf-8")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_bytes_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """The folder holding every run's checkpoints, and the 2-rank launch's stdout."""
+    folder = tmp_path_factory.mktemp("distributed")
+    env = {**os.environ, "ANER_CACHE_DIR": str(folder / "cache")}
+    assert aner(["run", _script(folder, "one.aner", tiny_bytes_gguf, ONE)]) == 0
+    proc = subprocess.run(
+        [sys.executable, "-m", "aner_lang.cli", "run", "--nproc", "2", "two.aner"],
+        cwd=_script(folder, "two.aner", tiny_bytes_gguf, TWO).rsplit("/", 1)[0],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert aner(["run", _script(folder, "after.aner", tiny_bytes_gguf, AFTER)]) == 0
+    return folder, proc.stdout
+
+
+def _assert_same(a: Path, b: Path, exact: bool) -> None:
+    x, y = checkpoint.load(a), checkpoint.load(b)
+    assert x.updates == y.updates == 2
+    assert set(x.tensors) == set(y.tensors)
+    assert any(k.startswith("optim/exp_avg_sq/") for k in x.tensors)
+    for key, t in x.tensors.items():
+        if exact:
+            assert torch.equal(t, y.tensors[key]), key
+        else:
+            torch.testing.assert_close(t, y.tensors[key], msg=key)
+    cx, cy = x.meta["counters"], y.meta["counters"]
+    assert cx["scored_tokens"] == cy["scored_tokens"] > 0
+    assert x.meta["data"] == y.meta["data"]
+    if exact:
+        assert x.meta == y.meta
+    else:
+        torch.testing.assert_close(cx["loss_history"], cy["loss_history"])
+
+
+def _moved(folder: Path) -> None:
+    """The run trained: its adapter differs from the first checkpoint's initial values."""
+    state = checkpoint.load(folder)
+    assert any(t.abs().sum() > 0 for k, t in state.tensors.items() if k.startswith("optim/exp_avg/"))
+
+
+@pytest.mark.slow
+def test_data_parallel_lora_equals_one_process_with_the_combined_batch(runs):
+    folder, _ = runs
+    _moved(folder / "two" / "lora")
+    _assert_same(folder / "two" / "lora", folder / "one" / "lora", exact=False)
+
+
+@pytest.mark.slow
+def test_fsdp_full_fine_tuning_equals_one_process(runs):
+    folder, _ = runs
+    _moved(folder / "two" / "full")
+    _assert_same(folder / "two" / "full", folder / "one" / "full", exact=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["lora", "full"])
+def test_one_update_checkpoint_one_more_on_two_ranks_is_bit_exact(runs, method):
+    folder, _ = runs
+    _assert_same(folder / "two" / f"{method}_cont", folder / "two" / method, exact=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["lora", "full"])
+def test_a_two_rank_checkpoint_continues_in_one_process(runs, method):
+    folder, _ = runs
+    _assert_same(folder / "one" / f"{method}_from_two", folder / "two" / method, exact=False)
+
+
+@pytest.mark.slow
+def test_a_one_process_checkpoint_continues_on_two_ranks(runs):
+    folder, _ = runs
+    _assert_same(folder / "two" / "full_from_one", folder / "one" / "full", exact=False)
+
+
+@pytest.mark.slow
+def test_only_rank_zero_prints_and_logs(runs):
+    folder, stdout = runs
+    assert stdout.count("Run(2 updates") == 5 and stdout.count("Run(1 updates") == 2
+    events = (folder / "two" / "full" / "events.jsonl").read_text().splitlines()
+    assert len(events) == 3 and '"world_size": 2' in events[0]
+    assert "FSDP" in events[0]  # CUDA graphs off: the step communicates
+
+
+@pytest.mark.slow
+def test_memory_reports_rank_zeros_share_of_a_sharded_full(runs, tiny_bytes_gguf):
+    """Rank 0 of 2 holds the first ceil(rows / 2) rows of every master and of its moments."""
+    from aner_lang.runtime.adapters import full
+    from aner_lang.runtime.load.loader import load_model
+
+    _, stdout = runs
+    whole = full(load_model(tiny_bytes_gguf, storage="float32", device="cpu"))
+    share = sum(-(-t.shape[0] // 2) * t[0].numel() for t in whole.params.values())
+    assert share < whole.trainable_count
+    line = next(x for x in stdout.splitlines() if x.startswith("MemoryReport("))
+    assert f"trainable={4 * share}," in line and f"optimizer={8 * share}," in line, line
