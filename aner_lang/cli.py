@@ -92,13 +92,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     if analysis.errors:
         return 1
     path = Path(args.file).resolve()
-    out = sys.stdout if main_rank else open(os.devnull, "w", encoding="utf-8")
-    try:
-        run(analysis, ExecContext(script_dir=path.parent, stdout=out, script_path=path))
-    except AnerError as e:
-        d = e.diagnostic
-        _print([d], source if d.path == args.file else _read(d.path) if d.path else None)
-        return 1
+    with open(os.devnull, "w", encoding="utf-8") as devnull:
+        out = sys.stdout if main_rank else devnull
+        try:
+            run(analysis, ExecContext(path.parent, out, path, writes_files=main_rank))
+        except AnerError as e:
+            d = e.diagnostic
+            _print([d], source if d.path == args.file else _read(d.path) if d.path else None)
+            return 1
     return 0
 
 

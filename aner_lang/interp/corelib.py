@@ -116,6 +116,8 @@ def read_text(ctx: ExecContext, path: str) -> str:
 
 
 def write_json(ctx: ExecContext, path: str, value: Value) -> None:
+    if not ctx.writes_files:
+        return
     full = ctx.resolve_path(path)
     try:
         full.parent.mkdir(parents=True, exist_ok=True)

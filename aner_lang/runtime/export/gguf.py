@@ -20,6 +20,7 @@ import torch
 from aner_lang.architectures import Kind
 from aner_lang.errors import AnerRuntimeError
 from aner_lang.runtime.io.gguf import GGUFFile, permute_rows
+from aner_lang.runtime.io.world import once
 from aner_lang.runtime.model.config import gguf_hyperparameters
 
 DTYPES = {"f16": np.float16, "f32": np.float32}
@@ -142,5 +143,7 @@ def export_gguf(model: Any, path: str | Path, dtype: str = "f16") -> Path:
 
 
 def export_gguf_builtin(ctx: Any, *, model: Any, path: str, dtype: str = "f16") -> str:
-    """Builtin `export_gguf`: `path` is relative to the script; returns the file written."""
-    return str(export_gguf(model, ctx.resolve_path(path), dtype))
+    """Builtin `export_gguf`: `path` is relative to the script; returns the file written (by
+    rank 0 alone in a distributed run)."""
+    out = ctx.resolve_path(path)
+    return str(once(export_gguf, model, out, dtype) or out)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from aner_lang.errors import AnerRuntimeError
 
@@ -91,10 +91,10 @@ def barrier() -> None:
         dist.barrier()
 
 
-def once(write: Callable[[], T]) -> T | None:
-    """Run `write` on rank 0 only, then wait for every rank: what it wrote is there for all.
+def once(write: Callable[..., T], *args: Any) -> T | None:
+    """`write(*args)` on rank 0 only, then wait for every rank: what it wrote is there for all.
 
     Returns what `write` returned on rank 0 and None elsewhere."""
-    result = write() if world().main else None
+    result = write(*args) if world().main else None
     barrier()
     return result

@@ -24,12 +24,12 @@ from typing import Any
 import torch
 
 from aner_lang.errors import AnerRuntimeError
+from aner_lang.runtime.io.world import once
 from aner_lang.runtime.model.activations import ActivationPolicy, keeping
 from aner_lang.runtime.model.precision import DTYPES, autocast
 from aner_lang.runtime.model.sections import section
 from aner_lang.runtime.nf4.backends import NF4Backend, using_backend
 from aner_lang.runtime.tasks.data import Dataset, collate
-from aner_lang.runtime.io.world import once
 from aner_lang.runtime.train import checkpoint
 from aner_lang.runtime.train.distributed import Parallel, for_run
 from aner_lang.runtime.train.graphs import GraphSteps, eligibility
@@ -187,8 +187,7 @@ def train(
                 if done or (checkpoints and checkpoint_every and updates % checkpoint_every == 0):
                     adapter.state = loop.snapshot()
                     if checkpoints:
-                        state = adapter.state
-                        once(lambda: checkpoint.save(checkpoints, state))
+                        once(checkpoint.save, checkpoints, adapter.state)
     finally:
         parallel.finish()
         adapter.train_mode(False)

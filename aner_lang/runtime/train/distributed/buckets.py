@@ -17,9 +17,7 @@ import torch.distributed as dist
 BUCKET_BYTES = 25 << 20
 
 
-def buckets(
-    tensors: Iterable[torch.Tensor], limit: int = BUCKET_BYTES
-) -> list[list[torch.Tensor]]:
+def buckets(tensors: Iterable[torch.Tensor], limit: int = BUCKET_BYTES) -> list[list[torch.Tensor]]:
     """Consecutive tensors grouped by (device, dtype), each group under `limit` bytes (a tensor
     larger than `limit` is a bucket of its own)."""
     out: list[list[torch.Tensor]] = []

@@ -48,6 +48,7 @@ from torch.distributed.tensor import DTensor, Shard
 from aner_lang.errors import AnerRuntimeError
 from aner_lang.runtime.io.world import World
 from aner_lang.runtime.model.precision import DTYPES
+from aner_lang.runtime.model.transformer import LlamaModel
 from aner_lang.runtime.train.distributed.buckets import all_reduce_sum
 from aner_lang.runtime.train.distributed.parallel import DataParallel
 
@@ -79,7 +80,7 @@ class _ShardedAdapter:
     """The `full` adapter as the training loop sees it while its masters are sharded: `params`
     are the sharded masters and `loss` runs the sharded module; the rest is the adapter's."""
 
-    def __init__(self, full: Any, module: nn.Module) -> None:
+    def __init__(self, full: Any, module: LlamaModel) -> None:
         self.full, self.module = full, module
         self.params: dict[str, torch.Tensor] = dict(module.named_parameters())
 
@@ -146,7 +147,7 @@ class ShardedFull(DataParallel):
 
     def gradients(self, params: list[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         """This rank's part of every gradient (already reduce-scattered by FSDP)."""
-        return {n: p.grad.to_local() for n, p in params if p.grad is not None}
+        return {n: _local(p.grad) for n, p in params if p.grad is not None}
 
     def clip_grad_norm(
         self, params: list[torch.Tensor], grads: dict[str, torch.Tensor], max_norm: float
