@@ -104,7 +104,9 @@ def _assert_same(a: Path, b: Path, exact: bool) -> None:
 def _moved(folder: Path) -> None:
     """The run trained: its adapter differs from the first checkpoint's initial values."""
     state = checkpoint.load(folder)
-    assert any(t.abs().sum() > 0 for k, t in state.tensors.items() if k.startswith("optim/exp_avg/"))
+    assert any(
+        t.abs().sum() > 0 for k, t in state.tensors.items() if k.startswith("optim/exp_avg/")
+    )
 
 
 @pytest.mark.slow
@@ -162,3 +164,63 @@ def test_memory_reports_rank_zeros_share_of_a_sharded_full(runs, tiny_bytes_gguf
     assert share < whole.trainable_count
     line = next(x for x in stdout.splitlines() if x.startswith("MemoryReport("))
     assert f"trainable={4 * share}," in line and f"optimizer={8 * share}," in line, line
+
+
+def test_gradient_buckets_keep_order_and_split_by_size_and_dtype():
+    from aner_lang.runtime.train.distributed.buckets import buckets
+
+    a, b, c = torch.zeros(10), torch.zeros(10), torch.zeros(30)
+    h = torch.zeros(4, dtype=torch.float16)
+    groups = buckets([a, h, b, c], limit=80)
+    assert [[id(t) for t in g] for g in groups] == [[id(a), id(b)], [id(c)], [id(h)]]
+
+
+@pytest.mark.parametrize("rows", [1, 5, 8, 9])
+@pytest.mark.parametrize("size", [1, 2, 3, 4])
+def test_a_ranks_rows_are_fsdp2s_chunk(rows, size):
+    """`local_part` cuts what `torch.chunk` (FSDP2's sharding) gives each rank, empty past the
+    last chunk, and the parts of all ranks make the whole."""
+    from aner_lang.runtime.io.world import World
+    from aner_lang.runtime.train.distributed.fsdp import local_part
+
+    whole = torch.arange(rows * 3, dtype=torch.float32).reshape(rows, 3)
+    chunks = torch.chunk(whole, size, dim=0)
+    parts = [local_part(whole, World(r, size)) for r in range(size)]
+    for r, part in enumerate(parts):
+        expected = chunks[r] if r < len(chunks) else whole[:0]
+        assert torch.equal(part, expected)
+    assert torch.equal(torch.cat(parts), whole)
+
+
+@pytest.mark.parametrize(
+    "env", [{"RANK": "2", "WORLD_SIZE": "2"}, {"RANK": "x", "WORLD_SIZE": "2"}]
+)
+def test_a_rank_outside_its_world_is_a_clear_error(monkeypatch, env):
+    from aner_lang.errors import AnerRuntimeError
+    from aner_lang.runtime.io.world import world
+
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(AnerRuntimeError) as e:
+        world()
+    assert e.value.code == "E-DIST-ENV"
+
+
+def test_nproc_usage_errors(monkeypatch, tmp_path, capsys):
+    script = tmp_path / "s.aner"
+    script.write_text('print("hi")\n', encoding="utf-8")
+    assert aner(["run", "--nproc", "0", str(script)]) == 2
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert aner(["run", "--nproc", "2", str(script)]) == 2
+    assert "WORLD_SIZE" in capsys.readouterr().err
+
+
+def test_ranks_other_than_zero_neither_print_nor_write(monkeypatch, tmp_path, capsys):
+    script = tmp_path / "s.aner"
+    script.write_text('print("hi")\nwrite_json("out.json", [1])\n', encoding="utf-8")
+    monkeypatch.setenv("RANK", "1")
+    assert aner(["run", str(script)]) == 0
+    assert capsys.readouterr().out == "" and not (tmp_path / "out.json").exists()
+    monkeypatch.setenv("RANK", "0")
+    assert aner(["run", str(script)]) == 0
+    assert capsys.readouterr().out == "hi\n" and (tmp_path / "out.json").exists()
