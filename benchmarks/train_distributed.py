@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from train_scale import ALPHA, LR, RANK, SHAPES, TARGETS, _peak_rss, _token_dataset, make_gguf  # noqa: E402
+from train_scale import ALPHA, LR, RANK, SHAPES, TARGETS, _peak_rss, _token_dataset, make_gguf
 
 
 def launch(job: dict[str, Any], nproc: int) -> dict[str, Any]:
@@ -111,7 +111,12 @@ def one_gpu_bytes(job: dict[str, Any]) -> int:
     """What one process needs for a `full` fine-tune of the shape: f16 weights plus fp32 masters,
     gradients and two AdamW moments (16 bytes) per parameter."""
     s = SHAPES[job["shape"]]
-    h, f, v, layers = s["hidden_size"], s["intermediate_size"], s["vocab_size"], s["num_hidden_layers"]
+    h, f, v, layers = (
+        s["hidden_size"],
+        s["intermediate_size"],
+        s["vocab_size"],
+        s["num_hidden_layers"],
+    )
     kv = h * s["num_key_value_heads"] // s["num_attention_heads"]
     per_layer = 2 * h * h + 2 * h * kv + 3 * h * f + 2 * h
     params = layers * per_layer + v * h * (1 if s["tie_word_embeddings"] else 2) + h
