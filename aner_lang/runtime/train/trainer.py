@@ -188,8 +188,8 @@ def train(
                     adapter.state = loop.snapshot()
                     if checkpoints:
                         once(checkpoint.save, checkpoints, adapter.state)
+        parallel.finish()  # not after a failure: the other ranks may never reach its collectives
     finally:
-        parallel.finish()
         adapter.train_mode(False)
         events.close()
         if bar is not None:
