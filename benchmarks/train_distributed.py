@@ -11,7 +11,8 @@ written once as an f16 fixture GGUF) and random token rows:
 * `full` (`--full`): `full` fine-tuning of a float16 base sharded with FSDP2 over the ranks. For
   `llama3-8b` one GPU cannot hold it (16 GB of f16 weights plus 16 bytes of fp32 master, gradient
   and AdamW moments per parameter: 144 GB), two can. Reported: tokens/s, peak CUDA bytes of the
-  busiest rank, and the bytes one GPU would need (`memory()` of one process).
+  busiest rank, and the bytes one GPU would need. `--offload` keeps the shards and the optimizer
+  state in host memory (`ANER_FSDP_OFFLOAD=1`).
 
     python benchmarks/train_distributed.py --shape llama3-8b --gpus 1,2,4 --out /tmp/dist
     python benchmarks/train_distributed.py --full --shape llama3-8b --gpus 2 --out /tmp/dist
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -41,7 +43,10 @@ def launch(job: dict[str, Any], nproc: int) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            "--nproc-per-node", str(nproc), __file__, "--worker", json.dumps(job),
            "--json", str(out)]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=job["timeout"])
+    from aner_lang.runtime.train.distributed.fsdp import OFFLOAD_ENV
+
+    env = {**os.environ, OFFLOAD_ENV: "1" if job["offload"] else "0"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=job["timeout"], env=env)
     if proc.returncode != 0 or not out.exists():
         return {"gpus": nproc, "error": f"exit {proc.returncode}: {proc.stderr[-1500:]}"}
     return dict(json.loads(out.read_text()))
@@ -78,11 +83,14 @@ def worker(job: dict[str, Any]) -> dict[str, Any] | None:
     lr = 1e-5 if full else LR
     options = {"learning_rate": lr, "micro_batch": job["micro_batch"], "clip_norm": None}
     train(adapter, data, prof, steps=job["warmup"], **options)
+    if full:  # the timed run starts afresh: no host copy of the warm-up's state held meanwhile
+        adapter.state = None
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
-    run = train(adapter, data, prof, steps=job["warmup"] + job["steps"], **options)
+    total = job["steps"] + (0 if full else job["warmup"])
+    run = train(adapter, data, prof, steps=total, **options)
     if cuda:
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
@@ -146,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shape", default="llama3-8b", choices=sorted(SHAPES))
     ap.add_argument("--gpus", default="1,2,4", help="rank counts, comma separated")
     ap.add_argument("--full", action="store_true", help="FSDP full fine-tuning instead of QLoRA")
+    ap.add_argument("--offload", action="store_true", help="full: shards in host memory")
     ap.add_argument("--micro-batch", type=int, default=1, help="rows per GPU per update")
     ap.add_argument("--context", type=int, default=0, help="override the shape's context")
     ap.add_argument("--steps", type=int, default=10)
@@ -184,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
                "shape": args.shape, "device": device, "micro_batch": args.micro_batch,
                "context": args.context or SHAPES[args.shape]["context"], "steps": args.steps,
                "warmup": args.warmup, "precision": args.precision, "activations": activations,
+               "offload": args.offload,
                "timeout": args.timeout}  # fmt: skip
         rows = [launch(job, n) for n in gpus]
         text = table(experiment, rows, job)

@@ -16,8 +16,9 @@ Rules:
   adapter on every rank (evaluate, save, merge, resume work as in one process).
 * Each rank's part of a tensor is FSDP2's: row chunks as `torch.chunk(t, N, dim=0)` gives them
   (a rank past the last chunk holds none). The optimizer updates these parts in place and keeps
-  its moments for them only; checkpoints hold whole tensors (`gathered`), and a whole state is cut
-  into this world's parts on resume (`scattered`), so a checkpoint of N ranks resumes on M.
+  its moments for them only. Rank 0's `TrainState` and so every checkpoint hold whole tensors
+  (`gathered`); the other ranks' states hold their parts (`kept`). A whole state is cut into
+  this world's parts on resume (`scattered`), so a checkpoint of N ranks resumes on M.
 * Mixed precision follows the profile: parameters are gathered in the profile's compute dtype
   (fp32 when it is float32), gradients are reduced in fp32 into fp32 masters. With
   `ANER_FSDP_OFFLOAD=1` the masters, their gradients and the optimizer state stay in host memory
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -80,8 +81,10 @@ class _ShardedAdapter:
     """The `full` adapter as the training loop sees it while its masters are sharded: `params`
     are the sharded masters and `loss` runs the sharded module; the rest is the adapter's."""
 
-    def __init__(self, full: Any, module: LlamaModel) -> None:
-        self.full, self.module = full, module
+    def __init__(
+        self, full: Any, module: LlamaModel, kept: Callable[[str, torch.Tensor], torch.Tensor]
+    ) -> None:
+        self.full, self.module, self._kept = full, module, kept
         self.params: dict[str, torch.Tensor] = dict(module.named_parameters())
 
     def __getattr__(self, name: str) -> Any:
@@ -95,12 +98,9 @@ class _ShardedAdapter:
         return self.module.loss(input_ids, targets)
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        """Whole masters (gathered from every rank; every rank must call this)."""
-        return {n: _whole(p).detach().cpu() for n, p in self.params.items()}
-
-
-def _whole(t: torch.Tensor) -> torch.Tensor:
-    return t.full_tensor() if isinstance(t, DTensor) else t
+        """The masters as a `TrainState` keeps them (`ShardedFull.kept`; every rank must call
+        this)."""
+        return {n: self._kept(n, _local(p)) for n, p in self.params.items()}
 
 
 class ShardedFull(DataParallel):
@@ -136,7 +136,7 @@ class ShardedFull(DataParallel):
                 unit.set_gradient_divide_factor(1.0)
                 unit.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no PREMUL)
         register_fsdp_forward_method(module, "loss")
-        self._sharded = _ShardedAdapter(adapter, module)
+        self._sharded = _ShardedAdapter(adapter, module, self.kept)
         with torch.no_grad():  # the adapter's whole masters are released while sharded
             for t in adapter.params.values():
                 t.data = t.new_empty(0)
@@ -144,6 +144,22 @@ class ShardedFull(DataParallel):
     @property
     def trained(self) -> Any:
         return self._sharded
+
+    def whole(self, name: str, part: torch.Tensor) -> torch.Tensor:
+        """The whole tensor of which `part` is this rank's shard, shaped like master `name`, on
+        the run's device (a collective: every rank asks for the same names in the same order;
+        offloaded shards travel through the GPU, which NCCL needs)."""
+        p = self._sharded.params[name]
+        local = part.detach().to(self.adapter.device)
+        shaped = DTensor.from_local(local, self.mesh, [Shard(0)], shape=p.shape, stride=p.stride())
+        return shaped.full_tensor()
+
+    def kept(self, name: str, part: torch.Tensor) -> torch.Tensor:
+        """What a `TrainState` keeps of a sharded tensor, in host memory: the whole tensor on rank
+        0 (checkpoints are written from it), this rank's part elsewhere (all that a rank needs to
+        continue), so the ranks of one host do not each hold a whole copy."""
+        whole = self.whole(name, part)
+        return whole.cpu() if self.world.main else part.detach().cpu().clone()
 
     def gradients(self, params: list[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         """This rank's part of every gradient (already reduce-scattered by FSDP)."""
@@ -156,10 +172,11 @@ class ShardedFull(DataParallel):
         squares = torch.stack(
             [torch.linalg.vector_norm(g, dtype=torch.float32) ** 2 for g in parts]
         ).sum()
+        squares = squares.to(self.adapter.device)
         all_reduce_sum([squares])
         norm = squares.sqrt()
         coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
-        torch._foreach_mul_(parts, coef)
+        torch._foreach_mul_(parts, coef.to(parts[0].device))
         return norm
 
     def optimizer_params(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -170,19 +187,15 @@ class ShardedFull(DataParallel):
         for key, part in tensors.items():
             name = _moment_of(key)
             if name is not None:
-                p = self._sharded.params[name]
-                here = part.to(_local(p).device)
-                shaped = DTensor.from_local(
-                    here, self.mesh, [Shard(0)], shape=p.shape, stride=p.stride()
-                )
-                out[key] = shaped.full_tensor().cpu()
+                out[key] = self.kept(name, part)
         return out
 
     def scattered(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         out = dict(tensors)
         for key, whole in tensors.items():
             name = _moment_of(key)
-            if name is not None and name in self._sharded.params:
+            p = self._sharded.params.get(name or "")
+            if p is not None and whole.shape == p.shape:  # else it is this rank's part already
                 out[key] = local_part(whole, self.world).clone()
         return out
 
@@ -190,7 +203,7 @@ class ShardedFull(DataParallel):
         with torch.no_grad():
             for name, p in self._sharded.params.items():
                 master = self.adapter.params[name]
-                master.data = _whole(p).detach().to(master.device, torch.float32).clone()
+                master.data = self.whole(name, _local(p)).to(master.device, torch.float32)
 
 
 def _local(p: torch.Tensor) -> torch.Tensor:
