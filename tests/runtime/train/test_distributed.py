@@ -21,7 +21,7 @@ from aner_lang.cli import main as aner
 from aner_lang.runtime.train import checkpoint
 
 SETUP = """
-let m = load_model("{gguf}", storage: float32, device: cpu)
+let m = load_model("{gguf}", storage: float32, device: {device})
 let data = texts(["Aner makes model adaptation explicit.", "The quiet lake reflects the sky.",
                   "Seven engineers share one tree.", "A fourth line, the longest one of all."],
                  context: 24)
@@ -60,28 +60,36 @@ print(run(resume("two/full_first", model: m), 2, 2, "one/full_from_two", 0.001))
 """
 
 
-def _script(folder: Path, name: str, gguf: Path, body: str) -> str:
+def _script(folder: Path, name: str, gguf: Path, device: str, body: str) -> str:
     path = folder / name
-    path.write_text(SETUP.format(gguf=gguf) + body, encoding="utf-8")
+    path.write_text(SETUP.format(gguf=gguf, device=device) + body, encoding="utf-8")
     return str(path)
 
 
-@pytest.fixture(scope="module")
-def runs(tiny_bytes_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """The folder holding every run's checkpoints, and the 2-rank launch's stdout."""
-    folder = tmp_path_factory.mktemp("distributed")
+@pytest.fixture(scope="module", params=["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def runs(
+    request: pytest.FixtureRequest,
+    tiny_bytes_gguf: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Path, str]:
+    """The folder holding every run's checkpoints, and the 2-rank launch's stdout: on the CPU
+    over gloo, and on 2 GPUs over NCCL where there are 2."""
+    device = request.param
+    if device == "cuda" and torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 CUDA GPUs")
+    folder = tmp_path_factory.mktemp(f"distributed-{device}")
     env = {**os.environ, "ANER_CACHE_DIR": str(folder / "cache")}
-    assert aner(["run", _script(folder, "one.aner", tiny_bytes_gguf, ONE)]) == 0
+    assert aner(["run", _script(folder, "one.aner", tiny_bytes_gguf, device, ONE)]) == 0
     proc = subprocess.run(
         [sys.executable, "-m", "aner_lang.cli", "run", "--nproc", "2", "two.aner"],
-        cwd=_script(folder, "two.aner", tiny_bytes_gguf, TWO).rsplit("/", 1)[0],
+        cwd=Path(_script(folder, "two.aner", tiny_bytes_gguf, device, TWO)).parent,
         capture_output=True,
         text=True,
         env=env,
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert aner(["run", _script(folder, "after.aner", tiny_bytes_gguf, AFTER)]) == 0
+    assert aner(["run", _script(folder, "after.aner", tiny_bytes_gguf, device, AFTER)]) == 0
     return folder, proc.stdout
 
 
@@ -164,7 +172,7 @@ def test_memory_reports_rank_zeros_share_of_a_sharded_full(runs, tiny_bytes_gguf
     from aner_lang.runtime.load.loader import load_model
 
     _, stdout = runs
-    whole = full(load_model(tiny_bytes_gguf, storage="float32", device="cpu"))
+    whole = full(load_model(tiny_bytes_gguf, storage="float32", device="cpu"))  # shapes only
     share = sum(-(-t.shape[0] // 2) * t[0].numel() for t in whole.params.values())
     assert share < whole.trainable_count
     line = next(x for x in stdout.splitlines() if x.startswith("MemoryReport("))
