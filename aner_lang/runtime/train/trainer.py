@@ -7,7 +7,8 @@ token weighs the same however the window splits into micro-batches). With a loss
 overflowing window backs the scale off and is re-run up to `max_retries` times; if it still
 overflows the update is skipped (masters, moments and the schedule stay as they were). `steps`
 is the total number of windows the adapter's training reaches: a resumed adapter continues to it
-(docs/internals.md, "Trainer state contract").
+(docs/internals.md, "Trainer state contract"). On several ranks every micro-step draws
+`micro_batch` examples per rank and `distributed.Parallel` says what differs (docs/distributed.md).
 """
 
 from __future__ import annotations
