@@ -18,7 +18,9 @@ written once as an f16 fixture GGUF) and random token rows:
     python benchmarks/train_distributed.py --full --shape llama3-8b --gpus 2 --out /tmp/dist
     python benchmarks/train_distributed.py --dry-run     # CPU, gloo, tiny shape: the plumbing
 
-Results: `<out>/train_distributed.json` and a Markdown table on stdout.
+Results: `<out>/train_distributed.json` and a Markdown table on stdout. Each launch's result is
+also kept as `<out>/<shape>/<experiment>-<N>.json`, so rank counts can be measured in separate
+calls (`--gpus 1`, then `--gpus 2,4`) and still be compared with the one-GPU figure.
 """
 
 from __future__ import annotations
@@ -133,6 +135,9 @@ def one_gpu_bytes(job: dict[str, Any]) -> int:
 
 def table(experiment: str, rows: list[dict[str, Any]], job: dict[str, Any]) -> str:
     one = next((r for r in rows if r.get("gpus") == 1 and "tokens_per_s" in r), None)
+    earlier = Path(job["dir"]) / f"{experiment}-1.json"  # a one-GPU run of an earlier call
+    if one is None and earlier.exists():
+        one = json.loads(earlier.read_text())
     lines = [f"## {experiment}: {job['shape']}, context {job['context']}, micro_batch "
              f"{job['micro_batch']} per GPU", "",
              "| GPUs | tok/s | per GPU vs 1 GPU | peak CUDA GB (max rank) | loss |",
