@@ -35,13 +35,16 @@ fn run(a: Adapter, steps: Int, micro: Int, dir: String, lr: Float) -> Run {{
 fn low_rank() -> Adapter {{
   return lora(m, rank: 2, alpha: 4.0, targets: [q_proj, v_proj, down_proj], seed: 3)
 }}
+let q = load_model("{gguf}", storage: nf4_double_quant, device: {device})
 """
 ONE = """
+print(run(lora(q, rank: 2, alpha: 4.0, seed: 3), 2, 2, "one/qlora", 0.01))
 print(run(low_rank(), 2, 2, "one/lora", 0.01))
 print(run(full(m), 2, 2, "one/full", 0.001))
 print(run(full(m), 1, 2, "one/full_first", 0.001))
 """
 TWO = """
+print(run(lora(q, rank: 2, alpha: 4.0, seed: 3), 2, 1, "two/qlora", 0.01))
 print(run(low_rank(), 2, 1, "two/lora", 0.01))
 print(run(low_rank(), 1, 1, "two/lora_first", 0.01))
 print(run(resume("two/lora_first", model: m), 2, 1, "two/lora_cont", 0.01))
@@ -121,10 +124,12 @@ def _moved(folder: Path) -> None:
 
 
 @pytest.mark.slow
-def test_data_parallel_lora_equals_one_process_with_the_combined_batch(runs):
+@pytest.mark.parametrize("method", ["lora", "qlora"])
+def test_data_parallel_lora_equals_one_process_with_the_combined_batch(runs, method):
+    """On a float32 base and on the NF4 base (replicated on every rank)."""
     folder, _ = runs
-    _moved(folder / "two" / "lora")
-    _assert_same(folder / "two" / "lora", folder / "one" / "lora", exact=False)
+    _moved(folder / "two" / method)
+    _assert_same(folder / "two" / method, folder / "one" / method, exact=False)
 
 
 @pytest.mark.slow
@@ -159,7 +164,7 @@ def test_a_one_process_checkpoint_continues_on_two_ranks(runs):
 @pytest.mark.slow
 def test_only_rank_zero_prints_and_logs(runs):
     folder, stdout = runs
-    assert stdout.count("Run(2 updates") == 6 and stdout.count("Run(1 updates") == 3
+    assert stdout.count("Run(2 updates") == 7 and stdout.count("Run(1 updates") == 3
     events = (folder / "two" / "full" / "events.jsonl").read_text().splitlines()
     assert len(events) == 3 and '"world_size": 2' in events[0]
     assert "FSDP" in events[0]  # CUDA graphs off: the step communicates
