@@ -146,9 +146,13 @@ def table(shape: str, rows: list[dict[str, Any]]) -> str:
                   f"per train() call {aner['call_overhead_s']:.2f} s beside the updates"]  # fmt: skip
     if aner and aner.get("device_time"):
         lines += ["", "Aner device time of two profiled eager updates, by section:", ""]
-        total = sum(aner["device_time"].values())
-        for name, us in sorted(aner["device_time"].items(), key=lambda kv: -kv[1]):
+        sections = aner["device_time"]["sections"]
+        total = sum(sections.values())
+        for name, us in sorted(sections.items(), key=lambda kv: -kv[1]):
             lines.append(f"- {name}: {us / 1e3:.1f} ms ({100 * us / total:.0f}%)")
+        lines += ["", "Heaviest kernels outside the sections:", ""]
+        for name, us in aner["device_time"]["other_kernels"].items():
+            lines.append(f"- {us / 1e3:.2f} ms {name}")
     return "\n".join(lines)
 
 
@@ -340,8 +344,9 @@ def _timed(call: Any, cuda: bool) -> tuple[float, Any]:
     return time.perf_counter() - start, out
 
 
-def _profile(updates: Any) -> dict[str, float]:
-    """Device time (us) of `updates()` by section (`runtime/model/sections.py`), plus idle."""
+def _profile(updates: Any) -> dict[str, Any]:
+    """Device time (us) of `updates()` by section (`runtime/model/sections.py`), plus idle, and
+    the heaviest kernels outside every section (`other_kernels`: op > kernel -> us)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -352,6 +357,7 @@ def _profile(updates: Any) -> dict[str, float]:
         torch.cuda.synchronize()
         wall_us = (time.perf_counter() - start) * 1e6
     totals: dict[str, float] = {}
+    other: dict[str, float] = {}
     busy = 0.0
     for evt in prof.events():
         if not evt.kernels:
@@ -366,8 +372,14 @@ def _profile(updates: Any) -> dict[str, float]:
         us = sum(k.duration for k in evt.kernels)
         totals[name] = totals.get(name, 0.0) + us
         busy += us
+        if name == "other":
+            outer = evt.cpu_parent.name if evt.cpu_parent is not None else "-"
+            for k in evt.kernels:
+                key = f"{outer} > {evt.name} > {k.name[:70]}"
+                other[key] = other.get(key, 0.0) + k.duration
     totals["idle"] = max(0.0, wall_us - busy)
-    return totals
+    top = sorted(other.items(), key=lambda kv: -kv[1])[:25]
+    return {"sections": totals, "other_kernels": dict(top)}
 
 
 def _category(op: str) -> str | None:
@@ -379,6 +391,8 @@ def _category(op: str) -> str | None:
              ("ScaledDotProduct", "attention"), ("Flash", "attention"),
              ("MmBackward", "lora"), ("AddmmBackward", "lora"),
              ("Silu", "norms_activations"), ("Rsqrt", "norms_activations"),
+             ("RMSNorm", "norms_activations"), ("SwiGLU", "norms_activations"),
+             ("SiLUMul", "norms_activations"),
              ("Pow", "norms_activations"), ("Mean", "norms_activations"))  # fmt: skip
     if "Backward" in op:
         for key, label in rules:

@@ -64,6 +64,23 @@ class LoRA(Adapter):
     def _delta(self, index: int, x: torch.Tensor) -> torch.Tensor:
         return self._lora(index, self.dropout(x, self.p))
 
+    def _apply(self, index: int, x: torch.Tensor, base_out: torch.Tensor) -> torch.Tensor:
+        """In half precision `base_out + s * B (A x)` is one GEMM that accumulates into the base
+        output (`addmm`, fp32 accumulation, one rounding) instead of a GEMM, a scaling pass and
+        an addition pass over the output; float32 keeps PEFT's separate operations, the reference
+        arithmetic."""
+        if base_out.dtype == torch.float32:
+            return super()._apply(index, x, base_out)
+        a, b = self._a[index], self._b[index]
+        xa = F.linear(self.dropout(x, self.p), a.to(x.dtype))
+        out = torch.addmm(
+            base_out.reshape(-1, base_out.shape[-1]),
+            xa.reshape(-1, self.rank),
+            b.to(x.dtype).t(),
+            alpha=self.scaling,
+        )
+        return out.view(base_out.shape)
+
 
 class LoRAFA(LoRA):
     """LoRA with A frozen at its random init and only B trained."""

@@ -17,10 +17,15 @@ Rules:
   runs eagerly; `GraphSteps.status` says which and why.
 * Recording warms the function up once on a side stream first (kernels compiled, workspaces
   allocated); the gradients that warm-up leaves are zeroed before the real replay.
+* Python's cyclic garbage collector is run before and held off during a recording: a collection
+  inside it could destroy an unreachable earlier graph, and freeing device memory invalidates a
+  capture. A `train` call releases its graphs when it ends (`release`), so none is left for the
+  collector to find later.
 """
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -56,6 +61,11 @@ class GraphSteps:
     @property
     def on(self) -> bool:
         return self.status == "on"
+
+    def release(self) -> None:
+        """Drop the recorded graphs and their memory pool."""
+        self._graphs.clear()
+        self._pool = None
 
     def __call__(
         self, ids: torch.Tensor, targets: torch.Tensor, scored: int, scale: float | None
@@ -105,8 +115,15 @@ class GraphSteps:
             graph = torch.cuda.CUDAGraph()
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
-            with torch.cuda.graph(graph, pool=self._pool):
-                loss = self.step(ids_s, targets_s, scored_s, scale_s)
+            collecting = gc.isenabled()
+            gc.collect()
+            gc.disable()
+            try:
+                with torch.cuda.graph(graph, pool=self._pool):
+                    loss = self.step(ids_s, targets_s, scored_s, scale_s)
+            finally:
+                if collecting:
+                    gc.enable()
         except RuntimeError as exc:  # an operation that cannot be recorded: run eagerly
             self.status = f"off: recording failed ({type(exc).__name__}: {str(exc)[:200]})"
             loss = None

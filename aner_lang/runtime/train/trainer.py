@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from aner_lang.errors import AnerRuntimeError
+from aner_lang.runtime.model import fused_ops
 from aner_lang.runtime.model.activations import ActivationPolicy, keeping
 from aner_lang.runtime.model.precision import DTYPES, autocast
 from aner_lang.runtime.model.sections import section
@@ -76,7 +77,10 @@ def run_identity(adapter: Any, profile: Profile, backend: NF4Backend) -> str:
     nf4 = any(getattr(m, "storage", None) == "nf4_double_quant" for m in base.modules())
     kernel = backend.identity(device, dtype) if nf4 else f"aner.dense/1;compute={profile.precision}"
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    return f"{kernel};torch={torch.__version__};device={where};masters=float32"
+    identity = f"{kernel};torch={torch.__version__};device={where};masters=float32"
+    if dtype != torch.float32:
+        identity += f";fused_ops={fused_ops.implementation(device)}"
+    return identity
 
 
 def _require_same_kernel(prev: TrainState, identity: str) -> None:
@@ -184,6 +188,7 @@ def train(
                     if checkpoints:
                         checkpoint.save(checkpoints, adapter.state)
     finally:
+        loop.steps.release()
         adapter.train_mode(False)
         events.close()
         if bar is not None:
