@@ -14,8 +14,9 @@ from it in the last bits. They run only under half precision: float32 keeps the 
 On CUDA with `liger-kernel` installed (the `cuda` extra) the same two functions run as Liger's
 Triton kernels, one kernel per direction instead of a dozen elementwise passes over fp32 copies:
 the same arithmetic (fp32 statistics, the normalised input rounded to the input's dtype before the
-weight as HF's Llama does, `silu` rounded before the product), the same saved tensors, summation
-order aside. Which implementation ran is part of the run's identity (`implementation()`), since
+weight as HF's Llama does, `silu` rounded before the product) and the same saved tensors; Triton's
+fp32 exponential and summation order differ from torch's in the last fp32 bits, which can show
+after rounding to the half dtype. Which implementation ran is part of the run's identity (`implementation()`), since
 the two differ in the last bits.
 """
 

@@ -67,8 +67,9 @@ def test_swiglu_gradients_match_autograd_and_keep_only_the_inputs():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_liger_kernels_on_cuda_agree_with_the_torch_functions(dtype):
     """On CUDA with liger-kernel installed the half-precision functions are Liger's Triton
-    kernels: the same forward up to the order of the mean's summation, the same gradients up to
-    the half-precision rounding of the result."""
+    kernels: forward and gradients equal the torch functions' up to the half-precision rounding
+    of the result (Triton's fp32 exponential and the mean's summation order differ in the last
+    fp32 bits, which a rounding to fp16 can show)."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     if fused_ops.implementation(torch.device("cuda")) == "torch":
@@ -90,7 +91,7 @@ def test_liger_kernels_on_cuda_agree_with_the_torch_functions(dtype):
     gate2, up2 = (t.detach().clone().requires_grad_(True) for t in (gate, up))
     ours = fused_ops.swiglu(gate, up)
     ref = fused_ops._SwiGLU.apply(gate2, up2)
-    assert torch.equal(ours, ref)
+    assert torch.allclose(ours.float(), ref.float(), rtol=1e-2, atol=1e-3)
     theirs = torch.autograd.grad(ref, (gate2, up2), gc)
     mine = torch.autograd.grad(ours, (gate, up), gc)  # Liger writes these over its saved inputs
     for a, b in zip(mine, theirs):
