@@ -12,8 +12,12 @@ import importlib
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from aner_lang.diagnostics import Diagnostic, render
+
+if TYPE_CHECKING:
+    from aner_lang.check import Analysis
 
 Command = Callable[[argparse.Namespace], int]
 """A subcommand: the parsed arguments -> the exit code."""
@@ -44,30 +48,38 @@ def _write(text: str, output: str) -> None:
         Path(output).write_text(text, encoding="utf-8")
 
 
-def cmd_check(args: argparse.Namespace) -> int:
+def _analyze(path: str, source: str) -> Analysis:
+    """`analyze`, then the checks against the machine and the files the script reads
+    (`check.environment`); every diagnostic is printed."""
     from aner_lang.check import analyze
+    from aner_lang.check.environment import environment_diagnostics
 
+    analysis = analyze(source, path)
+    analysis.diagnostics += environment_diagnostics(analysis)
+    _print(analysis.diagnostics, source)
+    return analysis
+
+
+def cmd_check(args: argparse.Namespace) -> int:
     failed = False
     for path in args.files:
         source = _read(path)
         if source is None:
             failed = True
             continue
-        analysis = analyze(source, path)
-        _print(analysis.diagnostics, source)
-        failed |= bool(analysis.errors)
+        failed |= bool(_analyze(path, source).errors)
     return 1 if failed else 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from aner_lang.check import analyze
+    """Check and run a script. Ctrl-C ends it with status 130 and no traceback (a training run
+    saves its checkpoint and says how to resume before it stops)."""
     from aner_lang.interp import AnerError, ExecContext, run
 
     source = _read(args.file)
     if source is None:
         return 1
-    analysis = analyze(source, args.file)
-    _print(analysis.diagnostics, source)
+    analysis = _analyze(args.file, source)
     if analysis.errors:
         return 1
     path = Path(args.file).resolve()
@@ -77,6 +89,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         d = e.diagnostic
         _print([d], source if d.path == args.file else _read(d.path) if d.path else None)
         return 1
+    except KeyboardInterrupt:
+        print("aner: interrupted", file=sys.stderr)
+        return 130
     return 0
 
 
