@@ -89,8 +89,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         d = e.diagnostic
         _print([d], source if d.path == args.file else _read(d.path) if d.path else None)
         return 1
-    except KeyboardInterrupt:
-        print("aner: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:  # its message, when it has one, says how to continue
+        print(str(e) or "aner: interrupted", file=sys.stderr)
         return 130
     return 0
 
