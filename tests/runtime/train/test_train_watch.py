@@ -91,7 +91,9 @@ def test_progress_lines_without_a_terminal():
     }
     for update, t in [(1, 1.0), (2, 5.0), (3, 11.5), (4, 12.0), (5, 21.6)]:
         now[0] = t
-        progress.update({**event, "update": update, "validation_loss": 3.0 if update == 5 else None})
+        progress.update(
+            {**event, "update": update, "validation_loss": 3.0 if update == 5 else None}
+        )
     progress.close("train: done")
     lines = out.getvalue().splitlines()
     assert [line.split(",")[0] for line in lines[:-1]] == [
