@@ -95,6 +95,27 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plot(args: argparse.Namespace) -> int:
+    """Draw a run's loss curves from its event log (default picture: the log's name, .png)."""
+    from aner_lang.errors import AnerRuntimeError
+    from aner_lang.plot import plot
+
+    log = Path(args.log)
+    out = Path(args.output) if args.output else log.with_suffix(".png")
+    try:
+        curves = plot(log, out)
+    except AnerRuntimeError as e:
+        print(f"error[{e.code}]: {e.message}", file=sys.stderr)
+        for note in e.notes:
+            print(f"  = note: {note}", file=sys.stderr)
+        return 1
+    print(
+        f"{out}: {len(curves.train)} updates, {len(curves.validation)} validations",
+        file=sys.stderr,
+    )
+    return 0
+
+
 def cmd_check_docs(args: argparse.Namespace) -> int:
     from aner_lang.docs_check import check_markdown, markdown_files
 
@@ -168,6 +189,10 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("run", help="check and run a script")
     p.add_argument("file")
     p.set_defaults(fn=cmd_run)
+    p = sub.add_parser("plot", help="draw a run's training and validation loss from its log")
+    p.add_argument("log", help="the JSON-lines event log train() wrote")
+    p.add_argument("-o", "--output", help="a .png or .svg file (default: the log's name, .png)")
+    p.set_defaults(fn=cmd_plot)
     p = sub.add_parser("check-docs", help="check the ```aner blocks of Markdown files or folders")
     p.add_argument("paths", nargs="+")
     p.set_defaults(fn=cmd_check_docs)

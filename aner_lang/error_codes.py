@@ -1893,6 +1893,23 @@ _ENTRIES: tuple[ErrorCode, ...] = (
     ),
     # ---- tools -----------------------------------------------------------------------------------
     _code(
+        "E-PLOT",
+        Area.TOOLS,
+        "a run's loss curves cannot be plotted",
+        _SCRIPT,
+        """
+        `plot(log, to)` and `aner plot LOG -o PICTURE` read the JSON-lines event log `train`
+        writes (`log:`, or `events.jsonl` in its `checkpoints:` folder) and draw its `update`
+        events. The log must hold at least one update (a run stopped before its first update has
+        none), and the picture is a `.png` or `.svg` file, chosen by its suffix. A line that is
+        not a JSON object is E-DATA-JSON with its line number.
+        """,
+        """
+        # runs/events.jsonl was written by a run interrupted before its first update
+        print(plot("runs/events.jsonl", "runs/loss.svg"))
+        """,
+    ),
+    _code(
         "E-DOC-NO-ERROR",
         Area.TOOLS,
         "a Markdown block marked `aner error` checks without errors",

@@ -479,6 +479,21 @@ _BUILTINS = (
         needs_context=True,
         category=_CATEGORY,
     ),
+    Builtin(
+        "plot",
+        (
+            Param("log", "String", doc="the JSON-lines event log train() wrote"),
+            Param("to", "String", doc="the picture to write: a .png or .svg file"),
+        ),
+        "String",
+        "Draw a run's training and validation loss by update from its event log (what "
+        "`aner plot` does); returns the path written. Paths are relative to the script.",
+        "aner_lang.plot:plot_builtin",
+        examples=('plot("runs/chat/events.jsonl", "runs/chat/loss.svg")',),
+        requires=("matplotlib",),
+        needs_context=True,
+        category=_CATEGORY,
+    ),
 )
 
 DECLARATIONS = Declarations(
