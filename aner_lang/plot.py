@@ -97,7 +97,7 @@ def plot(log: Path, out: Path) -> Curves:
     out.parent.mkdir(parents=True, exist_ok=True)
     metadata = {"Date": None} if out.suffix.lower() == ".svg" else {}
     with matplotlib.rc_context({"svg.hashsalt": "aner"}):  # SVG element ids from a fixed salt
-        _figure(curves, log.name).savefig(out, metadata=metadata)
+        _figure(curves, f"{log.parent.name}/{log.name}").savefig(out, metadata=metadata)
     return curves
 
 

@@ -4,6 +4,7 @@ dataset operations (seeded, deterministic) and `inspect`."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from aner_lang.runtime.model.loss import IGNORE
 from aner_lang.runtime.tasks.data import Dataset, collate, from_file, from_texts, pack_examples
 from aner_lang.runtime.tasks.dataset_ops import inspect, pack, shuffle, split, take
 
+EXAMPLE_CHATS = Path(__file__).parents[3] / "examples" / "data" / "chats.jsonl"
 TEXTS = [
     "The quiet mountain lake reflects the clear morning sky.",
     "Aner makes model adaptation explicit and reproducible.",
@@ -41,28 +43,40 @@ def test_pack_examples_fills_rows_and_keeps_every_example(tiny_model):
     assert pack_examples(plain, 40) == rows  # deterministic
 
 
-def test_packed_rows_give_each_example_its_own_loss(tiny_model):
-    tok = tiny_model.tokenizer
-    data = from_texts(TEXTS, context=48)
+def _packed_losses_match_alone(model, data):
+    """Each example's loss inside a packed batch (targets of the others ignored) equals its loss
+    computed alone, and the batch's total is their sum, within fp32 tolerance."""
+    tok = model.tokenizer
     plain = data.examples(tok)
     rows = pack(data).examples(tok)
+    assert len(rows) < len(plain)
     batch = collate(rows, tok.pad_id or 0)
     assert batch.positions is not None
-    alone = {}
-    for e in plain:
-        b = collate([e], tok.pad_id or 0)
-        alone[e.ids] = float(tiny_model.loss(b.input_ids, b.targets))
     with torch.no_grad():
+        alone = {}
+        for e in plain:
+            b = collate([e], tok.pad_id or 0)
+            alone[e.ids] = float(model.loss(b.input_ids, b.targets))
         for r, row in enumerate(rows):
             start = 0
             for n in row.segments:
                 targets = torch.full_like(batch.targets, IGNORE)
                 targets[r, start : start + n - 1] = batch.targets[r, start : start + n - 1]
-                got = float(tiny_model.loss(batch.input_ids, targets, batch.positions))
+                got = float(model.loss(batch.input_ids, targets, batch.positions))
                 assert got == pytest.approx(alone[row.ids[start : start + n]], rel=1e-5)
                 start += n
-    total = float(tiny_model.loss(batch.input_ids, batch.targets, batch.positions))
+        total = float(model.loss(batch.input_ids, batch.targets, batch.positions))
     assert total == pytest.approx(sum(alone.values()), rel=1e-5)
+
+
+def test_packed_rows_give_each_example_its_own_loss(tiny_model):
+    _packed_losses_match_alone(tiny_model, from_texts(TEXTS, context=48))
+
+
+@pytest.mark.slow
+def test_packed_conversations_on_smollm2_keep_their_own_loss(real_model):
+    chats = from_file(EXAMPLE_CHATS, 256, Format("chat"), "responses", "truncate")
+    _packed_losses_match_alone(real_model, take(chats, 8))
 
 
 def test_collate_positions_restart_per_example():
