@@ -92,7 +92,7 @@ def plot(log: Path, out: Path) -> Curves:
         raise AnerRuntimeError(
             "plot: drawing needs the matplotlib package",
             code="E-NATIVE-UNAVAILABLE",
-            notes=("install it with: pip install 'aner[data]' (or pip install matplotlib)",),
+            notes=("install it with: pip install 'aner[native]' (or pip install matplotlib)",),
         ) from None
     out.parent.mkdir(parents=True, exist_ok=True)
     metadata = {"Date": None} if out.suffix.lower() == ".svg" else {}
