@@ -490,6 +490,7 @@ _BUILTINS = (
         "`aner plot` does); returns the path written. Paths are relative to the script.",
         "aner_lang.plot:plot_builtin",
         examples=('plot("runs/chat/events.jsonl", "runs/chat/loss.svg")',),
+        native=True,
         requires=("matplotlib",),
         needs_context=True,
         category=_CATEGORY,
