@@ -12,8 +12,12 @@ import importlib
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from aner_lang.diagnostics import Diagnostic, render
+
+if TYPE_CHECKING:
+    from aner_lang.check import Analysis
 
 Command = Callable[[argparse.Namespace], int]
 """A subcommand: the parsed arguments -> the exit code."""
@@ -44,30 +48,38 @@ def _write(text: str, output: str) -> None:
         Path(output).write_text(text, encoding="utf-8")
 
 
-def cmd_check(args: argparse.Namespace) -> int:
+def _analyze(path: str, source: str) -> Analysis:
+    """`analyze`, then the checks against the machine and the files the script reads
+    (`check.environment`); every diagnostic is printed."""
     from aner_lang.check import analyze
+    from aner_lang.check.environment import environment_diagnostics
 
+    analysis = analyze(source, path)
+    analysis.diagnostics += environment_diagnostics(analysis)
+    _print(analysis.diagnostics, source)
+    return analysis
+
+
+def cmd_check(args: argparse.Namespace) -> int:
     failed = False
     for path in args.files:
         source = _read(path)
         if source is None:
             failed = True
             continue
-        analysis = analyze(source, path)
-        _print(analysis.diagnostics, source)
-        failed |= bool(analysis.errors)
+        failed |= bool(_analyze(path, source).errors)
     return 1 if failed else 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from aner_lang.check import analyze
+    """Check and run a script. Ctrl-C ends it with status 130 and no traceback (a training run
+    saves its checkpoint and says how to resume before it stops)."""
     from aner_lang.interp import AnerError, ExecContext, run
 
     source = _read(args.file)
     if source is None:
         return 1
-    analysis = analyze(source, args.file)
-    _print(analysis.diagnostics, source)
+    analysis = _analyze(args.file, source)
     if analysis.errors:
         return 1
     path = Path(args.file).resolve()
@@ -77,6 +89,30 @@ def cmd_run(args: argparse.Namespace) -> int:
         d = e.diagnostic
         _print([d], source if d.path == args.file else _read(d.path) if d.path else None)
         return 1
+    except KeyboardInterrupt as e:  # its message, when it has one, says how to continue
+        print(str(e) or "aner: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    """Draw a run's loss curves from its event log (default picture: the log's name, .png)."""
+    from aner_lang.errors import AnerRuntimeError
+    from aner_lang.plot import plot
+
+    log = Path(args.log)
+    out = Path(args.output) if args.output else log.with_suffix(".png")
+    try:
+        curves = plot(log, out)
+    except AnerRuntimeError as e:
+        print(f"error[{e.code}]: {e.message}", file=sys.stderr)
+        for note in e.notes:
+            print(f"  = note: {note}", file=sys.stderr)
+        return 1
+    print(
+        f"{out}: {len(curves.train)} updates, {len(curves.validation)} validations",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -153,6 +189,10 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("run", help="check and run a script")
     p.add_argument("file")
     p.set_defaults(fn=cmd_run)
+    p = sub.add_parser("plot", help="draw a run's training and validation loss from its log")
+    p.add_argument("log", help="the JSON-lines event log train() wrote")
+    p.add_argument("-o", "--output", help="a .png or .svg file (default: the log's name, .png)")
+    p.set_defaults(fn=cmd_plot)
     p = sub.add_parser("check-docs", help="check the ```aner blocks of Markdown files or folders")
     p.add_argument("paths", nargs="+")
     p.set_defaults(fn=cmd_check_docs)

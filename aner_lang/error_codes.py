@@ -653,6 +653,8 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         Aner reads user files through one bounded reader (`aner_lang/files.py`). The path, as the
         message gives it (relative paths in a script are relative to the script's directory),
         names nothing, or a part of it is not a folder. Check the spelling and the directory.
+        `aner check` reports a literal data or text path that names nothing before the script
+        runs.
         """,
         """
         A dataset, template or configuration path that does not exist.
@@ -1072,7 +1074,8 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         """
         torch sees no CUDA GPU on this machine: there is none, its driver is not loaded, or the
         installed torch is a CPU-only build. Use `device: auto` (the default: the GPU when there is
-        one, else the CPU) or `device: cpu`.
+        one, else the CPU) or `device: cpu`. `aner check` asks the CUDA driver and reports a
+        literal `device: cuda` on a machine without a GPU before the script runs.
         """,
         """
         # on a machine without a CUDA GPU
@@ -1155,7 +1158,8 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         one, or training starts with the model on the CPU), CuPy is not installed
         (`pip install 'aner[cuda]'`), or the driver lacks an entry point the kernels use
         (`cuTensorMapEncodeTiled`, `cuLaunchKernelEx`): update the driver. Or use `kernel: auto`,
-        which picks `fused` only where it can run, or `kernel: host_tiled`.
+        which picks `fused` only where it can run, or `kernel: host_tiled`. `aner check` reports
+        a literal `kernel: fused` on a machine without a CUDA GPU before the script runs.
         """,
         """
         # on a machine without a CUDA GPU
@@ -1613,10 +1617,11 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         "the training options are invalid",
         _SITUATION,
         """
-        `steps`, `micro_batch` and `accumulation` must be at least 1 and the schedule one of the
-        known ones. In a script the registry rules and the `Schedule` enum check these first
-        (`E-CONSTRAINT`, `E-UNKNOWN-MEMBER`), so this code comes from Python code calling the
-        trainer directly.
+        `steps`, `micro_batch` and `accumulation` must be at least 1, `epochs` positive, only one
+        of `steps` and `epochs` given, and the schedule one of the known ones. In a script the
+        registry rules and the `Schedule` enum check these first (`E-CONSTRAINT`,
+        `E-UNKNOWN-MEMBER`), so this code comes from Python code calling the trainer directly,
+        or from `patience:` without `validation:` (early stopping watches the validation loss).
         """,
         """
         Python calling `aner_lang.runtime.train.trainer.train(adapter, data, profile, steps=0)`.
@@ -1756,19 +1761,6 @@ _ENTRIES: tuple[ErrorCode, ...] = (
     ),
     # ---- datasets --------------------------------------------------------------------------------
     _code(
-        "E-DATA-FILE",
-        Area.DATA,
-        "the JSONL file does not exist",
-        _RUN,
-        """
-        `load_jsonl` found no file at the path; relative paths are relative to the script's
-        directory.
-        """,
-        """
-        print(load_jsonl("missing.jsonl"))
-        """,
-    ),
-    _code(
         "E-DATA-JSON",
         Area.DATA,
         "a JSONL line is not a JSON object",
@@ -1786,13 +1778,20 @@ _ENTRIES: tuple[ErrorCode, ...] = (
     _code(
         "E-DATA-FIELD",
         Area.DATA,
-        "a JSONL example lacks the text field to read",
+        "a data row lacks the fields its format needs",
         _SCRIPT,
         """
-        `load_jsonl` reads the string field `field:` (default `"text"`) of every line, or the pair
-        `prompt_field:` / `completion_field:`, which must be given together. This code means an
-        example has no such string field (the message lists the fields it has), or only one of the
-        pair was given.
+        Every row of a data file must have the fields of its format: the string `field:` (default
+        `text`) of a text row, `prompt_field:` and `completion_field:` (given together to
+        `load_jsonl`) of a prompt/completion row, `instruction` and `output` (strings; `input`
+        optional) of an alpaca row, and for a chat row a non-empty list of messages with a known
+        `role` (system, user, assistant, tool) and string `content`, or ShareGPT `from`/`value`
+        turns, at least one of them the assistant's. With `format: auto` a row must fit one of
+        these. The message names the file and line (or table row) and lists the fields the row
+        has.
+
+        `aner check` reads the first rows of a data file named by a literal path and reports this
+        before the script runs.
         """,
         """
         # the lines of chats.jsonl have "question" and "answer" fields, no "text"
@@ -1827,7 +1826,89 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         Python calling `aner_lang.runtime.tasks.data.from_texts(["a b c"], context=1)`.
         """,
     ),
+    _code(
+        "E-DATA-FORMAT",
+        Area.DATA,
+        "a data file is not of a kind Aner reads",
+        _SCRIPT,
+        """
+        `load_data` tells a file's kind by its suffix: `.jsonl` or `.ndjson` (one JSON object a
+        line), `.txt` (one example a line), `.csv` and `.parquet`. Rename the file, or convert it
+        (a JSON array becomes JSONL with `jq -c '.[]'`).
+        """,
+        """
+        # data.json is one JSON array
+        print(load_data("data.json"))
+        """,
+    ),
+    _code(
+        "E-DATA-TABLE",
+        Area.DATA,
+        "a CSV or Parquet file cannot be read",
+        _SCRIPT,
+        """
+        pyarrow could not read the table: a CSV row with more or fewer fields than the header, a
+        CSV that is not UTF-8, a damaged or truncated Parquet file. The message gives pyarrow's
+        reason. CSV values are read as strings, never converted.
+        """,
+        """
+        # rows.csv has a row with an unclosed quote
+        print(load_data("rows.csv", field: "text"))
+        """,
+    ),
+    _code(
+        "E-DATA-ASSISTANT-SPANS",
+        Area.DATA,
+        "the chat template does not show where the assistant's turns are",
+        _SCRIPT,
+        """
+        With `loss_on: responses` a conversation trains on the assistant's turns only. Aner finds
+        them by rendering the conversation up to each assistant message with the template's
+        generation prompt, and through it: the turn is what it adds. Some templates rewrite
+        earlier turns as the conversation grows (dropping past reasoning, say), so no such split
+        exists. Mark the assistant's text in the template with `{% generation %}` ...
+        `{% endgeneration %}` (Hugging Face's convention, which Aner reads), or train on every
+        token with `loss_on: all`.
+        """,
+        """
+        # the model's template drops the reasoning of earlier assistant turns
+        print(inspect(load_data("chats.jsonl", format: chat), load_model("model.gguf")))
+        """,
+    ),
+    _code(
+        "W-DATA-TOO-LONG",
+        Area.DATA,
+        "examples longer than the context were truncated or dropped",
+        _SITUATION,
+        """
+        A warning printed once, when a dataset is first tokenized: how many examples were longer
+        than `context:` tokens, how many of them were truncated to their first `context` tokens,
+        and how many were left out (`too_long: drop`, or nothing scored was left after
+        truncation: a prompt that fills the whole context). Raise `context:` (memory grows with
+        it), shorten the examples, or accept the loss; `inspect` shows what remains of them.
+        """,
+        """
+        `load_data("chats.jsonl", context: 64)` where some conversations are 300 tokens long.
+        """,
+    ),
     # ---- tools -----------------------------------------------------------------------------------
+    _code(
+        "E-PLOT",
+        Area.TOOLS,
+        "a run's loss curves cannot be plotted",
+        _SCRIPT,
+        """
+        `plot(log, to)` and `aner plot LOG -o PICTURE` read the JSON-lines event log `train`
+        writes (`log:`, or `events.jsonl` in its `checkpoints:` folder) and draw its `update`
+        events. The log must hold at least one update (a run stopped before its first update has
+        none), and the picture is a `.png` or `.svg` file, chosen by its suffix. A line that is
+        not a JSON object is E-DATA-JSON with its line number.
+        """,
+        """
+        # runs/events.jsonl was written by a run interrupted before its first update
+        print(plot("runs/events.jsonl", "runs/loss.svg"))
+        """,
+    ),
     _code(
         "E-DOC-NO-ERROR",
         Area.TOOLS,

@@ -70,6 +70,15 @@ def _too_large(path: str | Path, size: int, limit: int) -> AnerRuntimeError:
     )
 
 
+def regular_size(path: str | Path, limit: int) -> int:
+    """The size of `path` if it is a regular file of at most `limit` bytes (E-FILE-* otherwise),
+    for a reader that opens the file itself (pyarrow's tables)."""
+    size = _size_of_regular(path)
+    if size > limit:
+        raise _too_large(path, size, limit)
+    return size
+
+
 def read_bytes(path: str | Path, limit: int) -> bytes:
     """The whole file, if it is a regular file of at most `limit` bytes."""
     size = _size_of_regular(path)

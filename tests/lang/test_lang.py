@@ -222,8 +222,16 @@ def test_docs_examples_check(tmp_path: Path) -> None:
 
 
 def test_front_end_does_not_import_torch(tmp_path: Path) -> None:
+    """`aner check`, with its checks against the files the script reads and the machine's
+    devices, imports none of the native packages."""
     script = tmp_path / "s.aner"
-    script.write_text('let m = load_model("x.gguf", storage: nf4_double_quant)\nprint(m)\n')
+    (tmp_path / "x.gguf").write_bytes(b"")
+    (tmp_path / "d.jsonl").write_text('{"messages": [{"role": "assistant", "content": "hi"}]}\n')
+    script.write_text(
+        'let m = load_model("x.gguf", storage: nf4_double_quant, device: cpu)\n'
+        'let d = load_data("d.jsonl", format: chat)\n'
+        "print(m)\nprint(d)\n"
+    )
     code = textwrap.dedent(f"""
         import sys
         import aner_lang

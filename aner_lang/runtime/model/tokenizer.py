@@ -22,8 +22,9 @@ templates (``raise_exception``, ``strftime_now``, a ``tojson`` that keeps non-AS
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -427,10 +428,24 @@ class Tokenizer:
     def token_text(self, token_id: int) -> str:
         return self.backend.id_to_token(token_id) or ""
 
+    def encode_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Token ids of `text` as a chat template renders it (special-token text matched, no BOS
+        added: the template writes its own) and each token's character span in `text`."""
+        self.backend.encode_special_tokens = False
+        enc = self.backend.encode(text, add_special_tokens=False)
+        return list(enc.ids), [(int(a), int(b)) for a, b in enc.offsets]
+
     def apply_chat_template(
-        self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True
+        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
     ) -> str:
         """Render the model's chat template (jinja2, HF semantics) for `messages`."""
+        return self.render_chat(messages, add_generation_prompt)[0]
+
+    def render_chat(
+        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
+    ) -> tuple[str, list[tuple[int, int]]]:
+        """The rendered chat template and the character spans of its ``{% generation %}`` blocks
+        (HF's marking of the assistant's text; none for a template without them)."""
         if not self.chat_template:
             raise AnerRuntimeError(
                 "this model has no chat template (GGUF tokenizer.chat_template, or "
@@ -450,20 +465,52 @@ class Tokenizer:
             return json.dumps(value, ensure_ascii=False, indent=indent)
 
         env = ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
+            trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, _generation_tag()]
         )
         env.filters["tojson"] = tojson
         env.globals["raise_exception"] = raise_exception
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         token = self.token_text
+        rendered: list[str] = []
+        spans: list[tuple[int, int]] = []
+        env.aner_generation = (rendered, spans)  # type: ignore[attr-defined]
         try:
-            return env.from_string(self.chat_template).render(
+            for chunk in env.from_string(self.chat_template).generate(
                 messages=list(messages),
                 add_generation_prompt=add_generation_prompt,
                 bos_token=token(self.bos_id) if self.bos_id is not None else "",
                 eos_token=token(self.eos_id) if self.eos_id is not None else "",
-            )
+            ):
+                rendered.append(chunk)
         except TemplateError as exc:
             raise AnerRuntimeError(
                 f"chat template failed to render: {exc}", code="E-CHAT-TEMPLATE"
             ) from None
+        return "".join(rendered), spans
+
+
+@cache
+def _generation_tag() -> type:
+    """The jinja2 extension for ``{% generation %}...{% endgeneration %}``: it renders its body
+    and records the body's character span in the output, as HF transformers' AssistantTracker
+    does (the environment's ``aner_generation`` holds the chunks so far and the spans)."""
+    from jinja2 import nodes
+    from jinja2.ext import Extension
+
+    class GenerationTag(Extension):
+        tags = {"generation"}  # noqa: RUF012 (jinja2 reads it as a class attribute)
+
+        def parse(self, parser: Any) -> nodes.Node:
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            call = self.call_method("_generation")
+            return nodes.CallBlock(call, [], [], body).set_lineno(lineno)
+
+        def _generation(self, caller: Any) -> str:
+            text = caller()
+            rendered, spans = self.environment.aner_generation  # type: ignore[attr-defined]
+            start = sum(len(chunk) for chunk in rendered)
+            spans.append((start, start + len(text)))
+            return str(text)
+
+    return GenerationTag

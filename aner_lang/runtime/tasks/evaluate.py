@@ -35,7 +35,7 @@ def evaluate(model: Any, dataset: Dataset, batch_size: int = 8) -> Evaluation:
     with torch.no_grad():
         for start in range(0, len(examples), batch_size):
             batch = collate(examples[start : start + batch_size], pad, model.device)
-            total += model.loss(batch.input_ids, batch.targets).double().cpu()
+            total += model.loss(batch.input_ids, batch.targets, batch.positions).double().cpu()
             count += batch.scored_tokens
     if count == 0:
         raise AnerRuntimeError(

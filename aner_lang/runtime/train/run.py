@@ -27,6 +27,11 @@ class Run:
     kernel_identity: str
     cuda_graphs: str
     optimizer_bytes: dict[str, int] = field(default_factory=dict)
+    epochs: float = 0.0
+    """Passes over the training examples done (the current one in part)."""
+    stopped_early: bool = False
+    best_update: int | None = None
+    best_validation_loss: float | None = None
 
     @property
     def validation_loss(self) -> float | None:

@@ -28,6 +28,8 @@ class Counters:
     loss_history: list[float] = field(default_factory=list)
     validation_history: list[list[float]] = field(default_factory=list)
     """``[update, validation loss]`` pairs."""
+    stopped_early: bool = False
+    """Early stopping ended the training (`patience`): continuing it trains no further."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
