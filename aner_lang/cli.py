@@ -1,8 +1,11 @@
-"""The `aner` command: check, run, check-docs, builtins, explain, lsp, fixture.
+"""The `aner` command: check, run, check-docs, builtins, explain, lsp, fixture, and the job
+commands submit, jobs, logs, cancel, resume.
 
-Exit codes: 0 success, 1 diagnostics (errors in a script, a failed run), 2 usage errors.
+Exit codes: 0 success, 1 diagnostics (errors in a script, a failed run), 2 usage errors, 3 a run
+stopped on request (SIGTERM, SIGINT, `aner cancel`) after writing its checkpoint.
 Diagnostics go to stderr as `file:line:col: severity[code]: message` with a caret excerpt.
 Only `run` (through native builtins) and `fixture` may import torch; `check` never does.
+Subcommands with arguments of their own are delegated to the module that implements them.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from aner_lang.diagnostics import Diagnostic, render
+from aner_lang.errors import EXIT_STOPPED, RunStopped
 
 Command = Callable[[argparse.Namespace], int]
 """A subcommand: the parsed arguments -> the exit code."""
@@ -77,6 +81,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         d = e.diagnostic
         _print([d], source if d.path == args.file else _read(d.path) if d.path else None)
         return 1
+    except RunStopped as e:
+        print(f"aner: {e.message}", file=sys.stderr)
+        return EXIT_STOPPED
     return 0
 
 
@@ -134,6 +141,38 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+# Subcommands that parse their own arguments: name -> (module with `main(argv)`, what it is,
+# help line, whether `argv` starts with the subcommand's name).
+_DELEGATED: dict[str, tuple[str, str, str, bool]] = {
+    "fixture": (
+        "aner_lang.testing.fixture",
+        "the fixture writer",
+        "write a tiny deterministic GGUF model (for tests)",
+        False,
+    ),
+    "submit": (
+        "aner_lang.runtime.jobs.commands",
+        "the job runner",
+        "start a script as a background job (prints its id)",
+        True,
+    ),
+    "jobs": ("aner_lang.runtime.jobs.commands", "the job runner", "list background jobs", True),
+    "logs": ("aner_lang.runtime.jobs.commands", "the job runner", "show a job's events", True),
+    "cancel": (
+        "aner_lang.runtime.jobs.commands",
+        "the job runner",
+        "stop a job cleanly (its checkpoint is written)",
+        True,
+    ),
+    "resume": (
+        "aner_lang.runtime.jobs.commands",
+        "the job runner",
+        "continue a failed, cancelled or interrupted job from its checkpoints",
+        True,
+    ),
+}
+
+
 def _delegate(module: str, what: str, argv: list[str] | None) -> int:
     try:
         mod = importlib.import_module(module)
@@ -174,16 +213,12 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(fn=cmd_explain)
     p = sub.add_parser("lsp", help="run the language server on stdio")
     p.set_defaults(fn=lambda a: _delegate("aner_lsp.server", "the language server", None))
-    p = sub.add_parser(
-        "fixture", help="write a tiny deterministic GGUF model (for tests)", add_help=False
-    )
-    p.add_argument("rest", nargs=argparse.REMAINDER)
-    p.set_defaults(
-        fn=lambda a: _delegate("aner_lang.testing.fixture", "the fixture writer", a.rest)
-    )
+    for name, (_, _, what, _) in _DELEGATED.items():
+        sub.add_parser(name, help=what, add_help=False)
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["fixture"]:  # everything after `fixture` belongs to the fixture writer
-        return _delegate("aner_lang.testing.fixture", "the fixture writer", argv[1:])
+    if argv[:1] and argv[0] in _DELEGATED:  # everything after the name belongs to its module
+        module, what, _, with_name = _DELEGATED[argv[0]]
+        return _delegate(module, what, argv if with_name else argv[1:])
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:

@@ -39,6 +39,8 @@ class Area(Enum):
     TRAINING = "Training"
     CHECKPOINTS = "Checkpoints"
     DATA = "Datasets"
+    JOBS = "Background jobs"
+    SERVICES = "Model services"
     TOOLS = "Tools"
     INTERNAL = "Environment and internal errors"
 
@@ -1710,6 +1712,103 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         """,
         """
         Python calling `write_fixture("m.gguf", "huge")`.
+        """,
+    ),
+    # ---- background jobs -------------------------------------------------------------------------
+    _code(
+        "E-JOB-UNKNOWN",
+        Area.JOBS,
+        "there is no job with this id",
+        _SITUATION,
+        """
+        `aner logs`, `aner cancel` and `aner resume` take the id `aner submit` printed; `aner
+        jobs` lists every job of this user's job database. Jobs live in the data directory
+        (`ANER_DATA_DIR`, else `$XDG_DATA_HOME/aner`, else `~/.local/share/aner`): a job
+        submitted with another `ANER_DATA_DIR` is not seen here.
+        """,
+        """
+        `aner logs 999` when `aner jobs` lists no job 999.
+        """,
+    ),
+    _code(
+        "E-JOB-STATE",
+        Area.JOBS,
+        "the job is not in a state that allows this",
+        _SITUATION,
+        """
+        Only an active job (queued, waiting for a GPU, running) can be cancelled, and only a
+        failed, cancelled or interrupted job can be resumed: a finished job has nothing left to
+        do. A job is also not resumed when its script changed or disappeared since it was
+        submitted, because its checkpoints belong to the script as it was: submit the changed
+        script as a new job. `aner jobs` shows each job's state.
+        """,
+        """
+        `aner resume 3` when job 3 is finished.
+        """,
+    ),
+    _code(
+        "E-JOB-RESUME",
+        Area.JOBS,
+        "a resumed job's checkpoint does not belong to this train call",
+        _SITUATION,
+        """
+        A resumed job runs its script again from the start, and each `train` call continues from
+        the latest checkpoint in its directory. Before continuing, the checkpoint is compared with
+        the call: the same adapter configuration (method, rank, targets, seed, ...), the same
+        train options (steps, learning rate, batch, schedule, seed, ...), the same profile and
+        the same base model. A difference means the script no longer makes the same calls (it
+        reads a file that changed, say), and continuing would not give the run that was
+        interrupted. Submit the script as a new job.
+        """,
+        """
+        `aner resume 4` after the data file job 4's script reads changed its number of examples.
+        """,
+    ),
+    _code(
+        "E-JOB-TIMEOUT",
+        Area.JOBS,
+        "a job did not end within the time waited for it",
+        _SCRIPT,
+        """
+        `wait(job, timeout: seconds)` gives up when the job is still active after that many
+        seconds. The job itself goes on; wait again, leave out `timeout` to wait as long as it
+        runs, or follow it with `aner logs -f ID`.
+        """,
+        """
+        # train.aner trains for several minutes
+        let job = submit("train.aner")
+        print(wait(job, timeout: 1.0).state)
+        """,
+    ),
+    _code(
+        "E-JOB-SCRIPT",
+        Area.JOBS,
+        "a script given to submit does not check",
+        _SCRIPT,
+        """
+        `submit(script)` checks the script before it starts a job, so a typo fails here and not
+        minutes later in the background. The note shows the first error; `aner check` on the
+        script shows them all. No job is started.
+        """,
+        """
+        # broken.aner calls a builtin with a misspelled argument
+        print(submit("broken.aner").id)
+        """,
+    ),
+    _code(
+        "E-JOB-STORE",
+        Area.JOBS,
+        "the job database cannot be opened or written",
+        _SITUATION,
+        """
+        Jobs are recorded in `jobs.db`, an SQLite database in the data directory (`ANER_DATA_DIR`,
+        else `$XDG_DATA_HOME/aner`, else `~/.local/share/aner`). The folder is not writable, the
+        file is damaged, or it is on a network file system where SQLite's locking does not work.
+        Point `ANER_DATA_DIR` at a writable folder on a local disk, or move a damaged `jobs.db`
+        aside (its jobs' folders stay where they are).
+        """,
+        """
+        `aner jobs` with `ANER_DATA_DIR` naming a read-only folder.
         """,
     ),
     # ---- environment and internal errors ---------------------------------------------------------

@@ -27,7 +27,7 @@ from aner_lang.errors import AnerRuntimeError
 from aner_lang.runtime.model.precision import DTYPES, autocast
 from aner_lang.runtime.nf4.backends import NF4Backend, using_backend
 from aner_lang.runtime.tasks.data import Dataset, collate, token_loss_sum
-from aner_lang.runtime.train import checkpoint
+from aner_lang.runtime.train import control
 from aner_lang.runtime.train.loss_scale import LossScaler
 from aner_lang.runtime.train.optim import make_optimizer
 from aner_lang.runtime.train.order import Cursor
@@ -156,6 +156,8 @@ def train(
         "warmup": warmup,
         "schedule": schedule,
     }
+    run_control = control.begin(adapter, profile, options, checkpoints, checkpoint_every)
+    checkpoints, checkpoint_every = run_control.checkpoints, run_control.checkpoint_every
     loop = _Loop(adapter, data, profile, options, run_identity(adapter, profile, backend))
     log_path = _log_path(log, checkpoints)
     log_file = open(log_path, "a", encoding="utf-8") if log_path else None
@@ -164,7 +166,8 @@ def train(
     try:
         if log_file:
             _write_event(log_file, loop.start_event())
-        with using_backend(backend):
+        run_control.emit({**loop.start_event(), "steps": steps})
+        with using_backend(backend), run_control.stop_signals():
             while loop.counters.updates < steps:
                 event = loop.update()
                 done = loop.counters.updates == steps
@@ -176,11 +179,18 @@ def train(
                 adapter.state = loop.snapshot()
                 if log_file:
                     _write_event(log_file, event)
+                run_control.emit({**event, "steps": steps})
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix(loss=f"{event['loss']:.4f}")
-                if checkpoints and (done or (checkpoint_every and updates % checkpoint_every == 0)):
-                    checkpoint.save(checkpoints, adapter.state)
+                stop = run_control.stop_requested and not done
+                saved = None
+                if checkpoints and (
+                    done or stop or (checkpoint_every and updates % checkpoint_every == 0)
+                ):
+                    saved = run_control.save(adapter.state)
+                if stop:
+                    raise run_control.stopped(updates, steps, saved)
     finally:
         adapter.train_mode(False)
         if log_file:
