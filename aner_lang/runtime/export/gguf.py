@@ -3,7 +3,8 @@
 `export_gguf(model, path, dtype)` writes llama.cpp's layout: GGUF tensor names, q/k rows permuted
 back to interleaved-pair RoPE order, norms in f32, every metadata key (tokenizer, chat template,
 hyper-parameters) copied from the source GGUF, so llama.cpp, HF transformers and our loader all
-read it.
+read it. `dtype` is a file type of `filetypes` (f32, f16, or llama.cpp's quantized q8_0 and
+q4_k_m mixes); Q8_0 and Q5_0 blocks are written by `gguf.quants`, Q4_K and Q6_K by `kquants`.
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ import torch
 
 from aner_lang.architectures import Norm
 from aner_lang.errors import AnerRuntimeError
+from aner_lang.runtime.export import filetypes, kquants
+from aner_lang.runtime.export.files import gguf_writer, require_model
 from aner_lang.runtime.io.gguf import permute_rows
 
-DTYPES = {"f16": np.float16, "f32": np.float32}
-_FILE_TYPE = {"f32": 0, "f16": 1}  # llama.cpp's LLAMA_FTYPE_ALL_F32 / MOSTLY_F16
 _SKIPPED_KEYS = ("GGUF.", "general.file_type", "general.quantization_version")
 
 
@@ -65,40 +66,42 @@ def _copy_metadata(writer: Any, source: Path) -> Any:
     return reader
 
 
-def export_gguf(model: Any, path: str | Path, dtype: str = "f16") -> Path:
-    """Write `model` (a base or a merged adapter) as a GGUF file of `dtype` weights."""
+def _encoded(t: torch.Tensor, kind: str) -> tuple[np.ndarray, Any]:
+    """`t` as GGUF stores `kind`: the array to write and its raw tensor type (None: numpy's)."""
     import gguf
 
-    if dtype not in DTYPES:
-        raise AnerRuntimeError(
-            f"export_gguf: unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}",
-            code="E-EXPORT",
-        )
-    if hasattr(model, "targets") and not hasattr(model, "module"):
-        raise AnerRuntimeError(
-            "export_gguf needs a model; merge the adapter first: export_gguf(merge(adapter), path)",
-            code="E-EXPORT",
-        )
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    writer = gguf.GGUFWriter(str(tmp), model.architecture.gguf_architectures[0])
-    source = _copy_metadata(writer, Path(model.path))
-    writer.add_file_type(_FILE_TYPE[dtype])
-    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    with torch.no_grad():
+    data = t.detach().float().cpu().numpy()
+    if kind == filetypes.F32:
+        return data, None
+    if kind == filetypes.F16:
+        return data.astype(np.float16), None
+    qtype = gguf.GGMLQuantizationType[kind]
+    if kind in (filetypes.Q4_K, filetypes.Q6_K):
+        return kquants.quantize(data, kind), qtype
+    return gguf.quants.quantize(data, qtype), qtype
+
+
+def export_gguf(model: Any, path: str | Path, dtype: str = "f16") -> Path:
+    """Write `model` (a base or a merged adapter) as a GGUF file of file type `dtype`."""
+    import gguf
+
+    ft = filetypes.file_type(dtype)
+    require_model(model, "export_gguf")
+    arch = model.architecture
+    output = arch.embedding if model.module.lm_head is model.module.embed_tokens else arch.output
+    layers = model.config.num_hidden_layers
+    with gguf_writer(path, arch.gguf_architectures[0]) as writer, torch.no_grad():
+        source = _copy_metadata(writer, Path(model.path))
+        writer.add_file_type(ft.ftype)
+        writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
         for name, t in _gguf_tensors(model):
-            data = t.detach().float().cpu().numpy()
-            writer.add_tensor(name, data if data.ndim == 1 else data.astype(DTYPES[dtype]))
+            kind = filetypes.tensor_type(ft, name, tuple(t.shape), layers, output)
+            data, raw_dtype = _encoded(t, kind)
+            writer.add_tensor(name, data, raw_dtype=raw_dtype)
         for t in source.tensors:
-            if t.name == model.architecture.rope_freqs:
+            if t.name == arch.rope_freqs:
                 writer.add_tensor(t.name, np.array(t.data, dtype=np.float32))
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-    tmp.replace(out)
-    return out
+    return Path(path)
 
 
 def export_gguf_builtin(ctx: Any, *, model: Any, path: str, dtype: str = "f16") -> str:
