@@ -1679,7 +1679,7 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         building a dataset with `context < 2`.
         """,
         """
-        Python calling `aner_lang.runtime.tasks.data.from_texts(["a b c"], context=1)`.
+        Python calling `aner_lang.runtime.tasks.records.from_texts(["a b c"], context=1)`.
         """,
     ),
     # ---- tools -----------------------------------------------------------------------------------

@@ -281,11 +281,9 @@ DECLARATIONS = Declarations(
             ),
             "Dataset",
             "A dataset of plain texts; every token is scored.",
-            "aner_lang.runtime.tasks.data:texts_builtin",
+            "aner_lang.runtime.tasks.records:texts_builtin",
             examples=('let train_set = texts(["Aner makes adaptation explicit."], context: 32)',),
             constraints=(Constraint("context >= 2", "context must be at least 2 tokens"),),
-            native=True,
-            requires=_NATIVE,
             category=_CATEGORY,
         ),
         Builtin(
@@ -318,14 +316,12 @@ DECLARATIONS = Declarations(
             "Dataset",
             "Read a JSONL dataset: texts, or prompt/completion pairs where only the "
             "completion is scored.",
-            "aner_lang.runtime.tasks.data:load_jsonl_builtin",
+            "aner_lang.runtime.tasks.records:load_jsonl_builtin",
             examples=(
                 'let qa = load_jsonl("data/qa.jsonl", prompt_field: "question", '
                 'completion_field: "answer")',
             ),
             constraints=(Constraint("context >= 2", "context must be at least 2 tokens"),),
-            native=True,
-            requires=_NATIVE,
             needs_context=True,
             category=_CATEGORY,
         ),

@@ -1,2 +1,2 @@
-"""What a model is used for besides training: datasets and batches (`data`), text generation
-(`generate`) and held-out evaluation (`evaluate`)."""
+"""What a model is used for besides training: datasets as text (`records`, no torch), batches
+and losses (`data`), text generation (`generate`) and held-out evaluation (`evaluate`)."""

@@ -13,7 +13,8 @@ from typing import Any
 import torch
 
 from aner_lang.errors import AnerRuntimeError
-from aner_lang.runtime.tasks.data import Dataset, collate, token_loss_sum
+from aner_lang.runtime.tasks.data import collate, token_loss_sum
+from aner_lang.runtime.tasks.records import Dataset
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,8 @@ import torch
 from aner_lang.errors import AnerRuntimeError
 from aner_lang.runtime.model.precision import DTYPES, autocast
 from aner_lang.runtime.nf4.backends import NF4Backend, using_backend
-from aner_lang.runtime.tasks.data import Dataset, collate, token_loss_sum
+from aner_lang.runtime.tasks.data import collate, token_loss_sum
+from aner_lang.runtime.tasks.records import Dataset
 from aner_lang.runtime.train import control
 from aner_lang.runtime.train.loss_scale import LossScaler
 from aner_lang.runtime.train.optim import make_optimizer

@@ -16,8 +16,8 @@ from aner_lang.runtime.adapters.merge import merge
 from aner_lang.runtime.export.gguf import export_gguf
 from aner_lang.runtime.export.lora_gguf import export_lora_gguf
 from aner_lang.runtime.load.loader import load_model
-from aner_lang.runtime.tasks.data import from_texts
 from aner_lang.runtime.tasks.generate import Sampling, generate_ids, generate_text
+from aner_lang.runtime.tasks.records import from_texts
 from aner_lang.runtime.train.profile import profile
 from aner_lang.runtime.train.trainer import train
 

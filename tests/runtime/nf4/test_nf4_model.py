@@ -14,8 +14,8 @@ from aner_lang.runtime.load.loader import load_model
 from aner_lang.runtime.model.linear import DenseLinear
 from aner_lang.runtime.nf4 import host_tiled
 from aner_lang.runtime.nf4.linear import NF4Linear
-from aner_lang.runtime.tasks.data import from_texts
 from aner_lang.runtime.tasks.evaluate import evaluate
+from aner_lang.runtime.tasks.records import from_texts
 from aner_lang.runtime.train.memory import memory_report
 
 REFERENCE_PACKED_BASE = 69_375_100  # shared/seed/qualification-v100.json, SmolLM2-135M

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from aner_lang.errors import AnerRuntimeError
-from aner_lang.runtime.tasks.data import IGNORE, collate, from_jsonl, from_texts
+from aner_lang.runtime.tasks.data import IGNORE, collate
 from aner_lang.runtime.tasks.evaluate import evaluate
+from aner_lang.runtime.tasks.records import from_jsonl, from_texts
 
 TEXTS = [
     "The quiet mountain lake reflects the clear morning sky.",

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from aner_lang.runtime import adapters as A
 from aner_lang.runtime.load.loader import load_model
-from aner_lang.runtime.tasks.data import from_texts
+from aner_lang.runtime.tasks.records import from_texts
 from aner_lang.runtime.train.checkpoint import resume
 from aner_lang.runtime.train.profile import dynamic, profile
 from aner_lang.runtime.train.trainer import train

@@ -14,7 +14,7 @@ from aner_lang.errors import AnerRuntimeError
 from aner_lang.runtime import adapters as A
 from aner_lang.runtime.load.loader import load_model
 from aner_lang.runtime.nf4.host_tiled import DEFAULT_TILE_BYTES
-from aner_lang.runtime.tasks.data import from_texts
+from aner_lang.runtime.tasks.records import from_texts
 from aner_lang.runtime.train.checkpoint import resume
 from aner_lang.runtime.train.profile import Profile
 from aner_lang.runtime.train.trainer import train

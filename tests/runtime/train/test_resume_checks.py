@@ -8,7 +8,7 @@ import torch
 from aner_lang.errors import AnerRuntimeError
 from aner_lang.runtime import adapters as A
 from aner_lang.runtime.load.loader import load_model
-from aner_lang.runtime.tasks.data import from_texts
+from aner_lang.runtime.tasks.records import from_texts
 from aner_lang.runtime.train.checkpoint import latest, resume
 from aner_lang.runtime.train.profile import profile
 from aner_lang.runtime.train.trainer import train

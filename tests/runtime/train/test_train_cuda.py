@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from aner_lang.runtime import adapters as A
-from aner_lang.runtime.tasks.data import from_texts
+from aner_lang.runtime.tasks.records import from_texts
 from aner_lang.runtime.train.optim import AdamW, PagedAdamW
 from aner_lang.runtime.train.profile import profile
 

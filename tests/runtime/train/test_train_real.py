@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from aner_lang.runtime import adapters as A
-from aner_lang.runtime.tasks.data import collate, from_texts, token_loss_sum
+from aner_lang.runtime.tasks.data import collate, token_loss_sum
+from aner_lang.runtime.tasks.records import from_texts
 from aner_lang.runtime.train.profile import profile
 from aner_lang.runtime.train.state import TrainState
 from aner_lang.runtime.train.trainer import train

@@ -10,7 +10,7 @@ import torch
 
 from aner_lang.errors import AnerRuntimeError
 from aner_lang.runtime import adapters as A
-from aner_lang.runtime.tasks.data import from_texts
+from aner_lang.runtime.tasks.records import from_texts
 from aner_lang.runtime.train.loss_scale import LossScaler
 from aner_lang.runtime.train.optim import AdamW, make_optimizer
 from aner_lang.runtime.train.profile import Profile, dynamic, fixed, profile
