@@ -50,6 +50,7 @@ def _write(text: str, output: str) -> None:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from aner_lang.check import analyze
+    from aner_lang.check.native import native_unavailable
 
     failed = False
     for path in args.files:
@@ -58,21 +59,23 @@ def cmd_check(args: argparse.Namespace) -> int:
             failed = True
             continue
         analysis = analyze(source, path)
-        _print(analysis.diagnostics, source)
+        _print(analysis.diagnostics + native_unavailable(analysis, before_running=False), source)
         failed |= bool(analysis.errors)
     return 1 if failed else 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from aner_lang.check import analyze
+    from aner_lang.check.native import native_unavailable
     from aner_lang.interp import AnerError, ExecContext, run
 
     source = _read(args.file)
     if source is None:
         return 1
     analysis = analyze(source, args.file)
-    _print(analysis.diagnostics, source)
-    if analysis.errors:
+    diagnostics = analysis.diagnostics + native_unavailable(analysis, before_running=True)
+    _print(diagnostics, source)
+    if any(d.is_error for d in diagnostics):
         return 1
     path = Path(args.file).resolve()
     try:

@@ -21,6 +21,7 @@ _MODULES: tuple[str, ...] = (
     "aner_lang.builtins.memory",
     "aner_lang.builtins.jobs",
     "aner_lang.builtins.deploy",
+    "aner_lang.builtins.services",
 )
 
 

@@ -49,7 +49,7 @@ def _affine_fit(
     sum_w = w.sum(axis=-1)
     sum_x = (w * x).sum(axis=-1)
 
-    iscale = nmax / safe
+    iscale: np.ndarray = nmax / safe
     quants = np.clip(np.rint(iscale[..., None] * (x - lo[..., None])), 0, nmax)
     scale = 1.0 / iscale
     offset = lo.copy()
