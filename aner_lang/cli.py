@@ -1,5 +1,5 @@
-"""The `aner` command: check, run, check-docs, builtins, explain, lsp, fixture, and the job
-commands submit, jobs, logs, cancel, resume.
+"""The `aner` command: check, run, check-docs, builtins, explain, lsp, fixture, qualify, and the
+job commands submit, jobs, logs, cancel, resume.
 
 Exit codes: 0 success, 1 diagnostics (errors in a script, a failed run), 2 usage errors, 3 a run
 stopped on request (SIGTERM, SIGINT, `aner cancel`) after writing its checkpoint.
@@ -151,6 +151,12 @@ _DELEGATED: dict[str, tuple[str, str, str, bool]] = {
         "aner_lang.testing.fixture",
         "the fixture writer",
         "write a tiny deterministic GGUF model (for tests)",
+        False,
+    ),
+    "qualify": (
+        "aner_lang.runtime.qualify.report",
+        "the qualifier",
+        "run this machine's qualification report (tests, benchmarks, every method on SmolLM2)",
         False,
     ),
     "submit": (
