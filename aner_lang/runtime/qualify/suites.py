@@ -29,6 +29,7 @@ SUITES = (
     ("export", "tests/runtime/export"),
     ("jobs", "tests/runtime/jobs"),
     ("services", "tests/runtime/services"),
+    ("qualify", "tests/runtime/qualify"),
     ("lsp", "lsp/tests"),
 )
 
