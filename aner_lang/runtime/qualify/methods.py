@@ -43,14 +43,14 @@ from aner_lang.runtime.train.trainer import train
 TRAINING_TEXT = "Aner makes model adaptation explicit and reproducible."
 VALIDATION_TEXT = "The quiet mountain lake reflects the clear morning sky."
 CONTEXT = 32
-ADAPTER_OPTIONS = {
+ADAPTER_OPTIONS: dict[str, Any] = {
     "rank": 2,
     "alpha": 4.0,
     "seed": 71,
     "tiny_parameters": 13,
     "tiny_sharing": "global",
 }
-UPDATE_OPTIONS = {
+UPDATE_OPTIONS: dict[str, Any] = {
     "micro_batch": 1,
     "accumulation": 1,
     "seed": 11,
