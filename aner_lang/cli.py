@@ -1,8 +1,11 @@
-"""The `aner` command: check, run, check-docs, builtins, explain, lsp, fixture.
+"""The `aner` command: check, run, check-docs, builtins, explain, lsp, fixture, qualify, and the
+job commands submit, jobs, logs, cancel, resume.
 
-Exit codes: 0 success, 1 diagnostics (errors in a script, a failed run), 2 usage errors.
+Exit codes: 0 success, 1 diagnostics (errors in a script, a failed run), 2 usage errors, 3 a run
+stopped on request (SIGTERM, SIGINT, `aner cancel`) after writing its checkpoint.
 Diagnostics go to stderr as `file:line:col: severity[code]: message` with a caret excerpt.
 Only `run` (through native builtins) and `fixture` may import torch; `check` never does.
+Subcommands with arguments of their own are delegated to the module that implements them.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aner_lang.diagnostics import Diagnostic, render
+from aner_lang.errors import EXIT_STOPPED, RunStopped
 
 if TYPE_CHECKING:
     from aner_lang.check import Analysis
@@ -48,14 +52,18 @@ def _write(text: str, output: str) -> None:
         Path(output).write_text(text, encoding="utf-8")
 
 
-def _analyze(path: str, source: str) -> Analysis:
+def _analyze(path: str, source: str, *, before_running: bool) -> Analysis:
     """`analyze`, then the checks against the machine and the files the script reads
-    (`check.environment`); every diagnostic is printed."""
+    (`check.environment`) and whether this installation has the packages its native builtins
+    need (`check.native`: an error before running, a warning for `aner check`); every
+    diagnostic is printed."""
     from aner_lang.check import analyze
     from aner_lang.check.environment import environment_diagnostics
+    from aner_lang.check.native import native_unavailable
 
     analysis = analyze(source, path)
     analysis.diagnostics += environment_diagnostics(analysis)
+    analysis.diagnostics += native_unavailable(analysis, before_running=before_running)
     _print(analysis.diagnostics, source)
     return analysis
 
@@ -67,19 +75,20 @@ def cmd_check(args: argparse.Namespace) -> int:
         if source is None:
             failed = True
             continue
-        failed |= bool(_analyze(path, source).errors)
+        failed |= bool(_analyze(path, source, before_running=False).errors)
     return 1 if failed else 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Check and run a script. Ctrl-C ends it with status 130 and no traceback (a training run
-    saves its checkpoint and says how to resume before it stops)."""
+    saves its checkpoint and says how to resume before it stops); a job's stop request (SIGTERM)
+    ends it with EXIT_STOPPED after the run checkpointed."""
     from aner_lang.interp import AnerError, ExecContext, run
 
     source = _read(args.file)
     if source is None:
         return 1
-    analysis = _analyze(args.file, source)
+    analysis = _analyze(args.file, source, before_running=True)
     if analysis.errors:
         return 1
     path = Path(args.file).resolve()
@@ -89,6 +98,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         d = e.diagnostic
         _print([d], source if d.path == args.file else _read(d.path) if d.path else None)
         return 1
+    except RunStopped as e:
+        print(f"aner: {e.message}", file=sys.stderr)
+        return EXIT_STOPPED
     except KeyboardInterrupt as e:  # its message, when it has one, says how to continue
         print(str(e) or "aner: interrupted", file=sys.stderr)
         return 130
@@ -170,6 +182,44 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+# Subcommands that parse their own arguments: name -> (module with `main(argv)`, what it is,
+# help line, whether `argv` starts with the subcommand's name).
+_DELEGATED: dict[str, tuple[str, str, str, bool]] = {
+    "fixture": (
+        "aner_lang.testing.fixture",
+        "the fixture writer",
+        "write a tiny deterministic GGUF model (for tests)",
+        False,
+    ),
+    "qualify": (
+        "aner_lang.runtime.qualify.report",
+        "the qualifier",
+        "run this machine's qualification report (tests, benchmarks, every method on SmolLM2)",
+        False,
+    ),
+    "submit": (
+        "aner_lang.runtime.jobs.commands",
+        "the job runner",
+        "start a script as a background job (prints its id)",
+        True,
+    ),
+    "jobs": ("aner_lang.runtime.jobs.commands", "the job runner", "list background jobs", True),
+    "logs": ("aner_lang.runtime.jobs.commands", "the job runner", "show a job's events", True),
+    "cancel": (
+        "aner_lang.runtime.jobs.commands",
+        "the job runner",
+        "stop a job cleanly (its checkpoint is written)",
+        True,
+    ),
+    "resume": (
+        "aner_lang.runtime.jobs.commands",
+        "the job runner",
+        "continue a failed, cancelled or interrupted job from its checkpoints",
+        True,
+    ),
+}
+
+
 def _delegate(module: str, what: str, argv: list[str] | None) -> int:
     try:
         mod = importlib.import_module(module)
@@ -214,16 +264,12 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(fn=cmd_explain)
     p = sub.add_parser("lsp", help="run the language server on stdio")
     p.set_defaults(fn=lambda a: _delegate("aner_lsp.server", "the language server", None))
-    p = sub.add_parser(
-        "fixture", help="write a tiny deterministic GGUF model (for tests)", add_help=False
-    )
-    p.add_argument("rest", nargs=argparse.REMAINDER)
-    p.set_defaults(
-        fn=lambda a: _delegate("aner_lang.testing.fixture", "the fixture writer", a.rest)
-    )
+    for name, (_, _, what, _) in _DELEGATED.items():
+        sub.add_parser(name, help=what, add_help=False)
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["fixture"]:  # everything after `fixture` belongs to the fixture writer
-        return _delegate("aner_lang.testing.fixture", "the fixture writer", argv[1:])
+    if argv[:1] and argv[0] in _DELEGATED:  # everything after the name belongs to its module
+        module, what, _, with_name = _DELEGATED[argv[0]]
+        return _delegate(module, what, argv if with_name else argv[1:])
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:

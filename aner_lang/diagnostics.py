@@ -283,6 +283,22 @@ def internal_error(span: Span | None, exc: BaseException) -> Diagnostic:
     )
 
 
+def native_unavailable(
+    span: Span, builtin: str, package: str, more_calls: int, before_running: bool
+) -> Diagnostic:
+    """A script calls native builtins on an installation without the native runtime: an error
+    before `aner run` starts (nothing would run), a warning for `aner check` (the script is fine;
+    this machine cannot run it)."""
+    more = f"{more_calls} more call(s) in this script need it too" if more_calls else None
+    return Diagnostic(
+        "E-NATIVE-UNAVAILABLE" if before_running else "W-NATIVE-UNAVAILABLE",
+        span,
+        f"native runtime not installed: `{builtin}` needs the Python package '{package}'",
+        severity=ERROR if before_running else WARNING,
+        notes=tuple(n for n in (more, "install it with: pip install 'aner[native]'") if n),
+    )
+
+
 # ---- documentation checking ----------------------------------------------------------------------
 
 

@@ -39,6 +39,8 @@ class Area(Enum):
     TRAINING = "Training"
     CHECKPOINTS = "Checkpoints"
     DATA = "Datasets"
+    JOBS = "Background jobs"
+    SERVICES = "Model services"
     TOOLS = "Tools"
     INTERNAL = "Environment and internal errors"
 
@@ -1940,6 +1942,233 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         Python calling `write_fixture("m.gguf", "huge")`.
         """,
     ),
+    # ---- background jobs -------------------------------------------------------------------------
+    _code(
+        "E-JOB-UNKNOWN",
+        Area.JOBS,
+        "there is no job with this id",
+        _SITUATION,
+        """
+        `aner logs`, `aner cancel` and `aner resume` take the id `aner submit` printed; `aner
+        jobs` lists every job of this user's job database. Jobs live in the data directory
+        (`ANER_DATA_DIR`, else `$XDG_DATA_HOME/aner`, else `~/.local/share/aner`): a job
+        submitted with another `ANER_DATA_DIR` is not seen here.
+        """,
+        """
+        `aner logs 999` when `aner jobs` lists no job 999.
+        """,
+    ),
+    _code(
+        "E-JOB-STATE",
+        Area.JOBS,
+        "the job is not in a state that allows this",
+        _SITUATION,
+        """
+        Only an active job (queued, waiting for a GPU, running) can be cancelled, and only a
+        failed, cancelled or interrupted job can be resumed: a finished job has nothing left to
+        do. A job is also not resumed when its script changed or disappeared since it was
+        submitted, because its checkpoints belong to the script as it was: submit the changed
+        script as a new job. `aner jobs` shows each job's state.
+        """,
+        """
+        `aner resume 3` when job 3 is finished.
+        """,
+    ),
+    _code(
+        "E-JOB-RESUME",
+        Area.JOBS,
+        "a resumed job's checkpoint does not belong to this train call",
+        _SITUATION,
+        """
+        A resumed job runs its script again from the start, and each `train` call continues from
+        the latest checkpoint in its directory. Before continuing, the checkpoint is compared with
+        the call: the same adapter configuration (method, rank, targets, seed, ...), the same
+        train options (steps, learning rate, batch, schedule, seed, ...), the same profile and
+        the same base model. A difference means the script no longer makes the same calls (it
+        reads a file that changed, say), and continuing would not give the run that was
+        interrupted. Submit the script as a new job.
+        """,
+        """
+        `aner resume 4` after the data file job 4's script reads changed its number of examples.
+        """,
+    ),
+    _code(
+        "E-JOB-TIMEOUT",
+        Area.JOBS,
+        "a job did not end within the time waited for it",
+        _SCRIPT,
+        """
+        `wait(job, timeout: seconds)` gives up when the job is still active after that many
+        seconds. The job itself goes on; wait again, leave out `timeout` to wait as long as it
+        runs, or follow it with `aner logs -f ID`.
+        """,
+        """
+        # train.aner trains for several minutes
+        let job = submit("train.aner")
+        print(wait(job, timeout: 1.0).state)
+        """,
+    ),
+    _code(
+        "E-JOB-SCRIPT",
+        Area.JOBS,
+        "a script given to submit does not check",
+        _SCRIPT,
+        """
+        `submit(script)` checks the script before it starts a job, so a typo fails here and not
+        minutes later in the background. The note shows the first error; `aner check` on the
+        script shows them all. No job is started.
+        """,
+        """
+        # broken.aner calls a builtin with a misspelled argument
+        print(submit("broken.aner").id)
+        """,
+    ),
+    _code(
+        "E-JOB-STORE",
+        Area.JOBS,
+        "the job database cannot be opened or written",
+        _SITUATION,
+        """
+        Jobs are recorded in `jobs.db`, an SQLite database in the data directory (`ANER_DATA_DIR`,
+        else `$XDG_DATA_HOME/aner`, else `~/.local/share/aner`). The folder is not writable, the
+        file is damaged, or it is on a network file system where SQLite's locking does not work.
+        Point `ANER_DATA_DIR` at a writable folder on a local disk, or move a damaged `jobs.db`
+        aside (its jobs' folders stay where they are).
+        """,
+        """
+        `aner jobs` with `ANER_DATA_DIR` naming a read-only folder.
+        """,
+    ),
+    # ---- model services ----------------------------------------------------------------------------
+    _code(
+        "E-SERVICE-URL",
+        Area.SERVICES,
+        "the service address is not an http or https URL",
+        _RUN,
+        """
+        `connect` takes the server's base address with its scheme: `http://127.0.0.1:8080` for a
+        llama.cpp server, `http://localhost:11434` for Ollama, `https://api.example.com` for a
+        hosted API. A trailing `/v1` is accepted and ignored.
+        """,
+        """
+        let llm = connect("localhost:8080")
+        print(llm.model)
+        """,
+    ),
+    _code(
+        "E-SERVICE-KEY",
+        Area.SERVICES,
+        "the environment variable that should hold the API key is not set",
+        _RUN,
+        """
+        `connect(url, api_key_env: "NAME")` reads the key from the environment variable `NAME`,
+        so the key never appears in a script, a message or a log. The variable is not set (or is
+        empty) in the environment the script runs in: export it first, or leave `api_key_env` out
+        for a server that needs no key.
+        """,
+        """
+        let llm = connect("http://127.0.0.1:8080", api_key_env: "ANER_EXAMPLE_UNSET_KEY")
+        print(llm.model)
+        """,
+    ),
+    _code(
+        "E-SERVICE-CONNECT",
+        Area.SERVICES,
+        "the model server cannot be reached",
+        _RUN,
+        """
+        Nothing accepted the connection at the service's address (connection refused, unknown
+        host, network down), on every attempt. Check that the server runs and listens on that
+        host and port: `llama-server -m model.gguf --port 8080`, `ollama serve`. A server that
+        is starting up is retried: `connect(..., retries: n)` waits longer.
+        """,
+        """
+        let llm = connect("http://127.0.0.1:1", retries: 0)
+        print(llm.model)
+        """,
+    ),
+    _code(
+        "E-SERVICE-TIMEOUT",
+        Area.SERVICES,
+        "the model server did not answer in time",
+        _SCRIPT,
+        """
+        Every request waits at most `timeout` seconds (60 by default) and is retried `retries`
+        times. A long generation on a slow machine may need more: `connect(url, timeout:
+        300.0)`. A server that never answers is overloaded or stuck.
+        """,
+        """
+        # the server at this address accepts connections but never answers
+        let llm = connect("http://127.0.0.1:8080", timeout: 5.0)
+        print(llm.model)
+        """,
+    ),
+    _code(
+        "E-SERVICE-AUTH",
+        Area.SERVICES,
+        "the model server refused the request as unauthorized",
+        _SCRIPT,
+        """
+        The server answered HTTP 401 or 403. Without `api_key_env` no key was sent: name the
+        environment variable that holds one. With it, the key was refused: check the variable's
+        value (the message never shows it).
+        """,
+        """
+        # OPENAI_API_KEY holds an expired key
+        let llm = connect("https://api.openai.com", model: "gpt-4o-mini", api_key_env: "OPENAI_API_KEY")
+        print(chat(llm, "Hello"))
+        """,
+    ),
+    _code(
+        "E-SERVICE-HTTP",
+        Area.SERVICES,
+        "the model server answered with an HTTP error",
+        _SCRIPT,
+        """
+        The server answered with an error status: 404 (an endpoint or model it does not have),
+        400 (a request it does not accept, such as `generate` on a chat-only hosted model), or a
+        5xx that persisted through every retry. The note quotes what the server said.
+        """,
+        """
+        # the Ollama server has no model named "nonexistent"
+        let llm = connect("http://localhost:11434", model: "nonexistent")
+        print(generate(llm, "Hello"))
+        """,
+    ),
+    _code(
+        "E-SERVICE-RESPONSE",
+        Area.SERVICES,
+        "the model server's answer is not what an OpenAI-compatible server sends",
+        _SCRIPT,
+        """
+        The answer is not JSON, or lacks a field the OpenAI API defines (`choices`, `data`, ...).
+        The address probably points at another kind of server (a web page, a proxy's error
+        page), or at the wrong port.
+        """,
+        """
+        # port 8000 serves a web page, not a model
+        let llm = connect("http://127.0.0.1:8000")
+        print(llm.model)
+        """,
+    ),
+    _code(
+        "E-SERVICE-LOGPROBS",
+        Area.SERVICES,
+        "the model server does not report log-probabilities of given tokens",
+        _SCRIPT,
+        """
+        `evaluate` on a service needs the probability the model gives each token of the
+        dataset, which llama.cpp's server reports (its `/tokenize` and `/completion`
+        endpoints). Ollama, vLLM's OpenAI API and hosted APIs do not offer it that way, so
+        `evaluate` refuses them rather than guess. `generate` and `chat` work with all of them;
+        to evaluate, serve the model with llama.cpp, or load it locally.
+        """,
+        """
+        # an Ollama server
+        let llm = connect("http://localhost:11434", model: "smollm2")
+        print(evaluate(llm, texts(["The quiet lake."])).loss)
+        """,
+    ),
     # ---- environment and internal errors ---------------------------------------------------------
     _code(
         "E-NATIVE-UNAVAILABLE",
@@ -1948,12 +2177,33 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         _SCRIPT,
         """
         Builtins that load, run or train models are implemented with torch, gguf, tokenizers and
-        safetensors, which the front end does not need: `aner check` works without them, but
-        running such a builtin does not. The message names the builtin and the missing package.
-        Install the native extra: `pip install 'aner[native]'`.
+        safetensors, which the front end does not need: `aner check` works without them (and
+        warns, `W-NATIVE-UNAVAILABLE`), but running such a builtin does not. `aner run` reports
+        this for the first native call before the script starts, so a script never stops
+        halfway for it. The message names the builtin and the missing package. Install the
+        native extra: `pip install 'aner[native]'`.
         """,
         """
         # on an installation without torch
+        let model = load_model("model.gguf")
+        print(model)
+        """,
+    ),
+    _code(
+        "W-NATIVE-UNAVAILABLE",
+        Area.INTERNAL,
+        "this installation cannot run the script's native builtins",
+        _SCRIPT,
+        """
+        `aner check` found calls to builtins that need the native backend (torch, gguf,
+        tokenizers, safetensors) on an installation without it. The script itself is fine;
+        here it would stop at the first such call, so `aner run` refuses it before running
+        anything (`E-NATIVE-UNAVAILABLE`). Install the native extra, `pip install
+        'aner[native]'`, or keep to builtins that need none: services (`connect`, and
+        `generate`, `chat`, `evaluate` on a `Service`), jobs and the core builtins.
+        """,
+        """
+        # checked on an installation without torch
         let model = load_model("model.gguf")
         print(model)
         """,

@@ -20,6 +20,9 @@ _MODULES: tuple[str, ...] = (
     "aner_lang.builtins.train",
     "aner_lang.builtins.artifacts",
     "aner_lang.builtins.memory",
+    "aner_lang.builtins.jobs",
+    "aner_lang.builtins.deploy",
+    "aner_lang.builtins.services",
 )
 
 

@@ -29,10 +29,7 @@ from __future__ import annotations
 import math
 import os
 import signal
-import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -46,7 +43,7 @@ from aner_lang.runtime.model.precision import DTYPES, autocast
 from aner_lang.runtime.model.sections import section
 from aner_lang.runtime.nf4.backends import NF4Backend, using_backend
 from aner_lang.runtime.tasks.data import Dataset, collate
-from aner_lang.runtime.train import checkpoint
+from aner_lang.runtime.train import checkpoint, control
 from aner_lang.runtime.train.graphs import GraphSteps, eligibility
 from aner_lang.runtime.train.loss_scale import LossScaler
 from aner_lang.runtime.train.optim import make_optimizer
@@ -212,6 +209,8 @@ def train(
         "eval_every": eval_every,
         "patience": patience,
     }
+    run_control = control.begin(adapter, profile, options, checkpoints, checkpoint_every)
+    checkpoints, checkpoint_every = run_control.checkpoints, run_control.checkpoint_every
     loop = _Loop(adapter, data, profile, options, run_identity(adapter, profile, backend))
     log_path = _log_path(log, checkpoints)
     events = EventLog(log_path, log_dir)
@@ -221,8 +220,10 @@ def train(
     stop = "done"
     saved: Path | None = None
     try:
-        events.add(loop.start_event(data))
-        with using_backend(backend), keeping(activations), _ctrl_c() as interrupted:
+        first = loop.start_event(data)
+        events.add(first)
+        run_control.emit({**first, "steps": total})
+        with using_backend(backend), keeping(activations), run_control.stop_signals():
             while loop.counters.updates < total and not loop.counters.stopped_early:
                 event = loop.update()
                 updates = loop.counters.updates
@@ -238,15 +239,16 @@ def train(
                     if patience and loop.validations_since_best() >= patience:
                         loop.counters.stopped_early = True
                         stop = "early_stopping"
-                if interrupted() and not done and stop == "done":
+                if run_control.stop_requested and not done and stop == "done":
                     stop = "interrupted"
                 events.add(event)
+                run_control.emit({**event, "steps": total})
                 progress.update(event)
                 end = done or stop != "done"
                 if end or (checkpoints and checkpoint_every and updates % checkpoint_every == 0):
                     adapter.state = state or loop.snapshot()
                     if checkpoints:
-                        saved = checkpoint.save(checkpoints, adapter.state)
+                        saved = run_control.save(adapter.state)
                 if end:
                     break
         events.add(loop.end_event(stop, time.perf_counter() - start))
@@ -255,36 +257,11 @@ def train(
         adapter.train_mode(False)
         events.close()
         progress.close(loop.summary(stop, time.perf_counter() - start))
-    if stop == "interrupted":
-        raise KeyboardInterrupt(_resume_hint(loop.counters.updates, total, saved, checkpoints))
+    if stop == "interrupted":  # Ctrl-C: exit 130 with how to continue; SIGTERM: RunStopped
+        if run_control.stop_signal == signal.SIGINT:
+            raise KeyboardInterrupt(_resume_hint(loop.counters.updates, total, saved, checkpoints))
+        raise run_control.stopped(loop.counters.updates, total, saved)
     return loop.result(time.perf_counter() - start, log_path, stop)
-
-
-@contextmanager
-def _ctrl_c() -> Iterator[Any]:
-    """While training: the first Ctrl-C asks the loop to stop after the current update (the
-    yielded function says whether it has been pressed); the second interrupts at once."""
-    pressed: list[bool] = []
-    try:
-        previous = signal.getsignal(signal.SIGINT)
-        signal.signal(signal.SIGINT, lambda *_: _first_press(pressed, previous))
-    except ValueError:  # not the main thread: Ctrl-C is not ours to handle
-        yield lambda: False
-        return
-    try:
-        yield lambda: bool(pressed)
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-def _first_press(pressed: list[bool], previous: Any) -> None:
-    pressed.append(True)
-    signal.signal(signal.SIGINT, previous)
-    print(
-        "\ntrain: Ctrl-C: stopping after this update (press it again to stop at once)",
-        file=sys.stderr,
-        flush=True,
-    )
 
 
 def _resume_hint(updates: int, total: int, saved: Path | None, checkpoints: str | None) -> str:
