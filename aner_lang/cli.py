@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from aner_lang.diagnostics import Diagnostic, render
+from aner_lang.diagnostics import Diagnostic, file_error, render
 
 Command = Callable[[argparse.Namespace], int]
 """A subcommand: the parsed arguments -> the exit code."""
@@ -25,13 +25,14 @@ def _print(diags: list[Diagnostic], source: str | None) -> None:
 
 
 def _read(path: str) -> str | None:
+    """A script's text (bounded: `files.SCRIPT_LIMIT`), or None after printing why not."""
+    from aner_lang import files
+    from aner_lang.errors import AnerRuntimeError
+
     try:
-        return Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        print(
-            f"{path}: error[E-IO]: cannot read the file: {getattr(e, 'strerror', None) or e}",
-            file=sys.stderr,
-        )
+        return files.read_text(path, files.SCRIPT_LIMIT)
+    except AnerRuntimeError as e:
+        _print([file_error(path, e)], None)
         return None
 
 
