@@ -1485,6 +1485,23 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         """,
     ),
     _code(
+        "E-ADAPTER-CONFIG",
+        Area.ADAPTERS,
+        "a saved adapter configuration is malformed",
+        _SITUATION,
+        """
+        An adapter is rebuilt from the configuration saved with it (`adapter.json`, or a
+        checkpoint's `state.json`), and that configuration names a setting the method does not
+        take, or gives one a value of the wrong type (a rank that is not an integer, targets that
+        are not a list of names). Files written by Aner always hold a valid configuration: this
+        one was edited or comes from elsewhere. Save the adapter again.
+        """,
+        """
+        `load_adapter(model, "adapters/a")` after `"rank": 8` in `adapter.json` was changed to
+        `"rank": "eight"`.
+        """,
+    ),
+    _code(
         "E-ADAPTER-STATE",
         Area.ADAPTERS,
         "saved adapter tensors do not match the adapter's configuration",

@@ -60,7 +60,9 @@ def check_name(path: str | Path) -> None:
         raise _fail(repr(str(path)), "a path cannot contain a NUL character", "E-FILE-NAME")
 
 
-def _size_of_regular(path: str | Path) -> int:
+def regular_size(path: str | Path, limit: int | None = None) -> int:
+    """The size of the regular file `path` (links followed), at most `limit` bytes when given;
+    for a reader that opens the file itself (a memory map, a streaming parser)."""
     check_name(path)
     try:
         st = os.stat(path)  # follows symbolic links: a link to a device is a device
@@ -80,6 +82,8 @@ def _size_of_regular(path: str | Path) -> int:
             "is not a regular file (a device, a pipe or a socket), which Aner never reads",
             "E-FILE-KIND",
         )
+    if limit is not None and st.st_size > limit:
+        raise _too_large(path, st.st_size, limit)
     return st.st_size
 
 
@@ -93,9 +97,7 @@ def _too_large(path: str | Path, size: int, limit: int) -> AnerRuntimeError:
 
 def read_bytes(path: str | Path, limit: int) -> bytes:
     """The whole file, if it is a regular file of at most `limit` bytes."""
-    size = _size_of_regular(path)
-    if size > limit:
-        raise _too_large(path, size, limit)
+    regular_size(path, limit)
     try:
         with open(path, "rb") as f:
             data = f.read(limit + 1)
@@ -130,9 +132,7 @@ def lines(
 ) -> Iterator[tuple[int, str]]:
     """(line number, text without its line ending) of every line of a UTF-8 file, reading a line
     at a time: memory is bounded by `line_limit`, not by the file."""
-    size = _size_of_regular(path)
-    if size > limit:
-        raise _too_large(path, size, limit)
+    regular_size(path, limit)
     try:
         with open(path, "rb") as f:
             number = 0

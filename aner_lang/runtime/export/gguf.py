@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from aner_lang import files
 from aner_lang.architectures import Kind
 from aner_lang.errors import AnerRuntimeError
 from aner_lang.runtime.io.gguf import GGUFFile, permute_rows
@@ -105,8 +106,11 @@ def write_keys(writer: Any, keys: dict[str, Any]) -> None:
             writer.add_key_value(key, value, vtype(value, key))
 
 
-def export_gguf(model: Any, path: str | Path, dtype: str = "f16") -> Path:
-    """Write `model` (a base or a merged adapter) as a GGUF file of `dtype` weights."""
+def export_gguf(
+    model: Any, path: str | Path, dtype: str = "f16", *, overwrite: bool = False
+) -> Path:
+    """Write `model` (a base or a merged adapter) as a GGUF file of `dtype` weights: an existing
+    file only with `overwrite`, and never the model's own source file (`aner_lang.files`)."""
     import gguf
 
     if dtype not in DTYPES:
@@ -119,28 +123,30 @@ def export_gguf(model: Any, path: str | Path, dtype: str = "f16") -> Path:
             "export_gguf needs a model; merge the adapter first: export_gguf(merge(adapter), path)",
             code="E-EXPORT",
         )
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    writer = gguf.GGUFWriter(str(tmp), model.architecture.gguf_architectures[0])
-    if Path(model.path).is_dir():
-        _folder_metadata(writer, model)
-    else:
-        _copy_metadata(writer, Path(model.path))
-    writer.add_file_type(_FILE_TYPE[dtype])
-    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    with torch.no_grad():
-        for name, t in _gguf_tensors(model):
-            data = t.detach().float().cpu().numpy()
-            writer.add_tensor(name, data if data.ndim == 1 else data.astype(DTYPES[dtype]))
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-    tmp.replace(out)
+    out = files.check_target(path, overwrite=overwrite, protected=[model.path])
+    files.make_parent(out)
+    with files.staged(out) as tmp:
+        writer = gguf.GGUFWriter(str(tmp), model.architecture.gguf_architectures[0])
+        if Path(model.path).is_dir():
+            _folder_metadata(writer, model)
+        else:
+            _copy_metadata(writer, Path(model.path))
+        writer.add_file_type(_FILE_TYPE[dtype])
+        writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+        with torch.no_grad():
+            for name, t in _gguf_tensors(model):
+                data = t.detach().float().cpu().numpy()
+                writer.add_tensor(name, data if data.ndim == 1 else data.astype(DTYPES[dtype]))
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_tensors_to_file()
+            writer.close()
+        files.publish(tmp, out, overwrite=overwrite)
     return out
 
 
-def export_gguf_builtin(ctx: Any, *, model: Any, path: str, dtype: str = "f16") -> str:
+def export_gguf_builtin(
+    ctx: Any, *, model: Any, path: str, dtype: str = "f16", overwrite: bool = False
+) -> str:
     """Builtin `export_gguf`: `path` is relative to the script; returns the file written."""
-    return str(export_gguf(model, ctx.resolve_path(path), dtype))
+    return str(export_gguf(model, ctx.resolve_path(path), dtype, overwrite=overwrite))

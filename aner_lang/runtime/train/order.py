@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from aner_lang.errors import AnerRuntimeError
+
 
 def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
     gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
@@ -14,6 +16,12 @@ class Cursor:
     """Position in the seeded per-epoch example order."""
 
     def __init__(self, n: int, seed: int, epoch: int = 0, position: int = 0) -> None:
+        if not 0 <= position <= n:  # a resumed position comes from a checkpoint's state
+            raise AnerRuntimeError(
+                f"the training state's data position {position} is outside the {n} examples",
+                code="E-STATE-FORMAT",
+                notes=("was the checkpoint written for another dataset?",),
+            )
         self.n, self.seed, self.epoch, self.position = n, seed, epoch, position
         self._order = epoch_order(n, seed, epoch)
 
