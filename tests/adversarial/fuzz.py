@@ -305,17 +305,18 @@ def fuzz(target: str, examples: int, seconds: float, example_seconds: int, workd
         finally:
             signal.alarm(0)
 
+    search = given(strategy)(
+        settings(
+            max_examples=examples,
+            deadline=None,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+            derandomize=seconds == 0,
+        )(bounded)
+    )
     runs = 0
     while True:
-        given(strategy)(
-            settings(
-                max_examples=examples,
-                deadline=None,
-                database=None,
-                suppress_health_check=list(HealthCheck),
-                derandomize=seconds == 0,
-            )(bounded)
-        )()
+        search()  # each round draws new examples (unless derandomized: a single round)
         runs += examples
         if time.monotonic() >= deadline:
             print(f"{target}: {runs} examples, no failure; outcomes {dict(outcomes.most_common())}")
