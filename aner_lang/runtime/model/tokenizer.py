@@ -22,6 +22,8 @@ templates (``raise_exception``, ``strftime_now``, a ``tojson`` that keeps non-AS
 from __future__ import annotations
 
 import json
+import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -449,7 +451,7 @@ class Tokenizer:
         def tojson(value: Any, indent: int | None = None) -> str:
             return json.dumps(value, ensure_ascii=False, indent=indent)
 
-        env = ImmutableSandboxedEnvironment(
+        env = _bounded_environment(ImmutableSandboxedEnvironment)(
             trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
         )
         env.filters["tojson"] = tojson
@@ -457,7 +459,8 @@ class Tokenizer:
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         token = self.token_text
         try:
-            return env.from_string(self.chat_template).render(
+            return _render_bounded(
+                env.from_string(self.chat_template),
                 messages=list(messages),
                 add_generation_prompt=add_generation_prompt,
                 bos_token=token(self.bos_id) if self.bos_id is not None else "",
@@ -467,3 +470,80 @@ class Tokenizer:
             raise AnerRuntimeError(
                 f"chat template failed to render: {exc}", code="E-CHAT-TEMPLATE"
             ) from None
+
+
+TEMPLATE_SECONDS = 10.0
+"""The longest a chat template may take to render."""
+TEMPLATE_OUTPUT = 1 << 24
+"""The most characters a rendered chat template (or any string it builds) may hold."""
+
+
+def _template_limit(what: str) -> AnerRuntimeError:
+    return AnerRuntimeError(
+        f"chat template: {what}",
+        code="E-CHAT-TEMPLATE",
+        notes=(
+            f"a template may render for {TEMPLATE_SECONDS:g} s and build strings of "
+            f"{TEMPLATE_OUTPUT:,} characters at most",
+        ),
+    )
+
+
+def _bounded_environment(base: type) -> type:
+    """`base` (jinja2's sandbox) with `*`, `**` and `+` checked before they run: a template
+    cannot build a string or a list beyond `TEMPLATE_OUTPUT`, or a number of more than a few
+    thousand digits, in one operation."""
+
+    class Bounded(base):  # type: ignore[misc, valid-type]
+        intercepted_binops = frozenset({"*", "**", "+"})
+
+        def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+            if operator == "**" and isinstance(right, int) and abs(right) > 1024:
+                raise _template_limit(f"the exponent {right} is too large")
+            if operator == "*":
+                n, seq = (right, left) if isinstance(right, int) else (left, right)
+                if (
+                    isinstance(n, int)
+                    and hasattr(seq, "__len__")
+                    and len(seq) * n > TEMPLATE_OUTPUT
+                ):
+                    raise _template_limit("a repeated string or list is too large")
+            if (
+                operator == "+"
+                and hasattr(left, "__len__")
+                and hasattr(right, "__len__")
+                and len(left) + len(right) > TEMPLATE_OUTPUT
+            ):
+                raise _template_limit("a concatenated string or list is too large")
+            return super().call_binop(context, operator, left, right)
+
+    return Bounded
+
+
+def _render_bounded(template: Any, **variables: Any) -> str:
+    """`template.render(**variables)` within `TEMPLATE_SECONDS` and `TEMPLATE_OUTPUT`: the
+    template's own frames are traced (line by line, nothing else) so that a loop which outputs
+    nothing is stopped too."""
+    deadline = time.monotonic() + TEMPLATE_SECONDS
+
+    def local(frame: Any, event: str, arg: Any) -> Any:
+        if time.monotonic() > deadline:
+            raise _template_limit(f"rendering took more than {TEMPLATE_SECONDS:g} s")
+        return local
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        return local if frame.f_code.co_filename == "<template>" else None
+
+    out: list[str] = []
+    size = 0
+    previous = sys.gettrace()
+    sys.settrace(tracer)
+    try:
+        for chunk in template.generate(**variables):
+            size += len(chunk)
+            if size > TEMPLATE_OUTPUT:
+                raise _template_limit("the rendered text is too long")
+            out.append(chunk)
+    finally:
+        sys.settrace(previous)
+    return "".join(out)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from aner_lang import files
 from aner_lang.errors import AnerRuntimeError
 from aner_lang.runtime.model.loss import IGNORE
 from aner_lang.runtime.model.tokenizer import Tokenizer
@@ -142,24 +143,31 @@ def from_texts(items: Sequence[str], context: int) -> Dataset:
     return Dataset(tuple(Record("", t) for t in items), context)
 
 
-def _jsonl_rows(path: Path) -> list[dict]:
-    if not path.is_file():
-        raise AnerRuntimeError(f"{path}: no such JSONL file", code="E-DATA-FILE")
+def _jsonl_rows(path: Path) -> list[tuple[int, dict]]:
+    """(line number, object) of every non-blank line, read through `aner_lang.files.lines`: one
+    bounded line at a time, split at `\n` only (a U+2028 inside a string stays in its line),
+    invalid UTF-8 reported at its line."""
     rows = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise AnerRuntimeError(
-                f"{path}:{n}: not valid JSON ({exc.msg})", code="E-DATA-JSON"
-            ) from None
-        if not isinstance(row, dict):
-            raise AnerRuntimeError(
-                f"{path}:{n}: each line must be a JSON object", code="E-DATA-JSON"
-            )
-        rows.append(row)
+    try:
+        for n, line in files.lines(path):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except (json.JSONDecodeError, RecursionError) as exc:
+                reason = exc.msg if isinstance(exc, json.JSONDecodeError) else "nested too deeply"
+                raise AnerRuntimeError(
+                    f"{path}:{n}: not valid JSON ({reason})", code="E-DATA-JSON"
+                ) from None
+            if not isinstance(row, dict):
+                raise AnerRuntimeError(
+                    f"{path}:{n}: each line must be a JSON object", code="E-DATA-JSON"
+                )
+            rows.append((n, row))
+    except AnerRuntimeError as exc:
+        if exc.code == "E-FILE-MISSING":
+            raise AnerRuntimeError(f"{path}: no such JSONL file", code="E-DATA-FILE") from None
+        raise
     if not rows:
         raise AnerRuntimeError(f"{path}: the file has no examples", code="E-DATA-EMPTY")
     return rows
@@ -170,7 +178,7 @@ def _text_field(path: Path, n: int, row: dict, name: str) -> str:
     if not isinstance(value, str):
         found = ", ".join(sorted(row)) or "none"
         raise AnerRuntimeError(
-            f"{path}: example {n} has no string field {name!r} (fields: {found})",
+            f"{path}:{n}: the example has no string field {name!r} (fields: {found})",
             code="E-DATA-FIELD",
         )
     return value
@@ -192,7 +200,7 @@ def from_jsonl(
             code="E-DATA-FIELD",
         )
     records = []
-    for n, row in enumerate(rows, start=1):
+    for n, row in rows:
         if prompt_field is not None and completion_field is not None:
             records.append(
                 Record(
