@@ -295,9 +295,9 @@ def _load_peft(model: Any, directory: Path) -> Any:
 def load_adapter(model: Any, directory: str | Path) -> Any:
     """An adapter of `model` read from `directory` (Aner's format or PEFT's LoRA/DoRA)."""
     d = Path(directory)
-    if (d / ANER_CONFIG).is_file():
+    if (d / ANER_CONFIG).exists():  # not is_file: a device or a folder there is an error
         return _load_aner(model, d)
-    if (d / PEFT_CONFIG).is_file():
+    if (d / PEFT_CONFIG).exists():
         return _load_peft(model, d)
     raise _fail(d, f"neither {ANER_CONFIG} nor {PEFT_CONFIG} is there", "E-ADAPTER-MISSING")
 

@@ -3,8 +3,10 @@ computed once and cached.
 
 A checkpoint records which base it was trained on, and loading refuses a different base. Hashing
 a 100 MB GGUF costs a fraction of a second, far too much to pay at every checkpoint, so the digest
-is cached in a small JSON file keyed by the file's resolved path, and trusted only while the file's
-size and mtime (nanoseconds) are unchanged. The cache lives in ``$ANER_CACHE_DIR`` (default
+is cached in a small JSON file keyed by the file's resolved path, and trusted only while each file's
+size, inode, mtime and ctime (nanoseconds) are unchanged: mtime alone can be set back by anyone
+who can write the file (`touch -d`), ctime cannot (the kernel sets it on every change, `utime`
+included). The cache lives in ``$ANER_CACHE_DIR`` (default
 ``$XDG_CACHE_HOME/aner`` or ``~/.cache/aner``); a cache that cannot be read or written is simply
 not used, since the digest can always be recomputed.
 """
@@ -76,7 +78,7 @@ def _digest(p: Path) -> str:
 
 def fingerprint(path: str | Path) -> str:
     """sha256 of the GGUF at `path` (of a folder: of its files' names and digests), from the cache
-    when the total size and the latest mtime still match."""
+    when the total size and every file's inode, mtime and ctime still match."""
     p = Path(path).resolve()
     try:
         stats = [f.stat() for f in _files(p)]
@@ -85,18 +87,18 @@ def fingerprint(path: str | Path) -> str:
             f"cannot fingerprint base model {p}: {e.strerror}", code="E-FINGERPRINT"
         ) from None
     size = sum(st.st_size for st in stats)
-    mtime = max((st.st_mtime_ns for st in stats), default=0)
+    stamps = [[st.st_ino, st.st_mtime_ns, st.st_ctime_ns] for st in stats]
     cache_file = cache_dir() / _CACHE_NAME
     cache = _read_cache(cache_file)
     entry = cache.get(str(p))
     if (
         isinstance(entry, dict)
         and entry.get("size") == size
-        and entry.get("mtime_ns") == mtime
+        and entry.get("stamps") == stamps
         and isinstance(entry.get("sha256"), str)
     ):
         return str(entry["sha256"])
     digest = _digest(p)
-    cache[str(p)] = {"size": size, "mtime_ns": mtime, "sha256": digest}
+    cache[str(p)] = {"size": size, "stamps": stamps, "sha256": digest}
     _write_cache(cache_file, cache)
     return digest

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
+from aner_lang import files
 from aner_lang.errors import AnerRuntimeError
 
 if TYPE_CHECKING:
@@ -361,7 +362,7 @@ class Tokenizer:
             template = named.get("default")
         jinja = folder / "chat_template.jinja"
         if template is None and jinja.is_file():
-            template = jinja.read_text(encoding="utf-8")
+            template = files.read_text(jinja, TEMPLATE_OUTPUT)
         stops = {eos} if eos is not None else set()
         for ids in (generation.get("eos_token_id"), config.get("eos_token_id")):
             stops |= {
