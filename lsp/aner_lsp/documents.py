@@ -16,15 +16,37 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from lsprotocol import types as lsp
-from pygls.lsp.server import LanguageServer
 from pygls.uris import from_fs_path, to_fs_path
 
 from aner_lsp import __version__
 from aner_lsp.positions import LineIndex
 from aner_lsp.stale import AnalysisView, ShiftedAnalysis
+from aner_lsp.transport import BoundedServer
 
 if TYPE_CHECKING:
     from aner_lang.check import Analysis
+
+
+ANALYSIS_LIMIT = 1 << 20
+"""The longest buffer analysed live, in characters: analysis takes a few seconds per MiB, and the
+server must keep answering. `aner check` checks longer files (up to `files.SCRIPT_LIMIT`)."""
+
+
+def _too_large(path: str | None, source: str) -> Analysis:
+    from aner_lang.check import Analysis
+    from aner_lang.diagnostics import Diagnostic
+    from aner_lang.grammar import ast
+    from aner_lang.grammar.ast import Span
+
+    d = Diagnostic(
+        "E-FILE-TOO-LARGE",
+        Span(1, 1, 1, 1, 0, 0),
+        f"this file has {len(source):,} characters; the language server analyses at most "
+        f"{ANALYSIS_LIMIT:,}",
+        notes=("run `aner check` on it instead",),
+        path=path,
+    )
+    return Analysis(path, source, ast.Module(path, ()), diagnostics=[d])
 
 
 @dataclass
@@ -36,7 +58,7 @@ class Snapshot:
     version: int | None
 
 
-class AnerServer(LanguageServer):
+class AnerServer(BoundedServer):
     def __init__(self) -> None:
         super().__init__("aner-lsp", __version__)
         self.snapshots: dict[str, Snapshot] = {}
@@ -56,12 +78,14 @@ class AnerServer(LanguageServer):
         return (resolved, doc.source) if doc is not None else file_resolver(path, importer)
 
     def analyse(self, uri: str, source: str, version: int | None) -> Snapshot:
-        """Analyse one text of the buffer (pure: safe to run on a worker thread)."""
+        """Analyse one text of the buffer (pure: safe to run on a worker thread). A buffer
+        longer than `ANALYSIS_LIMIT` is not analysed: it gets one diagnostic saying so."""
         from aner_lang.check import analyze
 
-        return Snapshot(
-            analyze(source, self.path_of(uri), resolver=self.resolve), LineIndex(source), version
-        )
+        path = self.path_of(uri)
+        if len(source) > ANALYSIS_LIMIT:
+            return Snapshot(_too_large(path, source), LineIndex(source), version)
+        return Snapshot(analyze(source, path, resolver=self.resolve), LineIndex(source), version)
 
     def refresh(self, uri: str) -> Snapshot:
         doc = self.workspace.get_text_document(uri)
@@ -105,5 +129,6 @@ class AnerServer(LanguageServer):
         doc = self.workspace.text_documents.get(uri)
         if doc is not None:
             return LineIndex(doc.source)
-        with open(path, encoding="utf-8") as f:
-            return LineIndex(f.read())
+        from aner_lang import files
+
+        return LineIndex(files.read_text(path, files.SCRIPT_LIMIT))
