@@ -5,8 +5,11 @@ pygls reads `Content-Length` frames and dispatches them; three things around it 
 * Framing is resynchronised: a header is found at the end of a line even after garbage (a body
   shorter or longer than its `Content-Length` leaves bytes in front of the next header), and a
   body that is not JSON is logged and skipped. The server keeps answering the frames after it.
+* A header line is read at most `MAX_LINE_BYTES` at a time, so garbage without a newline costs
+  no memory.
 * A frame longer than `MAX_MESSAGE_BYTES` is never read into memory: the server logs a line and
-  exits, as it cannot tell where the next frame starts without reading the whole body.
+  exits with status 1, as it cannot tell where the next frame starts without reading the whole
+  body (the exit is immediate: the thread blocked reading stdin is not waited for).
 * Every request gets an answer: one whose parameters do not fit the method's schema gets an
   InvalidParams error (pygls would log and drop it), and no error reply carries a Python
   traceback (pygls puts one in an internal error's `data`); the log keeps it.
@@ -17,12 +20,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import re
 import threading
 from typing import TYPE_CHECKING, Any
 
 from lsprotocol.types import ResponseError
 from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams
+from pygls.io_ import StdinAsyncReader
 from pygls.lsp.server import LanguageServer
 from pygls.protocol import LanguageServerProtocol
 
@@ -33,7 +38,8 @@ log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 64 << 20
 """The longest frame read: a whole 8 MiB script (`files.SCRIPT_LIMIT`) JSON-escaped fits."""
-_HEADER = re.compile(rb"Content-Length: *(\d{1,12})\r?\n\Z", re.IGNORECASE)
+MAX_LINE_BYTES = 1 << 16
+_HEADER = re.compile(rb"Content-Length: *(\d+)\r?\n\Z", re.IGNORECASE)
 
 
 class _Answered:
@@ -70,16 +76,18 @@ class AnerProtocol(LanguageServerProtocol):
         super()._send_response(msg_id, result, error)
 
 
-async def serve(stop: threading.Event, reader: AsyncReader, protocol: AnerProtocol) -> None:
-    """pygls's message loop with the framing rules of the module docstring."""
+async def serve(stop: threading.Event, reader: AsyncReader, protocol: AnerProtocol) -> bool:
+    """pygls's message loop with the framing rules of the module docstring; False when it ended
+    on a frame it cannot read."""
     length: int | None = None
     while not stop.is_set():
         line = await reader.readline()
         if not line:
-            return
+            return True
         header = _HEADER.search(line)
         if header is not None:
-            length = int(header.group(1))
+            digits = header.group(1)
+            length = int(digits) if len(digits) <= 18 else MAX_MESSAGE_BYTES + 1
             continue
         if line.strip() or length is None:
             continue  # another header, or garbage between frames
@@ -90,11 +98,11 @@ async def serve(stop: threading.Event, reader: AsyncReader, protocol: AnerProtoc
                 length,
                 MAX_MESSAGE_BYTES,
             )
-            return
+            return False
         body = await reader.readexactly(length)
         length = None
         if not body:
-            return
+            return True
         try:
             message = json.loads(body, object_hook=protocol.structure_message)
         except Exception:
@@ -104,6 +112,15 @@ async def serve(stop: threading.Event, reader: AsyncReader, protocol: AnerProtoc
             protocol.handle_message(message)
         except Exception:
             log.exception("failed to handle a message")
+    return True
+
+
+class _BoundedLines(StdinAsyncReader):
+    """Header lines are read at most `MAX_LINE_BYTES` at a time: a client that sends garbage
+    without a newline costs no memory (the pieces are garbage lines, skipped)."""
+
+    def readline(self) -> Any:
+        return self.loop.run_in_executor(self.executor, self.stdin.readline, MAX_LINE_BYTES)
 
 
 class BoundedServer(LanguageServer):
@@ -115,13 +132,15 @@ class BoundedServer(LanguageServer):
     def _start_io_async(self, stdin: Any = None, stdout: Any = None) -> None:
         import sys
 
-        from pygls.io_ import StdinAsyncReader, StdoutWriter
+        from pygls.io_ import StdoutWriter
 
         self._stop_event = threading.Event()
-        reader = StdinAsyncReader(stdin or sys.stdin.buffer, self.thread_pool)
+        reader = _BoundedLines(stdin or sys.stdin.buffer, self.thread_pool)
         self.protocol.set_writer(StdoutWriter(stdout or sys.stdout.buffer))
         try:
-            asyncio.run(serve(self._stop_event, reader, self.protocol))
+            if not asyncio.run(serve(self._stop_event, reader, self.protocol)):
+                logging.shutdown()
+                os._exit(1)
         except BrokenPipeError:
             log.error("the connection to the client is lost; exiting")
         except (KeyboardInterrupt, SystemExit):
