@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from lsprotocol import types as lsp
+from pygls.exceptions import JsonRpcInvalidParams
 from pygls.uris import from_fs_path, to_fs_path
+from pygls.workspace import TextDocument
 
 from aner_lsp import __version__
 from aner_lsp.positions import LineIndex
@@ -65,6 +67,14 @@ class AnerServer(BoundedServer):
         self.pending: dict[str, asyncio.Task[None]] = {}
         """The debounced background analysis of each buffer with unanalysed edits."""
 
+    def document(self, uri: str) -> TextDocument:
+        """The open buffer `uri`. Requests are answered about open buffers only: pygls would read
+        any other URI from the disk, unbounded (a device, a pipe), on the message loop."""
+        doc = self.workspace.text_documents.get(uri)
+        if doc is None:
+            raise JsonRpcInvalidParams(message=f"{uri} is not open in the editor")
+        return doc
+
     def path_of(self, uri: str) -> str | None:
         return to_fs_path(uri) if uri.startswith("file:") else None
 
@@ -88,7 +98,7 @@ class AnerServer(BoundedServer):
         return Snapshot(analyze(source, path, resolver=self.resolve), LineIndex(source), version)
 
     def refresh(self, uri: str) -> Snapshot:
-        doc = self.workspace.get_text_document(uri)
+        doc = self.document(uri)
         snap = self.analyse(uri, doc.source, doc.version)
         self.snapshots[uri] = snap
         return snap
@@ -96,7 +106,7 @@ class AnerServer(BoundedServer):
     def live(self, uri: str) -> tuple[AnalysisView, LineIndex]:
         """For completion and signature help: the analysis to answer from and the live text's
         index. While an edit is still being analysed, the previous analysis seen through it."""
-        doc = self.workspace.get_text_document(uri)
+        doc = self.document(uri)
         snap = self.snapshots.get(uri)
         if snap is None:
             snap = self.refresh(uri)
@@ -106,7 +116,7 @@ class AnerServer(BoundedServer):
 
     def snapshot(self, uri: str) -> Snapshot:
         """The analysis of the buffer's current text (analysed now if the last one is older)."""
-        doc = self.workspace.get_text_document(uri)
+        doc = self.document(uri)
         snap = self.snapshots.get(uri)
         return (
             snap

@@ -100,9 +100,9 @@ async def serve(stop: threading.Event, reader: AsyncReader, protocol: AnerProtoc
             )
             return False
         body = await reader.readexactly(length)
+        if len(body) < length:
+            return True  # the input ended inside the frame
         length = None
-        if not body:
-            return True
         try:
             message = json.loads(body, object_hook=protocol.structure_message)
         except Exception:

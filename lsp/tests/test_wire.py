@@ -36,6 +36,7 @@ def test_garbage_and_bad_frames_are_skipped_and_the_next_request_answered(wire, 
     wire.send(b"garbage without a newline")
     wire.send(b"Content-Length: 5\r\n\r\n{not}")  # not JSON
     wire.send(b"Content-Length: 3\r\n\r\n[1]")  # JSON, not JSON-RPC
+    wire.send(b"Content-Length: 0\r\n\r\n")  # empty
     wire.send(b"junk\r\nX-Other: 1\r\n")
     wire.send(_hover(1, uri))
     assert "x" in str(wire.reply(1)["result"])
@@ -47,11 +48,31 @@ def test_malformed_parameters_get_an_error_reply(wire, tmp_path):
     assert error["code"] == -32602 and "data" not in error
 
 
-def test_an_error_reply_carries_no_traceback(wire, tmp_path):
-    uri = (tmp_path / "never-opened.aner").as_uri()
-    wire.send(_hover(3, uri))
-    reply = wire.reply(3)
-    assert "error" in reply and "Traceback" not in str(reply) and "data" not in reply["error"]
+def test_requests_about_unopened_files_are_refused_without_reading_them(wire, tmp_path):
+    for msg_id, uri in enumerate([(tmp_path / "never-opened.aner").as_uri(), "file:///dev/zero"]):
+        wire.send(_hover(msg_id + 10, uri))
+        error = wire.reply(msg_id + 10)["error"]
+        assert error["code"] == -32602 and "is not open" in error["message"]
+
+
+def test_an_error_reply_carries_no_traceback():
+    import sys
+
+    from pygls.exceptions import JsonRpcInternalError
+
+    from aner_lsp.documents import AnerServer
+
+    sent: list[bytes] = []
+    server = AnerServer()
+    server.protocol.set_writer(type("W", (), {"write": lambda self, d: sent.append(d)})())
+    try:
+        raise ValueError("boom\nsecond line")
+    except ValueError:
+        error = JsonRpcInternalError.of(sys.exc_info()).to_response_error()
+    assert error.data is not None  # what pygls would send
+    server.protocol._send_response(7, None, error)
+    reply = b"".join(sent).decode()
+    assert "ValueError: boom" in reply and "traceback" not in reply and "second" not in reply
 
 
 @pytest.mark.parametrize("name", ["let", "1 bad", "", "a-b", "fn"])

@@ -44,7 +44,10 @@ class Wire:
             env=env,
         )
         self.replies: Queue[dict[str, Any]] = Queue()
+        self.log: list[bytes] = []
         threading.Thread(target=self._read, daemon=True).start()
+        self._drainer = threading.Thread(target=self._drain, daemon=True)
+        self._drainer.start()  # a full stderr pipe would block the server
         self.send(frame(INITIALIZE))
         assert "result" in self.reply(0)
         self.send(frame(notify("initialized", {})))
@@ -62,6 +65,12 @@ class Wire:
                     pass
                 self.replies.put(json.loads(out.read(length)))
 
+    def _drain(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.log.append(line)
+            del self.log[:-200]
+
     def send(self, data: bytes) -> None:
         assert self.proc.stdin is not None
         self.proc.stdin.write(data)
@@ -78,9 +87,9 @@ class Wire:
                 return message
 
     def close(self) -> tuple[int, str]:
-        """Stop the server; its exit code and what it logged."""
+        """Stop the server; its exit code and the end of its log."""
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait(timeout=30)
-        assert self.proc.stderr is not None
-        return self.proc.returncode, self.proc.stderr.read().decode(errors="replace")
+        self._drainer.join(timeout=30)  # the log ends with the process
+        return self.proc.returncode, b"".join(self.log).decode(errors="replace")

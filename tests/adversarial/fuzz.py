@@ -8,6 +8,9 @@ Targets (each a hypothesis search):
 * ``gguf``: the tiny fixture GGUF with one part of one metadata field or tensor-info record (the
   key length, the key, the value type, the value, a dimension count, a dimension, a tensor type,
   an offset) replaced by an extreme or random value, then loaded.
+* ``lsp``: one language server fed random frames (garbage, bodies shorter than their
+  ``Content-Length``, bodies that are not JSON, requests of every method with random
+  parameters), each example followed by a hover that must be answered.
 * ``checkpoint``: a checkpoint whose pointer, manifest or state.json has one JSON value replaced
   and every hash recomputed (a forgery that passes the integrity checks), then loaded and turned
   back into a training state.
@@ -277,6 +280,125 @@ def _checkpoint_check(workdir: Path) -> Callable[[tuple], str]:  # type: ignore[
     return check
 
 
+# ---- lsp -----------------------------------------------------------------------------------------
+
+METHODS = (
+    "textDocument/hover",
+    "textDocument/completion",
+    "textDocument/definition",
+    "textDocument/references",
+    "textDocument/rename",
+    "textDocument/signatureHelp",
+    "textDocument/documentSymbol",
+    "textDocument/semanticTokens/full",
+    "textDocument/formatting",
+    "textDocument/codeAction",
+    "textDocument/didChange",
+    "textDocument/didOpen",
+    "workspace/symbol",
+    "no/such/method",
+)
+
+
+def _lsp_strategy():  # type: ignore[no-untyped-def]
+    from hypothesis import strategies as st
+
+    json_values = st.recursive(
+        st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.text(max_size=20),
+        lambda inner: (
+            st.lists(inner, max_size=4)
+            | st.dictionaries(
+                st.sampled_from(
+                    [
+                        "textDocument",
+                        "uri",
+                        "position",
+                        "line",
+                        "character",
+                        "text",
+                        "newName",
+                        "context",
+                        "range",
+                        "contentChanges",
+                        "version",
+                    ]
+                )
+                | st.text(max_size=5),
+                inner,
+                max_size=4,
+            )
+        ),
+        max_leaves=12,
+    )
+    request = st.builds(
+        lambda m, params, i: {"jsonrpc": "2.0", "id": i, "method": m, "params": params},
+        st.sampled_from(METHODS),
+        json_values,
+        st.integers(1000, 10**6),
+    )
+    chunk = st.one_of(
+        st.binary(max_size=200),
+        request.map(lambda r: ("frame", json.dumps(r).encode())),
+        st.binary(max_size=100).map(lambda b: ("frame", b)),
+        st.tuples(request, st.integers(0, 50)).map(
+            lambda t: ("short", json.dumps(t[0]).encode(), t[1])
+        ),
+    )
+    return st.lists(chunk, max_size=8)
+
+
+def _lsp_check(workdir: Path) -> Callable[[list], str]:  # type: ignore[type-arg]
+    sys.path.insert(0, str(ROOT / "lsp" / "tests"))
+    from wire import Wire, frame, notify, request
+
+    server: list[Wire] = []
+    uri = (workdir / "doc.aner").as_uri()
+    counter = [0]
+
+    def start() -> Wire:
+        w = Wire()
+        item = {"uri": uri, "languageId": "aner", "version": 1, "text": "let x = 1\nprint(x)\n"}
+        w.send(frame(notify("textDocument/didOpen", {"textDocument": item})))
+        return w
+
+    def check(chunks: list) -> str:  # type: ignore[type-arg]
+        if not server:
+            server.append(start())
+        w = server[0]
+        for c in chunks:
+            if isinstance(c, bytes):
+                w.send(c)
+            elif c[0] == "frame":
+                w.send(frame(c[1]))
+            else:  # a body shorter than its header says: the rest of it is garbage
+                body = c[1]
+                w.send(b"Content-Length: %d\r\n\r\n" % max(0, len(body) - c[2]) + body)
+        counter[0] += 1
+        sentinel = 10**7 + counter[0]
+        position = {"line": 0, "character": 4}
+        # a newline ends any garbage line; the blank lines end a header block left open
+        w.send(
+            b"\r\n\r\n"
+            + frame(
+                request(
+                    sentinel,
+                    "textDocument/hover",
+                    {"textDocument": {"uri": uri}, "position": position},
+                )
+            )
+        )
+        try:
+            assert w.proc.poll() is None, "the server exited"
+            reply = w.reply(sentinel, timeout=15)
+        except AssertionError as e:
+            server.clear()
+            raise AssertionError(f"{e}; the server's log ends: {w.close()[1][-3000:]}") from None
+        assert "Traceback" not in json.dumps(reply), reply
+        return "answered"
+
+    return check
+
+
 # ---- driver --------------------------------------------------------------------------------------
 
 
@@ -286,6 +408,8 @@ def fuzz(target: str, examples: int, seconds: float, example_seconds: int, workd
 
     if target == "lang":
         strategy, check = _lang_strategy(), _lang_check
+    elif target == "lsp":
+        strategy, check = _lsp_strategy(), _lsp_check(workdir)
     elif target == "gguf":
         strategy, check = _gguf_strategy(workdir), _gguf_check(workdir)
     else:
@@ -325,7 +449,7 @@ def fuzz(target: str, examples: int, seconds: float, example_seconds: int, workd
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("target", choices=["lang", "gguf", "checkpoint", "all"])
+    p.add_argument("target", choices=["lang", "gguf", "checkpoint", "lsp", "all"])
     p.add_argument("--examples", type=int, default=100, help="examples per round")
     p.add_argument("--seconds", type=float, default=0, help="repeat rounds for this long")
     p.add_argument("--example-seconds", type=int, default=20)
@@ -338,7 +462,7 @@ def main() -> int:
     from aner_lang.grammar.limits import ensure_recursion_limit
 
     ensure_recursion_limit()  # as `aner` runs (hypothesis warns when a test changes it)
-    targets = ["lang", "gguf", "checkpoint"] if args.target == "all" else [args.target]
+    targets = ["lang", "gguf", "checkpoint", "lsp"] if args.target == "all" else [args.target]
     share = args.seconds / len(targets)
     for target in targets:
         with tempfile.TemporaryDirectory() as tmp:

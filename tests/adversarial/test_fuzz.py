@@ -14,7 +14,7 @@ import pytest
 FUZZ = Path(__file__).with_name("fuzz.py")
 
 
-@pytest.mark.parametrize("target", ["lang", "gguf", "checkpoint"])
+@pytest.mark.parametrize("target", ["lang", "gguf", "checkpoint", "lsp"])
 def test_fuzz_target_finds_no_traceback_and_no_internal_error(target: str) -> None:
     examples = os.environ.get("ANER_FUZZ_EXAMPLES", "80")
     done = subprocess.run(
