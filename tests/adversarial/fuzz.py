@@ -22,18 +22,19 @@ examples each)::
     python tests/adversarial/fuzz.py all --seconds 3600      # a long run: as many as fit
 
 The process limits its own address space (`resource.RLIMIT_AS`, ``--memory-gib``) before
-importing anything heavy, and every example gets ``--example-seconds`` (SIGALRM): running out of
-either is a failure of the input's bound, reported with the input.
+importing anything heavy, and every example gets ``--example-seconds``: running out of memory is a
+failure reported with the input; running out of time ends the process with every thread's stack
+(`faulthandler`), the input being in the ``last-input.txt`` file it names at the start.
 """
 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import io
 import json
 import os
 import resource
-import signal
 import sys
 import tempfile
 import time
@@ -49,14 +50,6 @@ TOKENS = (
     "1e999 9223372036854775807 9223372036854775808 99999999999999999999999 1.5 B 7 GiB "
     '"a" "${x}" "\\q" "\\$" \u2028 \u00e9 \x00 \ufeff'
 ).split(" ")
-
-
-class ExampleTimeout(Exception):
-    """An example ran past its time bound."""
-
-
-def _alarm(signum: int, frame: object) -> None:
-    raise ExampleTimeout
 
 
 def _corpus() -> list[str]:
@@ -418,16 +411,19 @@ def fuzz(target: str, examples: int, seconds: float, example_seconds: int, workd
     deadline = time.monotonic() + seconds
     outcomes: Counter[str] = Counter()
 
+    last_input = workdir / "last-input.txt"
+    print(f"{target}: each input is written to {last_input} before it runs", flush=True)
+
     def bounded(value: object) -> None:
-        signal.alarm(example_seconds)
+        last_input.write_text(repr(value)[:100_000])
+        # past the bound: every thread's stack, then exit 1 (the input stays in `last_input`)
+        faulthandler.dump_traceback_later(example_seconds, exit=True)
         try:
             outcomes[check(value)] += 1
-        except ExampleTimeout:
-            raise AssertionError(f"took more than {example_seconds} s") from None
         except MemoryError:
             raise AssertionError("ran out of the memory limit") from None
         finally:
-            signal.alarm(0)
+            faulthandler.cancel_dump_traceback_later()
 
     search = given(strategy)(
         settings(
@@ -455,9 +451,9 @@ def main() -> int:
     p.add_argument("--example-seconds", type=int, default=20)
     p.add_argument("--memory-gib", type=float, default=6.0)
     args = p.parse_args()
+    faulthandler.enable()  # a crash in native code shows where it was
     limit = int(args.memory_gib * (1 << 30))
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    signal.signal(signal.SIGALRM, _alarm)
     sys.path[:0] = [str(ROOT)]
     from aner_lang.grammar.limits import ensure_recursion_limit
 

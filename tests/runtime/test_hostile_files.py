@@ -270,3 +270,21 @@ def test_chat_template_time_is_bounded(monkeypatch):
     loop = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
     with pytest.raises(AnerRuntimeError, match=r"took more than 0\.2 s"):
         tokenizer._render_bounded(env.from_string(loop))
+
+
+# ---- model files ---------------------------------------------------------------------------------
+
+
+def test_a_huge_layer_count_is_refused_before_the_layers_are_listed(tmp_path):
+    """Found by the fuzz suite: block_count 2**31 - 1 made the loader list billions of weights."""
+    from aner_lang.runtime.load.loader import load_model
+    from aner_lang.testing.fixture import write_fixture
+
+    path = write_fixture(tmp_path / "t.gguf", "tiny")
+    data = bytearray(path.read_bytes())
+    at = data.index(b"llama.block_count") + len(b"llama.block_count") + 4  # key, value type
+    data[at : at + 4] = (2**31 - 1).to_bytes(4, "little")
+    path.write_bytes(bytes(data))
+    with pytest.raises(AnerRuntimeError, match=r"blk\.2147483646") as info:
+        load_model(path)
+    assert info.value.code == "E-GGUF-TENSOR"
