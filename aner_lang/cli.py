@@ -190,7 +190,11 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:
         return int(e.code or 0) and 2
     command: Command = args.fn
-    return command(args)
+    try:
+        return command(args)
+    except KeyboardInterrupt:  # Ctrl-C: a line, not a traceback (checkpoints are atomic)
+        print("aner: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

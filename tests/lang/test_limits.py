@@ -131,3 +131,24 @@ def test_rendering_many_diagnostics_indexes_the_source_once() -> None:
         diagnostics.render(d, analysis.source)
     info = diagnostics._line_starts.cache_info()
     assert len(analysis.errors) == 2000 and info.misses == 1
+
+
+def test_ctrl_c_during_a_run_is_a_line_not_a_traceback(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "loop.aner"
+    script.write_text(
+        'print("started")\nlet total = 0\nfor i in range(10000000) {\n  total = total + i\n}\n'
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "aner_lang.cli", "run", str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == "started\n"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and err == "aner: interrupted\n", err
