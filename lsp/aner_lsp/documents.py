@@ -70,7 +70,7 @@ class AnerServer(BoundedServer):
     def document(self, uri: str) -> TextDocument:
         """The open buffer `uri`. Requests are answered about open buffers only: pygls would read
         any other URI from the disk, unbounded (a device, a pipe), on the message loop."""
-        doc = self.workspace.text_documents.get(uri)
+        doc: TextDocument | None = self.workspace.text_documents.get(uri)
         if doc is None:
             raise JsonRpcInvalidParams(message=f"{uri} is not open in the editor")
         return doc

@@ -76,7 +76,9 @@ class AnerProtocol(LanguageServerProtocol):
         super()._send_response(msg_id, result, error)
 
 
-async def serve(stop: threading.Event, reader: AsyncReader, protocol: AnerProtocol) -> bool:
+async def serve(
+    stop: threading.Event, reader: AsyncReader, protocol: LanguageServerProtocol
+) -> bool:
     """pygls's message loop with the framing rules of the module docstring; False when it ended
     on a frame it cannot read."""
     length: int | None = None
@@ -146,4 +148,4 @@ class BoundedServer(LanguageServer):
         except (KeyboardInterrupt, SystemExit):
             pass
         finally:
-            self.shutdown()
+            self.shutdown()  # type: ignore[no-untyped-call]

@@ -495,7 +495,7 @@ def _bounded_environment(base: type) -> type:
     cannot build a string or a list beyond `TEMPLATE_OUTPUT`, or a number of more than a few
     thousand digits, in one operation."""
 
-    class Bounded(base):  # type: ignore[misc, valid-type]
+    class Bounded(base):
         intercepted_binops = frozenset({"*", "**", "+"})
 
         def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
