@@ -288,3 +288,22 @@ def test_a_huge_layer_count_is_refused_before_the_layers_are_listed(tmp_path):
     with pytest.raises(AnerRuntimeError, match=r"blk\.2147483646") as info:
         load_model(path)
     assert info.value.code == "E-GGUF-TENSOR"
+
+
+@pytest.mark.parametrize(
+    "edit, words",
+    [
+        ({"tokenizer.ggml.tokens": "abc"}, "not a list of strings"),
+        ({"tokenizer.ggml.tokens": ["a", "b" * 5000]}, "5,000 characters"),
+        ({"tokenizer.ggml.scores": [float("nan"), 0.0]}, "finite numbers"),
+        ({"tokenizer.ggml.merges": [1]}, "merges"),
+        ({"tokenizer.ggml.unknown_token_id": -1}, "not a token id"),
+    ],
+)
+def test_tokenizer_metadata_is_checked_before_use(edit, words):
+    from aner_lang.runtime.model.tokenizer import _build_backend
+
+    meta = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["a", "b"], **edit}
+    with pytest.raises(AnerRuntimeError, match=words) as info:
+        _build_backend(meta, "m.gguf")
+    assert info.value.code == "E-TOKENIZER"

@@ -22,6 +22,7 @@ templates (``raise_exception``, ``strftime_now``, a ``tojson`` that keeps non-AS
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from collections.abc import Sequence
@@ -152,6 +153,49 @@ def spm_merges(tokens: Sequence[str], scores: Sequence[float]) -> list[tuple[str
     return [(left, right) for _, _, left, right in ranked]
 
 
+MAX_TOKEN_CHARS = 1024
+"""The longest vocabulary token: deriving SentencePiece merges costs the square of a token's
+length, and real vocabularies stay far below (their longest tokens are runs of a few dozen
+spaces)."""
+
+
+def _check_vocabulary(meta: dict[str, Any], source: str) -> None:
+    """The tokenizer metadata's shape, before any of it is used: lists of the right item types
+    and lengths, tokens no longer than `MAX_TOKEN_CHARS`, finite scores."""
+
+    def bad(what: str) -> AnerRuntimeError:
+        return AnerRuntimeError(f"{source}: {what}", code="E-TOKENIZER")
+
+    tokens = meta["tokenizer.ggml.tokens"]
+    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+        raise bad("tokenizer.ggml.tokens is not a list of strings")
+    longest = max(map(len, tokens))
+    if longest > MAX_TOKEN_CHARS:
+        raise bad(
+            f"a vocabulary token has {longest:,} characters; the limit is {MAX_TOKEN_CHARS:,}"
+        )
+    for key, kinds in (
+        ("tokenizer.ggml.scores", (int, float)),
+        ("tokenizer.ggml.token_type", (int,)),
+    ):
+        values = meta.get(key)
+        if values is None:
+            continue
+        if (
+            not isinstance(values, list)
+            or len(values) != len(tokens)
+            or not all(isinstance(v, kinds) and math.isfinite(v) for v in values)
+        ):
+            raise bad(f"{key} is not a list of {len(tokens):,} finite numbers")
+    merges = meta.get("tokenizer.ggml.merges", [])
+    if not isinstance(merges, list) or not all(isinstance(m, str) and " " in m for m in merges):
+        raise bad("tokenizer.ggml.merges is not a list of `left right` strings")
+    for key in ("unknown_token_id", "bos_token_id", "eos_token_id", "padding_token_id"):
+        value = meta.get(f"tokenizer.ggml.{key}")
+        if value is not None and (type(value) is not int or not 0 <= value < len(tokens)):
+            raise bad(f"tokenizer.ggml.{key} is {value!r}, not a token id")
+
+
 def _build_backend(meta: dict[str, Any], source: str) -> HFTokenizer:
     """The tokenizer of GGUF metadata."""
     kind = meta.get("tokenizer.ggml.model")
@@ -161,6 +205,7 @@ def _build_backend(meta: dict[str, Any], source: str) -> HFTokenizer:
             f"{source}: GGUF has no tokenizer vocabulary (tokenizer.ggml.tokens)",
             code="E-TOKENIZER",
         )
+    _check_vocabulary(meta, source)
     vocab = {t: i for i, t in enumerate(tokens)}
     unk_id = meta.get("tokenizer.ggml.unknown_token_id")
     unk = tokens[unk_id] if unk_id is not None and unk_id < len(tokens) else None
