@@ -19,6 +19,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from aner_lang import files
 from aner_lang.errors import AnerRuntimeError
 
 _CACHE_NAME = "fingerprints.json"
@@ -44,8 +45,8 @@ def sha256_file(path: Path) -> str:
 
 def _read_cache(file: Path) -> dict[str, dict[str, object]]:
     try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = json.loads(files.read_text(file, files.SCRIPT_LIMIT))
+    except (AnerRuntimeError, ValueError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -55,11 +56,14 @@ def _write_cache(file: Path, data: dict[str, dict[str, object]]) -> None:
     try:
         file.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=file.parent, prefix=".fingerprints-", suffix=".tmp")
+    except OSError:
+        return
+    try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(data, f, indent=1, sort_keys=True)
         os.replace(tmp, file)
     except OSError:
-        pass
+        Path(tmp).unlink(missing_ok=True)  # a full disk leaves no temporary file behind
 
 
 def _files(p: Path) -> list[Path]:
