@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from aner_lang.diagnostics import Diagnostic, render
+from aner_lang.diagnostics import Diagnostic, file_error, render
 from aner_lang.errors import EXIT_STOPPED, RunStopped
 
 if TYPE_CHECKING:
@@ -33,13 +33,14 @@ def _print(diags: list[Diagnostic], source: str | None) -> None:
 
 
 def _read(path: str) -> str | None:
+    """A script's text (bounded: `files.SCRIPT_LIMIT`), or None after printing why not."""
+    from aner_lang import files
+    from aner_lang.errors import AnerRuntimeError
+
     try:
-        return Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        print(
-            f"{path}: error[E-IO]: cannot read the file: {getattr(e, 'strerror', None) or e}",
-            file=sys.stderr,
-        )
+        return files.read_text(path, files.SCRIPT_LIMIT)
+    except AnerRuntimeError as e:
+        _print([file_error(path, e)], None)
         return None
 
 
@@ -275,7 +276,11 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:
         return int(e.code or 0) and 2
     command: Command = args.fn
-    return command(args)
+    try:
+        return command(args)
+    except KeyboardInterrupt:  # Ctrl-C: a line, not a traceback (checkpoints are atomic)
+        print("aner: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -132,12 +132,32 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         * a byte size that is not a whole number of bytes (`1.5 B`); a fraction of a larger unit is
           fine when it comes out whole (`1.5 KiB` is 1536 bytes);
         * an unknown escape in a string: the escapes are `\n`, `\t`, `\"`, `\\` and `\$`;
-        * `${` in a string without its closing `}`; write `\$` for a literal dollar sign.
+        * `${` in a string without its closing `}`; write `\$` for a literal dollar sign;
+        * a number outside its type's range: an `Int` or a `Bytes` size is a signed 64-bit
+          integer (at most 9,223,372,036,854,775,807), a `Float` at most about 1.797e308 (`1e999`
+          is an error, not infinity);
+        * a number literal longer than 1,000 characters.
         """,
         """
         let page = 1.5 B
         print(page)
         """,
+    ),
+    _code(
+        "E-NESTING",
+        Area.SYNTAX,
+        "the code nests deeper than the limit",
+        _CHECK,
+        """
+        Expressions, blocks and types may nest at most 200 levels deep. Each operator, call,
+        index, list, `not`, unary `-` and block is one level, so a chain of 200 `+` is as deep as
+        200 nested calls. The bound keeps checking, running and the language server's features
+        within Python's recursion limit; real programs nest a dozen levels.
+
+        The statement that crosses the bound is reported where it does so and is not checked
+        further. Split a long expression into `let` bindings, or the code into functions.
+        """,
+        "let deep = " + "-" * 201 + "1",
     ),
     # ---- names and types -------------------------------------------------------------------------
     _code(
@@ -600,17 +620,67 @@ _ENTRIES: tuple[ErrorCode, ...] = (
     _code(
         "E-VALUE",
         Area.EVALUATION,
-        "a math builtin got a value outside its domain, or overflowed",
+        "a value outside what an operation accepts",
         _RUN,
         """
-        A number cannot be converted or computed: `int(x)` of a NaN or an infinity, `exp`, `pow`,
-        `round`, `floor` or `ceil` of a value whose result overflows or is undefined. The message
-        gives the call and Python's reason. Check the input range before the call (the registry
-        already rejects `sqrt` of a negative and `log` of a non-positive number as
-        `E-CONSTRAINT`).
+        A value cannot be converted or computed: `int(x)`, `round`, `floor` or `ceil` of a NaN
+        or an infinity, `pow` of a negative base to a fractional power, `write_json` of a value
+        holding a NaN or an infinity (JSON has no form for them; the message says where in the
+        value it is). Check the input before the call (the registry already rejects `sqrt` of a
+        negative and `log` of a non-positive number as `E-CONSTRAINT`).
         """,
         """
-        print(int(exp(1000.0)))
+        print(pow(-8.0, 0.5))
+        """,
+    ),
+    _code(
+        "E-OVERFLOW",
+        Area.EVALUATION,
+        "a number left the range of its type",
+        _RUN,
+        """
+        An `Int` (and a `Bytes` size) is a signed 64-bit integer, from -9,223,372,036,854,775,808
+        to 9,223,372,036,854,775,807, and a `Float` is finite. Arithmetic whose result falls
+        outside (`*` of two large Ints, `1e308 * 10.0`), `exp` or `pow` of a result too large for
+        a Float, and `int`, `round`, `floor` or `ceil` of a Float beyond the Int range are errors
+        at the operator or the call, never a silent wrap-around or an infinity. Scale the
+        numbers down, or check their range before the operation.
+        """,
+        """
+        let big = 9223372036854775807
+        print(big + 1)
+        """,
+    ),
+    _code(
+        "E-LIMIT",
+        Area.EVALUATION,
+        "a list or a string would exceed its size bound",
+        _RUN,
+        """
+        A script may build lists of at most 10,000,000 items (`range`, `+`) and strings of at
+        most 268,435,456 characters (`+`, `join`, interpolation): a loop that doubles a string
+        stops at the bound with this error, instead of when the machine runs out of memory. The
+        message names the operation, the size it would have made and the bound. Work on the data
+        in pieces, or keep large data in files (datasets are read line by line).
+        """,
+        """
+        print(len(range(20000000)))
+        """,
+    ),
+    _code(
+        "E-MEMORY",
+        Area.EVALUATION,
+        "the machine ran out of memory",
+        _SITUATION,
+        """
+        Python could not allocate memory while checking or running the script: the machine, or
+        the memory limit the process runs under (`ulimit -v`), had none left. Aner's own bounds
+        (file sizes, list and string sizes, model and metadata sizes) normally stop a script
+        before this; when they do not, this is the error, at the statement that was running,
+        rather than a crash. Free memory, raise the limit, or make the data smaller.
+        """,
+        """
+        A script that keeps many large lists alive at once, run under `ulimit -v 1000000`.
         """,
     ),
     _code(
@@ -634,16 +704,60 @@ _ENTRIES: tuple[ErrorCode, ...] = (
     _code(
         "E-IO",
         Area.EVALUATION,
-        "a file cannot be read or written",
+        "a file cannot be written",
         _RUN,
         """
-        `read_text` or `write_json` failed, or the `aner` command cannot read a script or a
-        Markdown file it was given. The message gives the path (relative paths in a script are
-        relative to the script's directory) and the system's reason: the file does not exist, a
-        directory is not writable, the file is not UTF-8 text.
+        Writing a file failed: its folder cannot be created (a part of the path is a file, or
+        the folder is not writable), the disk is full, or the system refused for another reason,
+        which the message gives. Nothing is left half-written: Aner writes to a temporary file
+        and moves it into place only when it is complete. Choose a writable location.
         """,
         """
-        print(read_text("missing.txt"))
+        write_json("/dev/null/result.json", [1, 2, 3])
+        """,
+    ),
+    _code(
+        "E-FILE-NAME",
+        Area.EVALUATION,
+        "a path no file can have",
+        _RUN,
+        """
+        The path contains a NUL character (`\\0`), which no file name on any system can hold;
+        it usually comes from text read elsewhere. Check how the path was built.
+        """,
+        """
+        print(read_text("notes\\0.txt"))
+        """,
+    ),
+    _code(
+        "E-FILE-EXISTS",
+        Area.EVALUATION,
+        "the file or folder to write already exists",
+        _SITUATION,
+        """
+        `write_json`, `save_adapter`, `export_gguf` and the other writers never replace an
+        existing file, or a folder that holds anything, unless the call says so: pass
+        `overwrite: true` to replace it, or choose another path. (With `overwrite: true`,
+        `save_adapter` replaces only the adapter's own files in the folder.)
+        """,
+        """
+        Running `write_json("out/result.json", run)` a second time.
+        """,
+    ),
+    _code(
+        "E-FILE-PROTECTED",
+        Area.EVALUATION,
+        "the path is the model's own file or folder",
+        _SITUATION,
+        """
+        A writer was asked to write over the base model's own file (the GGUF it was loaded
+        from), or into its Hugging Face folder. Aner never does that, even with
+        `overwrite: true`: the adapter, its checkpoints and every export refer to that file by its
+        fingerprint, and losing it would make them useless. Write to another path.
+        """,
+        """
+        `export_gguf(merge(adapter), "models/base.gguf", overwrite: true)` where the model was
+        loaded from `models/base.gguf`.
         """,
     ),
     _code(
@@ -1374,6 +1488,23 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         """,
         """
         `load_adapter(model, "adapters/x")` where `adapter.json` has `"method": "ia3"`.
+        """,
+    ),
+    _code(
+        "E-ADAPTER-CONFIG",
+        Area.ADAPTERS,
+        "a saved adapter configuration is malformed",
+        _SITUATION,
+        """
+        An adapter is rebuilt from the configuration saved with it (`adapter.json`, or a
+        checkpoint's `state.json`), and that configuration names a setting the method does not
+        take, or gives one a value of the wrong type (a rank that is not an integer, targets that
+        are not a list of names). Files written by Aner always hold a valid configuration: this
+        one was edited or comes from elsewhere. Save the adapter again.
+        """,
+        """
+        `load_adapter(model, "adapters/a")` after `"rank": 8` in `adapter.json` was changed to
+        `"rank": "eight"`.
         """,
     ),
     _code(

@@ -113,6 +113,13 @@ _BUILTINS = (
             Param("adapter", "Adapter"),
             Param("dir", "String", doc="output folder"),
             Param("format", "Format", "peft", keyword_only=True),
+            Param(
+                "overwrite",
+                "Bool",
+                "false",
+                doc="replace an existing folder's adapter files",
+                keyword_only=True,
+            ),
         ),
         "String",
         "Write the adapter's tensors (never the base) and return the folder written.",
@@ -157,6 +164,13 @@ _BUILTINS = (
             Param("model", "Model"),
             Param("path", "String", doc="output .gguf"),
             Param("dtype", "GGUFDtype", "f16", keyword_only=True),
+            Param(
+                "overwrite",
+                "Bool",
+                "false",
+                doc="replace an existing file (never the model's own)",
+                keyword_only=True,
+            ),
         ),
         "String",
         "Write model as a llama.cpp GGUF file (q/k rows re-permuted, tokenizer and "

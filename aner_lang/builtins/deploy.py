@@ -28,6 +28,13 @@ DECLARATIONS = Declarations(
             (
                 Param("adapter", "Adapter", doc="a lora, lora_fa or tinylora adapter"),
                 Param("path", "String", doc="output .gguf"),
+                Param(
+                    "overwrite",
+                    "Bool",
+                    "false",
+                    doc="replace the file if it exists",
+                    keyword_only=True,
+                ),
             ),
             "String",
             "Write the adapter as a llama.cpp LoRA GGUF (`llama-server -m base.gguf --lora "
@@ -44,8 +51,15 @@ DECLARATIONS = Declarations(
             "export_hf",
             (
                 Param("model", "Model", doc="a base, or merge(adapter)"),
-                Param("dir", "String", doc="output folder (replaced if it exists)"),
+                Param("dir", "String", doc="output folder"),
                 Param("dtype", "TensorDtype", "float32", keyword_only=True),
+                Param(
+                    "overwrite",
+                    "Bool",
+                    "false",
+                    doc="replace the folder's files if it holds any",
+                    keyword_only=True,
+                ),
             ),
             "String",
             "Write the model as a Hugging Face folder: model.safetensors, config.json, "

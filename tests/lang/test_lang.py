@@ -185,7 +185,10 @@ def test_files_builtins(tmp_path: Path) -> None:
     assert out == "hi there\n" and (tmp_path / "out/r.json").read_text().split() == ["[", "8", "]"]
     with pytest.raises(AnerError) as info:
         _run('print(read_text("missing.txt"))\n', tmp_path)
-    assert info.value.diagnostic.code == "E-IO" and "missing.txt" in info.value.diagnostic.message
+    assert (
+        info.value.diagnostic.code == "E-FILE-MISSING"
+        and "missing.txt" in info.value.diagnostic.message
+    )
 
 
 def test_cli_exit_codes(tmp_path: Path, capsys) -> None:

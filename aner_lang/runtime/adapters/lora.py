@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from aner_lang.errors import AnerRuntimeError
 from aner_lang.runtime.adapters.base import Adapter, target_modules
 
 
@@ -42,6 +43,13 @@ class LoRA(Adapter):
         )
         self.rank, self.scaling, self.p = rank, alpha / rank, dropout
         self.targets = target_modules(model, targets)
+        largest = min(min(m.in_features, m.out_features) for _, m in self.targets)
+        if rank > largest:  # checked before allocating: a rank from a file may be huge
+            raise AnerRuntimeError(
+                f"rank {rank} is larger than the smallest target matrix allows ({largest})",
+                code="E-ADAPTER-RANK",
+                notes=("a rank above min(rows, columns) adds nothing a smaller one cannot",),
+            )
         gen = torch.Generator().manual_seed(seed)
         dev = model.device
         self._a: list[torch.Tensor] = []

@@ -122,8 +122,11 @@ def _encoded(t: torch.Tensor, kind: str) -> tuple[np.ndarray, Any]:
     return gguf.quants.quantize(data, qtype), qtype
 
 
-def export_gguf(model: Any, path: str | Path, dtype: str = "f16") -> Path:
-    """Write `model` (a base or a merged adapter) as a GGUF file of file type `dtype`."""
+def export_gguf(
+    model: Any, path: str | Path, dtype: str = "f16", *, overwrite: bool = False
+) -> Path:
+    """Write `model` (a base or a merged adapter) as a GGUF file of file type `dtype`: an existing
+    file only with `overwrite`, and never the model's own source file (`aner_lang.files`)."""
     import gguf
 
     ft = filetypes.file_type(dtype)
@@ -131,7 +134,12 @@ def export_gguf(model: Any, path: str | Path, dtype: str = "f16") -> Path:
     arch = model.architecture
     output = arch.embedding if model.module.lm_head is model.module.embed_tokens else arch.output
     layers = model.config.num_hidden_layers
-    with gguf_writer(path, arch.gguf_architectures[0]) as writer, torch.no_grad():
+    with (
+        gguf_writer(
+            path, arch.gguf_architectures[0], overwrite=overwrite, protected=[model.path]
+        ) as writer,
+        torch.no_grad(),
+    ):
         if Path(model.path).is_dir():
             _folder_metadata(writer, model)
         else:
@@ -145,6 +153,8 @@ def export_gguf(model: Any, path: str | Path, dtype: str = "f16") -> Path:
     return Path(path)
 
 
-def export_gguf_builtin(ctx: Any, *, model: Any, path: str, dtype: str = "f16") -> str:
+def export_gguf_builtin(
+    ctx: Any, *, model: Any, path: str, dtype: str = "f16", overwrite: bool = False
+) -> str:
     """Builtin `export_gguf`: `path` is relative to the script; returns the file written."""
-    return str(export_gguf(model, ctx.resolve_path(path), dtype))
+    return str(export_gguf(model, ctx.resolve_path(path), dtype, overwrite=overwrite))

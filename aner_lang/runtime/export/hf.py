@@ -111,7 +111,9 @@ def _scaled_rope(model: Any) -> bool:
     return not torch.allclose(used, plain, rtol=1e-6, atol=0.0)
 
 
-def export_hf(model: Any, directory: str | Path, dtype: str = "float32") -> Path:
+def export_hf(
+    model: Any, directory: str | Path, dtype: str = "float32", *, overwrite: bool = False
+) -> Path:
     """Write `model` as a Hugging Face folder (see the module docstring); returns the folder."""
     require_model(model, "export_hf")
     if dtype not in DTYPES:
@@ -131,7 +133,10 @@ def export_hf(model: Any, directory: str | Path, dtype: str = "float32") -> Path
     def dump(obj: Any) -> str:
         return json.dumps(obj, indent=2, ensure_ascii=False) + "\n"
 
-    with staged_folder(directory) as folder, torch.no_grad():
+    with (
+        staged_folder(directory, overwrite=overwrite, protected=[model.path]) as folder,
+        torch.no_grad(),
+    ):
         save_file(_hf_tensors(model, DTYPES[dtype]), folder / WEIGHTS, metadata={"format": "pt"})
         (folder / "config.json").write_text(dump(_config(model, dtype)), encoding="utf-8")
         generation = {"bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id}
@@ -143,6 +148,6 @@ def export_hf(model: Any, directory: str | Path, dtype: str = "float32") -> Path
     return Path(directory)
 
 
-def export_hf_builtin(ctx: Any, *, model: Any, dir: str, dtype: str) -> str:
+def export_hf_builtin(ctx: Any, *, model: Any, dir: str, dtype: str, overwrite: bool) -> str:
     """Builtin `export_hf`: `dir` is relative to the script; returns the folder written."""
-    return str(export_hf(model, ctx.resolve_path(dir), dtype))
+    return str(export_hf(model, ctx.resolve_path(dir), dtype, overwrite=overwrite))

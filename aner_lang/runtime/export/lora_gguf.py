@@ -48,7 +48,7 @@ def low_rank_factors(delta: torch.Tensor, rank: int) -> tuple[torch.Tensor, torc
     return b.float(), a.float(), error
 
 
-def export_lora_gguf(adapter: Any, path: str | Path) -> Path:
+def export_lora_gguf(adapter: Any, path: str | Path, *, overwrite: bool = False) -> Path:
     """Write `adapter` as a llama.cpp LoRA GGUF for its base model (see the module docstring)."""
     rank = (getattr(adapter, "config", None) or {}).get("rank")
     if not hasattr(adapter, "targets") or rank is None:
@@ -62,7 +62,12 @@ def export_lora_gguf(adapter: Any, path: str | Path) -> Path:
     by_module = {
         p.module(i): (p, i) for i in range(config.num_hidden_layers) for p in arch.projections
     }
-    with gguf_writer(path, arch.gguf_architectures[0]) as writer, torch.no_grad():
+    with (
+        gguf_writer(
+            path, arch.gguf_architectures[0], overwrite=overwrite, protected=[base.path]
+        ) as writer,
+        torch.no_grad(),
+    ):
         writer.add_string("general.type", "adapter")
         writer.add_string("general.name", f"{base.name} {adapter.method} adapter")
         writer.add_string("adapter.type", "lora")
@@ -86,6 +91,6 @@ def export_lora_gguf(adapter: Any, path: str | Path) -> Path:
     return Path(path)
 
 
-def export_lora_gguf_builtin(ctx: Any, *, adapter: Any, path: str) -> str:
+def export_lora_gguf_builtin(ctx: Any, *, adapter: Any, path: str, overwrite: bool) -> str:
     """Builtin `export_lora_gguf`: `path` is relative to the script; returns the file written."""
-    return str(export_lora_gguf(adapter, ctx.resolve_path(path)))
+    return str(export_lora_gguf(adapter, ctx.resolve_path(path), overwrite=overwrite))

@@ -7,6 +7,8 @@ import math
 
 import torch
 
+from aner_lang.errors import AnerRuntimeError
+
 
 def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
     gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
@@ -24,6 +26,12 @@ class Cursor:
     def __init__(
         self, n: int, seed: int, epoch: int = 0, position: int = 0, shuffle: bool = True
     ) -> None:
+        if not 0 <= position <= n:  # a resumed position comes from a checkpoint's state
+            raise AnerRuntimeError(
+                f"the training state's data position {position} is outside the {n} examples",
+                code="E-STATE-FORMAT",
+                notes=("was the checkpoint written for another dataset?",),
+            )
         self.n, self.seed, self.shuffle = n, seed, shuffle
         self.epoch, self.position = epoch, position
         self._order = self._order_of(epoch)
