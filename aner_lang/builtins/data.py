@@ -8,6 +8,7 @@ same rules, through each reader's `precheck`).
 from __future__ import annotations
 
 from aner_lang.builtins.spec import (
+    NATIVE,
     Builtin,
     Constraint,
     Declarations,
@@ -18,7 +19,6 @@ from aner_lang.builtins.spec import (
     TypeDecl,
 )
 
-_NATIVE = ("torch", "gguf", "tokenizers")
 _CATEGORY = "data"
 _DATA = "aner_lang.runtime.tasks.data:"
 _OPS = "aner_lang.runtime.tasks.dataset_ops:"
@@ -117,7 +117,7 @@ _BUILTINS = (
         examples=('let train_set = texts(["Aner makes adaptation explicit."], context: 32)',),
         constraints=(_CONTEXT_RULE,),
         native=True,
-        requires=_NATIVE,
+        requires=NATIVE,
         category=_CATEGORY,
     ),
     Builtin(
@@ -157,7 +157,7 @@ _BUILTINS = (
         ),
         constraints=(_CONTEXT_RULE,),
         native=True,
-        requires=_NATIVE,
+        requires=NATIVE,
         needs_context=True,
         category=_CATEGORY,
         precheck=_PRECHECK + "load_jsonl",
@@ -222,7 +222,7 @@ _BUILTINS = (
         ),
         constraints=(_CONTEXT_RULE,),
         native=True,
-        requires=_NATIVE,
+        requires=NATIVE,
         needs_context=True,
         category=_CATEGORY,
         precheck=_PRECHECK + "load_data",
@@ -304,7 +304,7 @@ _BUILTINS = (
         examples=("print(inspect(chats, base, n: 2))",),
         constraints=(Constraint("n >= 1", "n must be at least 1"),),
         native=True,
-        requires=_NATIVE,
+        requires=NATIVE,
         category=_CATEGORY,
     ),
 )

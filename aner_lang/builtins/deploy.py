@@ -4,9 +4,9 @@ Implementations live in `aner_lang.runtime.export` and load only when first call
 
 from __future__ import annotations
 
-from aner_lang.builtins.spec import Builtin, Declarations, EnumDecl, Member, Param
+from aner_lang.builtins.spec import NATIVE, Builtin, Declarations, EnumDecl, Member, Param
 
-_NATIVE = ("torch", "gguf", "safetensors", "tokenizers")
+_NATIVE = NATIVE + ("safetensors",)
 _CATEGORY = "artifacts"
 _RT = "aner_lang.runtime.export."
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from aner_lang.builtins.spec import (
+    NATIVE,
     Builtin,
     Constraint,
     Declarations,
@@ -21,7 +22,6 @@ from aner_lang.builtins.spec import (
     TypeDecl,
 )
 
-_NATIVE = ("torch", "gguf", "tokenizers")
 _CATEGORY = "model"
 
 STORAGE = EnumDecl(
@@ -143,7 +143,7 @@ _FORWARD_BUILTINS = (
         examples=('print(generate(base, "The capital of France is", max_tokens: 8))',),
         constraints=_SAMPLING_CONSTRAINTS,
         native=True,
-        requires=_NATIVE,
+        requires=NATIVE,
         category=_CATEGORY,
     ),
     Builtin(
@@ -166,7 +166,7 @@ _FORWARD_BUILTINS = (
         examples=('print(chat(base, "What is the capital of France?", max_tokens: 16))',),
         constraints=_SAMPLING_CONSTRAINTS,
         native=True,
-        requires=_NATIVE + ("jinja2",),
+        requires=NATIVE + ("jinja2",),
         category=_CATEGORY,
     ),
     Builtin(
@@ -182,7 +182,7 @@ _FORWARD_BUILTINS = (
         examples=('let e = evaluate(base, held_out)\nprint("perplexity ${e.perplexity}")',),
         constraints=(Constraint("batch_size >= 1", "batch_size must be at least 1"),),
         native=True,
-        requires=_NATIVE,
+        requires=NATIVE,
         category=_CATEGORY,
     ),
     Builtin(
@@ -193,7 +193,7 @@ _FORWARD_BUILTINS = (
         "aner_lang.runtime.model.info:model_info",
         examples=('print("${model_info(base).layers} layers")',),
         native=True,
-        requires=_NATIVE,
+        requires=NATIVE,
         category=_CATEGORY,
     ),
     Builtin(
@@ -215,7 +215,7 @@ _FORWARD_BUILTINS = (
         "aner_lang.runtime.model.info:tokenize",
         examples=('let ids = tokenize(base, "Hello world")',),
         native=True,
-        requires=_NATIVE,
+        requires=NATIVE,
         category=_CATEGORY,
     ),
     Builtin(
@@ -226,7 +226,7 @@ _FORWARD_BUILTINS = (
         "aner_lang.runtime.model.info:detokenize",
         examples=('print(detokenize(base, tokenize(base, "Hello")))',),
         native=True,
-        requires=_NATIVE,
+        requires=NATIVE,
         category=_CATEGORY,
     ),
 )
@@ -262,7 +262,7 @@ DECLARATIONS = Declarations(
                 'let qwen = load_model("models/Qwen2.5-0.5B", storage: float16)',
             ),
             native=True,
-            requires=_NATIVE,
+            requires=NATIVE,
             needs_context=True,
             category=_CATEGORY,
             precheck="aner_lang.prechecks:load_model",

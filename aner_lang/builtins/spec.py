@@ -38,6 +38,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+NATIVE = ("torch", "gguf", "tokenizers")
+"""The packages (of the `native` extra) most native builtins need: a builtin's `requires` names
+them, plus any of its own."""
+
 
 @dataclass(frozen=True)
 class Constraint:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from aner_lang.architectures import all_targets
 from aner_lang.builtins.model import overloads_for
 from aner_lang.builtins.spec import (
+    NATIVE,
     Builtin,
     Constraint,
     Declarations,
@@ -21,7 +22,6 @@ from aner_lang.builtins.spec import (
     TypeDecl,
 )
 
-_NATIVE = ("torch", "gguf", "tokenizers")
 _CATEGORY = "training"
 _ADAPTERS = "aner_lang.runtime.adapters:"
 _PROFILE = "aner_lang.runtime.train.profile:"
@@ -204,7 +204,7 @@ def _low_rank(name: str, doc: str, example: str) -> Builtin:
         examples=(example,),
         constraints=_RANK_RULES,
         native=True,
-        requires=_NATIVE,
+        requires=NATIVE,
         category=_CATEGORY,
     )
 
@@ -260,7 +260,7 @@ _BUILTINS = (
             Constraint("parameters >= 1", "parameters must be at least 1"),
         ),
         native=True,
-        requires=_NATIVE,
+        requires=NATIVE,
         category=_CATEGORY,
     ),
     Builtin(
@@ -272,7 +272,7 @@ _BUILTINS = (
         _ADAPTERS + "full",
         examples=("let f = full(dense_base)",),
         native=True,
-        requires=_NATIVE,
+        requires=NATIVE,
         category=_CATEGORY,
     ),
     Builtin(
@@ -480,7 +480,7 @@ _BUILTINS = (
             Constraint("checkpoint_every >= 0", "checkpoint_every must not be negative"),
         ),
         native=True,
-        requires=_NATIVE,
+        requires=NATIVE,
         needs_context=True,
         category=_CATEGORY,
     ),
