@@ -20,6 +20,7 @@ _MODULES: tuple[str, ...] = (
     "aner_lang.builtins.train",
     "aner_lang.builtins.artifacts",
     "aner_lang.builtins.memory",
+    "aner_lang.builtins.preference",
 )
 
 

@@ -31,16 +31,16 @@ class Run:
     stopped_early: bool = False
     best_update: int | None = None
     best_validation_loss: float | None = None
-    validation_accuracy: list[tuple[int, float]] = field(default_factory=list)
+    accuracy_history: list[tuple[int, float]] = field(default_factory=list)
     """(update, held-out preference accuracy) of each validation of a DPO or ORPO run."""
 
     @property
-    def held_out_accuracy(self) -> float | None:
-        return self.validation_accuracy[-1][1] if self.validation_accuracy else None
+    def validation_accuracy(self) -> float | None:
+        return self.accuracy_history[-1][1] if self.accuracy_history else None
 
     @property
-    def first_held_out_accuracy(self) -> float | None:
-        return self.validation_accuracy[0][1] if self.validation_accuracy else None
+    def first_validation_accuracy(self) -> float | None:
+        return self.accuracy_history[0][1] if self.accuracy_history else None
 
     @property
     def validation_loss(self) -> float | None:

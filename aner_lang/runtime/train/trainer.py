@@ -608,7 +608,7 @@ class _Loop:
             stopped_early=c.stopped_early,
             best_update=best_update,
             best_validation_loss=best_loss,
-            validation_accuracy=[(int(u), v) for u, v in c.validation_accuracy],
+            accuracy_history=[(int(u), v) for u, v in c.validation_accuracy],
         )
 
 
