@@ -104,7 +104,9 @@ class FeedbackFormat:
             return FeedbackRecord(TextRecord(prompt, completion, row.where), label, row.where)
         if prompt is None or completion is None:
             name = "prompt" if prompt is None else "completion"
-            raise _field_error(row, f"no field {name!r}", "feedback rows need prompt, completion, label")
+            raise _field_error(
+                row, f"no field {name!r}", "feedback rows need prompt, completion, label"
+            )
         head = _prompt_messages(row, prompt)
         conversation = head + _responses(row, "completion", completion)
         return FeedbackRecord(ChatRecord(conversation, row.where, len(head)), label, row.where)
@@ -162,13 +164,13 @@ def _chat_pair(
     while shared < min(len(c), len(r)) and c[shared] == r[shared]:
         shared += 1
     if shared == len(c) or shared == len(r) or shared < len(head):
-        raise _field_error(row, "the chosen and rejected conversations do not differ after the prompt")
+        raise _field_error(
+            row, "the chosen and rejected conversations do not differ after the prompt"
+        )
     for conversation, name in ((c, "chosen"), (r, "rejected")):
         if not any(m["role"] == "assistant" for m in conversation[shared:]):
             raise _field_error(row, f"the {name} response has no assistant message")
-    return PairRecord(
-        ChatRecord(c, row.where, shared), ChatRecord(r, row.where, shared), row.where
-    )
+    return PairRecord(ChatRecord(c, row.where, shared), ChatRecord(r, row.where, shared), row.where)
 
 
 def _conversation(

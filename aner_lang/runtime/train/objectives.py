@@ -91,7 +91,9 @@ def orpo(**options: float) -> ORPO:
     """Builtin `orpo(lambda:)` (`lambda` is a Python keyword, hence the mapping)."""
     lam = options["lambda"]
     if lam <= 0:
-        raise AnerRuntimeError(f"orpo: lambda must be positive, got {lam}", code="E-OBJECTIVE-OPTIONS")
+        raise AnerRuntimeError(
+            f"orpo: lambda must be positive, got {lam}", code="E-OBJECTIVE-OPTIONS"
+        )
     return ORPO(lam)
 
 
@@ -153,7 +155,9 @@ def dpo_losses(
 
 def log1mexp(x: torch.Tensor) -> torch.Tensor:
     """log(1 - exp(x)) for x < 0, without cancellation on either side of -ln 2."""
-    return torch.where(x < -0.6931471805599453, torch.log1p(-torch.exp(x)), torch.log(-torch.expm1(x)))
+    return torch.where(
+        x < -0.6931471805599453, torch.log1p(-torch.exp(x)), torch.log(-torch.expm1(x))
+    )
 
 
 def orpo_losses(o: ORPO, policy: SequenceLogps) -> tuple[torch.Tensor, torch.Tensor, Metrics]:

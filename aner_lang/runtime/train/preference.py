@@ -176,7 +176,5 @@ def _mismatched(examples: Sequence[Example]) -> list[Example]:
     for i, e in enumerate(examples):
         other = examples[i - 1]
         p, q = e.prompt_length, other.prompt_length
-        out.append(
-            Example(e.ids[:p] + other.ids[q:], (False,) * p + other.scored[q:])
-        )
+        out.append(Example(e.ids[:p] + other.ids[q:], (False,) * p + other.scored[q:]))
     return out
