@@ -79,7 +79,9 @@ def inspect(data: Dataset, model: Any, n: int) -> str:
         if example.rejected is not None:
             lines += _pair_lines(tokenizer, example, example.rejected, index, len(t.examples))
             continue
-        label = "" if example.desirable is None else [", undesirable", ", desirable"][example.desirable]
+        label = (
+            "" if example.desirable is None else [", undesirable", ", desirable"][example.desirable]
+        )
         lines.append(
             f"--- row {index} of {len(t.examples)}: {len(example.ids)} tokens, "
             f"{example.scored_tokens} scored{label} ---"

@@ -126,8 +126,8 @@ class PreferenceSteps:
         when `backward`, its metrics added to the window's."""
         o, device = self.objective, self.adapter.device
         kto = isinstance(o, obj.KTO)
-        rows = list(examples) if kto else list(examples) + [e.rejected for e in examples]  # type: ignore[misc]
-        batch = collate(rows, self.pad, device)
+        rejected = [] if kto else [e.rejected for e in examples if e.rejected is not None]
+        batch = collate(list(examples) + rejected, self.pad, device)
         shifted = collate(_mismatched(examples), self.pad, device) if kto else None
         if o.reference:
             with torch.no_grad():
@@ -136,6 +136,7 @@ class PreferenceSteps:
         with self.adapter.active():  # through backward (checkpointed layers run again)
             policy = self._logps(self.adapter, batch)
             if isinstance(o, obj.KTO):
+                assert shifted is not None and kl_reference is not None
                 with torch.no_grad():
                     kl_policy = self._logps(self.adapter, shifted).sums
                 desirable = torch.tensor([bool(e.desirable) for e in examples], device=device)

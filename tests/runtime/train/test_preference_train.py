@@ -15,6 +15,7 @@ from aner_lang.preference_records import FeedbackFormat, PairFormat
 from aner_lang.records import Row
 from aner_lang.runtime import adapters
 from aner_lang.runtime.tasks.data import Dataset, from_texts
+from aner_lang.runtime.tasks.dataset_ops import inspect
 from aner_lang.runtime.train import checkpoint
 from aner_lang.runtime.train import objectives as obj
 from aner_lang.runtime.train.profile import profile
@@ -157,3 +158,44 @@ def test_objective_options_are_checked():
         "desirable_weight": 1.0,
         "undesirable_weight": 2.0,
     }
+
+
+def _scored_text(model, example) -> str:
+    return model.tokenizer.decode([t for t, s in zip(example.ids, example.scored) if s])
+
+
+def test_chat_pairs_score_only_the_compared_turns_and_inspect_shows_them(tiny_model):
+    history = "\n\nHuman: Hello\n\nAssistant: Hi there.\n\nHuman: Bye"
+    row = {
+        "chosen": history + "\n\nAssistant: Goodbye!",
+        "rejected": history + "\n\nAssistant: No.",
+    }
+    data = Dataset((PairFormat().record(Row("hh:1", row)),), 128, "hh.jsonl")
+    [pair] = data.examples(tiny_model.tokenizer)
+    assert _scored_text(tiny_model, pair).startswith("Goodbye!")
+    assert _scored_text(tiny_model, pair.rejected).startswith("No.")
+    assert "Hi there" not in _scored_text(tiny_model, pair)  # an earlier turn is context
+    assert pair.ids[: pair.prompt_length] == pair.rejected.ids[: pair.rejected.prompt_length]
+    view = inspect(data, tiny_model, 1)
+    assert "--- pair 1 of 1 ---" in view and "⟦Goodbye!" in view and "⟦No." in view
+    assert "[chosen: " in view and "[rejected: " in view
+    rated = Dataset(
+        (FeedbackFormat().record(Row("f:1", {"prompt": "a", "completion": " b", "label": False})),),
+        16,
+    )
+    assert "scored, undesirable ---" in inspect(rated, tiny_model, 1)
+
+
+def test_a_pair_too_long_for_the_context_is_dropped_whole(tiny_model, capsys):
+    long = " word" * 40
+    data = Dataset(
+        (
+            PairFormat().record(Row("p:1", {"prompt": "Q", "chosen": " yes", "rejected": long})),
+            PairFormat().record(Row("p:2", {"prompt": "Q", "chosen": " a", "rejected": " b"})),
+        ),
+        16,
+        "p.jsonl",
+        too_long="drop",
+    )
+    assert len(data.examples(tiny_model.tokenizer)) == 1
+    assert "1 of 2 examples did not fit" in capsys.readouterr().err
