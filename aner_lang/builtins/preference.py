@@ -155,6 +155,28 @@ def _train_for(kind: str, objective: str, doc: str, example: str) -> Builtin:
     )
 
 
+def _objective(
+    name: str,
+    params: tuple[Param, ...],
+    returns: str,
+    doc: str,
+    example: str,
+    *constraints: Constraint,
+) -> Builtin:
+    return Builtin(
+        name,
+        params,
+        returns,
+        doc,
+        _OBJECTIVES + name,
+        examples=(example,),
+        constraints=constraints,
+        native=True,
+        requires=("torch",),
+        category=_CATEGORY,
+    )
+
+
 _POSITIVE_BETA = Constraint("beta > 0.0", "beta must be positive")
 
 _BUILTINS = (
@@ -173,7 +195,7 @@ _BUILTINS = (
         "boolean `label` (true: desirable).",
         'let rated = load_feedback("data/rated.jsonl")',
     ),
-    Builtin(
+    _objective(
         "dpo",
         (
             Param("beta", "Float", "0.1", "how far from the reference the policy may move"),
@@ -189,33 +211,23 @@ _BUILTINS = (
         "PairObjective",
         "Direct preference optimisation against the reference model: the base with the adapter "
         "off (no copy of its weights).",
-        _OBJECTIVES + "dpo",
-        examples=("let objective = dpo(beta: 0.1, loss: sigmoid)",),
-        constraints=(
-            _POSITIVE_BETA,
-            Constraint(
-                "label_smoothing >= 0.0 and label_smoothing < 0.5",
-                "label_smoothing must be in [0, 0.5)",
-            ),
+        "let objective = dpo(beta: 0.1, loss: sigmoid)",
+        _POSITIVE_BETA,
+        Constraint(
+            "label_smoothing >= 0.0 and label_smoothing < 0.5",
+            "label_smoothing must be in [0, 0.5)",
         ),
-        native=True,
-        requires=("torch",),
-        category=_CATEGORY,
     ),
-    Builtin(
+    _objective(
         "orpo",
         (Param("lambda", "Float", "0.1", "weight of the odds-ratio term", keyword_only=True),),
         "PairObjective",
         "Odds-ratio preference optimisation: the chosen responses' next-token loss plus lambda "
         "times an odds-ratio penalty; no reference model.",
-        _OBJECTIVES + "orpo",
-        examples=("let objective = orpo(lambda: 0.1)",),
-        constraints=(Constraint("lambda > 0.0", "lambda must be positive"),),
-        native=True,
-        requires=("torch",),
-        category=_CATEGORY,
+        "let objective = orpo(lambda: 0.1)",
+        Constraint("lambda > 0.0", "lambda must be positive"),
     ),
-    Builtin(
+    _objective(
         "kto",
         (
             Param("beta", "Float", "0.1", "how far from the reference the policy may move"),
@@ -225,16 +237,10 @@ _BUILTINS = (
         "FeedbackObjective",
         "Kahneman-Tversky optimisation on labeled completions against the reference model (the "
         "base with the adapter off); needs micro_batch >= 2 for its KL estimate.",
-        _OBJECTIVES + "kto",
-        examples=("let objective = kto(beta: 0.1, desirable_weight: 1.0)",),
-        constraints=(
-            _POSITIVE_BETA,
-            Constraint("desirable_weight > 0.0", "desirable_weight must be positive"),
-            Constraint("undesirable_weight > 0.0", "undesirable_weight must be positive"),
-        ),
-        native=True,
-        requires=("torch",),
-        category=_CATEGORY,
+        "let objective = kto(beta: 0.1, desirable_weight: 1.0)",
+        _POSITIVE_BETA,
+        Constraint("desirable_weight > 0.0", "desirable_weight must be positive"),
+        Constraint("undesirable_weight > 0.0", "undesirable_weight must be positive"),
     ),
     _train_for(
         "Pairs",
