@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from aner_lang.errors import AnerRuntimeError
-from aner_lang.preference_records import FeedbackFormat, FeedbackRecord, PairFormat
 from aner_lang.prechecks import load_feedback, load_pairs
+from aner_lang.preference_records import FeedbackFormat, FeedbackRecord, PairFormat
 from aner_lang.records import ChatRecord, Row, TextRecord, records
 
 USER = {"role": "user", "content": "Name a colour."}
