@@ -1745,6 +1745,40 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         """,
     ),
     _code(
+        "E-OBJECTIVE-OPTIONS",
+        Area.TRAINING,
+        "a preference objective's options are invalid",
+        _SITUATION,
+        """
+        `dpo` needs a positive `beta`, a `loss` of sigmoid, ipo or hinge, and `label_smoothing` in
+        [0, 0.5), used by the sigmoid loss only; `orpo` a positive `lambda`; `kto` a positive
+        `beta` and weights, and `micro_batch` of at least 2 (its KL estimate pairs each prompt
+        with another completion of the micro-batch). In a script the registry rules report these
+        first (`E-CONSTRAINT`), except label smoothing with another loss, which is reported when
+        `dpo` runs.
+        """,
+        """
+        `dpo(beta: 0.1, loss: ipo, label_smoothing: 0.1)`, or Python calling
+        `aner_lang.runtime.train.trainer.train(..., objective=kto(0.1, 1.0, 1.0), micro_batch=1)`.
+        """,
+    ),
+    _code(
+        "E-OBJECTIVE-DATA",
+        Area.TRAINING,
+        "a preference objective was given data it cannot train on",
+        _SITUATION,
+        """
+        `dpo` and `orpo` compare the two responses of a pair, so they train on `load_pairs` data;
+        `kto` trains on `load_feedback` data or on pairs. In a script the types of `train`'s
+        overloads report a mismatch first (`E-OVERLOAD`), so this code comes from Python code
+        calling the trainer with another dataset.
+        """,
+        """
+        Python calling `aner_lang.runtime.train.trainer.train(adapter, texts_dataset, profile,
+        objective=dpo(0.1, "sigmoid", 0.0))`.
+        """,
+    ),
+    _code(
         "E-TRAIN-OPTIONS",
         Area.TRAINING,
         "the training options are invalid",

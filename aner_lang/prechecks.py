@@ -16,7 +16,8 @@ from pathlib import Path
 
 from aner_lang import files, gpus
 from aner_lang.errors import AnerRuntimeError
-from aner_lang.records import Format, jsonl_format, rows
+from aner_lang.preference_records import FeedbackFormat, PairFormat
+from aner_lang.records import Format, RowFormat, jsonl_format, rows
 
 Failures = list[tuple[str, AnerRuntimeError]]
 FIRST_ROWS = 8
@@ -33,7 +34,7 @@ def _path(args: Mapping[str, object], script_dir: Path) -> Path | None:
     return p if p.is_absolute() else script_dir / p
 
 
-def _data_file(path: Path, fmt: Format | None) -> Failures:
+def _data_file(path: Path, fmt: RowFormat[object] | None) -> Failures:
     """The file exists, and its first rows have this format's fields (when the format is known)."""
     try:
         if fmt is None or path.suffix.lower() not in ROW_CHECKED:
@@ -68,6 +69,16 @@ def load_jsonl(args: Mapping[str, object], script_dir: Path) -> Failures:
     except AnerRuntimeError as e:
         return [("prompt_field", e)]
     return _data_file(path, fmt)
+
+
+def load_pairs(args: Mapping[str, object], script_dir: Path) -> Failures:
+    path = _path(args, script_dir)
+    return [] if path is None else _data_file(path, PairFormat())
+
+
+def load_feedback(args: Mapping[str, object], script_dir: Path) -> Failures:
+    path = _path(args, script_dir)
+    return [] if path is None else _data_file(path, FeedbackFormat())
 
 
 def read_text(args: Mapping[str, object], script_dir: Path) -> Failures:

@@ -36,7 +36,7 @@ import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from aner_lang import files
 from aner_lang.errors import AnerRuntimeError
@@ -90,6 +90,9 @@ class ChatRecord:
 
     messages: tuple[Mapping[str, Any], ...]
     where: str = ""
+    scored_from: int = 0
+    """The first message whose assistant turns are scored (a preference pair's responses follow
+    its prompt messages; earlier assistant turns are context)."""
 
 
 Record = TextRecord | ChatRecord
@@ -308,7 +311,16 @@ def _table_rows(path: Path, suffix: str) -> Iterator[Row]:
         ) from None
 
 
-def records(path: Path, fmt: Format, limit: int | None = None) -> list[Record]:
+R = TypeVar("R", covariant=True)
+
+
+class RowFormat(Protocol[R]):
+    """Turns a row into a record (`Format`, and the preference formats)."""
+
+    def record(self, row: Row) -> R: ...
+
+
+def records(path: Path, fmt: RowFormat[R], limit: int | None = None) -> list[R]:
     """The records of a data file; E-DATA-EMPTY when it has none."""
     out = [fmt.record(row) for row in rows(path, limit)]
     if not out:

@@ -23,6 +23,7 @@ _MODULES: tuple[str, ...] = (
     "aner_lang.builtins.jobs",
     "aner_lang.builtins.deploy",
     "aner_lang.builtins.services",
+    "aner_lang.builtins.preference",
 )
 
 

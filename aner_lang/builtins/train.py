@@ -145,6 +145,16 @@ RUN = TypeDecl(
         Field("first_validation_loss", "Float?", "validation loss after the first update"),
         Field("best_validation_loss", "Float?", "the lowest validation loss"),
         Field("best_update", "Int?", "the update of the lowest validation loss"),
+        Field(
+            "validation_accuracy",
+            "Float?",
+            "held-out preference accuracy after the last update (dpo, orpo)",
+        ),
+        Field(
+            "first_validation_accuracy",
+            "Float?",
+            "held-out preference accuracy after the first update (dpo, orpo)",
+        ),
         Field("stopped_early", "Bool", "early stopping (patience) ended the training"),
         Field("epochs", "Float", "passes over the training examples done"),
         Field("scored_tokens", "Int", "scored tokens of all applied updates"),
@@ -501,6 +511,9 @@ _BUILTINS = (
         category=_CATEGORY,
     ),
 )
+
+TRAIN = next(b for b in _BUILTINS if b.name == "train")
+"""train() on a supervised dataset; the preference overloads extend it (`builtins.preference`)."""
 
 DECLARATIONS = Declarations(
     builtins=_BUILTINS + overloads_for("Adapter"),

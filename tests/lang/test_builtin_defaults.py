@@ -52,7 +52,12 @@ def _source(parsed: Parsed) -> str:
         return LITERALS[name]
     if name in REGISTRY.enums:
         return REGISTRY.enums[name].members[0].name
-    maker = next(b for b in BUILTINS if b.returns == name)
+    maker = next(  # one that makes the type from others (not shuffle(Pairs) -> Pairs)
+        b
+        for b in BUILTINS
+        if b.returns == name
+        and not any(p.required and parse_type_string(p.type)[0] == name for p in b.params)
+    )
     return _call(maker)
 
 

@@ -31,17 +31,26 @@ Span = tuple[int, int]
 
 
 def chat_tokens(
-    tokenizer: Tokenizer, messages: Sequence[Mapping[str, Any]], loss_on: str, where: str
+    tokenizer: Tokenizer,
+    messages: Sequence[Mapping[str, Any]],
+    loss_on: str,
+    where: str,
+    scored_from: int = 0,
 ) -> tuple[list[int], list[bool]]:
     """(token ids, scored flags) of a conversation; `loss_on` is ``responses`` (the assistant's
-    turns) or ``all``."""
+    turns from message `scored_from` on) or ``all``."""
     text, marked = tokenizer.render_chat(messages, add_generation_prompt=False)
     ids, offsets = tokenizer.encode_offsets(text)
     if loss_on == "all":
         return ids, [True] * len(ids)
     if marked:
-        return ids, _covered(offsets, marked)
-    spans = _assistant_spans(tokenizer, messages, text, where)
+        start = (
+            len(tokenizer.apply_chat_template(messages[:scored_from], add_generation_prompt=True))
+            if scored_from
+            else 0
+        )
+        return ids, _covered(offsets, [(s, e) for s, e in marked if e > start])
+    spans = _assistant_spans(tokenizer, messages, text, where, scored_from)
     scored = _covered(offsets, spans)
     for start, end in spans:  # the turn ends at its last end-of-turn token
         inside = [i for i, (a, b) in enumerate(offsets) if b > start and a < end]
@@ -58,11 +67,15 @@ def _covered(offsets: Sequence[tuple[int, int]], spans: Sequence[Span]) -> list[
 
 
 def _assistant_spans(
-    tokenizer: Tokenizer, messages: Sequence[Mapping[str, Any]], text: str, where: str
+    tokenizer: Tokenizer,
+    messages: Sequence[Mapping[str, Any]],
+    text: str,
+    where: str,
+    scored_from: int,
 ) -> list[Span]:
     spans = []
     for i, message in enumerate(messages):
-        if message.get("role") != "assistant":
+        if message.get("role") != "assistant" or i < scored_from:
             continue
         before = tokenizer.apply_chat_template(messages[:i], add_generation_prompt=True)
         through = tokenizer.apply_chat_template(messages[: i + 1], add_generation_prompt=False)

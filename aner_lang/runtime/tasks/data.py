@@ -34,7 +34,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from aner_lang.errors import AnerRuntimeError
-from aner_lang.records import ChatRecord, Format, Record, TextRecord, jsonl_format, records
+from aner_lang.preference_records import FeedbackRecord, PairRecord
+from aner_lang.records import (
+    ChatRecord,
+    Format,
+    Record,
+    RowFormat,
+    TextRecord,
+    jsonl_format,
+    records,
+)
 from aner_lang.runtime.model.loss import IGNORE
 from aner_lang.runtime.model.tokenizer import Tokenizer
 from aner_lang.runtime.tasks.chat import chat_tokens
@@ -53,11 +62,20 @@ class Example:
     ids: tuple[int, ...]
     scored: tuple[bool, ...]
     segments: tuple[int, ...] | None = None
+    rejected: Example | None = None
+    """A preference pair: this example is the chosen response, `rejected` the other one."""
+    desirable: bool | None = None
+    """Unpaired feedback: whether this completion is desirable."""
 
     @property
     def scored_tokens(self) -> int:
         """Scored targets: position 0 has no predecessor, so it never counts."""
         return sum(self.scored[1:])
+
+    @property
+    def prompt_length(self) -> int:
+        """Tokens before the first scored target: the prompt of a preference example."""
+        return next((i for i in range(1, len(self.ids)) if self.scored[i]), len(self.ids))
 
 
 @dataclass(frozen=True)
@@ -69,7 +87,7 @@ class TokenRecord:
     where: str = ""
 
 
-AnyRecord = Record | TokenRecord
+AnyRecord = Record | TokenRecord | PairRecord | FeedbackRecord
 
 
 @dataclass(frozen=True)
@@ -96,6 +114,18 @@ class Dataset:
 
     def __len__(self) -> int:
         return len(self.records)
+
+    @property
+    def kind(self) -> str:
+        """``pairs`` (chosen/rejected), ``feedback`` (labeled completions) or ``text``."""
+        first = self.records[0] if self.records else None
+        return (
+            "pairs"
+            if isinstance(first, PairRecord)
+            else "feedback"
+            if isinstance(first, FeedbackRecord)
+            else "text"
+        )
 
     @classmethod
     def of_tokens(cls, rows: Sequence[Sequence[int]], context: int, source: str) -> Dataset:
@@ -143,26 +173,53 @@ def _tokenize(data: Dataset, tokenizer: Tokenizer) -> Tokenized:
     examples: list[Example] = []
     truncated = dropped = 0
     for record in data.records:
-        ids, scored = _record_tokens(tokenizer, record, data.loss_on)
-        if len(ids) > data.context:
-            ids, scored = ids[: data.context], scored[: data.context]
-            if data.too_long == "drop" or not any(scored[1:]):
-                dropped += 1
-                continue
-            truncated += 1
-        examples.append(Example(tuple(ids), tuple(scored)))
+        fitted = [_fit(data, *_record_tokens(tokenizer, r, data.loss_on)) for r in _parts(record)]
+        if any(f is None for f in fitted):
+            dropped += 1
+            continue
+        truncated += any(cut for _, cut in fitted)  # type: ignore[misc]
+        examples.append(_whole(record, [e for e, _ in fitted]))  # type: ignore[misc]
     if data.packed:
         examples = pack_examples(examples, data.context)
     return Tokenized(tuple(examples), len(data.records), truncated, dropped)
 
 
+def _parts(record: AnyRecord) -> tuple[Record | TokenRecord, ...]:
+    """What of a record becomes token rows: both responses of a pair, else the record itself."""
+    if isinstance(record, PairRecord):
+        return (record.chosen, record.rejected)
+    if isinstance(record, FeedbackRecord):
+        return (record.example,)
+    return (record,)
+
+
+def _fit(data: Dataset, ids: list[int], scored: list[bool]) -> tuple[Example, bool] | None:
+    """The example within the context and whether it was truncated; None when it is dropped
+    (`too_long: drop`, or nothing scored is left)."""
+    if len(ids) <= data.context:
+        return Example(tuple(ids), tuple(scored)), False
+    ids, scored = ids[: data.context], scored[: data.context]
+    if data.too_long == "drop" or not any(scored[1:]):
+        return None
+    return Example(tuple(ids), tuple(scored)), True
+
+
+def _whole(record: AnyRecord, parts: list[Example]) -> Example:
+    """One example of a record: a pair's chosen response carries its rejected one."""
+    if isinstance(record, PairRecord):
+        return replace(parts[0], rejected=parts[1])
+    if isinstance(record, FeedbackRecord):
+        return replace(parts[0], desirable=record.desirable)
+    return parts[0]
+
+
 def _record_tokens(
-    tokenizer: Tokenizer, record: AnyRecord, loss_on: str
+    tokenizer: Tokenizer, record: Record | TokenRecord, loss_on: str
 ) -> tuple[list[int], list[bool]]:
     if isinstance(record, TokenRecord):
         return list(record.ids), list(record.scored)
     if isinstance(record, ChatRecord):
-        return chat_tokens(tokenizer, record.messages, loss_on, record.where)
+        return chat_tokens(tokenizer, record.messages, loss_on, record.where, record.scored_from)
     return _text_tokens(tokenizer, record, loss_on)
 
 
@@ -273,7 +330,7 @@ def from_texts(items: Sequence[str], context: int) -> Dataset:
 def from_file(
     path: Path,
     context: int,
-    fmt: Format,
+    fmt: RowFormat[AnyRecord],
     loss_on: str = "responses",
     too_long: str = "truncate",
 ) -> Dataset:

@@ -76,9 +76,15 @@ def inspect(data: Dataset, model: Any, n: int) -> str:
         f"{t.truncated} truncated, {t.dropped} dropped; loss on {data.loss_on}"
     ]
     for index, example in enumerate(t.examples[:n], start=1):
+        if example.rejected is not None:
+            lines += _pair_lines(tokenizer, example, example.rejected, index, len(t.examples))
+            continue
+        label = (
+            "" if example.desirable is None else [", undesirable", ", desirable"][example.desirable]
+        )
         lines.append(
             f"--- row {index} of {len(t.examples)}: {len(example.ids)} tokens, "
-            f"{example.scored_tokens} scored ---"
+            f"{example.scored_tokens} scored{label} ---"
         )
         start = 0
         for k, length in enumerate(example.segments or (len(example.ids),), start=1):
@@ -91,6 +97,17 @@ def inspect(data: Dataset, model: Any, n: int) -> str:
             lines.append("tokens: " + _marked_ids(part))
             start += length
     return "\n".join(lines)
+
+
+def _pair_lines(
+    tokenizer: Any, chosen: Example, rejected: Example, index: int, count: int
+) -> list[str]:
+    """A preference pair: each response with its prompt, the compared part between ⟦ ⟧."""
+    lines = [f"--- pair {index} of {count} ---"]
+    for name, e in (("chosen", chosen), ("rejected", rejected)):
+        lines.append(f"[{name}: {len(e.ids)} tokens, {e.scored_tokens} scored]")
+        lines += [_marked_text(tokenizer, e), "tokens: " + _marked_ids(e)]
+    return lines
 
 
 def _runs(example: Example) -> list[tuple[bool, list[int]]]:

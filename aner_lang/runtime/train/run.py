@@ -32,6 +32,16 @@ class Run:
     stopped_early: bool = False
     best_update: int | None = None
     best_validation_loss: float | None = None
+    accuracy_history: list[tuple[int, float]] = field(default_factory=list)
+    """(update, held-out preference accuracy) of each validation of a DPO or ORPO run."""
+
+    @property
+    def validation_accuracy(self) -> float | None:
+        return self.accuracy_history[-1][1] if self.accuracy_history else None
+
+    @property
+    def first_validation_accuracy(self) -> float | None:
+        return self.accuracy_history[0][1] if self.accuracy_history else None
 
     @property
     def validation_loss(self) -> float | None:

@@ -28,6 +28,8 @@ class Counters:
     loss_history: list[float] = field(default_factory=list)
     validation_history: list[list[float]] = field(default_factory=list)
     """``[update, validation loss]`` pairs."""
+    validation_accuracy: list[list[float]] = field(default_factory=list)
+    """``[update, held-out preference accuracy]`` pairs (DPO and ORPO)."""
     stopped_early: bool = False
     """Early stopping ended the training (`patience`): continuing it trains no further."""
 

@@ -19,6 +19,12 @@ Validation runs after the first update, every `eval_every` updates and after the
 `patience: n`, training stops once n validations in a row have not improved on the best one
 (recorded in the state, so a resumed run stays stopped).
 
+With an `objective` (`dpo`, `orpo`, `kto`; `preference.py`) the data are preference pairs or
+labeled completions, a window's loss is the objective's (normalised per pair), update events carry
+its rewards, margins, accuracy and log-probabilities, and validation reports its loss and
+held-out preference accuracy. Everything else (epochs, schedule, checkpoints, resume, early
+stopping on the validation loss) is the same.
+
 Ctrl-C (SIGINT) during training lets the current update finish, writes the state (and a
 checkpoint when checkpoints are on), and ends the script with one line saying how to resume; a
 second Ctrl-C abandons the update at once.
@@ -46,8 +52,11 @@ from aner_lang.runtime.tasks.data import Dataset, collate
 from aner_lang.runtime.train import checkpoint, control
 from aner_lang.runtime.train.graphs import GraphSteps, eligibility
 from aner_lang.runtime.train.loss_scale import LossScaler
+from aner_lang.runtime.train.objectives import Objective
+from aner_lang.runtime.train.objectives import to_json as objective_json
 from aner_lang.runtime.train.optim import make_optimizer
 from aner_lang.runtime.train.order import Cursor, updates_per_epoch
+from aner_lang.runtime.train.preference import PreferenceSteps, check_options, training_examples
 from aner_lang.runtime.train.profile import Profile
 from aner_lang.runtime.train.run import Run
 from aner_lang.runtime.train.schedule import SCHEDULES, learning_rate_at
@@ -183,10 +192,14 @@ def train(
     checkpoint_every: int = 0,
     log: str | None = None,
     log_dir: str | None = None,
+    objective: Objective | None = None,
 ) -> Run:
     """Train `adapter` on `data` until it has done its updates; see the module docstring."""
     tokenizer = adapter.tokenizer
-    total = total_updates(len(data.examples(tokenizer)), steps, epochs, micro_batch, accumulation)
+    examples = _examples(data, tokenizer, objective)
+    if objective is not None:
+        check_options(objective, micro_batch)
+    total = total_updates(len(examples), steps, epochs, micro_batch, accumulation)
     _validate_options(
         tokenizer, data, total, micro_batch, accumulation, schedule, validation, patience
     )
@@ -208,10 +221,13 @@ def train(
         "schedule": schedule,
         "eval_every": eval_every,
         "patience": patience,
+        "objective": None if objective is None else objective_json(objective),
     }
     run_control = control.begin(adapter, profile, options, checkpoints, checkpoint_every)
     checkpoints, checkpoint_every = run_control.checkpoints, run_control.checkpoint_every
-    loop = _Loop(adapter, data, profile, options, run_identity(adapter, profile, backend))
+    loop = _Loop(
+        adapter, data, profile, options, run_identity(adapter, profile, backend), objective
+    )
     log_path = _log_path(log, checkpoints)
     events = EventLog(log_path, log_dir)
     progress = Progress(total, loop.counters.updates)
@@ -232,7 +248,7 @@ def train(
                 if validation is not None and (
                     done or updates == 1 or (eval_every and updates % eval_every == 0)
                 ):
-                    event["validation_loss"] = loop.validate(validation)
+                    event.update(loop.validate(validation))
                     if checkpoints and loop.best()[0] == updates:
                         state = loop.snapshot()
                         checkpoint.save(Path(checkpoints) / BEST, state, keep=0)
@@ -264,6 +280,13 @@ def train(
     return loop.result(time.perf_counter() - start, log_path, stop)
 
 
+def _examples(data: Dataset, tokenizer: Any, objective: Objective | None) -> list[Any]:
+    """What the run trains on: the dataset's examples, or the objective's rows of it."""
+    if objective is None:
+        return list(data.examples(tokenizer))
+    return training_examples(data, tokenizer, objective)
+
+
 def _resume_hint(updates: int, total: int, saved: Path | None, checkpoints: str | None) -> str:
     where = f"train: interrupted after update {updates} of {total}"
     if saved is None:
@@ -279,7 +302,13 @@ class _Loop:
     steps of an update. Built fresh, or from the adapter's `TrainState` to continue it exactly."""
 
     def __init__(
-        self, adapter: Any, data: Dataset, profile: Profile, options: dict[str, Any], identity: str
+        self,
+        adapter: Any,
+        data: Dataset,
+        profile: Profile,
+        options: dict[str, Any],
+        identity: str,
+        objective: Objective | None = None,
     ) -> None:
         self.adapter, self.profile, self.options, self.identity = (
             adapter,
@@ -287,7 +316,11 @@ class _Loop:
             options,
             identity,
         )
-        self.examples = data.examples(adapter.tokenizer)
+        self.objective = objective
+        self.examples = _examples(data, adapter.tokenizer, objective)
+        self.preference = (
+            None if objective is None else PreferenceSteps(adapter, objective, profile.precision)
+        )
         prev = adapter.state
         if prev is not None:
             _require_same_kernel(prev, identity)
@@ -317,6 +350,8 @@ class _Loop:
         self.params = list(adapter.params.items())
         dropout = float(adapter.config.get("dropout", 0.0))
         off = eligibility(adapter.device, dropout, profile.activations, profile.graphs)
+        if objective is not None:
+            off = f"the {objective.name} objective runs its steps eagerly"
         self.steps = GraphSteps(self._forward_backward, [p for _, p in self.params], off)
         self.started = time.perf_counter()
         self.tokens_seen = 0
@@ -374,6 +409,8 @@ class _Loop:
             "tokens": tokens,
             "scored_tokens": scored,
         }
+        if self.preference is not None:
+            event.update(self.preference.metrics())
         if overflow:
             c.skipped_updates += 1
         else:
@@ -404,10 +441,12 @@ class _Loop:
             [self.examples[i] for i in indices]
             for indices in self.cursor.window(o["micro_batch"], o["accumulation"])
         ]
+        scale = self.scaler.state.scale if self.scaler.enabled else None
+        if self.preference is not None:
+            return self.preference.window(window, scale)
         scored = sum(e.scored_tokens for batch in window for e in batch)
         tokens = sum(len(e.ids) for batch in window for e in batch)
         total = torch.zeros((), dtype=torch.float64, device=adapter.device)
-        scale = self.scaler.state.scale if self.scaler.enabled else None
         for examples in window:
             if not any(e.scored_tokens for e in examples):
                 continue
@@ -440,10 +479,22 @@ class _Loop:
             else:
                 p.grad = None
 
-    def validate(self, validation: Dataset) -> float:
-        v = _mean_loss(self.adapter, validation, self.options["micro_batch"], self.profile)
-        self.counters.validation_history.append([self.counters.updates, v])
-        return v
+    def validate(self, validation: Dataset) -> dict[str, float]:
+        """The validation event fields: the loss (and the objective's held-out metrics)."""
+        micro_batch = self.options["micro_batch"]
+        if self.preference is None:
+            v = _mean_loss(self.adapter, validation, micro_batch, self.profile)
+            values = {"validation_loss": v}
+        else:
+            rows = _examples(validation, self.adapter.tokenizer, self.objective)
+            found = self.preference.evaluate(rows, micro_batch)
+            values = {f"validation_{k}": v for k, v in found.items()}
+            if "validation_accuracy" in values:
+                self.counters.validation_accuracy.append(
+                    [self.counters.updates, values["validation_accuracy"]]
+                )
+        self.counters.validation_history.append([self.counters.updates, values["validation_loss"]])
+        return values
 
     def best(self) -> tuple[int | None, float | None]:
         """(update, loss) of the best validation so far (the earliest of equal ones)."""
@@ -540,6 +591,7 @@ class _Loop:
             stopped_early=c.stopped_early,
             best_update=best_update,
             best_validation_loss=best_loss,
+            accuracy_history=[(int(u), v) for u, v in c.validation_accuracy],
         )
 
 

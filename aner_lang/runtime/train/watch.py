@@ -35,6 +35,15 @@ TENSORBOARD = {
     "loss_scale": "train/loss_scale",
     "tokens_per_second": "train/tokens_per_second",
     "epoch": "train/epoch",
+    "rewards_chosen": "train/rewards/chosen",
+    "rewards_rejected": "train/rewards/rejected",
+    "margin": "train/rewards/margin",
+    "accuracy": "train/rewards/accuracy",
+    "logps_chosen": "train/logps/chosen",
+    "logps_rejected": "train/logps/rejected",
+    "kl": "train/kl",
+    "validation_accuracy": "validation/accuracy",
+    "validation_margin": "validation/margin",
 }
 """Update-event fields written to TensorBoard, and their tags."""
 
