@@ -1,8 +1,11 @@
-"""The `aner` command: check, run, check-docs, builtins, explain, lsp, fixture.
+"""The `aner` command: check, run, check-docs, builtins, explain, lsp, fixture, qualify, and the
+job commands submit, jobs, logs, cancel, resume.
 
-Exit codes: 0 success, 1 diagnostics (errors in a script, a failed run), 2 usage errors.
+Exit codes: 0 success, 1 diagnostics (errors in a script, a failed run), 2 usage errors, 3 a run
+stopped on request (SIGTERM, SIGINT, `aner cancel`) after writing its checkpoint.
 Diagnostics go to stderr as `file:line:col: severity[code]: message` with a caret excerpt.
 Only `run` (through native builtins) and `fixture` may import torch; `check` never does.
+Subcommands with arguments of their own are delegated to the module that implements them.
 """
 
 from __future__ import annotations
@@ -14,8 +17,13 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from aner_lang.diagnostics import Diagnostic, render
+from aner_lang.diagnostics import Diagnostic, file_error, render
+from aner_lang.errors import EXIT_STOPPED, RunStopped
+
+if TYPE_CHECKING:
+    from aner_lang.check import Analysis
 
 Command = Callable[[argparse.Namespace], int]
 """A subcommand: the parsed arguments -> the exit code."""
@@ -27,13 +35,14 @@ def _print(diags: list[Diagnostic], source: str | None) -> None:
 
 
 def _read(path: str) -> str | None:
+    """A script's text (bounded: `files.SCRIPT_LIMIT`), or None after printing why not."""
+    from aner_lang import files
+    from aner_lang.errors import AnerRuntimeError
+
     try:
-        return Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        print(
-            f"{path}: error[E-IO]: cannot read the file: {getattr(e, 'strerror', None) or e}",
-            file=sys.stderr,
-        )
+        return files.read_text(path, files.SCRIPT_LIMIT)
+    except AnerRuntimeError as e:
+        _print([file_error(path, e)], None)
         return None
 
 
@@ -46,18 +55,32 @@ def _write(text: str, output: str) -> None:
         Path(output).write_text(text, encoding="utf-8")
 
 
-def cmd_check(args: argparse.Namespace) -> int:
+def _analyze(path: str, source: str, *, before_running: bool, printed: bool = True) -> Analysis:
+    """`analyze`, then the checks against the machine and the files the script reads
+    (`check.environment`) and whether this installation has the packages its native builtins
+    need (`check.native`: an error before running, a warning for `aner check`); every
+    diagnostic is printed unless `printed` is False (the ranks other than 0 of a distributed
+    run)."""
     from aner_lang.check import analyze
+    from aner_lang.check.environment import environment_diagnostics
+    from aner_lang.check.native import native_unavailable
 
+    analysis = analyze(source, path)
+    analysis.diagnostics += environment_diagnostics(analysis)
+    analysis.diagnostics += native_unavailable(analysis, before_running=before_running)
+    if printed:
+        _print(analysis.diagnostics, source)
+    return analysis
+
+
+def cmd_check(args: argparse.Namespace) -> int:
     failed = False
     for path in args.files:
         source = _read(path)
         if source is None:
             failed = True
             continue
-        analysis = analyze(source, path)
-        _print(analysis.diagnostics, source)
-        failed |= bool(analysis.errors)
+        failed |= bool(_analyze(path, source, before_running=False).errors)
     return 1 if failed else 0
 
 
@@ -74,7 +97,9 @@ def _launch(file: str, nproc: int) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from aner_lang.check import analyze
+    """Check and run a script. Ctrl-C ends it with status 130 and no traceback (a training run
+    saves its checkpoint and says how to resume before it stops); a job's stop request (SIGTERM)
+    ends it with EXIT_STOPPED after the run checkpointed."""
     from aner_lang.interp import AnerError, ExecContext, run
 
     if args.nproc < 1:
@@ -86,9 +111,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if source is None:
         return 1
     main_rank = os.environ.get("RANK", "0") == "0"  # torchrun's; only rank 0 prints
-    analysis = analyze(source, args.file)
-    if main_rank:
-        _print(analysis.diagnostics, source)
+    analysis = _analyze(args.file, source, before_running=True, printed=main_rank)
     if analysis.errors:
         return 1
     path = Path(args.file).resolve()
@@ -100,6 +123,35 @@ def cmd_run(args: argparse.Namespace) -> int:
             d = e.diagnostic
             _print([d], source if d.path == args.file else _read(d.path) if d.path else None)
             return 1
+        except RunStopped as e:
+            if main_rank:
+                print(f"aner: {e.message}", file=sys.stderr)
+            return EXIT_STOPPED
+        except KeyboardInterrupt as e:  # its message, when it has one, says how to continue
+            if main_rank:
+                print(str(e) or "aner: interrupted", file=sys.stderr)
+            return 130
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    """Draw a run's loss curves from its event log (default picture: the log's name, .png)."""
+    from aner_lang.errors import AnerRuntimeError
+    from aner_lang.plot import plot
+
+    log = Path(args.log)
+    out = Path(args.output) if args.output else log.with_suffix(".png")
+    try:
+        curves = plot(log, out)
+    except AnerRuntimeError as e:
+        print(f"error[{e.code}]: {e.message}", file=sys.stderr)
+        for note in e.notes:
+            print(f"  = note: {note}", file=sys.stderr)
+        return 1
+    print(
+        f"{out}: {len(curves.train)} updates, {len(curves.validation)} validations",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -157,6 +209,44 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+# Subcommands that parse their own arguments: name -> (module with `main(argv)`, what it is,
+# help line, whether `argv` starts with the subcommand's name).
+_DELEGATED: dict[str, tuple[str, str, str, bool]] = {
+    "fixture": (
+        "aner_lang.testing.fixture",
+        "the fixture writer",
+        "write a tiny deterministic GGUF model (for tests)",
+        False,
+    ),
+    "qualify": (
+        "aner_lang.runtime.qualify.report",
+        "the qualifier",
+        "run this machine's qualification report (tests, benchmarks, every method on SmolLM2)",
+        False,
+    ),
+    "submit": (
+        "aner_lang.runtime.jobs.commands",
+        "the job runner",
+        "start a script as a background job (prints its id)",
+        True,
+    ),
+    "jobs": ("aner_lang.runtime.jobs.commands", "the job runner", "list background jobs", True),
+    "logs": ("aner_lang.runtime.jobs.commands", "the job runner", "show a job's events", True),
+    "cancel": (
+        "aner_lang.runtime.jobs.commands",
+        "the job runner",
+        "stop a job cleanly (its checkpoint is written)",
+        True,
+    ),
+    "resume": (
+        "aner_lang.runtime.jobs.commands",
+        "the job runner",
+        "continue a failed, cancelled or interrupted job from its checkpoints",
+        True,
+    ),
+}
+
+
 def _delegate(module: str, what: str, argv: list[str] | None) -> int:
     try:
         mod = importlib.import_module(module)
@@ -182,6 +272,10 @@ def main(argv: list[str] | None = None) -> int:
         help="run the script on this many ranks of this host (torchrun; one GPU each)",
     )
     p.set_defaults(fn=cmd_run)
+    p = sub.add_parser("plot", help="draw a run's training and validation loss from its log")
+    p.add_argument("log", help="the JSON-lines event log train() wrote")
+    p.add_argument("-o", "--output", help="a .png or .svg file (default: the log's name, .png)")
+    p.set_defaults(fn=cmd_plot)
     p = sub.add_parser("check-docs", help="check the ```aner blocks of Markdown files or folders")
     p.add_argument("paths", nargs="+")
     p.set_defaults(fn=cmd_check_docs)
@@ -203,22 +297,22 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(fn=cmd_explain)
     p = sub.add_parser("lsp", help="run the language server on stdio")
     p.set_defaults(fn=lambda a: _delegate("aner_lsp.server", "the language server", None))
-    p = sub.add_parser(
-        "fixture", help="write a tiny deterministic GGUF model (for tests)", add_help=False
-    )
-    p.add_argument("rest", nargs=argparse.REMAINDER)
-    p.set_defaults(
-        fn=lambda a: _delegate("aner_lang.testing.fixture", "the fixture writer", a.rest)
-    )
+    for name, (_, _, what, _) in _DELEGATED.items():
+        sub.add_parser(name, help=what, add_help=False)
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["fixture"]:  # everything after `fixture` belongs to the fixture writer
-        return _delegate("aner_lang.testing.fixture", "the fixture writer", argv[1:])
+    if argv[:1] and argv[0] in _DELEGATED:  # everything after the name belongs to its module
+        module, what, _, with_name = _DELEGATED[argv[0]]
+        return _delegate(module, what, argv if with_name else argv[1:])
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:
         return int(e.code or 0) and 2
     command: Command = args.fn
-    return command(args)
+    try:
+        return command(args)
+    except KeyboardInterrupt:  # Ctrl-C: a line, not a traceback (checkpoints are atomic)
+        print("aner: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

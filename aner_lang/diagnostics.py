@@ -13,11 +13,14 @@ Codes are stable strings: ``E-SYNTAX``, ``E-UNKNOWN-NAME``, ... (errors) and ``W
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # a runtime import would be circular: the parser creates diagnostics
+    from aner_lang.errors import AnerRuntimeError
     from aner_lang.grammar.ast import Span
 
 ERROR = "error"
@@ -71,6 +74,15 @@ def syntax_bad_char(span: Span, char: str) -> Diagnostic:
 
 def bad_literal(span: Span, what: str) -> Diagnostic:
     return Diagnostic("E-LITERAL", span, f"invalid literal: {what}")
+
+
+def too_deep(span: Span, limit: int) -> Diagnostic:
+    return Diagnostic(
+        "E-NESTING",
+        span,
+        f"nesting deeper than {limit} levels, the limit",
+        notes=("split the expression into `let` bindings or the code into functions",),
+    )
 
 
 # ---- names and types -----------------------------------------------------------------------------
@@ -274,12 +286,37 @@ def assertion_failed(span: Span, message: str | None) -> Diagnostic:
     return Diagnostic("E-ASSERT", span, "assertion failed" + (f": {message}" if message else ""))
 
 
+def out_of_memory(span: Span | None) -> Diagnostic:
+    return Diagnostic(
+        "E-MEMORY",
+        span,
+        "out of memory",
+        notes=("the machine (or the process's memory limit) had no memory left for this",),
+    )
+
+
 def internal_error(span: Span | None, exc: BaseException) -> Diagnostic:
     return Diagnostic(
         "E-INTERNAL",
         span,
         f"internal error: {type(exc).__name__}: {exc}",
         notes=("this is a bug in Aner; please report it with the script that caused it",),
+    )
+
+
+def native_unavailable(
+    span: Span, builtin: str, package: str, more_calls: int, before_running: bool
+) -> Diagnostic:
+    """A script calls native builtins on an installation without the native runtime: an error
+    before `aner run` starts (nothing would run), a warning for `aner check` (the script is fine;
+    this machine cannot run it)."""
+    more = f"{more_calls} more call(s) in this script need it too" if more_calls else None
+    return Diagnostic(
+        "E-NATIVE-UNAVAILABLE" if before_running else "W-NATIVE-UNAVAILABLE",
+        span,
+        f"native runtime not installed: `{builtin}` needs the Python package '{package}'",
+        severity=ERROR if before_running else WARNING,
+        notes=tuple(n for n in (more, "install it with: pip install 'aner[native]'") if n),
     )
 
 
@@ -290,8 +327,11 @@ def doc_block_should_fail(span: Span) -> Diagnostic:
     return Diagnostic("E-DOC-NO-ERROR", span, "this ```aner error block checks without errors")
 
 
-def cannot_read(path: str, reason: str) -> Diagnostic:
-    return Diagnostic("E-IO", None, f"cannot read {path}: {reason}", path=path)
+def file_error(path: str, err: AnerRuntimeError) -> Diagnostic:
+    """A file that cannot be read (or written), as a diagnostic of that file."""
+    return Diagnostic(
+        err.code, None, err.message.removeprefix(f"{path}: "), notes=err.notes, path=path
+    )
 
 
 # ---- rendering -----------------------------------------------------------------------------------
@@ -314,11 +354,21 @@ def render(diag: Diagnostic, source: str | None = None) -> str:
 
 
 def _excerpt(source: str, span: Span) -> list[str]:
-    src_lines = source.splitlines()
-    if not 1 <= span.line <= len(src_lines):
+    starts = _line_starts(source)
+    if not 1 <= span.line <= len(starts):
         return []
-    text = src_lines[span.line - 1]
+    start = starts[span.line - 1]
+    end = starts[span.line] - 1 if span.line < len(starts) else len(source)
+    text = source[start:end].removesuffix("\r")
     width = len(str(span.line))
     end_col = span.end_col if span.end_line == span.line else len(text) + 1
     carets = "^" * max(1, end_col - span.col)
     return [f" {span.line} | {text}", f" {' ' * width} | {' ' * (span.col - 1)}{carets}"]
+
+
+@lru_cache(maxsize=4)
+def _line_starts(source: str) -> tuple[int, ...]:
+    """The offset of each line of `source` (lines end at `\\n` only, as the parser counts them),
+    computed once per source: rendering every diagnostic of a file is then linear, not quadratic
+    in its length."""
+    return (0, *(m.end() for m in re.finditer("\n", source)))

@@ -13,8 +13,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from aner_lang import diagnostics as msg
+from aner_lang import files
 from aner_lang.check import analyze
 from aner_lang.diagnostics import Diagnostic
+from aner_lang.errors import AnerRuntimeError
 from aner_lang.grammar.ast import Span
 
 _FENCE = re.compile(r"^(\s*)(```+|~~~+)\s*aner\b\s*([A-Za-z-]*)\s*$")
@@ -56,9 +58,9 @@ def check_markdown(path: Path) -> tuple[list[Diagnostic], int]:
     """Diagnostics of one Markdown file (errors only, at Markdown positions) and how many blocks
     were checked."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        return [msg.cannot_read(str(path), str(e))], 0
+        text = files.read_text(path)
+    except AnerRuntimeError as e:
+        return [msg.file_error(str(path), e)], 0
     found: list[Diagnostic] = []
     checked = 0
     for first_line, mode, code in blocks(text):

@@ -39,6 +39,8 @@ class Area(Enum):
     TRAINING = "Training"
     CHECKPOINTS = "Checkpoints"
     DATA = "Datasets"
+    JOBS = "Background jobs"
+    SERVICES = "Model services"
     TOOLS = "Tools"
     INTERNAL = "Environment and internal errors"
 
@@ -130,12 +132,32 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         * a byte size that is not a whole number of bytes (`1.5 B`); a fraction of a larger unit is
           fine when it comes out whole (`1.5 KiB` is 1536 bytes);
         * an unknown escape in a string: the escapes are `\n`, `\t`, `\"`, `\\` and `\$`;
-        * `${` in a string without its closing `}`; write `\$` for a literal dollar sign.
+        * `${` in a string without its closing `}`; write `\$` for a literal dollar sign;
+        * a number outside its type's range: an `Int` or a `Bytes` size is a signed 64-bit
+          integer (at most 9,223,372,036,854,775,807), a `Float` at most about 1.797e308 (`1e999`
+          is an error, not infinity);
+        * a number literal longer than 1,000 characters.
         """,
         """
         let page = 1.5 B
         print(page)
         """,
+    ),
+    _code(
+        "E-NESTING",
+        Area.SYNTAX,
+        "the code nests deeper than the limit",
+        _CHECK,
+        """
+        Expressions, blocks and types may nest at most 200 levels deep. Each operator, call,
+        index, list, `not`, unary `-` and block is one level, so a chain of 200 `+` is as deep as
+        200 nested calls. The bound keeps checking, running and the language server's features
+        within Python's recursion limit; real programs nest a dozen levels.
+
+        The statement that crosses the bound is reported where it does so and is not checked
+        further. Split a long expression into `let` bindings, or the code into functions.
+        """,
+        "let deep = " + "-" * 201 + "1",
     ),
     # ---- names and types -------------------------------------------------------------------------
     _code(
@@ -598,17 +620,67 @@ _ENTRIES: tuple[ErrorCode, ...] = (
     _code(
         "E-VALUE",
         Area.EVALUATION,
-        "a math builtin got a value outside its domain, or overflowed",
+        "a value outside what an operation accepts",
         _RUN,
         """
-        A number cannot be converted or computed: `int(x)` of a NaN or an infinity, `exp`, `pow`,
-        `round`, `floor` or `ceil` of a value whose result overflows or is undefined. The message
-        gives the call and Python's reason. Check the input range before the call (the registry
-        already rejects `sqrt` of a negative and `log` of a non-positive number as
-        `E-CONSTRAINT`).
+        A value cannot be converted or computed: `int(x)`, `round`, `floor` or `ceil` of a NaN
+        or an infinity, `pow` of a negative base to a fractional power, `write_json` of a value
+        holding a NaN or an infinity (JSON has no form for them; the message says where in the
+        value it is). Check the input before the call (the registry already rejects `sqrt` of a
+        negative and `log` of a non-positive number as `E-CONSTRAINT`).
         """,
         """
-        print(int(exp(1000.0)))
+        print(pow(-8.0, 0.5))
+        """,
+    ),
+    _code(
+        "E-OVERFLOW",
+        Area.EVALUATION,
+        "a number left the range of its type",
+        _RUN,
+        """
+        An `Int` (and a `Bytes` size) is a signed 64-bit integer, from -9,223,372,036,854,775,808
+        to 9,223,372,036,854,775,807, and a `Float` is finite. Arithmetic whose result falls
+        outside (`*` of two large Ints, `1e308 * 10.0`), `exp` or `pow` of a result too large for
+        a Float, and `int`, `round`, `floor` or `ceil` of a Float beyond the Int range are errors
+        at the operator or the call, never a silent wrap-around or an infinity. Scale the
+        numbers down, or check their range before the operation.
+        """,
+        """
+        let big = 9223372036854775807
+        print(big + 1)
+        """,
+    ),
+    _code(
+        "E-LIMIT",
+        Area.EVALUATION,
+        "a list or a string would exceed its size bound",
+        _RUN,
+        """
+        A script may build lists of at most 10,000,000 items (`range`, `+`) and strings of at
+        most 268,435,456 characters (`+`, `join`, interpolation): a loop that doubles a string
+        stops at the bound with this error, instead of when the machine runs out of memory. The
+        message names the operation, the size it would have made and the bound. Work on the data
+        in pieces, or keep large data in files (datasets are read line by line).
+        """,
+        """
+        print(len(range(20000000)))
+        """,
+    ),
+    _code(
+        "E-MEMORY",
+        Area.EVALUATION,
+        "the machine ran out of memory",
+        _SITUATION,
+        """
+        Python could not allocate memory while checking or running the script: the machine, or
+        the memory limit the process runs under (`ulimit -v`), had none left. Aner's own bounds
+        (file sizes, list and string sizes, model and metadata sizes) normally stop a script
+        before this; when they do not, this is the error, at the statement that was running,
+        rather than a crash. Free memory, raise the limit, or make the data smaller.
+        """,
+        """
+        A script that keeps many large lists alive at once, run under `ulimit -v 1000000`.
         """,
     ),
     _code(
@@ -632,16 +704,60 @@ _ENTRIES: tuple[ErrorCode, ...] = (
     _code(
         "E-IO",
         Area.EVALUATION,
-        "a file cannot be read or written",
+        "a file cannot be written",
         _RUN,
         """
-        `read_text` or `write_json` failed, or the `aner` command cannot read a script or a
-        Markdown file it was given. The message gives the path (relative paths in a script are
-        relative to the script's directory) and the system's reason: the file does not exist, a
-        directory is not writable, the file is not UTF-8 text.
+        Writing a file failed: its folder cannot be created (a part of the path is a file, or
+        the folder is not writable), the disk is full, or the system refused for another reason,
+        which the message gives. Nothing is left half-written: Aner writes to a temporary file
+        and moves it into place only when it is complete. Choose a writable location.
         """,
         """
-        print(read_text("missing.txt"))
+        write_json("/dev/null/result.json", [1, 2, 3])
+        """,
+    ),
+    _code(
+        "E-FILE-NAME",
+        Area.EVALUATION,
+        "a path no file can have",
+        _RUN,
+        """
+        The path contains a NUL character (`\\0`), which no file name on any system can hold;
+        it usually comes from text read elsewhere. Check how the path was built.
+        """,
+        """
+        print(read_text("notes\\0.txt"))
+        """,
+    ),
+    _code(
+        "E-FILE-EXISTS",
+        Area.EVALUATION,
+        "the file or folder to write already exists",
+        _SITUATION,
+        """
+        `write_json`, `save_adapter`, `export_gguf` and the other writers never replace an
+        existing file, or a folder that holds anything, unless the call says so: pass
+        `overwrite: true` to replace it, or choose another path. (With `overwrite: true`,
+        `save_adapter` replaces only the adapter's own files in the folder.)
+        """,
+        """
+        Running `write_json("out/result.json", run)` a second time.
+        """,
+    ),
+    _code(
+        "E-FILE-PROTECTED",
+        Area.EVALUATION,
+        "the path is the model's own file or folder",
+        _SITUATION,
+        """
+        A writer was asked to write over the base model's own file (the GGUF it was loaded
+        from), or into its Hugging Face folder. Aner never does that, even with
+        `overwrite: true`: the adapter, its checkpoints and every export refer to that file by its
+        fingerprint, and losing it would make them useless. Write to another path.
+        """,
+        """
+        `export_gguf(merge(adapter), "models/base.gguf", overwrite: true)` where the model was
+        loaded from `models/base.gguf`.
         """,
     ),
     _code(
@@ -653,6 +769,8 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         Aner reads user files through one bounded reader (`aner_lang/files.py`). The path, as the
         message gives it (relative paths in a script are relative to the script's directory),
         names nothing, or a part of it is not a folder. Check the spelling and the directory.
+        `aner check` reports a literal data or text path that names nothing before the script
+        runs.
         """,
         """
         A dataset, template or configuration path that does not exist.
@@ -1072,7 +1190,8 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         """
         torch sees no CUDA GPU on this machine: there is none, its driver is not loaded, or the
         installed torch is a CPU-only build. Use `device: auto` (the default: the GPU when there is
-        one, else the CPU) or `device: cpu`.
+        one, else the CPU) or `device: cpu`. `aner check` asks the CUDA driver and reports a
+        literal `device: cuda` on a machine without a GPU before the script runs.
         """,
         """
         # on a machine without a CUDA GPU
@@ -1155,7 +1274,8 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         one, or training starts with the model on the CPU), CuPy is not installed
         (`pip install 'aner[cuda]'`), or the driver lacks an entry point the kernels use
         (`cuTensorMapEncodeTiled`, `cuLaunchKernelEx`): update the driver. Or use `kernel: auto`,
-        which picks `fused` only where it can run, or `kernel: host_tiled`.
+        which picks `fused` only where it can run, or `kernel: host_tiled`. `aner check` reports
+        a literal `kernel: fused` on a machine without a CUDA GPU before the script runs.
         """,
         """
         # on a machine without a CUDA GPU
@@ -1368,6 +1488,23 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         """,
         """
         `load_adapter(model, "adapters/x")` where `adapter.json` has `"method": "ia3"`.
+        """,
+    ),
+    _code(
+        "E-ADAPTER-CONFIG",
+        Area.ADAPTERS,
+        "a saved adapter configuration is malformed",
+        _SITUATION,
+        """
+        An adapter is rebuilt from the configuration saved with it (`adapter.json`, or a
+        checkpoint's `state.json`), and that configuration names a setting the method does not
+        take, or gives one a value of the wrong type (a rank that is not an integer, targets that
+        are not a list of names). Files written by Aner always hold a valid configuration: this
+        one was edited or comes from elsewhere. Save the adapter again.
+        """,
+        """
+        `load_adapter(model, "adapters/a")` after `"rank": 8` in `adapter.json` was changed to
+        `"rank": "eight"`.
         """,
     ),
     _code(
@@ -1608,15 +1745,50 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         """,
     ),
     _code(
+        "E-OBJECTIVE-OPTIONS",
+        Area.TRAINING,
+        "a preference objective's options are invalid",
+        _SITUATION,
+        """
+        `dpo` needs a positive `beta`, a `loss` of sigmoid, ipo or hinge, and `label_smoothing` in
+        [0, 0.5), used by the sigmoid loss only; `orpo` a positive `lambda`; `kto` a positive
+        `beta` and weights, and `micro_batch` of at least 2 (its KL estimate pairs each prompt
+        with another completion of the micro-batch). In a script the registry rules report these
+        first (`E-CONSTRAINT`), except label smoothing with another loss, which is reported when
+        `dpo` runs.
+        """,
+        """
+        `dpo(beta: 0.1, loss: ipo, label_smoothing: 0.1)`, or Python calling
+        `aner_lang.runtime.train.trainer.train(..., objective=kto(0.1, 1.0, 1.0), micro_batch=1)`.
+        """,
+    ),
+    _code(
+        "E-OBJECTIVE-DATA",
+        Area.TRAINING,
+        "a preference objective was given data it cannot train on",
+        _SITUATION,
+        """
+        `dpo` and `orpo` compare the two responses of a pair, so they train on `load_pairs` data;
+        `kto` trains on `load_feedback` data or on pairs. In a script the types of `train`'s
+        overloads report a mismatch first (`E-OVERLOAD`), so this code comes from Python code
+        calling the trainer with another dataset.
+        """,
+        """
+        Python calling `aner_lang.runtime.train.trainer.train(adapter, texts_dataset, profile,
+        objective=dpo(0.1, "sigmoid", 0.0))`.
+        """,
+    ),
+    _code(
         "E-TRAIN-OPTIONS",
         Area.TRAINING,
         "the training options are invalid",
         _SITUATION,
         """
-        `steps`, `micro_batch` and `accumulation` must be at least 1 and the schedule one of the
-        known ones. In a script the registry rules and the `Schedule` enum check these first
-        (`E-CONSTRAINT`, `E-UNKNOWN-MEMBER`), so this code comes from Python code calling the
-        trainer directly.
+        `steps`, `micro_batch` and `accumulation` must be at least 1, `epochs` positive, only one
+        of `steps` and `epochs` given, and the schedule one of the known ones. In a script the
+        registry rules and the `Schedule` enum check these first (`E-CONSTRAINT`,
+        `E-UNKNOWN-MEMBER`), so this code comes from Python code calling the trainer directly,
+        or from `patience:` without `validation:` (early stopping watches the validation loss).
         """,
         """
         Python calling `aner_lang.runtime.train.trainer.train(adapter, data, profile, steps=0)`.
@@ -1787,19 +1959,6 @@ _ENTRIES: tuple[ErrorCode, ...] = (
     ),
     # ---- datasets --------------------------------------------------------------------------------
     _code(
-        "E-DATA-FILE",
-        Area.DATA,
-        "the JSONL file does not exist",
-        _RUN,
-        """
-        `load_jsonl` found no file at the path; relative paths are relative to the script's
-        directory.
-        """,
-        """
-        print(load_jsonl("missing.jsonl"))
-        """,
-    ),
-    _code(
         "E-DATA-JSON",
         Area.DATA,
         "a JSONL line is not a JSON object",
@@ -1817,13 +1976,20 @@ _ENTRIES: tuple[ErrorCode, ...] = (
     _code(
         "E-DATA-FIELD",
         Area.DATA,
-        "a JSONL example lacks the text field to read",
+        "a data row lacks the fields its format needs",
         _SCRIPT,
         """
-        `load_jsonl` reads the string field `field:` (default `"text"`) of every line, or the pair
-        `prompt_field:` / `completion_field:`, which must be given together. This code means an
-        example has no such string field (the message lists the fields it has), or only one of the
-        pair was given.
+        Every row of a data file must have the fields of its format: the string `field:` (default
+        `text`) of a text row, `prompt_field:` and `completion_field:` (given together to
+        `load_jsonl`) of a prompt/completion row, `instruction` and `output` (strings; `input`
+        optional) of an alpaca row, and for a chat row a non-empty list of messages with a known
+        `role` (system, user, assistant, tool) and string `content`, or ShareGPT `from`/`value`
+        turns, at least one of them the assistant's. With `format: auto` a row must fit one of
+        these. The message names the file and line (or table row) and lists the fields the row
+        has.
+
+        `aner check` reads the first rows of a data file named by a literal path and reports this
+        before the script runs.
         """,
         """
         # the lines of chats.jsonl have "question" and "answer" fields, no "text"
@@ -1858,7 +2024,89 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         Python calling `aner_lang.runtime.tasks.data.from_texts(["a b c"], context=1)`.
         """,
     ),
+    _code(
+        "E-DATA-FORMAT",
+        Area.DATA,
+        "a data file is not of a kind Aner reads",
+        _SCRIPT,
+        """
+        `load_data` tells a file's kind by its suffix: `.jsonl` or `.ndjson` (one JSON object a
+        line), `.txt` (one example a line), `.csv` and `.parquet`. Rename the file, or convert it
+        (a JSON array becomes JSONL with `jq -c '.[]'`).
+        """,
+        """
+        # data.json is one JSON array
+        print(load_data("data.json"))
+        """,
+    ),
+    _code(
+        "E-DATA-TABLE",
+        Area.DATA,
+        "a CSV or Parquet file cannot be read",
+        _SCRIPT,
+        """
+        pyarrow could not read the table: a CSV row with more or fewer fields than the header, a
+        CSV that is not UTF-8, a damaged or truncated Parquet file. The message gives pyarrow's
+        reason. CSV values are read as strings, never converted.
+        """,
+        """
+        # rows.csv has a row with an unclosed quote
+        print(load_data("rows.csv", field: "text"))
+        """,
+    ),
+    _code(
+        "E-DATA-ASSISTANT-SPANS",
+        Area.DATA,
+        "the chat template does not show where the assistant's turns are",
+        _SCRIPT,
+        """
+        With `loss_on: responses` a conversation trains on the assistant's turns only. Aner finds
+        them by rendering the conversation up to each assistant message with the template's
+        generation prompt, and through it: the turn is what it adds. Some templates rewrite
+        earlier turns as the conversation grows (dropping past reasoning, say), so no such split
+        exists. Mark the assistant's text in the template with `{% generation %}` ...
+        `{% endgeneration %}` (Hugging Face's convention, which Aner reads), or train on every
+        token with `loss_on: all`.
+        """,
+        """
+        # the model's template drops the reasoning of earlier assistant turns
+        print(inspect(load_data("chats.jsonl", format: chat), load_model("model.gguf")))
+        """,
+    ),
+    _code(
+        "W-DATA-TOO-LONG",
+        Area.DATA,
+        "examples longer than the context were truncated or dropped",
+        _SITUATION,
+        """
+        A warning printed once, when a dataset is first tokenized: how many examples were longer
+        than `context:` tokens, how many of them were truncated to their first `context` tokens,
+        and how many were left out (`too_long: drop`, or nothing scored was left after
+        truncation: a prompt that fills the whole context). Raise `context:` (memory grows with
+        it), shorten the examples, or accept the loss; `inspect` shows what remains of them.
+        """,
+        """
+        `load_data("chats.jsonl", context: 64)` where some conversations are 300 tokens long.
+        """,
+    ),
     # ---- tools -----------------------------------------------------------------------------------
+    _code(
+        "E-PLOT",
+        Area.TOOLS,
+        "a run's loss curves cannot be plotted",
+        _SCRIPT,
+        """
+        `plot(log, to)` and `aner plot LOG -o PICTURE` read the JSON-lines event log `train`
+        writes (`log:`, or `events.jsonl` in its `checkpoints:` folder) and draw its `update`
+        events. The log must hold at least one update (a run stopped before its first update has
+        none), and the picture is a `.png` or `.svg` file, chosen by its suffix. A line that is
+        not a JSON object is E-DATA-JSON with its line number.
+        """,
+        """
+        # runs/events.jsonl was written by a run interrupted before its first update
+        print(plot("runs/events.jsonl", "runs/loss.svg"))
+        """,
+    ),
     _code(
         "E-DOC-NO-ERROR",
         Area.TOOLS,
@@ -1890,6 +2138,233 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         Python calling `write_fixture("m.gguf", "huge")`.
         """,
     ),
+    # ---- background jobs -------------------------------------------------------------------------
+    _code(
+        "E-JOB-UNKNOWN",
+        Area.JOBS,
+        "there is no job with this id",
+        _SITUATION,
+        """
+        `aner logs`, `aner cancel` and `aner resume` take the id `aner submit` printed; `aner
+        jobs` lists every job of this user's job database. Jobs live in the data directory
+        (`ANER_DATA_DIR`, else `$XDG_DATA_HOME/aner`, else `~/.local/share/aner`): a job
+        submitted with another `ANER_DATA_DIR` is not seen here.
+        """,
+        """
+        `aner logs 999` when `aner jobs` lists no job 999.
+        """,
+    ),
+    _code(
+        "E-JOB-STATE",
+        Area.JOBS,
+        "the job is not in a state that allows this",
+        _SITUATION,
+        """
+        Only an active job (queued, waiting for a GPU, running) can be cancelled, and only a
+        failed, cancelled or interrupted job can be resumed: a finished job has nothing left to
+        do. A job is also not resumed when its script changed or disappeared since it was
+        submitted, because its checkpoints belong to the script as it was: submit the changed
+        script as a new job. `aner jobs` shows each job's state.
+        """,
+        """
+        `aner resume 3` when job 3 is finished.
+        """,
+    ),
+    _code(
+        "E-JOB-RESUME",
+        Area.JOBS,
+        "a resumed job's checkpoint does not belong to this train call",
+        _SITUATION,
+        """
+        A resumed job runs its script again from the start, and each `train` call continues from
+        the latest checkpoint in its directory. Before continuing, the checkpoint is compared with
+        the call: the same adapter configuration (method, rank, targets, seed, ...), the same
+        train options (steps, learning rate, batch, schedule, seed, ...), the same profile and
+        the same base model. A difference means the script no longer makes the same calls (it
+        reads a file that changed, say), and continuing would not give the run that was
+        interrupted. Submit the script as a new job.
+        """,
+        """
+        `aner resume 4` after the data file job 4's script reads changed its number of examples.
+        """,
+    ),
+    _code(
+        "E-JOB-TIMEOUT",
+        Area.JOBS,
+        "a job did not end within the time waited for it",
+        _SCRIPT,
+        """
+        `wait(job, timeout: seconds)` gives up when the job is still active after that many
+        seconds. The job itself goes on; wait again, leave out `timeout` to wait as long as it
+        runs, or follow it with `aner logs -f ID`.
+        """,
+        """
+        # train.aner trains for several minutes
+        let job = submit("train.aner")
+        print(wait(job, timeout: 1.0).state)
+        """,
+    ),
+    _code(
+        "E-JOB-SCRIPT",
+        Area.JOBS,
+        "a script given to submit does not check",
+        _SCRIPT,
+        """
+        `submit(script)` checks the script before it starts a job, so a typo fails here and not
+        minutes later in the background. The note shows the first error; `aner check` on the
+        script shows them all. No job is started.
+        """,
+        """
+        # broken.aner calls a builtin with a misspelled argument
+        print(submit("broken.aner").id)
+        """,
+    ),
+    _code(
+        "E-JOB-STORE",
+        Area.JOBS,
+        "the job database cannot be opened or written",
+        _SITUATION,
+        """
+        Jobs are recorded in `jobs.db`, an SQLite database in the data directory (`ANER_DATA_DIR`,
+        else `$XDG_DATA_HOME/aner`, else `~/.local/share/aner`). The folder is not writable, the
+        file is damaged, or it is on a network file system where SQLite's locking does not work.
+        Point `ANER_DATA_DIR` at a writable folder on a local disk, or move a damaged `jobs.db`
+        aside (its jobs' folders stay where they are).
+        """,
+        """
+        `aner jobs` with `ANER_DATA_DIR` naming a read-only folder.
+        """,
+    ),
+    # ---- model services ----------------------------------------------------------------------------
+    _code(
+        "E-SERVICE-URL",
+        Area.SERVICES,
+        "the service address is not an http or https URL",
+        _RUN,
+        """
+        `connect` takes the server's base address with its scheme: `http://127.0.0.1:8080` for a
+        llama.cpp server, `http://localhost:11434` for Ollama, `https://api.example.com` for a
+        hosted API. A trailing `/v1` is accepted and ignored.
+        """,
+        """
+        let llm = connect("localhost:8080")
+        print(llm.model)
+        """,
+    ),
+    _code(
+        "E-SERVICE-KEY",
+        Area.SERVICES,
+        "the environment variable that should hold the API key is not set",
+        _RUN,
+        """
+        `connect(url, api_key_env: "NAME")` reads the key from the environment variable `NAME`,
+        so the key never appears in a script, a message or a log. The variable is not set (or is
+        empty) in the environment the script runs in: export it first, or leave `api_key_env` out
+        for a server that needs no key.
+        """,
+        """
+        let llm = connect("http://127.0.0.1:8080", api_key_env: "ANER_EXAMPLE_UNSET_KEY")
+        print(llm.model)
+        """,
+    ),
+    _code(
+        "E-SERVICE-CONNECT",
+        Area.SERVICES,
+        "the model server cannot be reached",
+        _RUN,
+        """
+        Nothing accepted the connection at the service's address (connection refused, unknown
+        host, network down), on every attempt. Check that the server runs and listens on that
+        host and port: `llama-server -m model.gguf --port 8080`, `ollama serve`. A server that
+        is starting up is retried: `connect(..., retries: n)` waits longer.
+        """,
+        """
+        let llm = connect("http://127.0.0.1:1", retries: 0)
+        print(llm.model)
+        """,
+    ),
+    _code(
+        "E-SERVICE-TIMEOUT",
+        Area.SERVICES,
+        "the model server did not answer in time",
+        _SCRIPT,
+        """
+        Every request waits at most `timeout` seconds (60 by default) and is retried `retries`
+        times. A long generation on a slow machine may need more: `connect(url, timeout:
+        300.0)`. A server that never answers is overloaded or stuck.
+        """,
+        """
+        # the server at this address accepts connections but never answers
+        let llm = connect("http://127.0.0.1:8080", timeout: 5.0)
+        print(llm.model)
+        """,
+    ),
+    _code(
+        "E-SERVICE-AUTH",
+        Area.SERVICES,
+        "the model server refused the request as unauthorized",
+        _SCRIPT,
+        """
+        The server answered HTTP 401 or 403. Without `api_key_env` no key was sent: name the
+        environment variable that holds one. With it, the key was refused: check the variable's
+        value (the message never shows it).
+        """,
+        """
+        # OPENAI_API_KEY holds an expired key
+        let llm = connect("https://api.openai.com", model: "gpt-4o-mini", api_key_env: "OPENAI_API_KEY")
+        print(chat(llm, "Hello"))
+        """,
+    ),
+    _code(
+        "E-SERVICE-HTTP",
+        Area.SERVICES,
+        "the model server answered with an HTTP error",
+        _SCRIPT,
+        """
+        The server answered with an error status: 404 (an endpoint or model it does not have),
+        400 (a request it does not accept, such as `generate` on a chat-only hosted model), or a
+        5xx that persisted through every retry. The note quotes what the server said.
+        """,
+        """
+        # the Ollama server has no model named "nonexistent"
+        let llm = connect("http://localhost:11434", model: "nonexistent")
+        print(generate(llm, "Hello"))
+        """,
+    ),
+    _code(
+        "E-SERVICE-RESPONSE",
+        Area.SERVICES,
+        "the model server's answer is not what an OpenAI-compatible server sends",
+        _SCRIPT,
+        """
+        The answer is not JSON, or lacks a field the OpenAI API defines (`choices`, `data`, ...).
+        The address probably points at another kind of server (a web page, a proxy's error
+        page), or at the wrong port.
+        """,
+        """
+        # port 8000 serves a web page, not a model
+        let llm = connect("http://127.0.0.1:8000")
+        print(llm.model)
+        """,
+    ),
+    _code(
+        "E-SERVICE-LOGPROBS",
+        Area.SERVICES,
+        "the model server does not report log-probabilities of given tokens",
+        _SCRIPT,
+        """
+        `evaluate` on a service needs the probability the model gives each token of the
+        dataset, which llama.cpp's server reports (its `/tokenize` and `/completion`
+        endpoints). Ollama, vLLM's OpenAI API and hosted APIs do not offer it that way, so
+        `evaluate` refuses them rather than guess. `generate` and `chat` work with all of them;
+        to evaluate, serve the model with llama.cpp, or load it locally.
+        """,
+        """
+        # an Ollama server
+        let llm = connect("http://localhost:11434", model: "smollm2")
+        print(evaluate(llm, texts(["The quiet lake."])).loss)
+        """,
+    ),
     # ---- environment and internal errors ---------------------------------------------------------
     _code(
         "E-NATIVE-UNAVAILABLE",
@@ -1898,12 +2373,33 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         _SCRIPT,
         """
         Builtins that load, run or train models are implemented with torch, gguf, tokenizers and
-        safetensors, which the front end does not need: `aner check` works without them, but
-        running such a builtin does not. The message names the builtin and the missing package.
-        Install the native extra: `pip install 'aner[native]'`.
+        safetensors, which the front end does not need: `aner check` works without them (and
+        warns, `W-NATIVE-UNAVAILABLE`), but running such a builtin does not. `aner run` reports
+        this for the first native call before the script starts, so a script never stops
+        halfway for it. The message names the builtin and the missing package. Install the
+        native extra: `pip install 'aner[native]'`.
         """,
         """
         # on an installation without torch
+        let model = load_model("model.gguf")
+        print(model)
+        """,
+    ),
+    _code(
+        "W-NATIVE-UNAVAILABLE",
+        Area.INTERNAL,
+        "this installation cannot run the script's native builtins",
+        _SCRIPT,
+        """
+        `aner check` found calls to builtins that need the native backend (torch, gguf,
+        tokenizers, safetensors) on an installation without it. The script itself is fine;
+        here it would stop at the first such call, so `aner run` refuses it before running
+        anything (`E-NATIVE-UNAVAILABLE`). Install the native extra, `pip install
+        'aner[native]'`, or keep to builtins that need none: services (`connect`, and
+        `generate`, `chat`, `evaluate` on a `Service`), jobs and the core builtins.
+        """,
+        """
+        # checked on an installation without torch
         let model = load_model("model.gguf")
         print(model)
         """,

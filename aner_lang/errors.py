@@ -33,3 +33,20 @@ class NativeBackendUnavailable(AnerRuntimeError):
             notes=("install it with: pip install 'aner[native]'",),
         )
         self.package = package
+
+
+EXIT_STOPPED = 3
+"""The `aner` command's exit status for a run that ended on a stop request (`RunStopped`)."""
+
+
+class RunStopped(BaseException):
+    """A run ended early because it was asked to stop (SIGTERM, SIGINT, `aner cancel`).
+
+    A `BaseException`, so that no builtin's or the interpreter's error handling turns a requested
+    stop into an error report: it travels straight to the `aner` command, which prints `message`
+    (the last update done and the checkpoint written) and exits with its own status.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message

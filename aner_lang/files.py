@@ -12,15 +12,29 @@ everywhere:
 * Text is UTF-8, exactly as in the file: no newline translation (`\\r\\n` stays), and invalid
   bytes are an error naming the file, line and column.
 
+Every write of a file a user names goes through here too (`write_json`, `save_adapter`,
+`export_gguf` and the other exporters), under one rule:
+
+* An existing file, or a folder that holds anything, is never replaced unless the call says
+  `overwrite: true`; and a protected path (the model's own base file or folder, and anything
+  inside it) is never written, whatever the call says.
+* A file appears whole or not at all: it is written to a temporary sibling, flushed to disk, and
+  then linked into place (which fails if the name was taken meanwhile) or, with `overwrite`,
+  renamed over the old one. The temporary file is removed if anything fails.
+
 The limits are the bounds `docs/security.md` states; each caller passes the one for its kind of
 file. This module imports nothing heavy, so the front end uses it too.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import stat
-from collections.abc import Iterator
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from aner_lang.errors import AnerRuntimeError
@@ -40,7 +54,16 @@ def _fail(path: str | Path, what: str, code: str, *notes: str) -> AnerRuntimeErr
     return AnerRuntimeError(f"{path}: {what}", code=code, notes=notes)
 
 
-def _size_of_regular(path: str | Path) -> int:
+def check_name(path: str | Path) -> None:
+    """A path no file can have (one with a NUL character) is an error, not a Python exception."""
+    if "\0" in str(path):
+        raise _fail(repr(str(path)), "a path cannot contain a NUL character", "E-FILE-NAME")
+
+
+def regular_size(path: str | Path, limit: int | None = None) -> int:
+    """The size of the regular file `path` (links followed), at most `limit` bytes when given;
+    for a reader that opens the file itself (a memory map, a streaming parser)."""
+    check_name(path)
     try:
         st = os.stat(path)  # follows symbolic links: a link to a device is a device
     except FileNotFoundError:
@@ -59,6 +82,8 @@ def _size_of_regular(path: str | Path) -> int:
             "is not a regular file (a device, a pipe or a socket), which Aner never reads",
             "E-FILE-KIND",
         )
+    if limit is not None and st.st_size > limit:
+        raise _too_large(path, st.st_size, limit)
     return st.st_size
 
 
@@ -72,9 +97,7 @@ def _too_large(path: str | Path, size: int, limit: int) -> AnerRuntimeError:
 
 def read_bytes(path: str | Path, limit: int) -> bytes:
     """The whole file, if it is a regular file of at most `limit` bytes."""
-    size = _size_of_regular(path)
-    if size > limit:
-        raise _too_large(path, size, limit)
+    regular_size(path, limit)
     try:
         with open(path, "rb") as f:
             data = f.read(limit + 1)
@@ -109,9 +132,7 @@ def lines(
 ) -> Iterator[tuple[int, str]]:
     """(line number, text without its line ending) of every line of a UTF-8 file, reading a line
     at a time: memory is bounded by `line_limit`, not by the file."""
-    size = _size_of_regular(path)
-    if size > limit:
-        raise _too_large(path, size, limit)
+    regular_size(path, limit)
     try:
         with open(path, "rb") as f:
             number = 0
@@ -137,3 +158,124 @@ def lines(
                 yield number, text.removesuffix("\n").removesuffix("\r")
     except OSError as exc:
         raise _fail(path, f"cannot be read: {exc.strerror}", "E-FILE-READ") from None
+
+
+def _inside(path: Path, protected: Iterable[str | Path]) -> Path | None:
+    """The protected path that `path` is, or lies inside, if any (links resolved)."""
+    target = path.resolve()
+    for p in protected:
+        guard = Path(p).resolve()
+        if target == guard or guard in target.parents:
+            return guard
+    return None
+
+
+def check_target(
+    path: str | Path,
+    *,
+    overwrite: bool,
+    protected: Iterable[str | Path] = (),
+    folder: bool = False,
+) -> Path:
+    """`path` checked as the target of a write (see the module docstring): a file, or with
+    `folder` a folder. Returns it as a Path."""
+    check_name(path)
+    out = Path(path)
+    guard = _inside(out, protected)
+    if guard is not None:
+        raise _fail(
+            out,
+            f"is the model's own {'file' if guard.is_file() else 'folder'} {guard}"
+            + ("" if guard == out.resolve() else " or inside it")
+            + ", which Aner never writes to",
+            "E-FILE-PROTECTED",
+            "write the result somewhere else",
+        )
+    if not os.path.lexists(out):
+        return out
+    if out.is_dir() != folder:
+        kind = "a folder" if out.is_dir() else "a file"
+        raise _fail(
+            out, f"is {kind}, not the {'folder' if folder else 'file'} to write", "E-FILE-KIND"
+        )
+    if not overwrite and (not folder or any(out.iterdir())):
+        raise _fail(
+            out,
+            f"already exists{' and is not empty' if folder else ''}",
+            "E-FILE-EXISTS",
+            "pass `overwrite: true` to replace it, or choose another path",
+        )
+    return out
+
+
+def write_file(
+    path: str | Path, data: bytes, *, overwrite: bool, protected: Iterable[str | Path] = ()
+) -> Path:
+    """Write `data` as the file `path` (parent folders created), whole or not at all, under the
+    rule of the module docstring."""
+    out = check_target(path, overwrite=overwrite, protected=protected)
+    make_parent(out)
+    try:
+        with staged(out) as tmp:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            publish(tmp, out, overwrite=overwrite)
+    except OSError as exc:
+        raise _fail(out, f"cannot be written: {exc.strerror or exc}", "E-IO") from None
+    return out
+
+
+def make_parent(out: Path) -> None:
+    """Create the folder `out` goes in (and its parents): an error naming it if that fails."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _fail(
+            out.parent, f"cannot be created as a folder: {exc.strerror or exc}", "E-IO"
+        ) from None
+
+
+@contextmanager
+def staged(out: Path) -> Iterator[Path]:
+    """A temporary sibling path for `out` (a hidden name no other writer uses), removed on the way
+    out if it still exists: after a failure, or a file linked into place."""
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+    try:
+        yield tmp
+    finally:
+        if tmp.is_dir() and not tmp.is_symlink():
+            shutil.rmtree(tmp, ignore_errors=True)
+        elif os.path.lexists(tmp):
+            tmp.unlink()
+
+
+def publish(tmp: Path, out: Path, *, overwrite: bool) -> None:
+    """Move the finished `tmp` (a file or a folder) to `out`. Without `overwrite` the name must
+    still be free: a file is hard-linked (atomic, and it fails if the name was taken meanwhile),
+    a folder renamed only if `out` is absent or an empty folder."""
+    if overwrite:
+        if tmp.is_dir() and out.is_dir():
+            for item in tmp.iterdir():
+                os.replace(item, out / item.name)
+        else:
+            os.replace(tmp, out)
+        return
+    taken = _fail(out, "already exists", "E-FILE-EXISTS", "it appeared while Aner was writing it")
+    if tmp.is_dir():
+        try:
+            os.rename(tmp, out)  # replaces an empty folder; fails on one that is not
+        except OSError as exc:
+            if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                raise taken from None
+            raise
+        return
+    try:
+        os.link(tmp, out)
+    except FileExistsError:
+        raise taken from None
+    except OSError:  # a file system without hard links: the check above has to do
+        if os.path.lexists(out):
+            raise
+        os.rename(tmp, out)

@@ -5,11 +5,16 @@
 #
 # Usage (repository root, on the GPU machine):
 #   benchmarks/gpu_suite.sh [--quick] [--no-bench|--no-tests] [--scale SHAPES] [pytest args...]
+#   benchmarks/gpu_suite.sh --qualify [aner qualify args...]
 #   --quick       the kernel benchmark on the seed shapes only
 #   --scale S     instead of the kernel benchmarks, benchmarks/train_scale.py on shapes S (comma
 #                 separated; SIDES=aner,peft,... picks the sides, SCALE_ARGS adds options)
 #   --no-bench    the tests only; --no-tests: the benchmarks only (a device call can carry only so
 #                 much, so the two halves may run in back-to-back calls on the same machine)
+#   --qualify     `aner qualify` alone (every test suite, the component benchmarks and every adapter
+#                 method on the real SmolLM2): qualification.json + qualify.log; its arguments
+#                 default to --workers (half the cores). Without a GPU it runs too, with the GPU
+#                 parts skipped and their reason in the report.
 #   pytest args   replace the default selection (-m cuda tests)
 # Wheels: ./.whl and ./.whlbnb (fill .whl here with shared/device/wheels.sh --with-bnb, then move the
 # 43 MB bitsandbytes wheel to .whlbnb so each half fits one transfer with a model part). The real SmolLM2
@@ -18,13 +23,14 @@
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
-bench=() run_tests=1 run_bench=1 scale=""
+bench=() run_tests=1 run_bench=1 run_qualify=0 scale=""
 while [[ "${1:-}" == --* ]]; do
   case "$1" in
     --quick) bench+=("$1") ;;
     --no-bench) run_bench=0 ;;
     --no-tests) run_tests=0 ;;
     --scale) scale="$2"; shift ;;
+    --qualify) run_qualify=1 run_tests=0 run_bench=0; shift; break ;;
     *) break ;;
   esac
   shift
@@ -63,6 +69,12 @@ fi
 cat "$OUT/env.txt"
 
 rc=0
+if (( run_qualify )); then
+  if [[ $# -eq 0 ]]; then set -- --workers $(( ($(nproc) + 1) / 2 )); fi
+  timeout "${QUALIFY_S:-570}" python3 -m aner_lang.cli qualify --out "$OUT/qualification.json" "$@" 2>&1 \
+    | tee "$OUT/qualify.log"
+  rc=${PIPESTATUS[0]}
+fi
 if [[ $# -eq 0 ]]; then set -- -m cuda tests; fi
 if (( run_tests )); then
   timeout "${PYTEST_S:-300}" python3 -m pytest -q -p no:cacheprovider --continue-on-collection-errors -o junit_family=legacy \

@@ -5,7 +5,9 @@ same NF4 double-quantized base of random weights of a real model's shape, from t
 adapter weights (Aner's, copied into the others), on the same token batches, with AdamW at the
 same learning rate and no clipping. Each side runs in its own process, one after another.
 
-Reported per side: tokens/s over `--steps` updates after `--warmup`, the ratio to PEFT + bnb and
+Reported per side: tokens/s over `--steps` updates after `--warmup` (for Aner the steady state:
+the difference of a call of `--steps` and one of twice as many updates, its per-call cost shown
+apart), the ratio to PEFT + bnb and
 to Unsloth, peak CUDA memory (weights included), peak host RSS, and the largest relative
 difference of its first `--compare` losses from Aner's. For Aner also the device time of two
 profiled updates split by what it was for (NF4 forward/backward, LoRA, attention, norms and
@@ -140,12 +142,17 @@ def table(shape: str, rows: list[dict[str, Any]]) -> str:
                      f"{r['peak_cuda_bytes'] / 1e9:.1f} | {r['host_rss_bytes'] / 1e9:.1f} | {diff} |")  # fmt: skip
     if aner:
         lines += ["", f"Aner: CUDA graphs {aner.get('cuda_graphs')}; {aner['precision']}, "
-                  f"activations {aner['activations']}, loaded in {aner['load_seconds']:.1f} s"]  # fmt: skip
+                  f"activations {aner['activations']}, loaded in {aner['load_seconds']:.1f} s, "
+                  f"per train() call {aner['call_overhead_s']:.2f} s beside the updates"]  # fmt: skip
     if aner and aner.get("device_time"):
-        lines += ["", "Aner device time of two profiled updates, by section:", ""]
-        total = sum(aner["device_time"].values())
-        for name, us in sorted(aner["device_time"].items(), key=lambda kv: -kv[1]):
+        lines += ["", "Aner device time of two profiled eager updates, by section:", ""]
+        sections = aner["device_time"]["sections"]
+        total = sum(sections.values())
+        for name, us in sorted(sections.items(), key=lambda kv: -kv[1]):
             lines.append(f"- {name}: {us / 1e3:.1f} ms ({100 * us / total:.0f}%)")
+        lines += ["", "Heaviest kernels outside the sections:", ""]
+        for name, us in aner["device_time"]["other_kernels"].items():
+            lines.append(f"- {us / 1e3:.2f} ms {name}")
     return "\n".join(lines)
 
 
@@ -289,43 +296,57 @@ def aner_worker(job: dict[str, Any]) -> dict[str, Any]:
     cuda = job["device"] == "cuda"
     done = 0
 
-    def run(steps: int) -> Any:
+    def run(steps: int, settings: Any = prof) -> Any:
         nonlocal done
         done += steps
-        return train(adapter, data, prof, steps=done, learning_rate=LR, clip_norm=None, seed=0)
+        return train(adapter, data, settings, steps=done, learning_rate=LR, clip_norm=None, seed=0)
 
     run(job["warmup"])
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    start = time.perf_counter()
-    timed = run(job["steps"])
-    if cuda:
-        torch.cuda.synchronize()
-    seconds = time.perf_counter() - start
-    losses = timed.loss_history[job["warmup"] :]
+    # Steady state: two calls of S and 2S updates; their difference is S updates without the
+    # per-call cost (recording the CUDA graph, the final state snapshot) a long run pays once.
+    short, timed_run = _timed(lambda: run(job["steps"]), cuda)
+    long, _ = _timed(lambda: run(2 * job["steps"]), cuda)
+    per_update = (long - short) / job["steps"]
+    losses = timed_run.loss_history[job["warmup"] :]
     if len(losses) < job["compare"]:
         losses = run(job["compare"] - len(losses)).loss_history[job["warmup"] :]
     result = {
         "side": "aner",
-        "tokens_per_s": job["steps"] * data.context / seconds,
+        "tokens_per_s": data.context / per_update,
+        "call_overhead_s": short - job["steps"] * per_update,
         "peak_cuda_bytes": torch.cuda.max_memory_allocated() if cuda else 0,
         "host_rss_bytes": _peak_rss(),
         "losses": losses[: job["compare"]],
-        "cuda_graphs": timed.cuda_graphs,
+        "cuda_graphs": timed_run.cuda_graphs,
         "load_seconds": load_s,
-        "kernel_identity": timed.kernel_identity,
+        "kernel_identity": timed_run.kernel_identity,
         "precision": job["precision"],
         "activations": job["activations"],
     }
-    if cuda:
+    if cuda:  # eagerly, so that every kernel launch sits under its section
+        eager = profile(precision=job["precision"], activations=job["activations"], graphs=False)
         with sections_on():
-            result["device_time"] = _profile(lambda: run(2))
+            result["device_time"] = _profile(lambda: run(2, eager))
     return result
 
 
-def _profile(updates: Any) -> dict[str, float]:
-    """Device time (us) of `updates()` by section (`runtime/model/sections.py`), plus idle."""
+def _timed(call: Any, cuda: bool) -> tuple[float, Any]:
+    """Wall seconds of `call()` (device work included) and its result."""
+    import torch
+
+    start = time.perf_counter()
+    out = call()
+    if cuda:
+        torch.cuda.synchronize()
+    return time.perf_counter() - start, out
+
+
+def _profile(updates: Any) -> dict[str, Any]:
+    """Device time (us) of `updates()` by section (`runtime/model/sections.py`), plus idle, and
+    the heaviest kernels outside every section (`other_kernels`: op > kernel -> us)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -336,6 +357,7 @@ def _profile(updates: Any) -> dict[str, float]:
         torch.cuda.synchronize()
         wall_us = (time.perf_counter() - start) * 1e6
     totals: dict[str, float] = {}
+    other: dict[str, float] = {}
     busy = 0.0
     for evt in prof.events():
         if not evt.kernels:
@@ -350,8 +372,14 @@ def _profile(updates: Any) -> dict[str, float]:
         us = sum(k.duration for k in evt.kernels)
         totals[name] = totals.get(name, 0.0) + us
         busy += us
+        if name == "other":
+            outer = evt.cpu_parent.name if evt.cpu_parent is not None else "-"
+            for k in evt.kernels:
+                key = f"{outer} > {evt.name} > {k.name[:70]}"
+                other[key] = other.get(key, 0.0) + k.duration
     totals["idle"] = max(0.0, wall_us - busy)
-    return totals
+    top = sorted(other.items(), key=lambda kv: -kv[1])[:25]
+    return {"sections": totals, "other_kernels": dict(top)}
 
 
 def _category(op: str) -> str | None:
@@ -363,6 +391,8 @@ def _category(op: str) -> str | None:
              ("ScaledDotProduct", "attention"), ("Flash", "attention"),
              ("MmBackward", "lora"), ("AddmmBackward", "lora"),
              ("Silu", "norms_activations"), ("Rsqrt", "norms_activations"),
+             ("RMSNorm", "norms_activations"), ("SwiGLU", "norms_activations"),
+             ("SiLUMul", "norms_activations"),
              ("Pow", "norms_activations"), ("Mean", "norms_activations"))  # fmt: skip
     if "Backward" in op:
         for key, label in rules:

@@ -16,9 +16,14 @@ from aner_lang.builtins.spec import Builtin, Declarations, EnumDecl, TypeDecl
 _MODULES: tuple[str, ...] = (
     "aner_lang.builtins.core",
     "aner_lang.builtins.model",
+    "aner_lang.builtins.data",
     "aner_lang.builtins.train",
     "aner_lang.builtins.artifacts",
     "aner_lang.builtins.memory",
+    "aner_lang.builtins.jobs",
+    "aner_lang.builtins.deploy",
+    "aner_lang.builtins.services",
+    "aner_lang.builtins.preference",
 )
 
 

@@ -34,8 +34,14 @@ GGUF_DTYPE = EnumDecl(
     (
         Member("f16", "half-precision weights (norms stay f32), as llama.cpp's F16 files"),
         Member("f32", "full-precision weights"),
+        Member("q8_0", "8-bit blocks of 32 (8.5 bits a weight), as llama.cpp's Q8_0 files"),
+        Member(
+            "q4_k_m",
+            "llama.cpp's Q4_K_M mix: 4-bit K-quant weights, 6-bit for the output matrix and "
+            "part of attn_v/ffn_down, with llama.cpp's fallbacks for rows K-quants cannot hold",
+        ),
     ),
-    doc="Weight type of an exported GGUF file.",
+    doc="The file type of an exported GGUF file (llama.cpp's names).",
     category=_CATEGORY,
 )
 
@@ -107,6 +113,13 @@ _BUILTINS = (
             Param("adapter", "Adapter"),
             Param("dir", "String", doc="output folder"),
             Param("format", "Format", "peft", keyword_only=True),
+            Param(
+                "overwrite",
+                "Bool",
+                "false",
+                doc="replace an existing folder's adapter files",
+                keyword_only=True,
+            ),
         ),
         "String",
         "Write the adapter's tensors (never the base) and return the folder written.",
@@ -151,6 +164,13 @@ _BUILTINS = (
             Param("model", "Model"),
             Param("path", "String", doc="output .gguf"),
             Param("dtype", "GGUFDtype", "f16", keyword_only=True),
+            Param(
+                "overwrite",
+                "Bool",
+                "false",
+                doc="replace an existing file (never the model's own)",
+                keyword_only=True,
+            ),
         ),
         "String",
         "Write model as a llama.cpp GGUF file (q/k rows re-permuted, tokenizer and "

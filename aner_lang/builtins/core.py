@@ -191,15 +191,21 @@ BUILTINS = (
         needs_context=True,
         category="files",
         examples=('read_text("notes.txt")',),
+        precheck="aner_lang.prechecks:read_text",
     ),
     Builtin(
         "write_json",
         (
             Param("path", "String", doc="relative to the script's directory"),
             Param("value", "Any", doc="records become objects, enums their member name"),
+            Param(
+                "overwrite", "Bool", "false", doc="replace the file if it exists", keyword_only=True
+            ),
         ),
         "None",
-        "Write a value as a JSON file (parent directories are created).",
+        "Write a value as a JSON file (parent directories are created). NaN and infinities are "
+        "an error (JSON has no form for them); an existing file is replaced only with "
+        "`overwrite: true`.",
         _IMPL + "write_json",
         needs_context=True,
         category="files",

@@ -1,5 +1,5 @@
-"""Declarations of the model builtins: loading GGUF models, tokenizing, generating, datasets,
-evaluation. Implementations live in `aner_lang.runtime` and load only when first called.
+"""Declarations of the model builtins: loading GGUF models, tokenizing, generating, evaluation
+(datasets are `data.py`'s). Implementations live in `aner_lang.runtime` and load only when first called.
 
 Builtins that take "anything with logits" are declared for `Model` here; `overloads_for(type)`
 returns the same declarations for another receiver type (the trainer adds them for `Adapter`), so
@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from aner_lang.builtins.spec import (
+    NATIVE,
     Builtin,
     Constraint,
     Declarations,
@@ -21,7 +22,6 @@ from aner_lang.builtins.spec import (
     TypeDecl,
 )
 
-_NATIVE = ("torch", "gguf", "tokenizers")
 _CATEGORY = "model"
 
 STORAGE = EnumDecl(
@@ -53,12 +53,6 @@ DEVICE = EnumDecl(
 MODEL = TypeDecl(
     "Model",
     "A Llama-architecture model loaded from a GGUF file, with its tokenizer.",
-    category=_CATEGORY,
-)
-DATASET = TypeDecl(
-    "Dataset",
-    "Text examples tokenized with a model's tokenizer when used: every "
-    "completion token is scored, prompt tokens are not.",
     category=_CATEGORY,
 )
 EVALUATION = TypeDecl(
@@ -149,7 +143,7 @@ _FORWARD_BUILTINS = (
         examples=('print(generate(base, "The capital of France is", max_tokens: 8))',),
         constraints=_SAMPLING_CONSTRAINTS,
         native=True,
-        requires=_NATIVE,
+        requires=NATIVE,
         category=_CATEGORY,
     ),
     Builtin(
@@ -172,7 +166,7 @@ _FORWARD_BUILTINS = (
         examples=('print(chat(base, "What is the capital of France?", max_tokens: 16))',),
         constraints=_SAMPLING_CONSTRAINTS,
         native=True,
-        requires=_NATIVE + ("jinja2",),
+        requires=NATIVE + ("jinja2",),
         category=_CATEGORY,
     ),
     Builtin(
@@ -188,7 +182,7 @@ _FORWARD_BUILTINS = (
         examples=('let e = evaluate(base, held_out)\nprint("perplexity ${e.perplexity}")',),
         constraints=(Constraint("batch_size >= 1", "batch_size must be at least 1"),),
         native=True,
-        requires=_NATIVE,
+        requires=NATIVE,
         category=_CATEGORY,
     ),
     Builtin(
@@ -199,7 +193,7 @@ _FORWARD_BUILTINS = (
         "aner_lang.runtime.model.info:model_info",
         examples=('print("${model_info(base).layers} layers")',),
         native=True,
-        requires=_NATIVE,
+        requires=NATIVE,
         category=_CATEGORY,
     ),
     Builtin(
@@ -221,7 +215,7 @@ _FORWARD_BUILTINS = (
         "aner_lang.runtime.model.info:tokenize",
         examples=('let ids = tokenize(base, "Hello world")',),
         native=True,
-        requires=_NATIVE,
+        requires=NATIVE,
         category=_CATEGORY,
     ),
     Builtin(
@@ -232,7 +226,7 @@ _FORWARD_BUILTINS = (
         "aner_lang.runtime.model.info:detokenize",
         examples=('print(detokenize(base, tokenize(base, "Hello")))',),
         native=True,
-        requires=_NATIVE,
+        requires=NATIVE,
         category=_CATEGORY,
     ),
 )
@@ -268,74 +262,13 @@ DECLARATIONS = Declarations(
                 'let qwen = load_model("models/Qwen2.5-0.5B", storage: float16)',
             ),
             native=True,
-            requires=_NATIVE,
+            requires=NATIVE,
             needs_context=True,
             category=_CATEGORY,
-        ),
-        Builtin(
-            "texts",
-            (
-                Param("items", "List[String]", doc="one training text per example"),
-                Param(
-                    "context",
-                    "Int",
-                    "128",
-                    "most tokens per example (longer texts are truncated)",
-                    keyword_only=True,
-                ),
-            ),
-            "Dataset",
-            "A dataset of plain texts; every token is scored.",
-            "aner_lang.runtime.tasks.data:texts_builtin",
-            examples=('let train_set = texts(["Aner makes adaptation explicit."], context: 32)',),
-            constraints=(Constraint("context >= 2", "context must be at least 2 tokens"),),
-            native=True,
-            requires=_NATIVE,
-            category=_CATEGORY,
-        ),
-        Builtin(
-            "load_jsonl",
-            (
-                Param("path", "String", doc="a JSON Lines file, one object a line"),
-                Param(
-                    "field",
-                    "String",
-                    '"text"',
-                    "the text field (when there is no prompt/completion pair)",
-                    keyword_only=True,
-                ),
-                Param(
-                    "prompt_field",
-                    "String?",
-                    "none",
-                    "field with the prompt (unscored)",
-                    keyword_only=True,
-                ),
-                Param(
-                    "completion_field",
-                    "String?",
-                    "none",
-                    "field with the completion (scored)",
-                    keyword_only=True,
-                ),
-                Param("context", "Int", "128", "most tokens per example", keyword_only=True),
-            ),
-            "Dataset",
-            "Read a JSONL dataset: texts, or prompt/completion pairs where only the "
-            "completion is scored.",
-            "aner_lang.runtime.tasks.data:load_jsonl_builtin",
-            examples=(
-                'let qa = load_jsonl("data/qa.jsonl", prompt_field: "question", '
-                'completion_field: "answer")',
-            ),
-            constraints=(Constraint("context >= 2", "context must be at least 2 tokens"),),
-            native=True,
-            requires=_NATIVE,
-            needs_context=True,
-            category=_CATEGORY,
+            precheck="aner_lang.prechecks:load_model",
         ),
         *_FORWARD_BUILTINS,
     ),
     enums=(STORAGE, DEVICE),
-    types=(MODEL, DATASET, EVALUATION, MODEL_INFO),
+    types=(MODEL, EVALUATION, MODEL_INFO),
 )

@@ -8,10 +8,16 @@ from aner_lang.builtins import Registry
 from aner_lang.builtins.spec import Builtin
 
 
+def param_text(name: str, type_: str, default: str | None) -> str:
+    """`name: Type = default` (or `name: Type`): one parameter as signatures write it."""
+    return f"{name}: {type_}" + (f" = {default}" if default is not None else "")
+
+
 def signature_text(name: str, params: Iterable[tuple[str, str, str | None]], returns: str) -> str:
     """`name(param: Type = default, ...) -> Returns` from (name, type, default or None) per
-    parameter: how a signature is written in messages, the reference and hovers."""
-    parts = ", ".join(f"{n}: {t}" + (f" = {d}" if d is not None else "") for n, t, d in params)
+    parameter: how a signature is written in messages, the reference, hovers and signature help
+    (which locates each parameter in it by `param_text`)."""
+    parts = ", ".join(param_text(n, t, d) for n, t, d in params)
     return f"{name}({parts}) -> {returns}"
 
 

@@ -38,6 +38,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+NATIVE = ("torch", "gguf", "tokenizers")
+"""The packages (of the `native` extra) most native builtins need: a builtin's `requires` names
+them, plus any of its own."""
+
 
 @dataclass(frozen=True)
 class Constraint:
@@ -80,6 +84,13 @@ class Builtin:
     needs_context: bool = False
     category: str = "core"
     """Section of the generated reference this builtin appears in."""
+    precheck: str = ""
+    """``"package.module:function"`` of a torch-free check `aner check` runs before the script
+    does: ``function(args, script_dir) -> list[(parameter name, AnerRuntimeError)]``, where
+    `args` holds the arguments known before the run (literals, defaults; enum members as names)
+    by parameter name. It reports what would certainly fail when the call runs (a data file that
+    is not there, a JSONL row without the named field, `device: cuda` on a machine without CUDA),
+    each at its parameter's argument."""
 
 
 @dataclass(frozen=True)

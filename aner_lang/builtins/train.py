@@ -11,6 +11,7 @@ from __future__ import annotations
 from aner_lang.architectures import all_targets
 from aner_lang.builtins.model import overloads_for
 from aner_lang.builtins.spec import (
+    NATIVE,
     Builtin,
     Constraint,
     Declarations,
@@ -21,7 +22,6 @@ from aner_lang.builtins.spec import (
     TypeDecl,
 )
 
-_NATIVE = ("torch", "gguf", "tokenizers")
 _CATEGORY = "training"
 _ADAPTERS = "aner_lang.runtime.adapters:"
 _PROFILE = "aner_lang.runtime.train.profile:"
@@ -143,6 +143,20 @@ RUN = TypeDecl(
         Field("final_loss", "Float?", "training loss of the last applied update"),
         Field("validation_loss", "Float?", "validation loss after the last update"),
         Field("first_validation_loss", "Float?", "validation loss after the first update"),
+        Field("best_validation_loss", "Float?", "the lowest validation loss"),
+        Field("best_update", "Int?", "the update of the lowest validation loss"),
+        Field(
+            "validation_accuracy",
+            "Float?",
+            "held-out preference accuracy after the last update (dpo, orpo)",
+        ),
+        Field(
+            "first_validation_accuracy",
+            "Float?",
+            "held-out preference accuracy after the first update (dpo, orpo)",
+        ),
+        Field("stopped_early", "Bool", "early stopping (patience) ended the training"),
+        Field("epochs", "Float", "passes over the training examples done"),
         Field("scored_tokens", "Int", "scored tokens of all applied updates"),
         Field("updates", "Int", "accumulation windows done (applied and skipped)"),
         Field("skipped_updates", "Int", "windows skipped after max_retries overflows"),
@@ -200,7 +214,7 @@ def _low_rank(name: str, doc: str, example: str) -> Builtin:
         examples=(example,),
         constraints=_RANK_RULES,
         native=True,
-        requires=_NATIVE,
+        requires=NATIVE,
         category=_CATEGORY,
     )
 
@@ -256,7 +270,7 @@ _BUILTINS = (
             Constraint("parameters >= 1", "parameters must be at least 1"),
         ),
         native=True,
-        requires=_NATIVE,
+        requires=NATIVE,
         category=_CATEGORY,
     ),
     Builtin(
@@ -268,7 +282,7 @@ _BUILTINS = (
         _ADAPTERS + "full",
         examples=("let f = full(dense_base)",),
         native=True,
-        requires=_NATIVE,
+        requires=NATIVE,
         category=_CATEGORY,
     ),
     Builtin(
@@ -370,6 +384,7 @@ _BUILTINS = (
         native=True,
         requires=("torch",),
         category=_CATEGORY,
+        precheck="aner_lang.prechecks:profile",
     ),
     Builtin(
         "train",
@@ -379,9 +394,16 @@ _BUILTINS = (
             Param("profile", "Profile", "profile()", "how updates run"),
             Param(
                 "steps",
-                "Int",
-                "10",
-                "total updates the adapter's training reaches",
+                "Int?",
+                "none",
+                "total updates the adapter's training reaches (none: from epochs)",
+                keyword_only=True,
+            ),
+            Param(
+                "epochs",
+                "Float?",
+                "none",
+                "passes over the data instead of steps (none with no steps: 1)",
                 keyword_only=True,
             ),
             Param("learning_rate", "Float", "2e-4", keyword_only=True),
@@ -396,6 +418,13 @@ _BUILTINS = (
             ),
             Param("seed", "Int", "0", "data order and dropout seed", keyword_only=True),
             Param(
+                "shuffle",
+                "Bool",
+                "true",
+                "a new seeded order every epoch (false: the dataset's order)",
+                keyword_only=True,
+            ),
+            Param(
                 "weight_decay", "Float", "0.0", "AdamW decoupled weight decay", keyword_only=True
             ),
             Param("warmup", "Int", "0", "linear warmup updates", keyword_only=True),
@@ -406,6 +435,13 @@ _BUILTINS = (
                 "Int",
                 "0",
                 "validate every n updates (and after the first and last)",
+                keyword_only=True,
+            ),
+            Param(
+                "patience",
+                "Int",
+                "0",
+                "stop after n validations without a new best (0: never)",
                 keyword_only=True,
             ),
             Param("checkpoints", "String?", "none", "checkpoint directory", keyword_only=True),
@@ -423,9 +459,18 @@ _BUILTINS = (
                 "JSON-lines event log (default: <checkpoints>/events.jsonl)",
                 keyword_only=True,
             ),
+            Param(
+                "log_dir",
+                "String?",
+                "none",
+                "a folder for TensorBoard event files",
+                keyword_only=True,
+            ),
         ),
         "Run",
-        "Train the adapter until it has done `steps` updates; deterministic for a seed.",
+        "Train the adapter for `steps` updates or `epochs` passes over the data; deterministic "
+        "for a seed. With validation, the best checkpoint is kept in <checkpoints>/best and "
+        "`patience` stops early; Ctrl-C stops after the current update with a checkpoint.",
         "aner_lang.runtime.train.trainer:train_builtin",
         examples=(
             "let run = train(a, train_set, fast, steps: 20, learning_rate: 2e-4, "
@@ -433,6 +478,9 @@ _BUILTINS = (
         ),
         constraints=(
             Constraint("steps >= 1", "steps must be at least 1"),
+            Constraint("epochs > 0.0", "epochs must be positive"),
+            Constraint("steps == none or epochs == none", "give steps or epochs, not both"),
+            Constraint("patience >= 0", "patience must not be negative"),
             Constraint("learning_rate > 0.0", "learning_rate must be positive"),
             Constraint("micro_batch >= 1", "micro_batch must be at least 1"),
             Constraint("accumulation >= 1", "accumulation must be at least 1"),
@@ -442,11 +490,30 @@ _BUILTINS = (
             Constraint("checkpoint_every >= 0", "checkpoint_every must not be negative"),
         ),
         native=True,
-        requires=_NATIVE,
+        requires=NATIVE,
+        needs_context=True,
+        category=_CATEGORY,
+    ),
+    Builtin(
+        "plot",
+        (
+            Param("log", "String", doc="the JSON-lines event log train() wrote"),
+            Param("to", "String", doc="the picture to write: a .png or .svg file"),
+        ),
+        "String",
+        "Draw a run's training and validation loss by update from its event log (what "
+        "`aner plot` does); returns the path written. Paths are relative to the script.",
+        "aner_lang.plot:plot_builtin",
+        examples=('plot("runs/chat/events.jsonl", "runs/chat/loss.svg")',),
+        native=True,
+        requires=("matplotlib",),
         needs_context=True,
         category=_CATEGORY,
     ),
 )
+
+TRAIN = next(b for b in _BUILTINS if b.name == "train")
+"""train() on a supervised dataset; the preference overloads extend it (`builtins.preference`)."""
 
 DECLARATIONS = Declarations(
     builtins=_BUILTINS + overloads_for("Adapter"),

@@ -19,7 +19,8 @@ detection) and never raises for bad input. The returned `Analysis` (see `analysi
 
 Offsets are 0-based character offsets into `source`; spans carry 1-based lines and columns too.
 `resolver(path_as_written, importing_path) -> (resolved_path, source)` replaces file-system
-imports (the LSP passes one that reads open editor buffers); it raises OSError for a missing file.
+imports (the LSP passes one that reads open editor buffers); it raises `AnerRuntimeError` (an
+`E-FILE-*` code) for a file it cannot read.
 """
 
 from __future__ import annotations
@@ -27,24 +28,27 @@ from __future__ import annotations
 import gc
 import os
 
+from aner_lang import files
 from aner_lang.builtins import registry
 from aner_lang.check.analysis import Analysis, CallInfo, Definition, Reference
 from aner_lang.check.checker import Resolver, analyze_module
-from aner_lang.diagnostics import Diagnostic, internal_error
+from aner_lang.diagnostics import Diagnostic, internal_error, out_of_memory
 from aner_lang.grammar import ast, parse
+from aner_lang.grammar.limits import ensure_recursion_limit
 
 
 def file_resolver(path: str, importer: str | None) -> tuple[str, str]:
-    """Resolve an import relative to the importing file's directory and read it."""
+    """Resolve an import relative to the importing file's directory and read it (a regular file
+    of at most `files.SCRIPT_LIMIT` bytes of UTF-8, like any script)."""
     base = os.path.dirname(importer) if importer else os.getcwd()
     resolved = os.path.normpath(os.path.join(base, path))
-    with open(resolved, encoding="utf-8") as f:
-        return resolved, f.read()
+    return resolved, files.read_text(resolved, files.SCRIPT_LIMIT)
 
 
 def analyze(source: str, path: str | None = None, *, resolver: Resolver | None = None) -> Analysis:
     """Parse and check `source` (the text of the file at `path`, if it has one)."""
     key = os.path.normpath(path) if path else "<input>"
+    ensure_recursion_limit()
     # Parsing and checking build many long-lived acyclic objects (AST, types, side tables); the
     # cyclic GC rescanning them is pure overhead, so it is paused here (as in `parse`).
     gc_was_enabled = gc.isenabled()
@@ -62,10 +66,9 @@ def analyze(source: str, path: str | None = None, *, resolver: Resolver | None =
             {},
             parsed=(module, syntax),
         )
-    except Exception as exc:  # a bug in Aner: still a diagnostic, never a traceback
-        return Analysis(
-            path, source, module, diagnostics=syntax + [internal_error(None, exc).at(path)]
-        )
+    except Exception as exc:  # a bug in Aner (or no memory left): a diagnostic, never a traceback
+        d = out_of_memory(None) if isinstance(exc, MemoryError) else internal_error(None, exc)
+        return Analysis(path, source, module, diagnostics=syntax + [d.at(path)])
     finally:
         if gc_was_enabled:
             gc.enable()

@@ -8,7 +8,10 @@ Rules:
   keyword-only, in order; then named arguments fill parameters by name. A positional argument
   after a named one, too many positional arguments, an unknown or duplicate name and a missing
   required parameter are errors. Every argument is checked against its parameter's type, with the
-  parameter's type as the expected type; one that bound to nothing is still checked on its own.
+  parameter's type as the expected type. One that bound to nothing is checked on its own (its
+  names are uses), but its own errors are not reported: without a parameter there is no expected
+  type (an enum member reads as an unknown name), so they would only follow from the binding
+  error.
 * Overloads: each candidate of a builtin overload set is tried speculatively (muted). Of those
   that fit, the one with the lowest total promotion cost (`types.assign_cost`) wins; a tie is
   ambiguous. When none fits, a candidate with strictly fewer problems than every other is taken
@@ -269,9 +272,11 @@ class CallChecker(ExpressionChecker):
                 self.report(msg.argument_type(arg.span, name, p.name, str(p.ty), str(ty)))
             else:
                 cost += c
-        for a in e.args:  # arguments that bound to nothing are still checked for their own errors
+        for a in e.args:  # bound to nothing: checked for their uses, their errors not reported
             if id(a.value) not in checked:
+                before = len(self.diags)
                 self.expr(a.value, scope, None)
+                del self.diags[before:]
         if receiver is not None and id(receiver) not in checked:
             self.expr(receiver, scope, None)
         if ok and builtin is not None and builtin.constraints:

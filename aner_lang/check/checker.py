@@ -28,6 +28,7 @@ from aner_lang.check.core import Param, Resolver, registry_expr
 from aner_lang.check.scopes import Scope
 from aner_lang.check.statements import StatementChecker
 from aner_lang.diagnostics import Diagnostic
+from aner_lang.errors import AnerRuntimeError
 from aner_lang.grammar import ast, parse
 
 __all__ = ["Checker", "Resolver", "analyze_module", "registry_expr"]
@@ -91,8 +92,8 @@ class Checker(StatementChecker):
     def check_import(self, s: ast.Import, scope: Scope) -> None:
         try:
             resolved, source = self.resolver(s.path, self.path)
-        except OSError as e:
-            self.report(msg.import_not_found(s.path_span, s.path, e.strerror or str(e)))
+        except AnerRuntimeError as e:
+            self.report(msg.import_not_found(s.path_span, s.path, e.message))
             return
         if resolved in self.import_stack:
             chain = list(self.import_stack[self.import_stack.index(resolved) :]) + [resolved]

@@ -10,22 +10,17 @@ from typing import Any
 
 from aner_lang.errors import AnerRuntimeError
 from aner_lang.grammar import ast
+from aner_lang.grammar.limits import INT_MAX, INT_MIN, MAX_CHARS, MAX_ITEMS
 
 
 class NotConstant(Exception):
     """The expression mentions something that is not known before the script runs."""
 
 
-STATIC_FAILURES: tuple[type[Exception], ...] = (
-    NotConstant,
-    AnerRuntimeError,
-    OverflowError,
-    ValueError,
-)
+STATIC_FAILURES: tuple[type[Exception], ...] = (NotConstant, AnerRuntimeError)
 """What `evaluate` may raise on a well-typed expression: it is not a constant (NotConstant), or
-running it fails, which the run reports (division or modulo by zero: AnerRuntimeError; an Int too
-large for a Float: OverflowError; `%` of an infinite Float: ValueError). Any other exception from
-a well-typed expression is a bug."""
+running it fails, which the run reports (division or modulo by zero, an overflow: an
+AnerRuntimeError). Any other exception from a well-typed expression is a bug."""
 
 
 def _div(a: float, b: float) -> float:
@@ -37,7 +32,9 @@ def _div(a: float, b: float) -> float:
 def _mod(a: float, b: float) -> float:
     if b == 0:
         raise AnerRuntimeError("modulo by zero", code="E-DIV-ZERO")
-    return math.fmod(a, b) if isinstance(a, float) or isinstance(b, float) else a % b
+    if isinstance(a, float) or isinstance(b, float):
+        return math.fmod(a, b) if math.isfinite(a) else math.nan
+    return a % b
 
 
 BINARY = {
@@ -56,8 +53,50 @@ BINARY = {
 
 
 def apply_binary(op: str, a: Any, b: Any) -> Any:
-    """`a op b` for non-short-circuit operators."""
-    return BINARY[op](a, b)
+    """`a op b` for non-short-circuit operators, checked: an Int result outside the 64-bit range,
+    a Float result that is infinite or NaN from finite operands, a string or a list larger than
+    its bound, each is an error (see `aner_lang.grammar.limits`)."""
+    result = BINARY[op](a, b)
+    kind = type(result)
+    if kind is int:
+        if not INT_MIN <= result <= INT_MAX:
+            raise overflow(f"{a} {op} {b}")
+    elif kind is float:
+        if not math.isfinite(result) and math.isfinite(a) and math.isfinite(b):
+            raise overflow(f"{a!r} {op} {b!r}")
+    elif kind is str:
+        check_size(len(result), MAX_CHARS, "characters", f"`{op}`")
+    elif kind is list:
+        check_size(len(result), MAX_ITEMS, "items", f"`{op}`")
+    return result
+
+
+def negate(value: Any) -> Any:
+    """`-value`, checked (`-(-9223372036854775808)` is not an Int)."""
+    if value == INT_MIN and type(value) is int:
+        raise overflow(f"-({value})")
+    return -value
+
+
+def overflow(what: str) -> AnerRuntimeError:
+    return AnerRuntimeError(
+        f"{what} overflows: the result is outside the range of its type",
+        code="E-OVERFLOW",
+        notes=(f"an Int is between {INT_MIN:,} and {INT_MAX:,}; a Float is finite",),
+    )
+
+
+def check_size(size: int, limit: int, unit: str, what: str) -> None:
+    """Raise `size_error` when `what` would make a value of `size` `unit`s, more than `limit`."""
+    if size > limit:
+        raise size_error(size, limit, unit, what)
+
+
+def size_error(size: int, limit: int, unit: str, what: str) -> AnerRuntimeError:
+    return AnerRuntimeError(
+        f"{what} would make a value of {size:,} {unit}, more than the {limit:,} allowed",
+        code="E-LIMIT",
+    )
 
 
 def evaluate(
@@ -84,7 +123,7 @@ def evaluate(
         return [evaluate(i, env, enum_members) for i in expr.items]
     if isinstance(expr, ast.Unary):
         value = evaluate(expr.operand, env, enum_members)
-        return (not value) if expr.op == "not" else -value
+        return (not value) if expr.op == "not" else negate(value)
     if isinstance(expr, ast.Binary):
         left = evaluate(expr.left, env, enum_members)
         if expr.op == "and":

@@ -36,7 +36,8 @@ from aner_lang.grammar import ast, parse_expression
 from aner_lang.grammar.ast import Span
 
 Resolver = Callable[[str, "str | None"], "tuple[str, str]"]
-"""resolver(import path as written, importing file) -> (resolved path, source); raises OSError."""
+"""resolver(import path as written, importing file) -> (resolved path, source); raises
+`AnerRuntimeError` (an `E-FILE-*` code) for a file it cannot read."""
 
 
 @cache
@@ -91,6 +92,9 @@ class CheckerCore:
         """id(Builtin) -> its parameters and return type as the checker's types."""
         self.muted = 0
         self.errors = 0
+        self.speculation: dict[tuple[int, int, T.Type | None], tuple[T.Type, int]] = {}
+        """Muted expression checks: (id(expr), id(scope), expected) -> (type, errors reported)
+        (see `ExpressionChecker.speculative_expr`)."""
 
     # ---- diagnostics ------------------------------------------------------------------------
     def report(self, d: Diagnostic) -> None:

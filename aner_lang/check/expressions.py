@@ -48,9 +48,30 @@ class ExpressionChecker(CheckerCore, ABC):
         return True
 
     def expr(self, e: ast.Expr, scope: Scope, expected: T.Type | None) -> T.Type:
+        if self.muted:
+            return self.speculative_expr(e, scope, expected)
+        if self.speculation:
+            self.speculation.clear()
         ty = self._expr(e, scope, expected)
-        if not self.muted:
-            self.a.expr_types[id(e)] = (e, ty)
+        self.a.expr_types[id(e)] = (e, ty)
+        return ty
+
+    def speculative_expr(self, e: ast.Expr, scope: Scope, expected: T.Type | None) -> T.Type:
+        """`expr` while muted, remembered: overload resolution checks each argument once per
+        candidate, and an argument that is itself an overloaded call does the same, so without
+        the memo nested calls (`abs(abs(abs(...)))`) take time exponential in their depth. A
+        muted check records nothing but its type and its error count, and within one muted
+        stretch (no statement is checked in it, no scope opens or closes) the same expression
+        in the same scope with the same expected type always gets the same; the memo is
+        dropped when checking goes back to unmuted."""
+        key = (id(e), id(scope), expected)
+        known = self.speculation.get(key)
+        if known is not None:
+            self.errors += known[1]
+            return known[0]
+        errors = self.errors
+        ty = self._expr(e, scope, expected)
+        self.speculation[key] = (ty, self.errors - errors)
         return ty
 
     def _expr(self, e: ast.Expr, scope: Scope, expected: T.Type | None) -> T.Type:
@@ -133,9 +154,15 @@ class ExpressionChecker(CheckerCore, ABC):
             return want
         if d is not None:
             self.use(d, e.span)
-            if d.kind == "enum":
-                return d.ty
-            self.report(Diagnostic("E-TYPE", e.span, f"`{e.name}` is a {d.kind}, not a value"))
+            note = f"name one of its members: `{e.name}.member`" if d.kind == "enum" else None
+            self.report(
+                Diagnostic(
+                    "E-TYPE",
+                    e.span,
+                    f"`{e.name}` is a{'n' if d.kind == 'enum' else ''} {d.kind}, not a value",
+                    notes=(note,) if note else (),
+                )
+            )
             return T.ANY
         if isinstance(want, T.EnumT):
             self.report(msg.unknown_member(e.span, want.name, e.name, want.members))

@@ -23,9 +23,12 @@ from __future__ import annotations
 
 import gc
 import itertools
+import math
 import re
+import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from fractions import Fraction
 from functools import lru_cache
 from typing import Any, Literal, Protocol, final, overload
 
@@ -38,6 +41,7 @@ from aner_lang import diagnostics as msg
 from aner_lang.diagnostics import Diagnostic
 from aner_lang.grammar import ast
 from aner_lang.grammar.ast import Span
+from aner_lang.grammar.limits import INT_MAX, MAX_NESTING, MAX_NUMBER_CHARS, too_deep
 
 BYTE_UNITS = {
     "B": 1,
@@ -88,7 +92,8 @@ _PRECEDENCE = {
     "%": 6,
 }
 _NOT_PREC = 4
-_UNARY_PREC = 7
+LARGEST = {"Int": f"{INT_MAX:,}", "Bytes": f"{INT_MAX:,} B", "Float": f"{sys.float_info.max:.4g}"}
+"""The largest value of each numeric type, as the literal-range errors state it."""
 _OPEN = frozenset({"LPAR", "LSQB"})
 _CLOSE = frozenset({"RPAR", "RSQB"})
 
@@ -365,37 +370,50 @@ class _ToAst(Transformer[_Token, object]):
 
     # ---- expressions ----
     def expr(self, items: Items) -> ast.Expr:
-        """Group a flat chain `prefix* operand (op prefix* operand)*` by precedence (Pratt).
-        Prefix `-` binds tightest; prefix `not` takes a whole comparison."""
-        pos = 0
+        """Group a flat chain `prefix* operand (op prefix* operand)*` by precedence. Prefix `-`
+        binds tightest; prefix `not` takes a whole comparison (`not a == b` is `not (a == b)`).
 
-        def operand(min_prec: int) -> ast.Expr:
-            nonlocal pos
+        This is precedence climbing with its recursion kept on an explicit stack, so a chain of
+        any length (thousands of `not` or `-`) groups without Python recursion; the nesting bound
+        is checked on the finished tree (`limits.too_deep`)."""
+        # Pending work, innermost last: ("climb", min_prec, left, op) continues a climb whose
+        # `left` (None until its first operand is in) waits for `op`'s right operand;
+        # ("-", token) and ("not", token) wrap the operand that comes back.
+        pending: list[tuple[Any, ...]] = [("climb", 0, None, None)]
+        pos = 0
+        n = len(items)
+        while True:
+            # descend to the next operand, pushing the prefixes before it
             head = items[pos]
             pos += 1
-            if type(head) is not _Token:
-                node: ast.Expr = head
-                return node
-            if head.type == "NEG":
-                inner = operand(_UNARY_PREC)
-                return ast.Unary(_cover(head, inner), "-", inner)
-            inner = climb(_NOT_PREC)
-            return ast.Unary(_cover(head, inner), "not", inner)
-
-        def climb(min_prec: int) -> ast.Expr:
-            nonlocal pos
-            left = operand(min_prec)
-            while pos < len(items):
-                op = items[pos]
-                prec = _PRECEDENCE[str(op)]
-                if prec < min_prec:
-                    break
+            while type(head) is _Token:
+                if head.type == "NEG":
+                    pending.append(("-", head))
+                else:
+                    pending.append(("not", head))
+                    pending.append(("climb", _NOT_PREC, None, None))
+                head = items[pos]
                 pos += 1
-                right = climb(prec + 1)
-                left = ast.Binary(_cover(left, right), str(op), left, right, _tspan(op))
-            return left
-
-        return climb(0)
+            value: ast.Expr = head
+            # return `value` up the pending work until a climb takes another operator
+            while True:
+                frame = pending.pop()
+                kind = frame[0]
+                if kind == "-" or kind == "not":
+                    tok = frame[1]
+                    value = ast.Unary(_cover(tok, value), kind, value)
+                    continue
+                _, min_prec, left, op = frame
+                if left is not None:
+                    value = ast.Binary(_cover(left, value), str(op), left, value, _tspan(op))
+                if pos < n and _PRECEDENCE[str(items[pos])] >= min_prec:
+                    op = items[pos]
+                    pos += 1
+                    pending.append(("climb", min_prec, value, op))
+                    pending.append(("climb", _PRECEDENCE[str(op)] + 1, None, None))
+                    break
+                if not pending:
+                    return value
 
     def call(self, items: Items) -> ast.Call:
         callee, lpar, *args, rpar = items
@@ -421,10 +439,23 @@ class _ToAst(Transformer[_Token, object]):
         return ast.Arg(items[0].span, None, None, items[0])
 
     def int_lit(self, items: Items) -> ast.IntLit:
-        return ast.IntLit(_tspan(items[0]), int(items[0].replace("_", "")))
+        tok = items[0]
+        digits = _number_text(tok, str(tok))
+        value = 0
+        if digits is not None and (len(digits) > len(str(INT_MAX)) or int(digits) > INT_MAX):
+            _out_of_range(tok, "Int")
+        elif digits is not None:
+            value = int(digits)
+        return ast.IntLit(_tspan(tok), value)
 
     def float_lit(self, items: Items) -> ast.FloatLit:
-        return ast.FloatLit(_tspan(items[0]), float(items[0].replace("_", "")))
+        tok = items[0]
+        digits = _number_text(tok, str(tok))
+        value = float(digits) if digits is not None else 0.0
+        if math.isinf(value):
+            _out_of_range(tok, "Float")
+            value = 0.0
+        return ast.FloatLit(_tspan(tok), value)
 
     def bytes_lit(self, items: Items) -> ast.BytesLit:
         tok = items[0]
@@ -432,9 +463,13 @@ class _ToAst(Transformer[_Token, object]):
         if m is None:
             raise AssertionError(f"the BYTES terminal matched {tok!r}")
         number, unit = m.groups()
-        amount = float(number.replace("_", "")) * BYTE_UNITS[unit]
         span = _tspan(tok)
-        if amount != int(amount):
+        digits = _number_text(tok, number)
+        amount = Fraction(digits or 0) * BYTE_UNITS[unit]  # exact: no float rounding
+        if amount > INT_MAX:
+            _out_of_range(tok, "Bytes")
+            amount = Fraction(0)
+        elif amount.denominator != 1:
             _state.diagnostics.append(
                 msg.bad_literal(span, f"`{tok}` is not a whole number of bytes")
             )
@@ -457,6 +492,37 @@ class _ToAst(Transformer[_Token, object]):
 
     def list_lit(self, items: Items) -> ast.ListLit:
         return ast.ListLit(_cover(items[0], items[-1]), _nodes(items))
+
+
+def _number_text(tok: _Token, text: str) -> str | None:
+    """The number `text` of the literal `tok` without `_` and leading zeros; None (reported)
+    when the literal is longer than `MAX_NUMBER_CHARS`, which no conversion is attempted on."""
+    if len(tok) > MAX_NUMBER_CHARS:
+        _state.diagnostics.append(
+            msg.bad_literal(
+                _tspan(tok),
+                f"`{_short(tok)}` is longer than {MAX_NUMBER_CHARS:,} characters, "
+                "the limit for a number literal",
+            )
+        )
+        return None
+    digits = text.replace("_", "").lstrip("0")
+    return digits if digits[:1].isdigit() else "0" + digits
+
+
+def _out_of_range(tok: _Token, type_name: str) -> None:
+    _state.diagnostics.append(
+        msg.bad_literal(
+            _tspan(tok),
+            f"`{_short(tok)}` is larger than the largest {type_name} ({LARGEST[type_name]})",
+        )
+    )
+
+
+def _short(tok: _Token) -> str:
+    """A literal for a message: a long one shortened to its ends."""
+    text = str(tok)
+    return text if len(text) <= 40 else f"{text[:18]}...{text[-18:]}"
 
 
 def _decode_plain(tok: _Token) -> str:
@@ -711,12 +777,33 @@ def parse(source: str, path: str | None = None) -> tuple[ast.Module, list[Diagno
         except UnexpectedInput:
             _state.diagnostics = []
             body, broken = _recover(source)
+        body, broken = _bound_nesting(body, broken)
         diags = [d.at(path) for d in _state.diagnostics]
     finally:
         _state.diagnostics = outer
         if gc_was_enabled:
             gc.enable()
     return ast.Module(path, tuple(body), tuple(broken)), diags
+
+
+def _bound_nesting(
+    body: Sequence[ast.Stmt], broken: list[Span]
+) -> tuple[list[ast.Stmt], list[Span]]:
+    """The statements without those nested deeper than `MAX_NESTING` (each reported where the
+    bound is crossed, and its span marked broken so that the checker reports no cascades)."""
+    deep = too_deep(body)
+    if not deep:
+        return list(body), broken
+    for top, node in deep:
+        sp = node.span
+        _state.diagnostics.append(
+            msg.too_deep(
+                Span(sp.line, sp.col, sp.line, sp.col + 1, sp.start, sp.start + 1), MAX_NESTING
+            )
+        )
+        broken.append(top.span)
+    dropped = {id(top) for top, _ in deep}
+    return [s for s in body if id(s) not in dropped], broken
 
 
 _SALVAGE_ATTEMPTS = 4

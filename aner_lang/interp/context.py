@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from aner_lang.files import check_name
+
 
 @dataclass
 class ExecContext:
@@ -20,6 +22,8 @@ class ExecContext:
     """False on the ranks other than 0 of a distributed run: only rank 0 writes (and prints)."""
 
     def resolve_path(self, path: str) -> Path:
-        """A script-relative path made absolute (absolute paths are kept)."""
+        """A script-relative path made absolute (absolute paths are kept); a path no file can
+        have (a NUL character) is an error."""
+        check_name(path)
         p = Path(path).expanduser()
         return p if p.is_absolute() else self.script_dir / p

@@ -1,9 +1,9 @@
 """Run-time failures as diagnostics, with the Aner call stack.
 
 An `AnerRuntimeError` from a builtin keeps its code and notes (a missing native package is one:
-`NativeBackendUnavailable`); a `RecursionError` is `E-RECURSION`; any other Python exception is a
-bug in Aner and is reported as an internal error. Every one is located at an Aner span and carries
-the Aner frames as notes, so no Python traceback reaches a user.
+`NativeBackendUnavailable`); a `RecursionError` is `E-RECURSION`, a `MemoryError` `E-MEMORY`; any
+other Python exception is a bug in Aner and is reported as an internal error. Every one is located
+at an Aner span and carries the Aner frames as notes, so no Python traceback reaches a user.
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ def failure(
         d = msg.runtime_error(span, exc.message, exc.code, exc.notes)
     elif isinstance(exc, RecursionError):
         d = msg.runtime_error(span, "too deep recursion", "E-RECURSION", ())
+    elif isinstance(exc, MemoryError):
+        d = msg.out_of_memory(span)
     else:
         d = msg.internal_error(span, exc)
     frames = [

@@ -16,10 +16,11 @@ from aner_lang import diagnostics as msg
 from aner_lang.builtins.spec import Builtin
 from aner_lang.check import Analysis
 from aner_lang.check.checker import registry_expr
-from aner_lang.check.consteval import apply_binary, evaluate
+from aner_lang.check.consteval import apply_binary, evaluate, negate, size_error
 from aner_lang.errors import AnerRuntimeError
 from aner_lang.grammar import ast
 from aner_lang.grammar.ast import Span
+from aner_lang.grammar.limits import MAX_CHARS, ensure_recursion_limit
 from aner_lang.interp.binding import BuiltinPlan, CallPlan, RecordPlan, plan_call
 from aner_lang.interp.boundary import from_native, load_impl, to_native
 from aner_lang.interp.context import ExecContext
@@ -143,7 +144,11 @@ class Interpreter:
                 return EnumValue(*enum)
             return self.field(a, e, self.expr(a, e.obj, env))
         if type(e) is ast.StringLit:
-            return "".join(p if isinstance(p, str) else show(self.expr(a, p, env)) for p in e.parts)
+            parts = [p if isinstance(p, str) else show(self.expr(a, p, env)) for p in e.parts]
+            size = sum(map(len, parts))
+            if size > MAX_CHARS:
+                raise self.fail(a, e.span, size_error(size, MAX_CHARS, "characters", "`${}`"))
+            return "".join(parts)
         if type(e) is ast.FloatLit or type(e) is ast.BoolLit or type(e) is ast.BytesLit:
             return e.value
         if type(e) is ast.NoneLit:
@@ -157,7 +162,10 @@ class Interpreter:
             if e.op == "not":
                 return not value
             if isinstance(value, (int, float)):
-                return -value
+                try:
+                    return negate(value)
+                except AnerRuntimeError as exc:
+                    raise self.fail(a, e.span, exc) from None
             raise TypeError(f"`-` of {show(value, True)}")
         raise AssertionError(f"unhandled expression {type(e).__name__}")
 
@@ -287,6 +295,7 @@ class Interpreter:
 
 def run(a: Analysis, ctx: ExecContext) -> None:
     """Run a checked analysis (raise AnerError on a run-time failure)."""
+    ensure_recursion_limit()
     interp = Interpreter(ctx)
     try:
         interp.run_module(a)

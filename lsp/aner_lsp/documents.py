@@ -16,15 +16,39 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from lsprotocol import types as lsp
-from pygls.lsp.server import LanguageServer
+from pygls.exceptions import JsonRpcInvalidParams
 from pygls.uris import from_fs_path, to_fs_path
+from pygls.workspace import TextDocument
 
 from aner_lsp import __version__
 from aner_lsp.positions import LineIndex
 from aner_lsp.stale import AnalysisView, ShiftedAnalysis
+from aner_lsp.transport import BoundedServer
 
 if TYPE_CHECKING:
     from aner_lang.check import Analysis
+
+
+ANALYSIS_LIMIT = 1 << 20
+"""The longest buffer analysed live, in characters: analysis takes a few seconds per MiB, and the
+server must keep answering. `aner check` checks longer files (up to `files.SCRIPT_LIMIT`)."""
+
+
+def _too_large(path: str | None, source: str) -> Analysis:
+    from aner_lang.check import Analysis
+    from aner_lang.diagnostics import Diagnostic
+    from aner_lang.grammar import ast
+    from aner_lang.grammar.ast import Span
+
+    d = Diagnostic(
+        "E-FILE-TOO-LARGE",
+        Span(1, 1, 1, 1, 0, 0),
+        f"this file has {len(source):,} characters; the language server analyses at most "
+        f"{ANALYSIS_LIMIT:,}",
+        notes=("run `aner check` on it instead",),
+        path=path,
+    )
+    return Analysis(path, source, ast.Module(path, ()), diagnostics=[d])
 
 
 @dataclass
@@ -36,12 +60,20 @@ class Snapshot:
     version: int | None
 
 
-class AnerServer(LanguageServer):
+class AnerServer(BoundedServer):
     def __init__(self) -> None:
         super().__init__("aner-lsp", __version__)
         self.snapshots: dict[str, Snapshot] = {}
         self.pending: dict[str, asyncio.Task[None]] = {}
         """The debounced background analysis of each buffer with unanalysed edits."""
+
+    def document(self, uri: str) -> TextDocument:
+        """The open buffer `uri`. Requests are answered about open buffers only: pygls would read
+        any other URI from the disk, unbounded (a device, a pipe), on the message loop."""
+        doc: TextDocument | None = self.workspace.text_documents.get(uri)
+        if doc is None:
+            raise JsonRpcInvalidParams(message=f"{uri} is not open in the editor")
+        return doc
 
     def path_of(self, uri: str) -> str | None:
         return to_fs_path(uri) if uri.startswith("file:") else None
@@ -56,15 +88,17 @@ class AnerServer(LanguageServer):
         return (resolved, doc.source) if doc is not None else file_resolver(path, importer)
 
     def analyse(self, uri: str, source: str, version: int | None) -> Snapshot:
-        """Analyse one text of the buffer (pure: safe to run on a worker thread)."""
+        """Analyse one text of the buffer (pure: safe to run on a worker thread). A buffer
+        longer than `ANALYSIS_LIMIT` is not analysed: it gets one diagnostic saying so."""
         from aner_lang.check import analyze
 
-        return Snapshot(
-            analyze(source, self.path_of(uri), resolver=self.resolve), LineIndex(source), version
-        )
+        path = self.path_of(uri)
+        if len(source) > ANALYSIS_LIMIT:
+            return Snapshot(_too_large(path, source), LineIndex(source), version)
+        return Snapshot(analyze(source, path, resolver=self.resolve), LineIndex(source), version)
 
     def refresh(self, uri: str) -> Snapshot:
-        doc = self.workspace.get_text_document(uri)
+        doc = self.document(uri)
         snap = self.analyse(uri, doc.source, doc.version)
         self.snapshots[uri] = snap
         return snap
@@ -72,7 +106,7 @@ class AnerServer(LanguageServer):
     def live(self, uri: str) -> tuple[AnalysisView, LineIndex]:
         """For completion and signature help: the analysis to answer from and the live text's
         index. While an edit is still being analysed, the previous analysis seen through it."""
-        doc = self.workspace.get_text_document(uri)
+        doc = self.document(uri)
         snap = self.snapshots.get(uri)
         if snap is None:
             snap = self.refresh(uri)
@@ -82,7 +116,7 @@ class AnerServer(LanguageServer):
 
     def snapshot(self, uri: str) -> Snapshot:
         """The analysis of the buffer's current text (analysed now if the last one is older)."""
-        doc = self.workspace.get_text_document(uri)
+        doc = self.document(uri)
         snap = self.snapshots.get(uri)
         return (
             snap
@@ -105,5 +139,6 @@ class AnerServer(LanguageServer):
         doc = self.workspace.text_documents.get(uri)
         if doc is not None:
             return LineIndex(doc.source)
-        with open(path, encoding="utf-8") as f:
-            return LineIndex(f.read())
+        from aner_lang import files
+
+        return LineIndex(files.read_text(path, files.SCRIPT_LIMIT))

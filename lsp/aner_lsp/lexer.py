@@ -34,7 +34,7 @@ KEYWORDS = frozenset(
 _TOKEN = re.compile(
     r"""
     (?P<comment>\#[^\n]*)
-  | (?P<string>"(?:[^"\\\n]|\\.)*"?)
+  | (?P<string>"(?:[^"\\\n]++|\\.)*+"?)
   | (?P<number>[0-9][0-9_]*(?:\.[0-9][0-9_]*)?(?:[eE][-+]?[0-9]+)?
       (?:[ \t]*(?:KiB|MiB|GiB|TiB|KB|MB|GB|TB|B)(?![A-Za-z0-9_]))?)
   | (?P<name>[A-Za-z_][A-Za-z0-9_]*)

@@ -1,10 +1,9 @@
 """One view of every callable the cursor can be in: builtin overloads from the registry, user
 `fn`s and record constructors from the analysis. Completion and signature help read it.
 
-A view's label has the form of the registry's `reference.signature` (`name(p: T = d) -> R`), so a
-builtin reads the same in signature help as in the checker's messages and the reference; the
-LSP also needs where each parameter sits in the label, so the parameter text is made here
-(`test_signature_labels_match_the_registry` checks that the two agree for every builtin)."""
+A view's label is written by the registry's `reference.signature_text` (`name(p: T = d) -> R`), so
+a builtin reads the same in signature help as in the checker's messages and the reference; where
+each parameter sits in the label comes from the same `reference.param_text`."""
 
 from __future__ import annotations
 
@@ -13,6 +12,7 @@ from functools import cache
 from typing import TYPE_CHECKING
 
 from aner_lang.builtins import registry
+from aner_lang.builtins.reference import param_text, signature_text
 from aner_lang.builtins.spec import Param
 
 if TYPE_CHECKING:
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 
 def _param_text(p: Param) -> str:
-    return f"{p.name}: {p.type}" + (f" = {p.default}" if p.default is not None else "")
+    return param_text(p.name, p.type, p.default)
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,9 @@ class SignatureView:
     doc: str = ""
 
     def label(self) -> str:
-        return f"{self.name}({', '.join(_param_text(p) for p in self.params)}) -> {self.returns}"
+        return signature_text(
+            self.name, ((p.name, p.type, p.default) for p in self.params), self.returns
+        )
 
     def param_offsets(self) -> list[tuple[int, int]]:
         """[start, end) of each parameter inside `label()` (LSP label offsets)."""

@@ -185,7 +185,10 @@ def test_files_builtins(tmp_path: Path) -> None:
     assert out == "hi there\n" and (tmp_path / "out/r.json").read_text().split() == ["[", "8", "]"]
     with pytest.raises(AnerError) as info:
         _run('print(read_text("missing.txt"))\n', tmp_path)
-    assert info.value.diagnostic.code == "E-IO" and "missing.txt" in info.value.diagnostic.message
+    assert (
+        info.value.diagnostic.code == "E-FILE-MISSING"
+        and "missing.txt" in info.value.diagnostic.message
+    )
 
 
 def test_cli_exit_codes(tmp_path: Path, capsys) -> None:
@@ -222,8 +225,16 @@ def test_docs_examples_check(tmp_path: Path) -> None:
 
 
 def test_front_end_does_not_import_torch(tmp_path: Path) -> None:
+    """`aner check`, with its checks against the files the script reads and the machine's
+    devices, imports none of the native packages."""
     script = tmp_path / "s.aner"
-    script.write_text('let m = load_model("x.gguf", storage: nf4_double_quant)\nprint(m)\n')
+    (tmp_path / "x.gguf").write_bytes(b"")
+    (tmp_path / "d.jsonl").write_text('{"messages": [{"role": "assistant", "content": "hi"}]}\n')
+    script.write_text(
+        'let m = load_model("x.gguf", storage: nf4_double_quant, device: cpu)\n'
+        'let d = load_data("d.jsonl", format: chat)\n'
+        "print(m)\nprint(d)\n"
+    )
     code = textwrap.dedent(f"""
         import sys
         import aner_lang

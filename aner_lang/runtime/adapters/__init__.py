@@ -7,6 +7,7 @@ Every builtin takes keyword arguments as the registry declares them (aner_lang/b
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -116,9 +117,10 @@ def full(model: Any) -> Adapter:
     return Full(model)
 
 
-def adapter_from_config(model: Any, config: dict) -> Adapter:
-    """Rebuild an adapter of `model` from `Adapter.config` (tensors re-initialised)."""
-    cfg = dict(config)
+def adapter_from_config(model: Any, config: Any) -> Adapter:
+    """Rebuild an adapter of `model` from `Adapter.config` (tensors re-initialised); the config
+    comes from a file, so it is checked first."""
+    cfg = dict(config) if isinstance(config, dict) else {}
     method = cfg.pop("method", None)
     makers: dict[str, Callable[..., Adapter]] = {
         "lora": lora,
@@ -129,7 +131,39 @@ def adapter_from_config(model: Any, config: dict) -> Adapter:
     }
     if not isinstance(method, str) or method not in makers:
         raise AnerRuntimeError(f"unknown adapter method {method!r}", code="E-ADAPTER-METHOD")
+    _check_config(method, makers[method], cfg)
     return makers[method](model, **cfg)
+
+
+_KINDS: dict[str, tuple[type, ...]] = {
+    "int": (int,),
+    "float": (int, float),
+    "str": (str,),
+    "Sequence[str]": (list,),
+}
+"""The JSON form of each parameter type of an adapter maker."""
+
+
+def _check_config(method: str, maker: Callable[..., Adapter], cfg: dict[str, Any]) -> None:
+    """Every key of a saved configuration is a parameter of `maker`, with a value of its type: a
+    file's configuration reaches the maker only once it is one a script could have written."""
+    params = inspect.signature(maker).parameters
+    for key, value in cfg.items():
+        param = params.get(key) if key != "model" else None
+        kinds = _KINDS.get(str(param.annotation)) if param is not None else None
+        ok = (
+            kinds is not None
+            and isinstance(value, kinds)
+            and not isinstance(value, bool)
+            and (not isinstance(value, list) or all(isinstance(v, str) for v in value))
+        )
+        if not ok:
+            raise AnerRuntimeError(
+                f"the saved {method} configuration has {key!r}: {str(value)[:40]!r}, which "
+                f"{method} does not take",
+                code="E-ADAPTER-CONFIG",
+                notes=(f"{method} takes {', '.join(p for p in params if p != 'model')}",),
+            )
 
 
 def adapter_from_state(model: Any, state: Any) -> Adapter:

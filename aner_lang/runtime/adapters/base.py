@@ -82,10 +82,15 @@ class Adapter:
         with self.active():
             return self.model.module(input_ids, cache)
 
-    def loss(self, input_ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def loss(
+        self,
+        input_ids: torch.Tensor,
+        targets: torch.Tensor,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Summed next-token cross-entropy (`LlamaModel.loss`) with this adapter active."""
         with self.active():
-            return self.model.module.loss(input_ids, targets)
+            return self.model.module.loss(input_ids, targets, positions)
 
     __call__ = forward
 

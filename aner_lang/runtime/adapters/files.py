@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from aner_lang import files
 from aner_lang.errors import AnerRuntimeError
 from aner_lang.runtime.io.fingerprint import fingerprint
 from aner_lang.runtime.io.world import once
@@ -99,19 +99,22 @@ def _peft_parts(adapter: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
 
 
 def _write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def _write_tensors(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    save_file(tensors, str(tmp), metadata={"format": "pt", **meta})
-    os.replace(tmp, path)
+    save_file(tensors, str(path), metadata={"format": "pt", **meta})
 
 
-def save_adapter(adapter: Any, directory: str | Path, format: str = "peft") -> Path:
-    """Write `adapter` under `directory` in `format` (peft or safetensors); return the folder."""
+def save_adapter(
+    adapter: Any, directory: str | Path, format: str = "peft", *, overwrite: bool = False
+) -> Path:
+    """Write `adapter` under `directory` in `format` (peft or safetensors); return the folder.
+
+    The files are written into a temporary sibling folder and moved into place together, so the
+    folder never holds half an adapter. A folder that holds anything is written only with
+    `overwrite` (and then only the adapter's own files are replaced); the base model's own
+    folder or file never (`aner_lang.files`)."""
     if format not in FORMATS:
         raise AnerRuntimeError(
             f"unknown adapter format {format!r}; expected one of {', '.join(FORMATS)}",
@@ -122,8 +125,19 @@ def save_adapter(adapter: Any, directory: str | Path, format: str = "peft") -> P
             "save_adapter needs an adapter (from lora, lora_fa, tinylora, dora or full)",
             code="E-EXPORT",
         )
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
+    out = files.check_target(
+        directory, overwrite=overwrite, protected=[adapter.base.path], folder=True
+    )
+    files.make_parent(out)
+    with files.staged(out) as tmp:
+        tmp.mkdir()
+        _write_folder(adapter, tmp, format)
+        files.publish(tmp, out, overwrite=overwrite)
+    return out
+
+
+def _write_folder(adapter: Any, out: Path, format: str) -> None:
+    """The adapter's files in `format`, written into the (new, empty) folder `out`."""
     base_sha = fingerprint(adapter.base.path)
     meta = {"aner_method": adapter.method, "aner_base_sha256": base_sha}
     if format == "peft":
@@ -141,14 +155,26 @@ def save_adapter(adapter: Any, directory: str | Path, format: str = "peft") -> P
                 "base": {"name": adapter.base.name, "sha256": base_sha},
             },
         )
-    return out
+
+
+JSON_LIMIT = 16 * files.MiB
+"""An adapter's JSON config."""
+WEIGHTS_LIMIT = files.DATA_LIMIT
+"""An adapter's safetensors file (a `full` adapter is as large as its model)."""
+
+
+def _file_error(directory: Path, name: str, e: AnerRuntimeError) -> AnerRuntimeError:
+    """A refused read of the adapter file `name` (`aner_lang.files`), keeping its code."""
+    return _fail(directory, f"{name}: {e.message.removeprefix(f'{directory / name}: ')}", e.code)
 
 
 def _read_json(directory: Path, name: str) -> dict[str, Any]:
     try:
-        obj = json.loads((directory / name).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise _fail(directory, f"{name} cannot be read ({e})") from None
+        obj = json.loads(files.read_text(directory / name, JSON_LIMIT))
+    except AnerRuntimeError as e:
+        raise _file_error(directory, name, e) from None
+    except (ValueError, RecursionError) as e:
+        raise _fail(directory, f"{name} is not valid JSON ({e})") from None
     if not isinstance(obj, dict):
         raise _fail(directory, f"{name} is not a JSON object")
     return obj
@@ -156,9 +182,33 @@ def _read_json(directory: Path, name: str) -> dict[str, Any]:
 
 def _read_tensors(directory: Path, name: str) -> dict[str, torch.Tensor]:
     try:
+        files.regular_size(directory / name, WEIGHTS_LIMIT)
         return load_file(str(directory / name))
+    except AnerRuntimeError as e:
+        raise _file_error(directory, name, e) from None
     except (OSError, SafetensorError) as e:
         raise _fail(directory, f"{name} cannot be read ({e})") from None
+
+
+def _field(directory: Path, cfg: dict[str, Any], key: str, kind: type, default: Any) -> Any:
+    """`cfg[key]` (or `default` when absent or null), which must be of `kind` (an int is a
+    float too; a bool is not a number)."""
+    value = cfg.get(key)
+    if value is None:
+        return default
+    ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        ok, value = True, float(value)
+    if not ok:
+        raise _fail(
+            directory,
+            f"{PEFT_CONFIG}: {key} is {json.dumps(value)[:40]}, not {_KIND_NAMES[kind]}",
+            "E-ADAPTER-PEFT",
+        )
+    return value
+
+
+_KIND_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
 
 
 def _fill(directory: Path, adapter: Any, tensors: dict[str, torch.Tensor]) -> Any:
@@ -207,7 +257,11 @@ def _load_peft(model: Any, directory: Path) -> Any:
     if cfg.get("fan_in_fan_out") or cfg.get("bias", "none") != "none":
         raise _fail(directory, "fan_in_fan_out and LoRA biases are not supported", "E-ADAPTER-PEFT")
     targets = cfg.get("target_modules") or []
-    targets = [targets] if isinstance(targets, str) else list(targets)
+    targets = [targets] if isinstance(targets, str) else targets
+    if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
+        raise _fail(
+            directory, f"{PEFT_CONFIG}: target_modules is not a list of names", "E-ADAPTER-PEFT"
+        )
     unknown = [t for t in targets if t not in known]
     if unknown:
         raise _fail(
@@ -216,15 +270,16 @@ def _load_peft(model: Any, directory: Path) -> Any:
             "E-ADAPTER-PEFT",
             f"supported: {', '.join(known)}",
         )
-    rank, alpha = int(cfg["r"]), float(cfg["lora_alpha"])
-    if cfg.get("use_rslora"):  # scaling alpha / sqrt(r) == (alpha * sqrt(r)) / r
+    rank = _field(directory, cfg, "r", int, 8)
+    alpha = _field(directory, cfg, "lora_alpha", float, 8.0)
+    if _field(directory, cfg, "use_rslora", bool, False):  # alpha / sqrt(r) == alpha*sqrt(r) / r
         alpha *= math.sqrt(rank)
-    make = dora if cfg.get("use_dora") else lora
+    make = dora if _field(directory, cfg, "use_dora", bool, False) else lora
     adapter = make(
         model,
         rank=rank,
         alpha=alpha,
-        dropout=float(cfg.get("lora_dropout", 0.0)),
+        dropout=_field(directory, cfg, "lora_dropout", float, 0.0),
         targets=[t for t in known if t in targets],
     )
     ours = {}
@@ -241,18 +296,20 @@ def _load_peft(model: Any, directory: Path) -> Any:
 def load_adapter(model: Any, directory: str | Path) -> Any:
     """An adapter of `model` read from `directory` (Aner's format or PEFT's LoRA/DoRA)."""
     d = Path(directory)
-    if (d / ANER_CONFIG).is_file():
+    if (d / ANER_CONFIG).exists():  # not is_file: a device or a folder there is an error
         return _load_aner(model, d)
-    if (d / PEFT_CONFIG).is_file():
+    if (d / PEFT_CONFIG).exists():
         return _load_peft(model, d)
     raise _fail(d, f"neither {ANER_CONFIG} nor {PEFT_CONFIG} is there", "E-ADAPTER-MISSING")
 
 
-def save_adapter_builtin(ctx: Any, *, adapter: Any, dir: str, format: str = "peft") -> str:
+def save_adapter_builtin(
+    ctx: Any, *, adapter: Any, dir: str, format: str = "peft", overwrite: bool = False
+) -> str:
     """Builtin `save_adapter`: `dir` is relative to the script; returns the folder written (by
     rank 0 alone in a distributed run)."""
     folder = ctx.resolve_path(dir)
-    return str(once(save_adapter, adapter, folder, format) or folder)
+    return str(once(save_adapter, adapter, folder, format, overwrite=overwrite) or folder)
 
 
 def load_adapter_builtin(ctx: Any, *, model: Any, dir: str) -> Any:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from aner_lang.errors import AnerRuntimeError
 from aner_lang.runtime.adapters.base import Adapter, target_modules
 
 
@@ -42,6 +43,13 @@ class LoRA(Adapter):
         )
         self.rank, self.scaling, self.p = rank, alpha / rank, dropout
         self.targets = target_modules(model, targets)
+        largest = min(min(m.in_features, m.out_features) for _, m in self.targets)
+        if rank > largest:  # checked before allocating: a rank from a file may be huge
+            raise AnerRuntimeError(
+                f"rank {rank} is larger than the smallest target matrix allows ({largest})",
+                code="E-ADAPTER-RANK",
+                notes=("a rank above min(rows, columns) adds nothing a smaller one cannot",),
+            )
         gen = torch.Generator().manual_seed(seed)
         dev = model.device
         self._a: list[torch.Tensor] = []
@@ -63,6 +71,23 @@ class LoRA(Adapter):
 
     def _delta(self, index: int, x: torch.Tensor) -> torch.Tensor:
         return self._lora(index, self.dropout(x, self.p))
+
+    def _apply(self, index: int, x: torch.Tensor, base_out: torch.Tensor) -> torch.Tensor:
+        """In half precision `base_out + s * B (A x)` is one GEMM that accumulates into the base
+        output (`addmm`, fp32 accumulation, one rounding) instead of a GEMM, a scaling pass and
+        an addition pass over the output; float32 keeps PEFT's separate operations, the reference
+        arithmetic."""
+        if base_out.dtype == torch.float32:
+            return super()._apply(index, x, base_out)
+        a, b = self._a[index], self._b[index]
+        xa = F.linear(self.dropout(x, self.p), a.to(x.dtype))
+        out = torch.addmm(
+            base_out.reshape(-1, base_out.shape[-1]),
+            xa.reshape(-1, self.rank),
+            b.to(x.dtype).t(),
+            alpha=self.scaling,
+        )
+        return out.view(base_out.shape)
 
 
 class LoRAFA(LoRA):

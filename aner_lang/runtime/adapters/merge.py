@@ -19,7 +19,7 @@ from aner_lang.errors import AnerRuntimeError
 from aner_lang.runtime.model.linear import DenseLinear, FrozenLinear
 
 
-def _effective_weights(adapter: Any) -> dict[str, torch.Tensor]:
+def effective_weights(adapter: Any) -> dict[str, torch.Tensor]:
     """`{module name: W'}` for every target of a linear adapter, in fp32 on the CPU."""
     out: dict[str, torch.Tensor] = {}
     was_training = adapter.training
@@ -65,4 +65,4 @@ def merge(adapter: Any) -> Any:
         raise AnerRuntimeError(
             "merge needs an adapter (from lora, lora_fa, tinylora, dora or full)", code="E-MERGE"
         )
-    return _dense_clone(adapter.base, _effective_weights(adapter))
+    return _dense_clone(adapter.base, effective_weights(adapter))

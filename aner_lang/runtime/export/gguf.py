@@ -5,7 +5,9 @@ one it came from: a Qwen2 model is written as ``qwen2``): GGUF tensor names, q/k
 back to interleaved-pair RoPE order where llama.cpp permutes them, norms, biases and Llama 3's
 ``rope_freqs`` in f32. Metadata (tokenizer, chat template, hyper-parameters) is copied from a
 source GGUF; a model read from a Hugging Face folder is described as llama.cpp's converter would
-describe it. llama.cpp, HF transformers and our loader all read the result.
+describe it. llama.cpp, HF transformers and our loader all read the result. `dtype` is a file
+type of `filetypes` (f32, f16, or llama.cpp's quantized q8_0 and q4_k_m mixes); Q8_0 and Q5_0
+blocks are written by `gguf.quants`, Q4_K and Q6_K by `kquants`.
 """
 
 from __future__ import annotations
@@ -19,12 +21,12 @@ import torch
 
 from aner_lang.architectures import Kind
 from aner_lang.errors import AnerRuntimeError
+from aner_lang.runtime.export import filetypes, kquants
+from aner_lang.runtime.export.files import gguf_writer, require_model
 from aner_lang.runtime.io.gguf import GGUFFile, permute_rows
 from aner_lang.runtime.io.world import once
 from aner_lang.runtime.model.config import gguf_hyperparameters
 
-DTYPES = {"f16": np.float16, "f32": np.float32}
-_FILE_TYPE = {"f32": 0, "f16": 1}  # llama.cpp's LLAMA_FTYPE_ALL_F32 / MOSTLY_F16
 _SKIPPED_KEYS = ("GGUF.", "general.file_type", "general.quantization_version")
 
 
@@ -106,44 +108,56 @@ def write_keys(writer: Any, keys: dict[str, Any]) -> None:
             writer.add_key_value(key, value, vtype(value, key))
 
 
-def export_gguf(model: Any, path: str | Path, dtype: str = "f16") -> Path:
-    """Write `model` (a base or a merged adapter) as a GGUF file of `dtype` weights."""
+def _encoded(t: torch.Tensor, kind: str) -> tuple[np.ndarray, Any]:
+    """`t` as GGUF stores `kind`: the array to write and its raw tensor type (None: numpy's)."""
     import gguf
 
-    if dtype not in DTYPES:
-        raise AnerRuntimeError(
-            f"export_gguf: unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}",
-            code="E-EXPORT",
-        )
-    if hasattr(model, "targets") and not hasattr(model, "module"):
-        raise AnerRuntimeError(
-            "export_gguf needs a model; merge the adapter first: export_gguf(merge(adapter), path)",
-            code="E-EXPORT",
-        )
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    writer = gguf.GGUFWriter(str(tmp), model.architecture.gguf_architectures[0])
-    if Path(model.path).is_dir():
-        _folder_metadata(writer, model)
-    else:
-        _copy_metadata(writer, Path(model.path))
-    writer.add_file_type(_FILE_TYPE[dtype])
-    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    with torch.no_grad():
+    data = t.detach().float().cpu().numpy()
+    if kind == filetypes.F32:
+        return data, None
+    if kind == filetypes.F16:
+        return data.astype(np.float16), None
+    qtype = gguf.GGMLQuantizationType[kind]
+    if kind in (filetypes.Q4_K, filetypes.Q6_K):
+        return kquants.quantize(data, kind), qtype
+    return gguf.quants.quantize(data, qtype), qtype
+
+
+def export_gguf(
+    model: Any, path: str | Path, dtype: str = "f16", *, overwrite: bool = False
+) -> Path:
+    """Write `model` (a base or a merged adapter) as a GGUF file of file type `dtype`: an existing
+    file only with `overwrite`, and never the model's own source file (`aner_lang.files`)."""
+    import gguf
+
+    ft = filetypes.file_type(dtype)
+    require_model(model, "export_gguf")
+    arch = model.architecture
+    output = arch.embedding if model.module.lm_head is model.module.embed_tokens else arch.output
+    layers = model.config.num_hidden_layers
+    with (
+        gguf_writer(
+            path, arch.gguf_architectures[0], overwrite=overwrite, protected=[model.path]
+        ) as writer,
+        torch.no_grad(),
+    ):
+        if Path(model.path).is_dir():
+            _folder_metadata(writer, model)
+        else:
+            _copy_metadata(writer, Path(model.path))
+        writer.add_file_type(ft.ftype)
+        writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
         for name, t in _gguf_tensors(model):
-            data = t.detach().float().cpu().numpy()
-            writer.add_tensor(name, data if data.ndim == 1 else data.astype(DTYPES[dtype]))
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-    tmp.replace(out)
-    return out
+            kind = filetypes.tensor_type(ft, name, tuple(t.shape), layers, output)
+            data, raw_dtype = _encoded(t, kind)
+            writer.add_tensor(name, data, raw_dtype=raw_dtype)
+    return Path(path)
 
 
-def export_gguf_builtin(ctx: Any, *, model: Any, path: str, dtype: str = "f16") -> str:
+def export_gguf_builtin(
+    ctx: Any, *, model: Any, path: str, dtype: str = "f16", overwrite: bool = False
+) -> str:
     """Builtin `export_gguf`: `path` is relative to the script; returns the file written (by
     rank 0 alone in a distributed run)."""
     out = ctx.resolve_path(path)
-    return str(once(export_gguf, model, out, dtype) or out)
+    return str(once(export_gguf, model, out, dtype, overwrite=overwrite) or out)

@@ -3,8 +3,10 @@ computed once and cached.
 
 A checkpoint records which base it was trained on, and loading refuses a different base. Hashing
 a 100 MB GGUF costs a fraction of a second, far too much to pay at every checkpoint, so the digest
-is cached in a small JSON file keyed by the file's resolved path, and trusted only while the file's
-size and mtime (nanoseconds) are unchanged. The cache lives in ``$ANER_CACHE_DIR`` (default
+is cached in a small JSON file keyed by the file's resolved path, and trusted only while each file's
+size, inode, mtime and ctime (nanoseconds) are unchanged: mtime alone can be set back by anyone
+who can write the file (`touch -d`), ctime cannot (the kernel sets it on every change, `utime`
+included). The cache lives in ``$ANER_CACHE_DIR`` (default
 ``$XDG_CACHE_HOME/aner`` or ``~/.cache/aner``); a cache that cannot be read or written is simply
 not used, since the digest can always be recomputed.
 """
@@ -17,6 +19,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from aner_lang import files
 from aner_lang.errors import AnerRuntimeError
 
 _CACHE_NAME = "fingerprints.json"
@@ -42,8 +45,8 @@ def sha256_file(path: Path) -> str:
 
 def _read_cache(file: Path) -> dict[str, dict[str, object]]:
     try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = json.loads(files.read_text(file, files.SCRIPT_LIMIT))
+    except (AnerRuntimeError, ValueError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -53,11 +56,14 @@ def _write_cache(file: Path, data: dict[str, dict[str, object]]) -> None:
     try:
         file.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=file.parent, prefix=".fingerprints-", suffix=".tmp")
+    except OSError:
+        return
+    try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(data, f, indent=1, sort_keys=True)
         os.replace(tmp, file)
     except OSError:
-        pass
+        Path(tmp).unlink(missing_ok=True)  # a full disk leaves no temporary file behind
 
 
 def _files(p: Path) -> list[Path]:
@@ -76,7 +82,7 @@ def _digest(p: Path) -> str:
 
 def fingerprint(path: str | Path) -> str:
     """sha256 of the GGUF at `path` (of a folder: of its files' names and digests), from the cache
-    when the total size and the latest mtime still match."""
+    when the total size and every file's inode, mtime and ctime still match."""
     p = Path(path).resolve()
     try:
         stats = [f.stat() for f in _files(p)]
@@ -85,18 +91,18 @@ def fingerprint(path: str | Path) -> str:
             f"cannot fingerprint base model {p}: {e.strerror}", code="E-FINGERPRINT"
         ) from None
     size = sum(st.st_size for st in stats)
-    mtime = max((st.st_mtime_ns for st in stats), default=0)
+    stamps = [[st.st_ino, st.st_mtime_ns, st.st_ctime_ns] for st in stats]
     cache_file = cache_dir() / _CACHE_NAME
     cache = _read_cache(cache_file)
     entry = cache.get(str(p))
     if (
         isinstance(entry, dict)
         and entry.get("size") == size
-        and entry.get("mtime_ns") == mtime
+        and entry.get("stamps") == stamps
         and isinstance(entry.get("sha256"), str)
     ):
         return str(entry["sha256"])
     digest = _digest(p)
-    cache[str(p)] = {"size": size, "mtime_ns": mtime, "sha256": digest}
+    cache[str(p)] = {"size": size, "stamps": stamps, "sha256": digest}
     _write_cache(cache_file, cache)
     return digest

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 import torch
 
+from aner_lang import files
 from aner_lang.architectures import Weight
 from aner_lang.errors import AnerRuntimeError
 from aner_lang.runtime.io.gguf import GGUFFile, unpermute_rows
@@ -90,17 +91,13 @@ class GGUFSource:
 
 
 def read_json(path: Path, code: str) -> Any:
-    """A JSON file of a model folder, bounded in size, with a clear error when it is bad."""
+    """A JSON file of a model folder, read through `aner_lang.files` (a regular file of at most
+    `MAX_JSON_BYTES`), with a clear error when it is bad."""
     try:
-        size = path.stat().st_size
-        if size > MAX_JSON_BYTES:
-            raise AnerRuntimeError(
-                f"{path}: {size} bytes, larger than any model folder's JSON file should be "
-                f"({MAX_JSON_BYTES} bytes)",
-                code=code,
-            )
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+        return json.loads(files.read_text(path, MAX_JSON_BYTES))
+    except AnerRuntimeError as exc:
+        raise AnerRuntimeError(exc.message, code=code, notes=exc.notes) from None
+    except (ValueError, RecursionError) as exc:
         raise AnerRuntimeError(f"{path}: cannot be read as JSON ({exc})", code=code) from None
 
 

@@ -91,10 +91,11 @@ def barrier() -> None:
         dist.barrier()
 
 
-def once(write: Callable[..., T], *args: Any) -> T | None:
-    """`write(*args)` on rank 0 only, then wait for every rank: what it wrote is there for all.
+def once(write: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
+    """`write(*args, **kwargs)` on rank 0 only, then wait for every rank: what it wrote is there
+    for all.
 
     Returns what `write` returned on rank 0 and None elsewhere."""
-    result = write(*args) if world().main else None
+    result = write(*args, **kwargs) if world().main else None
     barrier()
     return result

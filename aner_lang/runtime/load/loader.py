@@ -77,6 +77,9 @@ def read_weights(
 
     Checks every tensor's presence and shape before reading any, then streams them."""
     arch = ARCHITECTURES[config.architecture]
+    # The layer count comes from the file: its last layer is checked before the layers are listed
+    # (a count of 2**31 would otherwise be a list of billions of weights).
+    source.check(arch.layer_weights(config.num_hidden_layers - 1)[0], config)
     weights = arch.weights(config.num_hidden_layers, config.tie_word_embeddings)
     for w in weights:
         source.check(w, config)
@@ -90,15 +93,16 @@ def read_weights(
         for w in weights:
             dtype = linear_dtype if w.kind is Kind.LINEAR else torch.float32
             t = source.read(w, config, dtype, device)
+            if not bool(torch.isfinite(t).all()):  # NaN weights would make training skip forever
+                raise AnerRuntimeError(
+                    f"{source.path}: {w.kind.name.lower()} weight {w.hf} holds values that are "
+                    f"not finite{' in float16' if dtype == torch.float16 else ''}",
+                    code="E-MODEL-WEIGHTS",
+                    notes=("the file is damaged; download or convert it again",),
+                )
             if w.kind is Kind.LINEAR:
                 out[w.name] = linear(t)
             elif w.kind is Kind.NORM:
-                if not bool(torch.isfinite(t).all()):
-                    raise AnerRuntimeError(
-                        f"{source.path}: norm weight {w.hf} holds values that are not finite",
-                        code="E-MODEL-WEIGHTS",
-                        notes=("the file is damaged; download or convert it again",),
-                    )
                 out[w.name] = RMSNorm(t, config.rms_norm_eps)
             else:
                 out[w.name] = t

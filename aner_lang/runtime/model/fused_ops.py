@@ -10,10 +10,20 @@ Arithmetic: forward and backward compute in fp32 from the half-precision input a
 result once; the gradients are the analytic ones, not autograd's decomposition, so they differ
 from it in the last bits. They run only under half precision: float32 keeps the decomposed ops
 (`transformer.RMSNorm`, `LlamaMLP`), the reference arithmetic.
+
+On CUDA with `liger-kernel` installed (the `cuda` extra) the same two functions run as Liger's
+Triton kernels, one kernel per direction instead of a dozen elementwise passes over fp32 copies:
+the same arithmetic (fp32 statistics, the normalised input rounded to the input's dtype before the
+weight as HF's Llama does, `silu` rounded before the product) and the same saved tensors; Triton's
+fp32 exponential and summation order differ from torch's in the last fp32 bits, which can show
+after rounding to the half dtype. Which implementation ran is part of the run's identity (`implementation()`), since
+the two differ in the last bits.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 from typing import Any, cast
 
 import torch
@@ -65,9 +75,34 @@ class _SwiGLU(torch.autograd.Function):
         return grad_gate, grad_up
 
 
+@functools.cache
+def _liger() -> tuple[Any, Any] | None:
+    """Liger's RMSNorm and SiLU-times-up autograd functions, or None where it is not installed."""
+    try:
+        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+        from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+    except ImportError:
+        return None
+    return LigerRMSNormFunction, LigerSiLUMulFunction
+
+
+def implementation(device: torch.device) -> str:
+    """Which implementation the half-precision functions take on `device`: `liger-<version>` or
+    `torch`."""
+    if device.type == "cuda" and _liger() is not None:
+        return "liger-" + importlib.metadata.version("liger-kernel")
+    return "torch"
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    kernels = _liger() if x.is_cuda else None
+    if kernels is not None:  # in_place=False: the incoming gradient may be read elsewhere
+        return cast(torch.Tensor, kernels[0].apply(x, weight, eps, 0.0, "llama", False))
     return cast(torch.Tensor, _RMSNorm.apply(x, weight, eps))
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    kernels = _liger() if gate.is_cuda else None
+    if kernels is not None:
+        return cast(torch.Tensor, kernels[1].apply(gate, up))
     return cast(torch.Tensor, _SwiGLU.apply(gate, up))

@@ -46,9 +46,14 @@ class LoadedModel:
     def forward(self, input_ids: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         return self.module(input_ids, cache)
 
-    def loss(self, input_ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def loss(
+        self,
+        input_ids: torch.Tensor,
+        targets: torch.Tensor,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Summed next-token cross-entropy over `targets` (`LlamaModel.loss`)."""
-        return self.module.loss(input_ids, targets)
+        return self.module.loss(input_ids, targets, positions)
 
     def new_cache(self) -> KVCache:
         return self.module.new_cache()

@@ -22,14 +22,19 @@ templates (``raise_exception``, ``strftime_now``, a ``tojson`` that keeps non-AS
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import math
+import sys
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
+from aner_lang import files
 from aner_lang.errors import AnerRuntimeError
 
 if TYPE_CHECKING:
@@ -149,6 +154,49 @@ def spm_merges(tokens: Sequence[str], scores: Sequence[float]) -> list[tuple[str
     return [(left, right) for _, _, left, right in ranked]
 
 
+MAX_TOKEN_CHARS = 1024
+"""The longest vocabulary token: deriving SentencePiece merges costs the square of a token's
+length, and real vocabularies stay far below (their longest tokens are runs of a few dozen
+spaces)."""
+
+
+def _check_vocabulary(meta: dict[str, Any], source: str) -> None:
+    """The tokenizer metadata's shape, before any of it is used: lists of the right item types
+    and lengths, tokens no longer than `MAX_TOKEN_CHARS`, finite scores."""
+
+    def bad(what: str) -> AnerRuntimeError:
+        return AnerRuntimeError(f"{source}: {what}", code="E-TOKENIZER")
+
+    tokens = meta["tokenizer.ggml.tokens"]
+    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+        raise bad("tokenizer.ggml.tokens is not a list of strings")
+    longest = max(map(len, tokens))
+    if longest > MAX_TOKEN_CHARS:
+        raise bad(
+            f"a vocabulary token has {longest:,} characters; the limit is {MAX_TOKEN_CHARS:,}"
+        )
+    for key, kinds in (
+        ("tokenizer.ggml.scores", (int, float)),
+        ("tokenizer.ggml.token_type", (int,)),
+    ):
+        values = meta.get(key)
+        if values is None:
+            continue
+        if (
+            not isinstance(values, list)
+            or len(values) != len(tokens)
+            or not all(isinstance(v, kinds) and math.isfinite(v) for v in values)
+        ):
+            raise bad(f"{key} is not a list of {len(tokens):,} finite numbers")
+    merges = meta.get("tokenizer.ggml.merges", [])
+    if not isinstance(merges, list) or not all(isinstance(m, str) and " " in m for m in merges):
+        raise bad("tokenizer.ggml.merges is not a list of `left right` strings")
+    for key in ("unknown_token_id", "bos_token_id", "eos_token_id", "padding_token_id"):
+        value = meta.get(f"tokenizer.ggml.{key}")
+        if value is not None and (type(value) is not int or not 0 <= value < len(tokens)):
+            raise bad(f"tokenizer.ggml.{key} is {value!r}, not a token id")
+
+
 def _build_backend(meta: dict[str, Any], source: str) -> HFTokenizer:
     """The tokenizer of GGUF metadata."""
     kind = meta.get("tokenizer.ggml.model")
@@ -158,6 +206,7 @@ def _build_backend(meta: dict[str, Any], source: str) -> HFTokenizer:
             f"{source}: GGUF has no tokenizer vocabulary (tokenizer.ggml.tokens)",
             code="E-TOKENIZER",
         )
+    _check_vocabulary(meta, source)
     vocab = {t: i for i, t in enumerate(tokens)}
     unk_id = meta.get("tokenizer.ggml.unknown_token_id")
     unk = tokens[unk_id] if unk_id is not None and unk_id < len(tokens) else None
@@ -359,7 +408,7 @@ class Tokenizer:
             template = named.get("default")
         jinja = folder / "chat_template.jinja"
         if template is None and jinja.is_file():
-            template = jinja.read_text(encoding="utf-8")
+            template = files.read_text(jinja, TEMPLATE_OUTPUT)
         stops = {eos} if eos is not None else set()
         for ids in (generation.get("eos_token_id"), config.get("eos_token_id")):
             stops |= {
@@ -427,10 +476,24 @@ class Tokenizer:
     def token_text(self, token_id: int) -> str:
         return self.backend.id_to_token(token_id) or ""
 
+    def encode_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Token ids of `text` as a chat template renders it (special-token text matched, no BOS
+        added: the template writes its own) and each token's character span in `text`."""
+        self.backend.encode_special_tokens = False
+        enc = self.backend.encode(text, add_special_tokens=False)
+        return list(enc.ids), [(int(a), int(b)) for a, b in enc.offsets]
+
     def apply_chat_template(
-        self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True
+        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
     ) -> str:
         """Render the model's chat template (jinja2, HF semantics) for `messages`."""
+        return self.render_chat(messages, add_generation_prompt)[0]
+
+    def render_chat(
+        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
+    ) -> tuple[str, list[tuple[int, int]]]:
+        """The rendered chat template and the character spans of its ``{% generation %}`` blocks
+        (HF's marking of the assistant's text; none for a template without them)."""
         if not self.chat_template:
             raise AnerRuntimeError(
                 "this model has no chat template (GGUF tokenizer.chat_template, or "
@@ -449,15 +512,20 @@ class Tokenizer:
         def tojson(value: Any, indent: int | None = None) -> str:
             return json.dumps(value, ensure_ascii=False, indent=indent)
 
-        env = ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
+        env = _bounded_environment(ImmutableSandboxedEnvironment)(
+            trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, _generation_tag()]
         )
         env.filters["tojson"] = tojson
         env.globals["raise_exception"] = raise_exception
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         token = self.token_text
+        rendered: list[str] = []
+        spans: list[tuple[int, int]] = []
+        env.aner_generation = (rendered, spans)
         try:
-            return env.from_string(self.chat_template).render(
+            _render_bounded(
+                env.from_string(self.chat_template),
+                rendered,
                 messages=list(messages),
                 add_generation_prompt=add_generation_prompt,
                 bos_token=token(self.bos_id) if self.bos_id is not None else "",
@@ -467,3 +535,106 @@ class Tokenizer:
             raise AnerRuntimeError(
                 f"chat template failed to render: {exc}", code="E-CHAT-TEMPLATE"
             ) from None
+        return "".join(rendered), spans
+
+
+@cache
+def _generation_tag() -> type:
+    """The jinja2 extension for ``{% generation %}...{% endgeneration %}``: it renders its body
+    and records the body's character span in the output, as HF transformers' AssistantTracker
+    does (the environment's ``aner_generation`` holds the chunks so far and the spans)."""
+    from jinja2 import nodes
+    from jinja2.ext import Extension
+
+    class GenerationTag(Extension):
+        tags = {"generation"}  # noqa: RUF012 (jinja2 reads it as a class attribute)
+
+        def parse(self, parser: Any) -> nodes.Node:
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            call = self.call_method("_generation")
+            return nodes.CallBlock(call, [], [], body).set_lineno(lineno)
+
+        def _generation(self, caller: Any) -> str:
+            text = caller()
+            rendered, spans = self.environment.aner_generation  # type: ignore[attr-defined]
+            start = sum(len(chunk) for chunk in rendered)
+            spans.append((start, start + len(text)))
+            return str(text)
+
+    return GenerationTag
+
+
+TEMPLATE_SECONDS = 10.0
+"""The longest a chat template may take to render."""
+TEMPLATE_OUTPUT = 1 << 24
+"""The most characters a rendered chat template (or any string it builds) may hold."""
+
+
+def _template_limit(what: str) -> AnerRuntimeError:
+    return AnerRuntimeError(
+        f"chat template: {what}",
+        code="E-CHAT-TEMPLATE",
+        notes=(
+            f"a template may render for {TEMPLATE_SECONDS:g} s and build strings of "
+            f"{TEMPLATE_OUTPUT:,} characters at most",
+        ),
+    )
+
+
+def _bounded_environment(base: type) -> type:
+    """`base` (jinja2's sandbox) with `*`, `**` and `+` checked before they run: a template
+    cannot build a string or a list beyond `TEMPLATE_OUTPUT`, or a number of more than a few
+    thousand digits, in one operation."""
+
+    class Bounded(base):
+        intercepted_binops = frozenset({"*", "**", "+"})
+
+        def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+            if operator == "**" and isinstance(right, int) and abs(right) > 1024:
+                raise _template_limit(f"the exponent {right} is too large")
+            if operator == "*":
+                n, seq = (right, left) if isinstance(right, int) else (left, right)
+                if (
+                    isinstance(n, int)
+                    and hasattr(seq, "__len__")
+                    and len(seq) * n > TEMPLATE_OUTPUT
+                ):
+                    raise _template_limit("a repeated string or list is too large")
+            if (
+                operator == "+"
+                and hasattr(left, "__len__")
+                and hasattr(right, "__len__")
+                and len(left) + len(right) > TEMPLATE_OUTPUT
+            ):
+                raise _template_limit("a concatenated string or list is too large")
+            return super().call_binop(context, operator, left, right)
+
+    return Bounded
+
+
+def _render_bounded(template: Any, out: list[str], **variables: Any) -> None:
+    """`template.render(**variables)` into `out`, chunk by chunk (the generation tag reads the
+    chunks so far), within `TEMPLATE_SECONDS` and `TEMPLATE_OUTPUT`: the template's own frames
+    are traced (line by line, nothing else) so that a loop which outputs nothing is stopped too."""
+    deadline = time.monotonic() + TEMPLATE_SECONDS
+
+    def local(frame: Any, event: str, arg: Any) -> Any:
+        if time.monotonic() > deadline:
+            raise _template_limit(f"rendering took more than {TEMPLATE_SECONDS:g} s")
+        return local
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        return local if frame.f_code.co_filename == "<template>" else None
+
+    size = 0
+    previous = sys.gettrace()
+    sys.settrace(tracer)
+    try:
+        for chunk in template.generate(**variables):
+            size += len(chunk)
+            if size > TEMPLATE_OUTPUT:
+                raise _template_limit("the rendered text is too long")
+            out.append(chunk)
+    finally:
+        sys.settrace(previous)

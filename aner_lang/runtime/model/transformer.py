@@ -81,8 +81,11 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions.to(torch.float32)[:, None] * self.get_buffer("inv_freq")[None, :]
+        """Angles `[T, D]` of positions `[T]`, or `[B, 1, T, D]` of per-row positions `[B, T]`."""
+        freqs = positions.to(torch.float32)[..., None] * self.get_buffer("inv_freq")
         emb = torch.cat([freqs, freqs], dim=-1)
+        if positions.dim() == 2:
+            emb = emb[:, None]
         return emb.cos(), emb.sin()
 
 
@@ -92,9 +95,19 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate `[B, H, T, D]` queries or keys by the position angles `[T, D]`."""
+    """Rotate `[B, H, T, D]` queries or keys by the position angles (`[T, D]`, or `[B, 1, T, D]`
+    for per-row positions)."""
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     return x * cos + _rotate_half(x) * sin
+
+
+def segment_mask(positions: torch.Tensor) -> torch.Tensor:
+    """`[B, 1, T, T]`: query i sees key j when j <= i and no position 0 lies in (j, i] (the same
+    example of a packed row)."""
+    segment = torch.cumsum(positions == 0, dim=1)
+    t = positions.shape[1]
+    causal = torch.ones(t, t, dtype=torch.bool, device=positions.device).tril()
+    return ((segment[:, :, None] == segment[:, None, :]) & causal)[:, None]
 
 
 class LlamaAttention(nn.Module):
@@ -148,6 +161,7 @@ class LlamaAttention(nn.Module):
         sin: torch.Tensor,
         layer: int,
         cache: KVCache | None,
+        mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         q = self._project(self.q_proj, self.q_bias, x, self.num_heads)
         k = self._project(self.k_proj, self.k_bias, x, self.num_kv_heads)
@@ -155,7 +169,9 @@ class LlamaAttention(nn.Module):
         with section("attention"):
             if self.q_norm is not None and self.k_norm is not None:
                 q, k = self.q_norm(q), self.k_norm(k)
-            out = self._attend(q.transpose(1, 2), k.transpose(1, 2), v, cos, sin, layer, cache)
+            out = self._attend(
+                q.transpose(1, 2), k.transpose(1, 2), v, cos, sin, layer, cache, mask
+            )
         return self.o_proj(out)
 
     def _attend(
@@ -167,9 +183,11 @@ class LlamaAttention(nn.Module):
         sin: torch.Tensor,
         layer: int,
         cache: KVCache | None,
+        mask: torch.Tensor | None,
     ) -> torch.Tensor:
         """Rotary positions, the cache, causal attention over `[B, heads, T, head_dim]` inputs:
-        `[B, T, heads * head_dim]`."""
+        `[B, T, heads * head_dim]`. `mask` (`[B, 1, T, T]`, True where a query may see a key)
+        replaces the causal rule: packed rows (no cache)."""
         b, _, t, _ = q.shape
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         past = 0
@@ -183,7 +201,9 @@ class LlamaAttention(nn.Module):
         if groups > 1 and not shared:
             k = k.repeat_interleave(groups, dim=1)
             v = v.repeat_interleave(groups, dim=1)
-        if past == 0 or t == 1:  # causal from scratch, or one new token that sees every key
+        if mask is not None:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=shared)
+        elif past == 0 or t == 1:  # causal from scratch, or one new token that sees every key
             causal = past == 0 and t > 1
             out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=shared)
         else:  # query i (absolute position past+i) sees keys 0..past+i
@@ -231,8 +251,9 @@ class LlamaDecoderLayer(nn.Module):
         sin: torch.Tensor,
         layer: int,
         cache: KVCache | None,
+        mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, layer, cache)
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, layer, cache, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -263,8 +284,17 @@ class LlamaModel(nn.Module):
     def new_cache(self) -> KVCache:
         return KVCache(self.config.num_hidden_layers)
 
-    def hidden_states(self, input_ids: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        """Final-norm hidden states `[B, T, hidden]`, advancing `cache` when one is given."""
+    def hidden_states(
+        self,
+        input_ids: torch.Tensor,
+        cache: KVCache | None = None,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Final-norm hidden states `[B, T, hidden]`, advancing `cache` when one is given.
+
+        `positions` (`[B, T]`, no cache) are the position ids of packed rows: they restart at 0
+        at each example, and a token attends to the earlier tokens of its own example only (those
+        since the last position 0), so each example is computed as if alone."""
         past = cache.length if cache is not None else 0
         t = input_ids.shape[1]
         if past + t > self.config.max_position_embeddings:
@@ -273,13 +303,17 @@ class LlamaModel(nn.Module):
                 f"{self.config.max_position_embeddings}",
                 code="E-CONTEXT",
             )
-        positions = torch.arange(past, past + t, device=input_ids.device)
+        mask = None
+        if positions is None:
+            positions = torch.arange(past, past + t, device=input_ids.device)
+        else:
+            mask = segment_mask(positions)
         cos, sin = self.rotary(positions)
         dev = input_ids.device.type
         dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else torch.float32
         h = self.embed_tokens.rows(input_ids).to(dtype)
         for i, layer in enumerate(self.layers):
-            h = run_layer(layer, h, cos, sin, i, cache)
+            h = run_layer(layer, h, cos, sin, i, cache, mask)
         if cache is not None:
             cache.length += t
         return self.norm(h)
@@ -287,12 +321,18 @@ class LlamaModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         return self.lm_head(self.hidden_states(input_ids, cache)).to(torch.float32)
 
-    def loss(self, input_ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Summed next-token cross-entropy over `targets` (`IGNORE` where unscored), fp32.
+    def loss(
+        self,
+        input_ids: torch.Tensor,
+        targets: torch.Tensor,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Summed next-token cross-entropy over `targets` (`IGNORE` where unscored), fp32, of
+        plain rows or of packed rows with their `positions` (`hidden_states`).
 
         In half precision with a frozen head, through `head_loss_sum` (no full logits held);
         otherwise from the logits, the reference arithmetic (`forward`'s logits, bit for bit)."""
-        hidden = self.hidden_states(input_ids)
+        hidden = self.hidden_states(input_ids, positions=positions)
         frozen = not any(p.requires_grad for p in self.lm_head.parameters())
         with section("loss"):
             if hidden.dtype != torch.float32 and frozen:

@@ -2,92 +2,288 @@
 draw from them.
 
 An example is a sequence of at most `context` token ids; `scored[t]` says whether token t is a
-target the loss predicts (from position t-1). Prompt tokens are unscored, so a prompt/completion
-example trains only on the completion. The loss is mean next-token cross-entropy over scored
-targets: a model's `loss(input_ids, targets)` returns the sum and `Batch.scored_tokens` the
-count, so a caller can normalise over a whole accumulation window.
+target the loss predicts (from position t-1). By default (`loss_on: responses`) only what the model
+should learn to produce is scored: a completion, an instruction's output, the assistant's turns of
+a conversation, every token of a plain text; `loss_on: all` scores every token. The loss is mean
+next-token cross-entropy over scored targets: a model's `loss(input_ids, targets)` returns the sum
+and `Batch.scored_tokens` the count, so a caller can normalise over a whole accumulation window.
+
+A `Dataset` keeps records (text, conversations, or token rows) and tokenizes them per tokenizer
+on first use (`texts(...)` needs no model). Rules of tokenization:
+
+* An example longer than `context` is truncated to its first `context` tokens (`too_long:
+  truncate`) or left out (`too_long: drop`); one left with no scored target is left out too.
+  Either is counted and reported once, as a warning on stderr (never silent).
+* A packed dataset (`pack`) puts several examples into one row of at most `context` tokens
+  (best-fit decreasing, deterministic). `Example.segments` gives their lengths; the first token of
+  each is never a target, and `collate` gives the row position ids that restart at 0 at each
+  example, from which the model keeps attention inside each example. A packed row's loss is the
+  sum of its examples' losses, each as if alone.
 """
 
 from __future__ import annotations
 
-import json
+import bisect
+import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from dataclasses import field as dc_field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from aner_lang.errors import AnerRuntimeError
+from aner_lang.preference_records import FeedbackRecord, PairRecord
+from aner_lang.records import (
+    ChatRecord,
+    Format,
+    Record,
+    RowFormat,
+    TextRecord,
+    jsonl_format,
+    records,
+)
 from aner_lang.runtime.model.loss import IGNORE
 from aner_lang.runtime.model.tokenizer import Tokenizer
+from aner_lang.runtime.tasks.chat import chat_tokens
 
 if TYPE_CHECKING:
     from aner_lang.interp.context import ExecContext
 
 
+TOO_LONG = "W-DATA-TOO-LONG"
+
+
 @dataclass(frozen=True)
 class Example:
-    """One training/evaluation sequence."""
+    """One training/evaluation row: one example, or several packed (`segments`: their lengths)."""
 
     ids: tuple[int, ...]
     scored: tuple[bool, ...]
+    segments: tuple[int, ...] | None = None
+    rejected: Example | None = None
+    """A preference pair: this example is the chosen response, `rejected` the other one."""
+    desirable: bool | None = None
+    """Unpaired feedback: whether this completion is desirable."""
 
     @property
     def scored_tokens(self) -> int:
         """Scored targets: position 0 has no predecessor, so it never counts."""
         return sum(self.scored[1:])
 
+    @property
+    def prompt_length(self) -> int:
+        """Tokens before the first scored target: the prompt of a preference example."""
+        return next((i for i in range(1, len(self.ids)) if self.scored[i]), len(self.ids))
+
 
 @dataclass(frozen=True)
-class Record:
-    """One dataset entry as text: an unscored `prompt` (may be empty) and a scored `completion`."""
+class TokenRecord:
+    """An example given as token ids and scoring flags, used as it is (truncation aside)."""
 
-    prompt: str
-    completion: str
+    ids: tuple[int, ...]
+    scored: tuple[bool, ...]
+    where: str = ""
+
+
+AnyRecord = Record | TokenRecord | PairRecord | FeedbackRecord
+
+
+@dataclass(frozen=True)
+class Tokenized:
+    """A dataset's examples for one tokenizer, and what tokenizing did to over-long ones."""
+
+    examples: tuple[Example, ...]
+    records: int
+    truncated: int
+    dropped: int
 
 
 @dataclass(frozen=True, eq=False)
 class Dataset:
-    """Text records and a context length; tokenized per tokenizer on first use.
+    """Records and the rules to tokenize them (see the module docstring)."""
 
-    `texts([...], context: 32)` needs no model, so a Dataset keeps its records as text and
-    `examples(tokenizer)` yields the token-id `Example`s (length <= context) a model trains on.
-    """
-
-    records: tuple[Record, ...]
+    records: tuple[AnyRecord, ...]
     context: int
     source: str = "texts"
-    _cache: dict[int, tuple[Tokenizer, tuple[Example, ...]]] = dc_field(
-        default_factory=dict, repr=False
-    )
+    loss_on: str = "responses"
+    too_long: str = "truncate"
+    packed: bool = False
+    _cache: dict[int, tuple[Tokenizer, Tokenized]] = dc_field(default_factory=dict, repr=False)
 
     def __len__(self) -> int:
         return len(self.records)
 
-    def examples(self, tokenizer: Tokenizer) -> tuple[Example, ...]:
+    @property
+    def kind(self) -> str:
+        """``pairs`` (chosen/rejected), ``feedback`` (labeled completions) or ``text``."""
+        first = self.records[0] if self.records else None
+        return (
+            "pairs"
+            if isinstance(first, PairRecord)
+            else "feedback"
+            if isinstance(first, FeedbackRecord)
+            else "text"
+        )
+
+    @classmethod
+    def of_tokens(cls, rows: Sequence[Sequence[int]], context: int, source: str) -> Dataset:
+        """A dataset of token rows, every target scored (benchmarks, tests)."""
+        return cls(tuple(TokenRecord(tuple(r), (True,) * len(r)) for r in rows), context, source)
+
+    def derive(self, **changes: Any) -> Dataset:
+        """This dataset with some fields changed (records, packing, ...), tokenized afresh."""
+        return replace(self, _cache={}, **changes)
+
+    def tokenized(self, tokenizer: Tokenizer) -> Tokenized:
+        """The examples for `tokenizer` (once per tokenizer; the first time, a warning on stderr
+        when examples were truncated or dropped)."""
         cached = self._cache.get(id(tokenizer))
         if cached is None or cached[0] is not tokenizer:
-            examples = tuple(
-                _example(tokenizer, r.prompt, r.completion, self.context) for r in self.records
-            )
-            cached = self._cache[id(tokenizer)] = (tokenizer, examples)
+            result = _tokenize(self, tokenizer)
+            cached = self._cache[id(tokenizer)] = (tokenizer, result)
+            if result.truncated or result.dropped:
+                message = _too_long_message(self, result)
+                print(f"warning[{TOO_LONG}]: {message}", file=sys.stderr)
         return cached[1]
+
+    def examples(self, tokenizer: Tokenizer) -> tuple[Example, ...]:
+        return self.tokenized(tokenizer).examples
 
     def scored_tokens(self, tokenizer: Tokenizer) -> int:
         return sum(e.scored_tokens for e in self.examples(tokenizer))
 
     def __repr__(self) -> str:
-        return f"Dataset({len(self)} examples from {self.source}, context {self.context})"
+        packed = ", packed" if self.packed else ""
+        return f"Dataset({len(self)} examples from {self.source}, context {self.context}{packed})"
+
+
+def _too_long_message(data: Dataset, t: Tokenized) -> str:
+    why = "too_long: drop" if data.too_long == "drop" else "nothing scored was left in them"
+    parts = [f"{t.truncated} truncated"] if t.truncated else []
+    parts += [f"{t.dropped} dropped ({why})"] if t.dropped else []
+    return (
+        f"{data.source}: {t.truncated + t.dropped} of {t.records} examples did not fit the "
+        f"context of {data.context} tokens: {', '.join(parts)}"
+    )
+
+
+def _tokenize(data: Dataset, tokenizer: Tokenizer) -> Tokenized:
+    examples: list[Example] = []
+    truncated = dropped = 0
+    for record in data.records:
+        fitted = [_fit(data, *_record_tokens(tokenizer, r, data.loss_on)) for r in _parts(record)]
+        if any(f is None for f in fitted):
+            dropped += 1
+            continue
+        truncated += any(cut for _, cut in fitted)  # type: ignore[misc]
+        examples.append(_whole(record, [e for e, _ in fitted]))  # type: ignore[misc]
+    if data.packed:
+        examples = pack_examples(examples, data.context)
+    return Tokenized(tuple(examples), len(data.records), truncated, dropped)
+
+
+def _parts(record: AnyRecord) -> tuple[Record | TokenRecord, ...]:
+    """What of a record becomes token rows: both responses of a pair, else the record itself."""
+    if isinstance(record, PairRecord):
+        return (record.chosen, record.rejected)
+    if isinstance(record, FeedbackRecord):
+        return (record.example,)
+    return (record,)
+
+
+def _fit(data: Dataset, ids: list[int], scored: list[bool]) -> tuple[Example, bool] | None:
+    """The example within the context and whether it was truncated; None when it is dropped
+    (`too_long: drop`, or nothing scored is left)."""
+    if len(ids) <= data.context:
+        return Example(tuple(ids), tuple(scored)), False
+    ids, scored = ids[: data.context], scored[: data.context]
+    if data.too_long == "drop" or not any(scored[1:]):
+        return None
+    return Example(tuple(ids), tuple(scored)), True
+
+
+def _whole(record: AnyRecord, parts: list[Example]) -> Example:
+    """One example of a record: a pair's chosen response carries its rejected one."""
+    if isinstance(record, PairRecord):
+        return replace(parts[0], rejected=parts[1])
+    if isinstance(record, FeedbackRecord):
+        return replace(parts[0], desirable=record.desirable)
+    return parts[0]
+
+
+def _record_tokens(
+    tokenizer: Tokenizer, record: Record | TokenRecord, loss_on: str
+) -> tuple[list[int], list[bool]]:
+    if isinstance(record, TokenRecord):
+        return list(record.ids), list(record.scored)
+    if isinstance(record, ChatRecord):
+        return chat_tokens(tokenizer, record.messages, loss_on, record.where, record.scored_from)
+    return _text_tokens(tokenizer, record, loss_on)
+
+
+def _text_tokens(
+    tokenizer: Tokenizer, record: TextRecord, loss_on: str
+) -> tuple[list[int], list[bool]]:
+    """Prompt (unscored unless `loss_on` is all) then completion and EOS.
+
+    The completion is tokenized on its own so the prompt/completion boundary is exact; an EOS
+    closes every example so the model learns where a completion ends."""
+    prompt_ids = (
+        tokenizer.encode(record.prompt, add_special=True)
+        if record.prompt
+        else ([tokenizer.bos_id] if tokenizer.add_bos and tokenizer.bos_id is not None else [])
+    )
+    completion_ids = tokenizer.encode(record.completion, add_special=False)
+    if tokenizer.eos_id is not None:
+        completion_ids.append(tokenizer.eos_id)
+    prompt_scored = loss_on == "all"
+    return prompt_ids + completion_ids, (
+        [prompt_scored] * len(prompt_ids) + [True] * len(completion_ids)
+    )
+
+
+def pack_examples(examples: Sequence[Example], context: int) -> list[Example]:
+    """Best-fit decreasing: longest first, each into the fullest row it fits, rows in the order
+    they were opened. The first token of every packed example is unscored (it has no target in
+    its own example), so no target crosses an example boundary."""
+    order = sorted(range(len(examples)), key=lambda i: -len(examples[i].ids))
+    rows: list[list[int]] = []
+    free: list[tuple[int, int]] = []  # (free tokens, row), sorted
+    for i in order:
+        n = len(examples[i].ids)
+        at = bisect.bisect_left(free, (n, -1))
+        if at < len(free):
+            room, row = free.pop(at)
+        else:
+            room, row = context, len(rows)
+            rows.append([])
+        rows[row].append(i)
+        bisect.insort(free, (room - n, row))
+    packed = []
+    for members in rows:
+        ids: list[int] = []
+        scored: list[bool] = []
+        for i in members:
+            e = examples[i]
+            ids += e.ids
+            scored += (False,) + e.scored[1:]
+        packed.append(
+            Example(tuple(ids), tuple(scored), tuple(len(examples[i].ids) for i in members))
+        )
+    return packed
 
 
 @dataclass(frozen=True)
 class Batch:
-    """Right-padded `input_ids [B, T]` and next-token `targets [B, T]` (IGNORE where unscored)."""
+    """Right-padded `input_ids [B, T]`, next-token `targets [B, T]` (IGNORE where unscored) and,
+    for packed rows, `positions [B, T]` (restarting at 0 at each example; padding counts as
+    examples of one token)."""
 
     input_ids: torch.Tensor
     targets: torch.Tensor
+    positions: torch.Tensor | None = None
 
     @property
     def scored_tokens(self) -> int:
@@ -99,13 +295,21 @@ def collate(examples: Sequence[Example], pad_id: int, device: torch.device | str
     width = max(len(e.ids) for e in examples)
     ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
     targets = torch.full((len(examples), width), IGNORE, dtype=torch.long)
+    packed = any(e.segments is not None for e in examples)
+    positions = torch.zeros((len(examples), width), dtype=torch.long) if packed else None
     for row, e in enumerate(examples):
         n = len(e.ids)
         ids[row, :n] = torch.tensor(e.ids, dtype=torch.long)
         tgt = torch.tensor(e.ids[1:], dtype=torch.long)
         keep = torch.tensor(e.scored[1:], dtype=torch.bool)
         targets[row, : n - 1] = torch.where(keep, tgt, torch.full_like(tgt, IGNORE))
-    return Batch(ids.to(device), targets.to(device))
+        if positions is not None:
+            positions[row, :n] = torch.cat([torch.arange(k) for k in e.segments or (n,)])
+    return Batch(
+        ids.to(device),
+        targets.to(device),
+        None if positions is None else positions.to(device),
+    )
 
 
 def _check_context(context: int) -> None:
@@ -115,94 +319,35 @@ def _check_context(context: int) -> None:
         )
 
 
-def _example(tokenizer: Tokenizer, prompt: str, completion: str, context: int) -> Example:
-    """Tokenize prompt + completion, prompt unscored, truncated to `context` tokens.
-
-    The completion is tokenized on its own so the prompt/completion boundary is exact; an EOS
-    closes every example so the model learns where a completion ends.
-    """
-    prompt_ids = (
-        tokenizer.encode(prompt, add_special=True)
-        if prompt
-        else ([tokenizer.bos_id] if tokenizer.add_bos and tokenizer.bos_id is not None else [])
-    )
-    completion_ids = tokenizer.encode(completion, add_special=False)
-    if tokenizer.eos_id is not None:
-        completion_ids.append(tokenizer.eos_id)
-    ids = (prompt_ids + completion_ids)[:context]
-    scored = ([False] * len(prompt_ids) + [True] * len(completion_ids))[:context]
-    return Example(tuple(ids), tuple(scored))
-
-
 def from_texts(items: Sequence[str], context: int) -> Dataset:
     """Every token of every text is scored (the first has nothing before it)."""
     _check_context(context)
     if not items:
         raise AnerRuntimeError("texts() needs at least one text", code="E-DATA-EMPTY")
-    return Dataset(tuple(Record("", t) for t in items), context)
+    return Dataset(tuple(TextRecord("", t) for t in items), context)
 
 
-def _jsonl_rows(path: Path) -> list[dict]:
-    if not path.is_file():
-        raise AnerRuntimeError(f"{path}: no such JSONL file", code="E-DATA-FILE")
-    rows = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise AnerRuntimeError(
-                f"{path}:{n}: not valid JSON ({exc.msg})", code="E-DATA-JSON"
-            ) from None
-        if not isinstance(row, dict):
-            raise AnerRuntimeError(
-                f"{path}:{n}: each line must be a JSON object", code="E-DATA-JSON"
-            )
-        rows.append(row)
-    if not rows:
-        raise AnerRuntimeError(f"{path}: the file has no examples", code="E-DATA-EMPTY")
-    return rows
-
-
-def _text_field(path: Path, n: int, row: dict, name: str) -> str:
-    value = row.get(name)
-    if not isinstance(value, str):
-        found = ", ".join(sorted(row)) or "none"
-        raise AnerRuntimeError(
-            f"{path}: example {n} has no string field {name!r} (fields: {found})",
-            code="E-DATA-FIELD",
-        )
-    return value
+def from_file(
+    path: Path,
+    context: int,
+    fmt: RowFormat[AnyRecord],
+    loss_on: str = "responses",
+    too_long: str = "truncate",
+) -> Dataset:
+    """The records of a data file (`aner_lang.records`) as a dataset."""
+    _check_context(context)
+    return Dataset(tuple(records(path, fmt)), context, str(path), loss_on, too_long)
 
 
 def from_jsonl(
     path: Path,
     context: int,
-    field: str | None = "text",
+    field: str = "text",
     prompt_field: str | None = None,
     completion_field: str | None = None,
 ) -> Dataset:
     """Read `field` texts, or `prompt_field`/`completion_field` pairs (prompt unscored)."""
-    _check_context(context)
-    rows = _jsonl_rows(path)
-    if (prompt_field is None) != (completion_field is None):
-        raise AnerRuntimeError(
-            "load_jsonl: give both prompt_field and completion_field, or neither",
-            code="E-DATA-FIELD",
-        )
-    records = []
-    for n, row in enumerate(rows, start=1):
-        if prompt_field is not None and completion_field is not None:
-            records.append(
-                Record(
-                    _text_field(path, n, row, prompt_field),
-                    _text_field(path, n, row, completion_field),
-                )
-            )
-        else:
-            records.append(Record("", _text_field(path, n, row, field or "text")))
-    return Dataset(tuple(records), context, source=str(path))
+    return from_file(path, context, jsonl_format(field, prompt_field, completion_field))
 
 
 def texts_builtin(items: list[str], context: int) -> Dataset:
@@ -220,3 +365,20 @@ def load_jsonl_builtin(
 ) -> Dataset:
     """Builtin `load_jsonl(path, field:, prompt_field:, completion_field:, context:)`."""
     return from_jsonl(ctx.resolve_path(path), context, field, prompt_field, completion_field)
+
+
+def load_data_builtin(
+    ctx: ExecContext,
+    path: str,
+    format: str,
+    field: str | None,
+    prompt_field: str | None,
+    completion_field: str | None,
+    template: str | None,
+    context: int,
+    loss_on: str,
+    too_long: str,
+) -> Dataset:
+    """Builtin `load_data(path, format:, ...)`."""
+    fmt = Format(format, field, prompt_field, completion_field, template)
+    return from_file(ctx.resolve_path(path), context, fmt, loss_on, too_long)

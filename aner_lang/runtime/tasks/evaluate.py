@@ -6,23 +6,12 @@ so evaluating an adapter needs no adapter-specific code.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from aner_lang.errors import AnerRuntimeError
 from aner_lang.runtime.tasks.data import Dataset, collate
-
-
-@dataclass(frozen=True)
-class Evaluation:
-    """Mean next-token cross-entropy over scored tokens, its exp, and the count it averages."""
-
-    loss: float
-    perplexity: float
-    scored_tokens: int
+from aner_lang.runtime.tasks.scores import Evaluation, evaluation
 
 
 def evaluate(model: Any, dataset: Dataset, batch_size: int = 8) -> Evaluation:
@@ -35,13 +24,6 @@ def evaluate(model: Any, dataset: Dataset, batch_size: int = 8) -> Evaluation:
     with torch.no_grad():
         for start in range(0, len(examples), batch_size):
             batch = collate(examples[start : start + batch_size], pad, model.device)
-            total += model.loss(batch.input_ids, batch.targets).double().cpu()
+            total += model.loss(batch.input_ids, batch.targets, batch.positions).double().cpu()
             count += batch.scored_tokens
-    if count == 0:
-        raise AnerRuntimeError(
-            "evaluate: the dataset has no scored tokens (every example is "
-            "a prompt only, or one token long)",
-            code="E-DATA-EMPTY",
-        )
-    loss = float(total) / count
-    return Evaluation(loss=loss, perplexity=math.exp(min(loss, 700.0)), scored_tokens=count)
+    return evaluation(float(total), count)

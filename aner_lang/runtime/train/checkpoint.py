@@ -15,6 +15,18 @@ after the new pointer is durable. Loading re-hashes every byte and refuses, nami
 a truncated or altered file, a different base model (GGUF sha256, see `fingerprint`), a
 different profile or a different kernel identity.
 
+Nothing in a checkpoint directory is trusted (docs/security.md): every file is read through
+`aner_lang.files` (regular files only, bounded: the manifest states each file's size, and no more
+is read), the pointer and the manifest are checked against a schema before any of their values
+is used, hashes are compared whole (never a prefix), the base model's fingerprint is required,
+and the tensors must be finite. A forged checkpoint with recomputed hashes therefore still has to
+be a well-formed one of the same base.
+
+Pruning removes only what this writer made: a folder counts as a checkpoint only when its name has
+the writer's form and its manifest hashes to the digest in that name, and a leftover temporary
+folder only when its name has the writer's temporary form. Any other folder in the directory, a
+user's own ``update-notes`` included, is never touched.
+
 The state object follows the trainer state contract of docs/internals.md: ``to_tensors()`` and
 ``to_json()`` (with ``"profile"`` and ``"kernel_identity"`` keys, and ``"base": {"path": ...}``
 naming the GGUF the adapter was built on).
@@ -25,6 +37,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +47,7 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from aner_lang import files
 from aner_lang.errors import AnerRuntimeError
 from aner_lang.runtime.adapters import adapter_from_state
 from aner_lang.runtime.io.fingerprint import fingerprint
@@ -47,6 +61,18 @@ TENSORS = "tensors.safetensors"
 STATE = "state.json"
 MANIFEST = "manifest.json"
 _PREFIX = "update-"
+_FOLDER = re.compile(r"update-(\d{6,})-([0-9a-f]{12})")
+"""A checkpoint folder's name: the update count and the first 12 hex digits of its manifest's
+sha256."""
+_TEMPORARY = re.compile(r"\.(update-\d{6,}-[0-9a-f]{12}|latest\.json)\.tmp-\d+")
+"""A temporary folder or pointer file of an interrupted `save`."""
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+MAX_UPDATES = 10**12
+"""More updates than any run makes (a million a day for over two thousand years)."""
+JSON_LIMIT = files.TEXT_LIMIT
+"""The pointer, a manifest or a state.json."""
+TENSORS_LIMIT = files.DATA_LIMIT
+"""A checkpoint's tensors file."""
 
 
 class CheckpointState(Protocol):
@@ -76,8 +102,8 @@ class Checkpoint:
         return str((self.meta.get("adapter") or {}).get("method", ""))
 
     @property
-    def base_sha256(self) -> str | None:
-        return self.identity.get("base_fingerprint")
+    def base_sha256(self) -> str:
+        return str(self.identity["base_fingerprint"])
 
     def __repr__(self) -> str:
         return f"Checkpoint({self.method or 'state'} after {self.updates} updates, {self.folder})"
@@ -109,9 +135,14 @@ def _json_bytes(obj: Any) -> bytes:
 def _identity(meta: dict[str, Any], base_path: str | Path | None) -> dict[str, Any]:
     """What a checkpoint must agree with to be resumed: base, profile, kernel."""
     path = base_path if base_path is not None else (meta.get("base") or {}).get("path")
+    if path is None:
+        raise AnerRuntimeError(
+            "a checkpoint needs the path of its base model, which the state does not name",
+            code="E-CKPT-BASE",
+        )
     return {
-        "base_path": str(path) if path is not None else None,
-        "base_fingerprint": fingerprint(path) if path is not None else None,
+        "base_path": str(path),
+        "base_fingerprint": fingerprint(path),
         "profile": meta.get("profile"),
         "kernel_identity": meta.get("kernel_identity"),
     }
@@ -133,7 +164,7 @@ def save(
     root.mkdir(parents=True, exist_ok=True)
     meta = state.to_json()
     tensors = {k: v.detach().contiguous().cpu() for k, v in state.to_tensors().items()}
-    files = {TENSORS: st_save(tensors), STATE: _json_bytes(meta)}
+    contents = {TENSORS: st_save(tensors), STATE: _json_bytes(meta)}
     updates = int((meta.get("counters") or {}).get("updates", 0))
     manifest = {
         "format": FORMAT,
@@ -141,7 +172,8 @@ def save(
         "updates": updates,
         "identity": _identity(meta, base_path),
         "files": {
-            n: {"bytes": len(b), "sha256": hashlib.sha256(b).hexdigest()} for n, b in files.items()
+            n: {"bytes": len(b), "sha256": hashlib.sha256(b).hexdigest()}
+            for n, b in contents.items()
         },
     }
     manifest_bytes = _json_bytes(manifest)
@@ -152,7 +184,7 @@ def save(
         tmp = root / f".{name}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        for n, b in files.items():
+        for n, b in contents.items():
             _write_durable(tmp / n, b)
         _write_durable(tmp / MANIFEST, manifest_bytes)
         _fsync_dir(tmp)
@@ -167,47 +199,146 @@ def save(
 
 
 def _prune(root: Path, current: str, keep: int) -> None:
-    """Remove leftovers of interrupted writes and all but `keep` older checkpoints."""
-    for p in root.glob(f".{_PREFIX}*.tmp-*"):
-        shutil.rmtree(p, ignore_errors=True)
-    older = sorted(
-        (p for p in root.glob(f"{_PREFIX}*") if p.is_dir() and p.name != current),
-        key=lambda p: p.name,
-    )
+    """Remove leftovers of interrupted writes and all but `keep` older checkpoints: only what
+    this writer made (see the module docstring)."""
+    for p in root.iterdir():
+        if _TEMPORARY.fullmatch(p.name) and not p.is_symlink():
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+    older = sorted(p for p in root.iterdir() if p.name != current and _written_here(p))
     for p in older[: max(0, len(older) - keep)]:
         shutil.rmtree(p, ignore_errors=True)
 
 
+def _written_here(folder: Path) -> bool:
+    """Whether `folder` is a checkpoint folder this writer made: its name has the writer's form
+    and its manifest hashes to the digest the name ends with."""
+    m = _FOLDER.fullmatch(folder.name)
+    if m is None or folder.is_symlink() or not folder.is_dir():
+        return False
+    try:
+        data = files.read_bytes(folder / MANIFEST, JSON_LIMIT)
+    except AnerRuntimeError:
+        return False
+    return hashlib.sha256(data).hexdigest()[:12] == m.group(2)
+
+
 def _read_json(directory: Path, path: Path, data: bytes | None = None) -> dict[str, Any]:
     try:
-        obj = json.loads(data if data is not None else path.read_bytes())
-    except FileNotFoundError:
-        raise _fail(
-            directory,
-            f"{path.name} is missing",
-            "E-CKPT-MISSING",
-            "is this a directory written by train(..., checkpoints: dir)?",
-        ) from None
-    except (OSError, ValueError) as e:
+        obj = json.loads(data if data is not None else files.read_bytes(path, JSON_LIMIT))
+    except AnerRuntimeError as e:
+        if e.code == "E-FILE-MISSING":
+            raise _fail(
+                directory,
+                f"{path.name} is missing",
+                "E-CKPT-MISSING",
+                "is this a directory written by train(..., checkpoints: dir)?",
+            ) from None
+        raise _fail(directory, e.message, e.code) from None
+    except (ValueError, RecursionError) as e:
         raise _fail(directory, f"{path.name} is not valid JSON ({e})", "E-CKPT-CORRUPT") from None
     if not isinstance(obj, dict):
         raise _fail(directory, f"{path.name} is not a JSON object", "E-CKPT-CORRUPT")
     return obj
 
 
+def _schema_error(directory: Path, where: str, what: str) -> AnerRuntimeError:
+    return _fail(
+        directory,
+        f"{where} is malformed: {what}",
+        "E-CKPT-FORMAT",
+        "a checkpoint is written only by train(..., checkpoints: dir); this one was altered",
+    )
+
+
+def _check_pointer(root: Path, pointer: dict[str, Any]) -> tuple[str, str]:
+    """The folder name and the manifest sha256 a valid pointer holds."""
+    name, sha = pointer.get("checkpoint"), pointer.get("manifest_sha256")
+    if set(pointer) != {"checkpoint", "manifest_sha256"}:
+        raise _schema_error(root, POINTER, f"keys {sorted(pointer)}")
+    if not isinstance(name, str) or _FOLDER.fullmatch(name) is None:
+        raise _fail(
+            root, f"{POINTER} names a checkpoint that does not exist: {name!r}", "E-CKPT-MISSING"
+        )
+    if not isinstance(sha, str) or _SHA256.fullmatch(sha) is None:
+        raise _schema_error(root, POINTER, "`manifest_sha256` is not a sha256 in hex")
+    return name, sha
+
+
+def _check_manifest(root: Path, folder: Path, manifest: dict[str, Any]) -> None:
+    """The manifest's schema (see `save`); a wrong format or version is `E-CKPT-FORMAT` too."""
+    if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
+        raise _fail(
+            root,
+            f"unsupported format {manifest.get('format')!r} version {manifest.get('version')!r}",
+            "E-CKPT-FORMAT",
+        )
+    where = f"{folder.name}/{MANIFEST}"
+    if set(manifest) != {"format", "version", "updates", "identity", "files"}:
+        raise _schema_error(root, where, f"keys {sorted(manifest)}")
+    updates = manifest["updates"]
+    if type(updates) is not int or not 0 <= updates <= MAX_UPDATES:
+        raise _schema_error(root, where, f"`updates` is {updates!r}, not a count of updates")
+    m = _FOLDER.fullmatch(folder.name)
+    if m is not None and int(m.group(1)) != updates:
+        raise _schema_error(root, where, f"`updates` is {updates}, the folder name says otherwise")
+    identity = manifest["identity"]
+    if not isinstance(identity, dict) or set(identity) != {
+        "base_path",
+        "base_fingerprint",
+        "profile",
+        "kernel_identity",
+    }:
+        raise _schema_error(root, where, "`identity` is not the identity of a training run")
+    if not isinstance(identity["base_path"], str) or not isinstance(
+        identity["base_fingerprint"], str
+    ):
+        raise _schema_error(root, where, "the base model's path or fingerprint is missing")
+    if _SHA256.fullmatch(identity["base_fingerprint"]) is None:
+        raise _schema_error(root, where, "the base model's fingerprint is not a sha256 in hex")
+    entries = manifest["files"]
+    if not isinstance(entries, dict) or set(entries) != {TENSORS, STATE}:
+        raise _schema_error(root, where, f"`files` must list exactly {TENSORS} and {STATE}")
+    for name, entry in entries.items():
+        size = entry.get("bytes") if isinstance(entry, dict) else None
+        sha = entry.get("sha256") if isinstance(entry, dict) else None
+        limit = TENSORS_LIMIT if name == TENSORS else JSON_LIMIT
+        if (
+            not isinstance(entry, dict)
+            or set(entry) != {"bytes", "sha256"}
+            or type(size) is not int
+            or not 0 <= size <= limit
+            or not isinstance(sha, str)
+            or _SHA256.fullmatch(sha) is None
+        ):
+            raise _schema_error(root, where, f"the entry of {name} is not {{bytes, sha256}}")
+
+
 def _verified_bytes(directory: Path, folder: Path, name: str, expected: dict[str, Any]) -> bytes:
+    """The file `name` of `folder`, of exactly the size and sha256 the (validated) manifest
+    states: no more than that size is ever read."""
+    path = folder / name
     try:
-        data = (folder / name).read_bytes()
-    except FileNotFoundError:
-        raise _fail(directory, f"{folder.name}/{name} is missing", "E-CKPT-MISSING") from None
-    if len(data) != expected.get("bytes"):
+        data = files.read_bytes(path, expected["bytes"])
+    except AnerRuntimeError as e:
+        if e.code == "E-FILE-MISSING":
+            raise _fail(directory, f"{folder.name}/{name} is missing", "E-CKPT-MISSING") from None
+        if e.code != "E-FILE-TOO-LARGE":
+            raise _fail(directory, e.message, e.code) from None
+        data = b""  # larger than the manifest says: reported just below
+        size = path.stat().st_size
+    else:
+        size = len(data)
+    if size != expected["bytes"]:
         raise _fail(
             directory,
             f"{folder.name}/{name} is truncated or extended: "
-            f"{len(data)} bytes, the manifest says {expected.get('bytes')}",
+            f"{size} bytes, the manifest says {expected['bytes']}",
             "E-CKPT-TRUNCATED",
         )
-    if hashlib.sha256(data).hexdigest() != expected.get("sha256"):
+    if hashlib.sha256(data).hexdigest() != expected["sha256"]:
         raise _fail(
             directory,
             f"{folder.name}/{name} is corrupted: its sha256 does not match the manifest",
@@ -236,26 +367,27 @@ def _locate(root: Path) -> tuple[Path, bytes]:
     """
     if not root.is_dir():
         raise _fail(root, "no such directory", "E-CKPT-MISSING")
-    if (root / MANIFEST).is_file() and root.name.startswith(_PREFIX):
-        folder, want = root, root.name.rsplit("-", 1)[-1]
+    direct = _FOLDER.fullmatch(root.name)
+    if (root / MANIFEST).is_file() and direct is not None:
+        folder, want, source = root, direct.group(2), "the folder name"
     else:
-        pointer = _read_json(root, root / POINTER)
-        name = str(pointer.get("checkpoint", ""))
-        folder, want = root / name, str(pointer.get("manifest_sha256"))
-        if not name.startswith(_PREFIX) or "/" in name or not folder.is_dir():
+        name, want = _check_pointer(root, _read_json(root, root / POINTER))
+        folder, source = root / name, POINTER
+        if not folder.is_dir():
             raise _fail(
                 root,
                 f"{POINTER} names a checkpoint that does not exist: {name!r}",
                 "E-CKPT-MISSING",
             )
-    data = (folder / MANIFEST).read_bytes() if (folder / MANIFEST).is_file() else None
-    if data is None:
-        raise _fail(root, f"{folder.name}/{MANIFEST} is missing", "E-CKPT-MISSING")
-    if not hashlib.sha256(data).hexdigest().startswith(want):
-        raise _fail(
+    try:
+        data = files.read_bytes(folder / MANIFEST, JSON_LIMIT)
+    except AnerRuntimeError as e:
+        code = "E-CKPT-MISSING" if e.code == "E-FILE-MISSING" else e.code
+        raise _fail(root, f"{folder.name}/{MANIFEST}: {e.message}", code) from None
+    if hashlib.sha256(data).hexdigest()[: len(want)] != want:  # the whole digest, or the 12
+        raise _fail(  # digits of a folder name (checked to be 12 hex digits)
             root,
-            f"{folder.name}/{MANIFEST} is corrupted: its sha256 does not match "
-            f"{POINTER if folder != root else 'the folder name'}",
+            f"{folder.name}/{MANIFEST} is corrupted: its sha256 does not match {source}",
             "E-CKPT-CORRUPT",
         )
     return folder, data
@@ -283,18 +415,12 @@ def load(
     root = Path(directory)
     folder, manifest_bytes = _locate(root)
     manifest = _read_json(root, folder / MANIFEST, manifest_bytes)
-    if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
-        raise _fail(
-            root,
-            f"unsupported format {manifest.get('format')!r} version {manifest.get('version')!r}",
-            "E-CKPT-FORMAT",
-        )
-    entries = manifest.get("files") or {}
-    tensor_bytes = _verified_bytes(root, folder, TENSORS, entries.get(TENSORS, {}))
-    meta = _read_json(
-        root, folder / STATE, _verified_bytes(root, folder, STATE, entries.get(STATE, {}))
-    )
-    identity = manifest.get("identity") or {}
+    _check_manifest(root, folder, manifest)
+    entries = manifest["files"]
+    tensor_bytes = _verified_bytes(root, folder, TENSORS, entries[TENSORS])
+    meta = _read_json(root, folder / STATE, _verified_bytes(root, folder, STATE, entries[STATE]))
+    tensors = _tensors(root, folder, tensor_bytes)
+    identity = manifest["identity"]
     if base_path is not None:
         _check(
             root,
@@ -315,11 +441,30 @@ def load(
         )
     return Checkpoint(
         folder=folder,
-        updates=int(manifest.get("updates", 0)),
-        tensors=st_load(tensor_bytes),
+        updates=manifest["updates"],
+        tensors=tensors,
         meta=meta,
         identity=identity,
     )
+
+
+def _tensors(root: Path, folder: Path, data: bytes) -> dict[str, torch.Tensor]:
+    """The tensors of a verified tensors file: a well-formed safetensors file of finite numbers
+    (training never saves a NaN or an infinity: it skips such an update)."""
+    where = f"{folder.name}/{TENSORS}"
+    try:
+        tensors = st_load(data)
+    except Exception as e:  # safetensors raises its own error types for a malformed file
+        raise _schema_error(root, where, f"not a safetensors file ({e})") from None
+    for name, t in tensors.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise _fail(
+                root,
+                f"{where}: tensor {name!r} holds NaN or infinite values",
+                "E-CKPT-CORRUPT",
+                "training never saves such a state; this checkpoint was altered",
+            )
+    return tensors
 
 
 def latest(directory: str | Path) -> Checkpoint | None:
@@ -351,7 +496,7 @@ def resume(
                 "pass the base: resume(dir, model: base)",
             )
         model = load_model(ck.identity["base_path"], storage=base.get("storage", "float32"))
-    elif ck.base_sha256 is not None:
+    else:
         _check(
             root,
             "the base model (sha256 of the GGUF)",

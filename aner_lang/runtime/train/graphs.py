@@ -9,18 +9,25 @@ Rules:
 * Eager and replay run the same function (`forward_backward`) on the same operands, so their
   results are the same bits; the per-batch numbers it needs (the window's scored-token count, the
   loss scale) are device tensors, written before each replay, never constants of the recording.
-* A graph's inputs and gradients live at fixed addresses: the batch is copied into the graph's
-  own input tensors, and gradients are zeroed in place between windows, never re-allocated.
+* A graph's inputs and gradients live at fixed addresses: the batch (ids, targets, and the
+  position ids of packed rows) is copied into the graph's own input tensors, and gradients are
+  zeroed in place between windows, never re-allocated. Packed and plain batches of one shape are
+  recorded apart.
 * Graphs need CUDA and a step without host-side randomness or host round trips: no dropout (its
   masks come from the run's own generator), activations kept (`checkpoint` replays generator
   states, `offload` copies to pinned host memory). Elsewhere, or when recording fails, the step
   runs eagerly; `GraphSteps.status` says which and why.
 * Recording warms the function up once on a side stream first (kernels compiled, workspaces
   allocated); the gradients that warm-up leaves are zeroed before the real replay.
+* Python's cyclic garbage collector is run before and held off during a recording: a collection
+  inside it could destroy an unreachable earlier graph, and freeing device memory invalidates a
+  capture. A `train` call releases its graphs when it ends (`release`), so none is left for the
+  collector to find later.
 """
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -30,8 +37,12 @@ import torch
 MAX_SHAPES = 8
 """Shapes recorded at most; a run whose batches keep changing shape runs the rest eagerly."""
 
-Step = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
-"""(input_ids, targets, scored, scale or None) -> the micro-batch's loss sum / scored."""
+Step = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None],
+    torch.Tensor,
+]
+"""(input_ids, targets, positions of packed rows or None, scored, scale or None) -> the
+micro-batch's loss sum / scored."""
 
 
 @dataclass
@@ -39,6 +50,7 @@ class _Graph:
     graph: torch.cuda.CUDAGraph
     ids: torch.Tensor
     targets: torch.Tensor
+    positions: torch.Tensor | None
     scored: torch.Tensor
     scale: torch.Tensor | None
     loss: torch.Tensor
@@ -50,32 +62,44 @@ class GraphSteps:
     def __init__(self, step: Step, params: list[torch.Tensor], reason_off: str | None) -> None:
         self.step, self.params = step, params
         self.status = "off: " + reason_off if reason_off else "on"
-        self._graphs: dict[tuple[int, ...], _Graph] = {}
+        self._graphs: dict[tuple[tuple[int, ...], bool], _Graph] = {}
         self._pool: Any = None
 
     @property
     def on(self) -> bool:
         return self.status == "on"
 
+    def release(self) -> None:
+        """Drop the recorded graphs and their memory pool."""
+        self._graphs.clear()
+        self._pool = None
+
     def __call__(
-        self, ids: torch.Tensor, targets: torch.Tensor, scored: int, scale: float | None
+        self,
+        ids: torch.Tensor,
+        targets: torch.Tensor,
+        positions: torch.Tensor | None,
+        scored: int,
+        scale: float | None,
     ) -> torch.Tensor:
         device = ids.device
         scored_t = torch.tensor(float(scored), dtype=torch.float32, device=device)
         scale_t = None if scale is None else torch.tensor(scale, dtype=torch.float32, device=device)
         if not self.on:
-            return self.step(ids, targets, scored_t, scale_t)
-        key = tuple(ids.shape)
+            return self.step(ids, targets, positions, scored_t, scale_t)
+        key = (tuple(ids.shape), positions is not None)
         g = self._graphs.get(key)
         if g is None:
             if len(self._graphs) >= MAX_SHAPES:
-                return self.step(ids, targets, scored_t, scale_t)
-            g = self._record(ids, targets, scored_t, scale_t)
+                return self.step(ids, targets, positions, scored_t, scale_t)
+            g = self._record(ids, targets, positions, scored_t, scale_t)
             if g is None:
-                return self.step(ids, targets, scored_t, scale_t)
+                return self.step(ids, targets, positions, scored_t, scale_t)
             self._graphs[key] = g
         g.ids.copy_(ids)
         g.targets.copy_(targets)
+        if g.positions is not None and positions is not None:
+            g.positions.copy_(positions)
         g.scored.copy_(scored_t)
         if g.scale is not None and scale_t is not None:
             g.scale.copy_(scale_t)
@@ -86,10 +110,12 @@ class GraphSteps:
         self,
         ids: torch.Tensor,
         targets: torch.Tensor,
+        positions: torch.Tensor | None,
         scored: torch.Tensor,
         scale: torch.Tensor | None,
     ) -> _Graph | None:
         ids_s, targets_s, scored_s = ids.clone(), targets.clone(), scored.clone()
+        positions_s = None if positions is None else positions.clone()
         scale_s = None if scale is None else scale.clone()
         for p in self.params:  # gradients at fixed addresses, accumulated into by the graph
             if p.grad is None:
@@ -100,13 +126,20 @@ class GraphSteps:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
-                self.step(ids_s, targets_s, scored_s, scale_s)
+                self.step(ids_s, targets_s, positions_s, scored_s, scale_s)
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
-            with torch.cuda.graph(graph, pool=self._pool):
-                loss = self.step(ids_s, targets_s, scored_s, scale_s)
+            collecting = gc.isenabled()
+            gc.collect()
+            gc.disable()
+            try:
+                with torch.cuda.graph(graph, pool=self._pool):
+                    loss = self.step(ids_s, targets_s, positions_s, scored_s, scale_s)
+            finally:
+                if collecting:
+                    gc.enable()
         except RuntimeError as exc:  # an operation that cannot be recorded: run eagerly
             self.status = f"off: recording failed ({type(exc).__name__}: {str(exc)[:200]})"
             loss = None
@@ -115,7 +148,7 @@ class GraphSteps:
                 grad.copy_(before)
         if loss is None:
             return None
-        return _Graph(graph, ids_s, targets_s, scored_s, scale_s, loss)
+        return _Graph(graph, ids_s, targets_s, positions_s, scored_s, scale_s, loss)
 
 
 def eligibility(device: torch.device, dropout: float, activations: str, wanted: bool) -> str | None:

@@ -27,6 +27,21 @@ class Run:
     kernel_identity: str
     cuda_graphs: str
     optimizer_bytes: dict[str, int] = field(default_factory=dict)
+    epochs: float = 0.0
+    """Passes over the training examples done (the current one in part)."""
+    stopped_early: bool = False
+    best_update: int | None = None
+    best_validation_loss: float | None = None
+    accuracy_history: list[tuple[int, float]] = field(default_factory=list)
+    """(update, held-out preference accuracy) of each validation of a DPO or ORPO run."""
+
+    @property
+    def validation_accuracy(self) -> float | None:
+        return self.accuracy_history[-1][1] if self.accuracy_history else None
+
+    @property
+    def first_validation_accuracy(self) -> float | None:
+        return self.accuracy_history[0][1] if self.accuracy_history else None
 
     @property
     def validation_loss(self) -> float | None:

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import torch
@@ -28,6 +28,10 @@ class Counters:
     loss_history: list[float] = field(default_factory=list)
     validation_history: list[list[float]] = field(default_factory=list)
     """``[update, validation loss]`` pairs."""
+    validation_accuracy: list[list[float]] = field(default_factory=list)
+    """``[update, held-out preference accuracy]`` pairs (DPO and ORPO)."""
+    stopped_early: bool = False
+    """Early stopping ended the training (`patience`): continuing it trains no further."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -62,4 +66,71 @@ class TrainState:
                 f"expected {STATE_FORMAT})",
                 code="E-STATE-FORMAT",
             )
+        _check_schema(meta)
         return cls(dict(tensors), json.loads(json.dumps(meta)))
+
+
+_JSON_KINDS: dict[str, tuple[type, ...]] = {
+    "int": (int,),
+    "float": (int, float),
+    "str": (str,),
+    "bool": (bool,),
+    "dict": (dict,),
+    "list[float]": (list,),
+    "list[list[float]]": (list,),
+}
+_SECTIONS = {
+    "adapter": "dict",
+    "profile": "dict",
+    "base": "dict",
+    "kernel_identity": "str",
+    "loss_scale": "dict",
+    "data": "dict",
+    "counters": "dict",
+    "options": "dict",
+}
+_DATA = {"seed": "int", "epoch": "int", "position": "int", "accumulation_offset": "int"}
+_BASE = {"path": "str", "storage": "str"}
+
+
+def _check_schema(meta: dict[str, Any]) -> None:
+    """The shape of a training state (what `Trainer.state` writes): every section and field
+    present with a value of its type, counts not negative. A state that passes is one the
+    trainer can continue from; anything else is `E-STATE-FORMAT`, naming the field."""
+    from aner_lang.runtime.train.loss_scale import LossScaleState
+
+    _fields(meta, {"format": "str", **_SECTIONS}, "")
+    _fields(meta["base"], _BASE, "base.")
+    _fields(meta["data"], _DATA, "data.")
+    for name, kind in (("counters", Counters), ("loss_scale", LossScaleState)):
+        spec = {f.name: str(f.type) for f in fields(kind)}
+        _fields(meta[name], spec, f"{name}.")
+        if set(meta[name]) != set(spec):
+            raise AnerRuntimeError(
+                f"the training state's `{name}` has the fields {sorted(meta[name])}",
+                code="E-STATE-FORMAT",
+                notes=(f"expected {sorted(spec)}",),
+            )
+    counts = [meta["data"][k] for k in ("epoch", "position")]
+    counts += [v for v in meta["counters"].values() if type(v) is int]
+    pairs = meta["counters"]["validation_history"]
+    history = meta["counters"]["loss_history"] + [
+        x for pair in pairs for x in (pair if isinstance(pair, list) else [pair])
+    ]
+    if min(counts, default=0) < 0 or not all(type(x) in (int, float) for x in history):
+        raise AnerRuntimeError(
+            "the training state holds a negative count or a loss that is not a number",
+            code="E-STATE-FORMAT",
+        )
+
+
+def _fields(section: dict[str, Any], spec: dict[str, str], where: str) -> None:
+    for key, kind in spec.items():
+        value = section.get(key)
+        kinds = _JSON_KINDS[kind]
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+            raise AnerRuntimeError(
+                f"the training state's `{where}{key}` is {json.dumps(value)[:40]}, not a {kind}",
+                code="E-STATE-FORMAT",
+                notes=("a state written by Aner always has it; this one was altered",),
+            )

@@ -1,22 +1,44 @@
-"""`train(...)`: accumulation windows, loss scaling, clipping, AdamW, validation, checkpoints.
+"""`train(...)`: epochs, accumulation windows, loss scaling, clipping, AdamW, validation with the
+best checkpoint kept and early stopping, checkpoints, events, progress, Ctrl-C.
 
-One update = one accumulation window of `accumulation` micro-batches of `micro_batch` examples,
-drawn in a per-epoch order fixed by `seed`. The loss of the window is the summed next-token
-cross-entropy of its scored targets divided by the window's scored-token count (so every scored
-token weighs the same however the window splits into micro-batches). With a loss scale an
-overflowing window backs the scale off and is re-run up to `max_retries` times; if it still
-overflows the update is skipped (masters, moments and the schedule stay as they were). `steps`
-is the total number of windows the adapter's training reaches: a resumed adapter continues to it
-(docs/internals.md, "Trainer state contract"). On several ranks every micro-step draws
-`micro_batch` examples per rank and `distributed.Parallel` says what differs (docs/distributed.md).
+One update = one accumulation window of up to `accumulation` micro-batches of up to `micro_batch`
+examples, drawn in a per-epoch order (a permutation seeded by `seed`, or the dataset's own order
+with `shuffle: false`); a window never crosses the end of an epoch, so an epoch is
+`order.updates_per_epoch` updates and its last window may be smaller. The loss of a window is the
+summed next-token cross-entropy of its scored targets divided by the window's scored-token count
+(so every scored token weighs the same however the window splits into micro-batches). With a
+loss scale an overflowing window backs the scale off and is re-run up to `max_retries` times; if
+it still overflows the update is skipped (masters, moments and the schedule stay as they were).
+
+Length: `steps` is the total number of windows the adapter's training reaches; `epochs` (a number
+of passes, fractions allowed) is the alternative, turned into that total; a resumed adapter
+continues to it (docs/internals.md, "Trainer state contract").
+
+Validation runs after the first update, every `eval_every` updates and after the last. With
+`checkpoints`, every new best validation loss is also saved to `<checkpoints>/best`. With
+`patience: n`, training stops once n validations in a row have not improved on the best one
+(recorded in the state, so a resumed run stays stopped).
+
+With an `objective` (`dpo`, `orpo`, `kto`; `preference.py`) the data are preference pairs or
+labeled completions, a window's loss is the objective's (normalised per pair), update events carry
+its rewards, margins, accuracy and log-probabilities, and validation reports its loss and
+held-out preference accuracy. Everything else (epochs, schedule, checkpoints, resume, early
+stopping on the validation loss) is the same.
+
+Ctrl-C (SIGINT) during training lets the current update finish, writes the state (and a
+checkpoint when checkpoints are on), and ends the script with one line saying how to resume; a
+second Ctrl-C abandons the update at once.
+
+On several ranks every micro-step draws `micro_batch` examples per rank, rank 0 alone logs, shows
+progress and writes checkpoints, and `distributed.Parallel` says what else differs
+(docs/distributed.md).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import sys
+import signal
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -25,22 +47,30 @@ from typing import Any
 import torch
 
 from aner_lang.errors import AnerRuntimeError
-from aner_lang.runtime.io.world import once
+from aner_lang.runtime.io.world import once, world
+from aner_lang.runtime.model import fused_ops
 from aner_lang.runtime.model.activations import ActivationPolicy, keeping
 from aner_lang.runtime.model.precision import DTYPES, autocast
 from aner_lang.runtime.model.sections import section
 from aner_lang.runtime.nf4.backends import NF4Backend, using_backend
 from aner_lang.runtime.tasks.data import Dataset, collate
-from aner_lang.runtime.train import checkpoint
+from aner_lang.runtime.train import checkpoint, control
 from aner_lang.runtime.train.distributed import Parallel, for_run
 from aner_lang.runtime.train.graphs import GraphSteps, eligibility
 from aner_lang.runtime.train.loss_scale import LossScaler
+from aner_lang.runtime.train.objectives import Objective
+from aner_lang.runtime.train.objectives import to_json as objective_json
 from aner_lang.runtime.train.optim import make_optimizer
-from aner_lang.runtime.train.order import Cursor
+from aner_lang.runtime.train.order import Cursor, updates_per_epoch
+from aner_lang.runtime.train.preference import PreferenceSteps, check_options, training_examples
 from aner_lang.runtime.train.profile import Profile
 from aner_lang.runtime.train.run import Run
 from aner_lang.runtime.train.schedule import SCHEDULES, learning_rate_at
 from aner_lang.runtime.train.state import STATE_FORMAT, Counters, TrainState
+from aner_lang.runtime.train.watch import EventLog, Progress, clock_text
+
+BEST = "best"
+"""The folder under `checkpoints` that holds the best validation checkpoint."""
 
 
 def set_deterministic(device: torch.device) -> None:
@@ -64,7 +94,7 @@ def _mean_loss(adapter: Any, data: Dataset, micro_batch: int, profile: Profile) 
         for i in range(0, len(examples), micro_batch):
             batch = collate(examples[i : i + micro_batch], pad, adapter.device)
             with autocast(profile.precision, adapter.device):
-                total += float(adapter.loss(batch.input_ids, batch.targets))
+                total += float(adapter.loss(batch.input_ids, batch.targets, batch.positions))
             count += batch.scored_tokens
     return total / max(count, 1)
 
@@ -79,7 +109,10 @@ def run_identity(adapter: Any, profile: Profile, backend: NF4Backend) -> str:
     nf4 = any(getattr(m, "storage", None) == "nf4_double_quant" for m in base.modules())
     kernel = backend.identity(device, dtype) if nf4 else f"aner.dense/1;compute={profile.precision}"
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    return f"{kernel};torch={torch.__version__};device={where};masters=float32"
+    identity = f"{kernel};torch={torch.__version__};device={where};masters=float32"
+    if dtype != torch.float32:
+        identity += f";fused_ops={fused_ops.implementation(device)}"
+    return identity
 
 
 def _require_same_kernel(prev: TrainState, identity: str) -> None:
@@ -97,6 +130,19 @@ def _require_same_kernel(prev: TrainState, identity: str) -> None:
         )
 
 
+def total_updates(
+    examples: int, steps: int | None, epochs: float | None, micro_batch: int, accumulation: int
+) -> int:
+    """The updates a run reaches: `steps`, or `epochs` passes over `examples` (1 when neither is
+    given); both at once is an error."""
+    if steps is not None and epochs is not None:
+        raise AnerRuntimeError("train: give steps or epochs, not both", code="E-TRAIN-OPTIONS")
+    if steps is not None:
+        return steps
+    per_epoch = updates_per_epoch(examples, micro_batch, accumulation)
+    return max(1, math.ceil((1.0 if epochs is None else epochs) * per_epoch - 1e-9))
+
+
 def _validate_options(
     tokenizer: Any,
     data: Dataset,
@@ -105,12 +151,14 @@ def _validate_options(
     accumulation: int,
     schedule: str,
     validation: Dataset | None,
+    patience: int,
 ) -> None:
-    if len(data) == 0 or data.scored_tokens(tokenizer) == 0:
+    if len(data.examples(tokenizer)) == 0 or data.scored_tokens(tokenizer) == 0:
         raise AnerRuntimeError("train: the training set has no scored tokens", code="E-TRAIN-DATA")
     if steps < 1 or micro_batch < 1 or accumulation < 1:
         raise AnerRuntimeError(
-            "train: steps, micro_batch and accumulation must be at least 1", code="E-TRAIN-OPTIONS"
+            "train: steps, epochs, micro_batch and accumulation must be positive",
+            code="E-TRAIN-OPTIONS",
         )
     if schedule not in SCHEDULES:
         raise AnerRuntimeError(
@@ -121,109 +169,143 @@ def _validate_options(
         raise AnerRuntimeError(
             "train: the validation set has no scored tokens", code="E-TRAIN-DATA"
         )
+    if patience and validation is None:
+        raise AnerRuntimeError(
+            "train: patience stops on the validation loss, so it needs validation:",
+            code="E-TRAIN-OPTIONS",
+        )
 
 
 def train(
     adapter: Any,
     data: Dataset,
     profile: Profile,
-    steps: int = 10,
+    steps: int | None = 10,
+    epochs: float | None = None,
     learning_rate: float = 2e-4,
     micro_batch: int = 1,
     accumulation: int = 1,
     clip_norm: float | None = 1.0,
     seed: int = 0,
+    shuffle: bool = True,
     weight_decay: float = 0.0,
     warmup: int = 0,
     schedule: str = "constant",
     validation: Dataset | None = None,
     eval_every: int = 0,
+    patience: int = 0,
     checkpoints: str | None = None,
     checkpoint_every: int = 0,
     log: str | None = None,
+    log_dir: str | None = None,
+    objective: Objective | None = None,
 ) -> Run:
-    """Train `adapter` on `data` until it has done `steps` updates; see the module docstring."""
+    """Train `adapter` on `data` until it has done its updates; see the module docstring."""
+    tokenizer = adapter.tokenizer
+    examples = _examples(data, tokenizer, objective)
+    if objective is not None:
+        check_options(objective, micro_batch)
+    drawn = micro_batch * world().size  # examples a micro-step draws, all ranks together
+    total = total_updates(len(examples), steps, epochs, drawn, accumulation)
     _validate_options(
-        adapter.tokenizer, data, steps, micro_batch, accumulation, schedule, validation
+        tokenizer, data, total, micro_batch, accumulation, schedule, validation, patience
     )
     device = adapter.device
     profile.validate(device)
     set_deterministic(device)
     backend = profile.backend(device)
     options = {
-        "steps": steps,
+        "steps": total,
+        "epochs": epochs,
         "learning_rate": learning_rate,
         "micro_batch": micro_batch,
         "accumulation": accumulation,
         "clip_norm": clip_norm,
         "seed": seed,
+        "shuffle": shuffle,
         "weight_decay": weight_decay,
         "warmup": warmup,
         "schedule": schedule,
+        "eval_every": eval_every,
+        "patience": patience,
+        "objective": None if objective is None else objective_json(objective),
     }
-    parallel = for_run(adapter, profile)
+    run_control = control.begin(adapter, profile, options, checkpoints, checkpoint_every)
+    checkpoints, checkpoint_every = run_control.checkpoints, run_control.checkpoint_every
+    parallel = for_run(adapter, profile, objective)
     identity = run_identity(adapter, profile, backend)
-    loop = _Loop(parallel.trained, data, profile, options, identity, parallel)
+    loop = _Loop(parallel.trained, data, profile, options, identity, parallel, objective)
+    main = parallel.world.main  # only rank 0 logs, shows progress and writes
     log_path = _log_path(log, checkpoints)
-    main = parallel.world.main  # only rank 0 logs and writes
-    events = _EventLog(log_path if main else None)
-    bar = _progress(steps, loop.counters.updates) if main else None
+    events = EventLog(log_path, log_dir) if main else EventLog(None, None)
+    progress = Progress(total, loop.counters.updates) if main else None
     start = time.perf_counter()
     activations = ActivationPolicy(profile.activations, (loop.gen,))
+    stop = "done"
+    saved: Path | None = None
     try:
-        events.add(loop.start_event())
-        with using_backend(backend), keeping(activations):
-            while loop.counters.updates < steps:
+        first = loop.start_event(data)
+        events.add(first)
+        run_control.emit({**first, "steps": total})
+        with using_backend(backend), keeping(activations), run_control.stop_signals():
+            while loop.counters.updates < total and not loop.counters.stopped_early:
                 event = loop.update()
-                done = loop.counters.updates == steps
                 updates = loop.counters.updates
+                done = updates == total
+                state = None
                 if validation is not None and (
                     done or updates == 1 or (eval_every and updates % eval_every == 0)
                 ):
-                    event["validation_loss"] = loop.validate(validation)
+                    event.update(loop.validate(validation))
+                    if checkpoints and loop.best()[0] == updates:
+                        state = loop.snapshot()
+                        once(checkpoint.save, Path(checkpoints) / BEST, state, keep=0)
+                    if patience and loop.validations_since_best() >= patience:
+                        loop.counters.stopped_early = True
+                        stop = "early_stopping"
+                if parallel.any_rank(run_control.stop_requested) and not done and stop == "done":
+                    stop = "interrupted"
                 events.add(event)
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix(loss=f"{event['loss']:.4f}")
-                if done or (checkpoints and checkpoint_every and updates % checkpoint_every == 0):
-                    adapter.state = loop.snapshot()
+                run_control.emit({**event, "steps": total})
+                if progress is not None:
+                    progress.update(event)
+                end = done or stop != "done"
+                if end or (checkpoints and checkpoint_every and updates % checkpoint_every == 0):
+                    adapter.state = state or loop.snapshot()
                     if checkpoints:
-                        once(checkpoint.save, checkpoints, adapter.state)
+                        saved = once(run_control.save, adapter.state)
+                if end:
+                    break
+        events.add(loop.end_event(stop, time.perf_counter() - start))
         parallel.finish()  # not after a failure: the other ranks may never reach its collectives
     finally:
+        loop.steps.release()
         adapter.train_mode(False)
         events.close()
-        if bar is not None:
-            bar.close()
-    return loop.result(time.perf_counter() - start, log_path)
+        if progress is not None:
+            progress.close(loop.summary(stop, time.perf_counter() - start))
+    if stop == "interrupted":  # Ctrl-C: exit 130 with how to continue; SIGTERM: RunStopped
+        if run_control.stop_signal == signal.SIGINT:
+            raise KeyboardInterrupt(_resume_hint(loop.counters.updates, total, saved, checkpoints))
+        raise run_control.stopped(loop.counters.updates, total, saved)
+    return loop.result(time.perf_counter() - start, log_path, stop)
 
 
-class _EventLog:
-    """The JSON-lines event log. An update's event is written when the next one arrives (or at
-    the end): by then the values it still holds on the device (its gradient norm) are computed,
-    so writing never waits for the GPU."""
+def _examples(data: Dataset, tokenizer: Any, objective: Objective | None) -> list[Any]:
+    """What the run trains on: the dataset's examples, or the objective's rows of it."""
+    if objective is None:
+        return list(data.examples(tokenizer))
+    return training_examples(data, tokenizer, objective)
 
-    def __init__(self, path: str | None) -> None:
-        self.file = open(path, "a", encoding="utf-8") if path else None
-        self.pending: dict[str, Any] | None = None
 
-    def add(self, event: dict[str, Any]) -> None:
-        self._write_pending()
-        self.pending = event
-
-    def _write_pending(self) -> None:
-        if self.pending is not None and self.file is not None:
-            ready = {
-                k: float(v) if isinstance(v, torch.Tensor) else v for k, v in self.pending.items()
-            }
-            self.file.write(json.dumps(ready) + "\n")
-            self.file.flush()
-        self.pending = None
-
-    def close(self) -> None:
-        self._write_pending()
-        if self.file is not None:
-            self.file.close()
+def _resume_hint(updates: int, total: int, saved: Path | None, checkpoints: str | None) -> str:
+    where = f"train: interrupted after update {updates} of {total}"
+    if saved is None:
+        return f"{where}; no checkpoint was written (train with checkpoints: to be able to resume)"
+    return (
+        f"{where}; checkpoint saved in {saved}; run the script again to continue "
+        f'(with resume("{checkpoints}", model: ..., otherwise: ...))'
+    )
 
 
 class _Loop:
@@ -238,6 +320,7 @@ class _Loop:
         options: dict[str, Any],
         identity: str,
         parallel: Parallel,
+        objective: Objective | None = None,
     ) -> None:
         self.adapter, self.profile, self.options, self.identity = (
             adapter,
@@ -245,7 +328,13 @@ class _Loop:
             options,
             identity,
         )
-        self.parallel = parallel
+        self.objective, self.parallel = objective, parallel
+        self.drawn = options["micro_batch"] * parallel.world.size
+        """Examples a micro-step draws, all ranks' shares together."""
+        self.examples = _examples(data, adapter.tokenizer, objective)
+        self.preference = (
+            None if objective is None else PreferenceSteps(adapter, objective, profile.precision)
+        )
         prev = adapter.state
         if prev is not None:
             _require_same_kernel(prev, identity)
@@ -258,34 +347,47 @@ class _Loop:
         )
         self.gen = torch.Generator(device=adapter.device)
         self.gen.manual_seed(options["seed"])
+        n = len(self.examples)
         if prev is None:
             self.scaler = LossScaler(replace(profile.scale_state))
             self.counters = Counters()
-            self.cursor = Cursor(len(data), options["seed"])
+            self.cursor = Cursor(n, options["seed"], shuffle=options["shuffle"])
         else:
             self.opt.load_state_tensors(parallel.scattered(prev.tensors))
             self.scaler = LossScaler.from_json(prev.meta["loss_scale"])
             self.counters = Counters.from_json(prev.meta["counters"])
             d = prev.meta["data"]
-            self.cursor = Cursor(len(data), d["seed"], d["epoch"], d["position"])
+            self.cursor = Cursor(n, d["seed"], d["epoch"], d["position"], d.get("shuffle", True))
             self.gen.set_state(prev.tensors["rng/generator"])
         adapter.dropout_generator = self.gen
         self.pad = adapter.tokenizer.pad_id or 0
         self.params = list(adapter.params.items())
-        self.examples = data.examples(adapter.tokenizer)
         dropout = float(adapter.config.get("dropout", 0.0))
         off = parallel.graphs_off or eligibility(
             adapter.device, dropout, profile.activations, profile.graphs
         )
+        if objective is not None:
+            off = f"the {objective.name} objective runs its steps eagerly"
         self.steps = GraphSteps(self._forward_backward, [p for _, p in self.params], off)
+        self.started = time.perf_counter()
+        self.tokens_seen = 0
 
-    def start_event(self) -> dict[str, Any]:
+    def start_event(self, data: Dataset) -> dict[str, Any]:
+        o = self.options
         return {
             "event": "start",
+            "update": self.counters.updates,
+            "examples": len(self.examples),
+            "packed": data.packed,
+            "context": data.context,
+            "updates_per_epoch": updates_per_epoch(
+                len(self.examples), self.drawn, o["accumulation"]
+            ),
+            "tokens_per_update": self.drawn * o["accumulation"] * data.context,
             "cuda_graphs": self.steps.status,
             "kernel_identity": self.identity,
             "profile": self.profile.to_json(),
-            "options": self.options,
+            "options": o,
             "world_size": self.parallel.world.size,
         }
 
@@ -296,11 +398,12 @@ class _Loop:
         The host waits for the device once per update: to read the window's loss and overflow
         flag together, which decide between the step and the skip."""
         c, o, scaler = self.counters, self.options, self.scaler
+        began = time.perf_counter()
         mark = self.cursor.mark()
         for attempt in range(scaler.state.max_retries + 1):
             self.cursor.restore(mark)
             self.adapter.train_mode(True)
-            loss_sum, scored = self._window()
+            loss_sum, scored, tokens = self._window()
             grads = self.parallel.gradients(self.params)
             with section("optimizer"):
                 found = scaler.unscale_(grads.values())
@@ -314,61 +417,69 @@ class _Loop:
                 break
             c.retries += attempt < scaler.state.max_retries
             self._zero_grads()
+        lr = learning_rate_at(c.applied, o["learning_rate"], o["steps"], o["warmup"], o["schedule"])
         event: dict[str, Any] = {
             "event": "update",
             "update": c.updates + 1,
             "loss": loss,
-            "scored_tokens": scored,
+            "learning_rate": lr,
             "loss_scale": scaler.state.scale,
             "skipped": overflow,
+            "tokens": tokens,
+            "scored_tokens": scored,
         }
+        if self.preference is not None:
+            event.update(self.preference.metrics())
         if overflow:
             c.skipped_updates += 1
         else:
-            lr = learning_rate_at(
-                c.applied, o["learning_rate"], o["steps"], o["warmup"], o["schedule"]
-            )
             with section("optimizer"):
+                trained = [p for _, p in self.params if p.grad is not None]
                 if o["clip_norm"] is not None and o["clip_norm"] > 0:
-                    trained = [p for _, p in self.params if p.grad is not None]
                     norm = self.parallel.clip_grad_norm(trained, grads, o["clip_norm"])
-                    event["grad_norm"] = norm  # read when the event is written (`_EventLog`)
+                else:
+                    norm = self.parallel.grad_norm(grads)
+                event["grad_norm"] = norm  # read when the event is written (`EventLog`)
                 self.opt.step(grads, lr=lr)
             c.applied += 1
             c.loss_history.append(loss)
             c.scored_tokens += scored
-            event["learning_rate"] = lr
         self._zero_grads()
         c.updates += 1
         self.adapter.train_mode(False)
+        self.tokens_seen += tokens
+        event["epoch"] = self.cursor.epochs
+        event["tokens_per_second"] = tokens / max(time.perf_counter() - began, 1e-9)
         return event
 
-    def _window(self) -> tuple[torch.Tensor, int]:
-        """Forward/backward this rank's share of one accumulation window; returns (its loss, on
-        the device: the sum over its scored tokens divided by the window's count; the window's
-        scored tokens, all ranks')."""
+    def _window(self) -> tuple[torch.Tensor, int, int]:
+        """Forward/backward this rank's share of one accumulation window; returns its loss (on
+        the device: the sum over its scored tokens divided by the window's count), and the
+        window's scored tokens and tokens (all ranks')."""
         o, adapter, parallel = self.options, self.adapter, self.parallel
-        drawn = [
-            self.cursor.take(o["micro_batch"] * parallel.world.size)
-            for _ in range(o["accumulation"])
+        window = [
+            [self.examples[i] for i in indices]
+            for indices in self.cursor.window(self.drawn, o["accumulation"])
         ]
-        scored = sum(self.examples[i].scored_tokens for ids in drawn for i in ids)
-        batches = [
-            collate([self.examples[i] for i in parallel.share(ids)], self.pad, adapter.device)
-            for ids in drawn
-        ]
-        total = torch.zeros((), dtype=torch.float64, device=adapter.device)
         scale = self.scaler.state.scale if self.scaler.enabled else None
-        for batch in batches:
-            if batch.scored_tokens == 0 and not parallel.collective_forward:
+        if self.preference is not None:
+            return self.preference.window(window, scale)
+        scored = sum(e.scored_tokens for batch in window for e in batch)
+        tokens = sum(len(e.ids) for batch in window for e in batch)
+        total = torch.zeros((), dtype=torch.float64, device=adapter.device)
+        for drawn_examples in window:
+            examples = parallel.share(drawn_examples)
+            if not parallel.collective_forward and not any(e.scored_tokens for e in examples):
                 continue
-            total += self.steps(batch.input_ids, batch.targets, scored, scale)
-        return total, scored
+            batch = collate(examples, self.pad, adapter.device)
+            total += self.steps(batch.input_ids, batch.targets, batch.positions, scored, scale)
+        return total, scored, tokens
 
     def _forward_backward(
         self,
         ids: torch.Tensor,
         targets: torch.Tensor,
+        positions: torch.Tensor | None,
         scored: torch.Tensor,
         scale: torch.Tensor | None,
     ) -> torch.Tensor:
@@ -377,7 +488,7 @@ class _Loop:
         adapter = self.adapter
         with adapter.active():  # through backward: checkpointed layers run forward again
             with autocast(self.profile.precision, adapter.device):
-                loss = adapter.loss(ids, targets) / scored
+                loss = adapter.loss(ids, targets, positions) / scored
             (loss if scale is None else loss * scale).backward()
         return loss.detach()
 
@@ -389,10 +500,35 @@ class _Loop:
             else:
                 p.grad = None
 
-    def validate(self, validation: Dataset) -> float:
-        v = _mean_loss(self.adapter, validation, self.options["micro_batch"], self.profile)
-        self.counters.validation_history.append([self.counters.updates, v])
-        return v
+    def validate(self, validation: Dataset) -> dict[str, float]:
+        """The validation event fields: the loss (and the objective's held-out metrics)."""
+        micro_batch = self.options["micro_batch"]
+        if self.preference is None:
+            v = _mean_loss(self.adapter, validation, micro_batch, self.profile)
+            values = {"validation_loss": v}
+        else:
+            rows = _examples(validation, self.adapter.tokenizer, self.objective)
+            found = self.preference.evaluate(rows, micro_batch)
+            values = {f"validation_{k}": v for k, v in found.items()}
+            if "validation_accuracy" in values:
+                self.counters.validation_accuracy.append(
+                    [self.counters.updates, values["validation_accuracy"]]
+                )
+        self.counters.validation_history.append([self.counters.updates, values["validation_loss"]])
+        return values
+
+    def best(self) -> tuple[int | None, float | None]:
+        """(update, loss) of the best validation so far (the earliest of equal ones)."""
+        history = self.counters.validation_history
+        if not history:
+            return None, None
+        update, loss = min(history, key=lambda h: h[1])
+        return int(update), loss
+
+    def validations_since_best(self) -> int:
+        history = self.counters.validation_history
+        best = min(range(len(history)), key=lambda i: history[i][1])
+        return len(history) - 1 - best
 
     def snapshot(self) -> TrainState:
         """The state after this update (consistent: optimizer stepped, scale updated)."""
@@ -409,6 +545,7 @@ class _Loop:
             "loss_scale": self.scaler.to_json(),
             "data": {
                 "seed": self.cursor.seed,
+                "shuffle": self.cursor.shuffle,
                 "epoch": self.cursor.epoch,
                 "position": self.cursor.position,
                 "accumulation_offset": 0,
@@ -418,8 +555,40 @@ class _Loop:
         }
         return TrainState(tensors, meta)
 
-    def result(self, seconds: float, log_path: str | None) -> Run:
+    def end_event(self, stop: str, seconds: float) -> dict[str, Any]:
+        best_update, best_loss = self.best()
+        return {
+            "event": "end",
+            "update": self.counters.updates,
+            "epoch": self.cursor.epochs,
+            "stopped": stop,
+            "seconds": seconds,
+            "best_update": best_update,
+            "best_validation_loss": best_loss,
+        }
+
+    def summary(self, stop: str, seconds: float) -> str:
+        """The line that ends a run's progress output."""
         c = self.counters
+        why = {"early_stopping": " (early stopping)", "interrupted": " (interrupted)"}.get(stop, "")
+        parts = [
+            f"train: {c.updates}/{self.options['steps']} updates{why} in {clock_text(seconds)}",
+            f"epoch {self.cursor.epochs:.2f}",
+        ]
+        if c.loss_history:
+            parts.append(f"final loss {c.loss_history[-1]:.4f}")
+        best_update, best_loss = self.best()
+        if best_loss is not None:
+            parts.append(
+                f"validation loss {c.validation_history[-1][1]:.4f} "
+                f"(best {best_loss:.4f} at update {best_update})"
+            )
+        parts.append(f"{self.tokens_seen / max(seconds, 1e-9):.0f} tokens/s")
+        return ", ".join(parts)
+
+    def result(self, seconds: float, log_path: str | None, stop: str) -> Run:
+        c = self.counters
+        best_update, best_loss = self.best()
         return Run(
             adapter=self.adapter,
             profile=self.profile,
@@ -439,6 +608,11 @@ class _Loop:
                 "optimizer": self.opt.state_bytes(),
                 "managed": self.opt.managed_bytes(),
             },
+            epochs=self.cursor.epochs,
+            stopped_early=c.stopped_early,
+            best_update=best_update,
+            best_validation_loss=best_loss,
+            accuracy_history=[(int(u), v) for u, v in c.validation_accuracy],
         )
 
 
@@ -450,21 +624,18 @@ def _log_path(log: str | None, checkpoints: str | None) -> str | None:
     return path
 
 
-def _progress(total: int, done: int):
-    """A tqdm bar on a terminal, nothing otherwise."""
-    if not sys.stderr.isatty():
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, initial=done, desc="train", unit="update", leave=False)
-
-
 def train_builtin(
-    ctx: Any, *, checkpoints: str | None = None, log: str | None = None, **kwargs: Any
+    ctx: Any,
+    *,
+    checkpoints: str | None = None,
+    log: str | None = None,
+    log_dir: str | None = None,
+    **kwargs: Any,
 ) -> Run:
-    """Builtin `train`: script-relative `checkpoints` and `log` paths, then `train`."""
+    """Builtin `train`: script-relative `checkpoints`, `log` and `log_dir` paths, then `train`."""
     return train(
         checkpoints=str(ctx.resolve_path(checkpoints)) if checkpoints else None,
         log=str(ctx.resolve_path(log)) if log else None,
+        log_dir=str(ctx.resolve_path(log_dir)) if log_dir else None,
         **kwargs,
     )

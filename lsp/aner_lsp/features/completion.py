@@ -80,7 +80,10 @@ def _global_items() -> tuple[lsp.CompletionItem, ...]:
 
 
 def _import_paths(typed: str, directory: str | None) -> list[lsp.CompletionItem]:
-    """`.aner` files and folders under the importing file's folder, relative to what is typed."""
+    """`.aner` files and folders under the importing file's folder, relative to what is typed
+    (an absolute path lists nothing: imports are relative, and the file system is not browsed)."""
+    if os.path.isabs(typed):
+        return []
     folder = os.path.join(directory or os.getcwd(), os.path.dirname(typed))
     try:
         entries = sorted(os.scandir(folder), key=lambda e: e.name)

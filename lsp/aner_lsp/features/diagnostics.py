@@ -61,9 +61,10 @@ def _publish(ls: AnerServer, uri: str, snap: Snapshot) -> None:
     )
 
 
-def did_open(ls: AnerServer, params: lsp.DidOpenTextDocumentParams) -> None:
+async def did_open(ls: AnerServer, params: lsp.DidOpenTextDocumentParams) -> None:
+    """Analyse the opened buffer on a worker thread (as an edit is), then publish."""
     uri = params.text_document.uri
-    _publish(ls, uri, ls.refresh(uri))
+    ls.pending[uri] = asyncio.ensure_future(_analyse_later(ls, uri, 0.0))
 
 
 async def did_change(ls: AnerServer, params: lsp.DidChangeTextDocumentParams) -> None:
@@ -74,9 +75,9 @@ async def did_change(ls: AnerServer, params: lsp.DidChangeTextDocumentParams) ->
     ls.pending[uri] = asyncio.ensure_future(_analyse_later(ls, uri))
 
 
-async def _analyse_later(ls: AnerServer, uri: str) -> None:
+async def _analyse_later(ls: AnerServer, uri: str, pause: float = DEBOUNCE_S) -> None:
     """Analyse the buffer on a worker thread once edits pause, then publish its diagnostics."""
-    await asyncio.sleep(DEBOUNCE_S)
+    await asyncio.sleep(pause)
     doc = ls.workspace.text_documents.get(uri)
     if doc is None:
         return

@@ -95,7 +95,7 @@ def formatting_edits(source: str, index: LineIndex) -> list[types.TextEdit]:
 
 
 def on_formatting(ls: AnerServer, params: types.DocumentFormattingParams) -> list[types.TextEdit]:
-    doc = ls.workspace.get_text_document(params.text_document.uri)
+    doc = ls.document(params.text_document.uri)
     return formatting_edits(doc.source, LineIndex(doc.source))
 
 

@@ -3,15 +3,20 @@
 References lists the uses in this buffer of whatever the name under the cursor is defined as (a
 binding, `fn`, record or enum, declared here or imported). Rename is limited to the bindings of
 this file (`let`, parameter, `for` variable): renaming a declaration that other files may import
-would need edits in them too, and the server analyses one buffer at a time."""
+would need edits in them too, and the server analyses one buffer at a time. The new name must be
+a name the language accepts (not a keyword, not `1 bad`): anything else is refused with an
+InvalidParams error, never written into the buffer."""
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 from lsprotocol import types as lsp
+from pygls.exceptions import JsonRpcInvalidParams
 
 from aner_lsp.documents import AnerServer
+from aner_lsp.lexer import KEYWORDS
 
 if TYPE_CHECKING:
     from aner_lang.check.analysis import Analysis, Definition
@@ -19,6 +24,7 @@ if TYPE_CHECKING:
     from aner_lsp.positions import LineIndex
 
 RENAMEABLE = ("let", "param", "for")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def _spans(analysis: Analysis, d: Definition, declaration: bool) -> list[Span]:
@@ -44,6 +50,8 @@ def rename(
     analysis: Analysis, offset: int, new_name: str, uri: str, index: LineIndex
 ) -> lsp.WorkspaceEdit | None:
     """Rename a binding of this file (a `let`, parameter or `for` variable) and all its uses."""
+    if _NAME.fullmatch(new_name) is None or new_name in KEYWORDS:
+        raise JsonRpcInvalidParams(message=f"{new_name!r} is not a name Aner accepts")
     d = analysis.definition_at(offset)
     if d is None or d.span is None or d.kind not in RENAMEABLE or d.path != analysis.path:
         return None

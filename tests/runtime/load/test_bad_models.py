@@ -1,6 +1,6 @@
 """Damaged or unsupported models fail with a clear error naming the file, before any tensor data
 is read: configs checked against themselves and against tensor shapes, special token ids in
-range, shards present, norm weights finite."""
+range, shards present, weights finite."""
 
 from __future__ import annotations
 
@@ -102,3 +102,17 @@ def test_non_finite_norm_weight(tmp_path):
     path.write_bytes(bytes(data))
     err = _error(path)
     assert err.code == "E-MODEL-WEIGHTS" and "layers.1.post_attention_layernorm" in err.message
+
+
+def test_non_finite_linear_weight(tmp_path):
+    """A NaN projection weight is refused at load (training would skip every update)."""
+    import gguf
+
+    path = write_fixture(tmp_path / "q.gguf", "tiny", tokenizer=embedded_tokenizer())
+    reader = gguf.GGUFReader(str(path))
+    offset = next(t for t in reader.tensors if t.name == "blk.0.attn_q.weight").data_offset
+    data = bytearray(path.read_bytes())
+    data[offset : offset + 4] = np.float32("nan").tobytes()
+    path.write_bytes(bytes(data))
+    err = _error(path)
+    assert err.code == "E-MODEL-WEIGHTS" and "layers.0.self_attn.q_proj" in err.message

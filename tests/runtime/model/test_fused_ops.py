@@ -3,9 +3,11 @@ analytic gradients, and less kept for backward."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
+from aner_lang.runtime.model import fused_ops
 from aner_lang.runtime.model.fused_ops import rms_norm, swiglu
 
 
@@ -59,3 +61,38 @@ def test_swiglu_gradients_match_autograd_and_keep_only_the_inputs():
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
     gb, ub = (t.detach().to(torch.bfloat16).requires_grad_(True) for t in (gate, up))
     assert _saved_bytes(lambda: swiglu(gb, ub)) == 2 * gb.numel() * gb.element_size()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_liger_kernels_on_cuda_agree_with_the_torch_functions(dtype):
+    """On CUDA with liger-kernel installed the half-precision functions are Liger's Triton
+    kernels: forward and gradients equal the torch functions' up to the half-precision rounding
+    of the result (Triton's fp32 exponential and the mean's summation order differ in the last
+    fp32 bits, which a rounding to fp16 can show)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    if fused_ops.implementation(torch.device("cuda")) == "torch":
+        pytest.skip("liger-kernel is not installed")
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    x = (torch.randn(4, 33, 512, generator=gen, device="cuda") * 3).to(dtype).requires_grad_(True)
+    w = 1 + 0.1 * torch.randn(512, generator=gen, device="cuda")
+    g = torch.randn(4, 33, 512, generator=gen, device="cuda").to(dtype)
+    ours = fused_ops.rms_norm(x, w, 1e-5)
+    ref = fused_ops._RMSNorm.apply(x, w, 1e-5)
+    assert ours.dtype == dtype and torch.allclose(ours.float(), ref.float(), rtol=1e-2, atol=1e-2)
+    (gx,) = torch.autograd.grad(ours, (x,), g)
+    (rx,) = torch.autograd.grad(ref, (x,), g)
+    assert torch.allclose(gx.float(), rx.float(), rtol=2e-2, atol=2e-2)
+
+    gate = (torch.randn(65, 700, generator=gen, device="cuda") * 2).to(dtype).requires_grad_(True)
+    up = torch.randn(65, 700, generator=gen, device="cuda").to(dtype).requires_grad_(True)
+    gc = torch.randn(65, 700, generator=gen, device="cuda").to(dtype)
+    gate2, up2 = (t.detach().clone().requires_grad_(True) for t in (gate, up))
+    ours = fused_ops.swiglu(gate, up)
+    ref = fused_ops._SwiGLU.apply(gate2, up2)
+    assert torch.allclose(ours.float(), ref.float(), rtol=1e-2, atol=1e-3)
+    theirs = torch.autograd.grad(ref, (gate2, up2), gc)
+    mine = torch.autograd.grad(ours, (gate, up), gc)  # Liger writes these over its saved inputs
+    for a, b in zip(mine, theirs):
+        assert torch.allclose(a.float(), b.float(), rtol=2e-2, atol=2e-2)

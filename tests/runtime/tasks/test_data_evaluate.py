@@ -66,9 +66,9 @@ def test_jsonl_errors(tmp_path):
     with pytest.raises(AnerRuntimeError, match=r"bad.jsonl:2: not valid JSON"):
         from_jsonl(bad, context=16)
     bad.write_text('{"txt": "typo"}\n')
-    with pytest.raises(AnerRuntimeError, match=r"no string field 'text' \(fields: txt\)"):
+    with pytest.raises(AnerRuntimeError, match=r"bad.jsonl:1: no field 'text' .*\(fields: txt\)"):
         from_jsonl(bad, context=16)
-    with pytest.raises(AnerRuntimeError, match="no such JSONL file"):
+    with pytest.raises(AnerRuntimeError, match="no such file"):
         from_jsonl(tmp_path / "missing.jsonl", context=16)
     with pytest.raises(AnerRuntimeError, match="both prompt_field and completion_field"):
         from_jsonl(bad, context=16, prompt_field="txt")

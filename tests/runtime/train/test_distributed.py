@@ -27,10 +27,21 @@ let data = texts(["Aner makes model adaptation explicit.", "The quiet lake refle
                  context: 24)
 let p = profile(precision: float32, optimizer: adamw, kernel: host_tiled)
 # Adam turns rounding noise in tiny gradients into steps of the learning rate's size: full's
-# is 0.001, so its 2-rank and 1-process results compare at fp32 tolerance
+# is 0.001 (0.0001 over an epoch of validations), so its 2-rank and 1-process results compare
+# at fp32 tolerance
 fn run(a: Adapter, steps: Int, micro: Int, dir: String, lr: Float) -> Run {{
   return train(a, data, p, steps: steps, micro_batch: micro, accumulation: 2, learning_rate: lr,
                weight_decay: 0.01, clip_norm: 0.5, seed: 5, checkpoints: dir, checkpoint_every: 1)
+}}
+# 5 examples in order, an epoch of windows of 2 + 2 and 1 (on 2 ranks the last micro-step's share
+# is empty on rank 1), validated after every update with the best checkpoint kept
+let odd = texts(["Aner makes model adaptation explicit.", "The quiet lake reflects the sky.",
+                 "Seven engineers share one tree.", "A fourth line, the longest one of all.",
+                 "And a fifth."], context: 24)
+fn epoch(a: Adapter, micro: Int, dir: String, lr: Float) -> Run {{
+  return train(a, odd, p, epochs: 1.0, micro_batch: micro, accumulation: 2, shuffle: false,
+               learning_rate: lr, clip_norm: 0.5, seed: 5, validation: data, eval_every: 1,
+               checkpoints: dir)
 }}
 fn low_rank() -> Adapter {{
   return lora(m, rank: 2, alpha: 4.0, targets: [q_proj, v_proj, down_proj], seed: 3)
@@ -42,6 +53,8 @@ print(run(lora(q, rank: 2, alpha: 4.0, seed: 3), 2, 2, "one/qlora", 0.01))
 print(run(low_rank(), 2, 2, "one/lora", 0.01))
 print(run(full(m), 2, 2, "one/full", 0.001))
 print(run(full(m), 1, 2, "one/full_first", 0.001))
+print(epoch(low_rank(), 2, "one/lora_epoch", 0.01))
+print(epoch(full(m), 2, "one/full_epoch", 0.0001))
 """
 TWO = """
 print(run(lora(q, rank: 2, alpha: 4.0, seed: 3), 2, 1, "two/qlora", 0.01))
@@ -56,6 +69,8 @@ let again = full(m)
 print(run(again, 1, 1, "two/full_again", 0.001))
 print(run(again, 2, 1, "two/full_again", 0.001))
 print(memory(full(m), p))
+print(epoch(low_rank(), 1, "two/lora_epoch", 0.01))
+print(epoch(full(m), 1, "two/full_epoch", 0.0001))
 """
 AFTER = """
 print(run(resume("two/lora_first", model: m), 2, 2, "one/lora_from_two", 0.01))
@@ -112,7 +127,8 @@ def _assert_same(a: Path, b: Path, exact: bool) -> None:
     if exact:
         assert x.meta == y.meta
     else:
-        torch.testing.assert_close(cx["loss_history"], cy["loss_history"])
+        losses = [torch.tensor(c["loss_history"], dtype=torch.float32) for c in (cx, cy)]
+        torch.testing.assert_close(*losses)  # fp32 tolerance: the losses are fp32 sums
 
 
 def _moved(folder: Path) -> None:
@@ -130,6 +146,21 @@ def test_data_parallel_lora_equals_one_process_with_the_combined_batch(runs, met
     folder, _ = runs
     _moved(folder / "two" / method)
     _assert_same(folder / "two" / method, folder / "one" / method, exact=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["lora", "full"])
+def test_an_epoch_with_a_short_last_window_equals_one_process(runs, method):
+    """`epochs`, `shuffle: false`, a last micro-step with fewer examples than ranks (an empty
+    share: skipped by data parallel, a placeholder with nothing scored under FSDP), validation
+    and the best checkpoint, which rank 0 writes."""
+    folder, _ = runs
+    two, one = folder / "two" / f"{method}_epoch", folder / "one" / f"{method}_epoch"
+    _assert_same(two, one, exact=False)
+    best_two, best_one = checkpoint.load(two / "best"), checkpoint.load(one / "best")
+    assert best_two.updates == best_one.updates
+    history = best_two.meta["counters"]["validation_history"]
+    assert len(history) == best_two.updates
 
 
 @pytest.mark.slow
@@ -164,9 +195,10 @@ def test_a_one_process_checkpoint_continues_on_two_ranks(runs):
 @pytest.mark.slow
 def test_only_rank_zero_prints_and_logs(runs):
     folder, stdout = runs
-    assert stdout.count("Run(2 updates") == 7 and stdout.count("Run(1 updates") == 3
+    assert stdout.count("Run(2 updates") == 9 and stdout.count("Run(1 updates") == 3
     events = (folder / "two" / "full" / "events.jsonl").read_text().splitlines()
-    assert len(events) == 3 and '"world_size": 2' in events[0]
+    assert len(events) == 4 and '"world_size": 2' in events[0]  # start, 2 updates, end
+    assert '"updates_per_epoch": 1' in events[0] and '"event": "end"' in events[-1]
     assert "FSDP" in events[0]  # CUDA graphs off: the step communicates
 
 
@@ -191,6 +223,22 @@ def test_gradient_buckets_keep_order_and_split_by_size_and_dtype():
     h = torch.zeros(4, dtype=torch.float16)
     groups = buckets([a, h, b, c], limit=80)
     assert [[id(t) for t in g] for g in groups] == [[id(a), id(b)], [id(c)], [id(h)]]
+
+
+@pytest.mark.parametrize("n", [0, 1, 3, 4, 7, 8])
+@pytest.mark.parametrize("size", [1, 2, 3, 4])
+def test_the_shares_of_a_micro_step_are_consecutive_near_equal_and_whole(n, size):
+    """`micro_batch * size` examples (or fewer at an epoch's end) split into one consecutive share
+    a rank, differing in length by at most one; `k * size` examples give every rank `k`."""
+    from aner_lang.runtime.io.world import World
+    from aner_lang.runtime.train.distributed import Parallel
+
+    drawn = list(range(n))
+    shares = [Parallel(None, None, World(r, size)).share(drawn) for r in range(size)]
+    assert [i for share in shares for i in share] == drawn
+    assert max(map(len, shares)) - min(map(len, shares)) <= 1
+    if n % size == 0:
+        assert all(len(share) == n // size for share in shares)
 
 
 @pytest.mark.parametrize("rows", [1, 5, 8, 9])

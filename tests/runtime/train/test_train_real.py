@@ -81,11 +81,12 @@ def test_lora_learns_in_30_updates_and_leaves_the_base_alone(real_model, data, t
     assert run.updates == 30 and run.skipped_updates == 0 and len(run.loss_history) == 30
     assert run.loss_history[-1] < 0.5 * run.loss_history[0]
     assert [u for u, _ in run.validation_history] == [1, 30]  # after the first and the last
-    start, *events = [json.loads(x) for x in (tmp_path / "ev.jsonl").read_text().splitlines()]
+    start, *events, end = [json.loads(x) for x in (tmp_path / "ev.jsonl").read_text().splitlines()]
     assert start["event"] == "start" and start["kernel_identity"] == run.kernel_identity
     assert start["kernel_identity"].startswith("aner.dense/1;compute=float32;torch=")
     assert [e["update"] for e in events if e["event"] == "update"] == list(range(1, 31))
     assert events[0]["grad_norm"] > 0 and "validation_loss" in events[-1]
+    assert end["event"] == "end" and end["stopped"] == "done"
     assert run.scored_tokens == 30 * data.scored_tokens(real_model.tokenizer)
     with torch.no_grad():
         assert torch.equal(real_model.forward(ids), before)  # base untouched

@@ -2,7 +2,9 @@
 
 Kernels run on torch's current stream (CuPy is told about it as an external stream), read and write
 torch tensors in place by pointer, and never synchronise the host, so they can be captured in a
-CUDA graph. Which kernel a call uses depends on the number of tokens M (rows of x):
+CUDA graph. Which kernel a call uses depends on the number of tokens M (rows of x); each rule is
+the measured fastest choice on the H200 (figures and the designs tried and dropped:
+benchmarks/results/h200_nf4_kernels.json and h200_nf4_design_notes.md):
 
 * M <= 16 ("small", generation and evaluation): memory-bound fused kernels that dequantize in
   registers. float32: one warp per output row on CUDA cores. float16/bfloat16: mma.sync m16n8k16
@@ -17,51 +19,21 @@ CUDA graph. Which kernel a call uses depends on the number of tokens M (rows of 
   cluster of two blocks splits a tile's k-steps and adds the sums through distributed shared
   memory, so each block reads half as much of x for the same work. The 16-bit results leave
   through shared memory as whole 128-byte rows, and the kernel is launched to overlap the one
-  before it (programmatic.py). H200, 2026-12-03, three runs of benchmarks/nf4_kernels.py, each
-  against dense bf16 and dequantize + cuBLAS in the same run: 4096x4096 at 512 tokens 31.2-32.8 us
-  (dense 25.5-26.3, so 1.19-1.28x; dequantize + cuBLAS 39.7; 33.3-33.9 before those two changes);
-  4096x14336 at 512, k split: 105.5-108.5 (dense 83.8-84.7, 1.25-1.28x; dequantize + cuBLAS
-  125.7); 14336x4096 at 128: 40.3 (the warp-specialized GEMM below: 53.5); 4096x4096 at 1024, 256
-  x 128 blocks: 59.2-61.4 against 61.6-62.6 for dequantize + cuBLAS; past that cuBLAS on the
-  dequantized weight wins (at 4096: 213-215 against 249-252 us).
-  The MMA warps issue every dequantization instruction between their wgmmas: 6-7% fewer per k-step
-  (ring positions instead of s % STAGES) made the 256 x 64 block 7% faster (34.2 -> 31.6 us on
-  4096x4096 at 512, one run). Not any instruction: a shared table of each byte's two codes (26%
-  fewer, bit-identical) was 13% slower there and 30% on 128-token tiles, its loads competing with
-  the wgmmas' reads of x's tile.
-  Taken apart before that change on 4096x4096 at 512 tokens (64 rows x 256 tokens per block, 35.5
-  us whole): without the dequantization arithmetic 29.4 us, without the MMAs 21.6 us: the two
-  partly overlap, unlike in the older fused GEMMs below, and the MMA pipeline alone is ~1.2x
-  cuBLAS. Clusters of 2 or 4 blocks sharing x's tile by TMA multicast measured 1.4-3.5x slower and
-  were dropped.
+  before it (programmatic.py). Why it wins: the dequantization runs between the wgmmas of the
+  same warps, so the two overlap and the dense weight is never written. Past 1024 tokens the GEMM
+  is compute-bound and dequantize + cuBLAS wins.
 * Otherwise 16 < M <= 128 on wide weights (about one 128-row block per multiprocessor or more,
-  e.g. the lm_head), float16/bfloat16 on Hopper (sm_90a): one fused GEMM on warpgroup MMAs (wgmma).
-  Mostly the warp-specialized one (``_uses_ws``, ``ws_tile``): two producer warpgroups dequantize
-  W into shared memory and copy x beside it, two consumer warpgroups only issue wgmmas with both
-  operands in shared memory. Up to 32 tokens on narrow inputs (under 1024 features), the one whose
-  A operand is the weight dequantized straight into the MMA warps' registers (``_uses_wgmma``,
-  ``wgmma_tile``).
-  Both run about 0.6-0.75 us per 64-wide k-step per block whatever the load, so neither wins
-  past one wave of blocks: at 512 tokens on 4096x4096 the warp-specialized one took 47-51 us
-  against 39 us for dequantize + cuBLAS (H200, 2026-12-03) whether its producers kept one or
-  four k-steps of W in flight and with or without their proxy fence: the dequantization and the
-  MMAs still do not overlap. Taken apart on that shape (H200, 2026-12-03, variants timed in one
-  run): the consumers' wgmmas alone 27 us, the producers alone 32.5 us, the whole pipeline with
-  the dequantization arithmetic left out 38.8 us (dense bf16: 23 us). So moving the tiles into
-  shared memory (producer stores of W, cp.async of x, the handshakes) already costs more than the
-  1.3x target allows, before any dequantization; one producer warpgroup doing whole 64-weight
-  rows (26% fewer instructions) or sleeping barrier waits did not change it. A design under the
-  target has to move less through shared memory, not only dequantize faster. The obvious one, x
-  read from global memory straight into the wgmma's register operand (4-byte loads, one step
-  ahead), was slower still: 77 us, its loads waiting on L2 with L1 at 91% of its throughput.
+  e.g. the lm_head), float16/bfloat16 on Hopper: one fused GEMM on warpgroup MMAs (wgmma). Mostly
+  the warp-specialized one (``_uses_ws``, ``ws_tile``): two producer warpgroups dequantize W into
+  shared memory and copy x beside it, two consumer warpgroups only issue wgmmas. Up to 32 tokens
+  on narrow inputs, the one whose A operand is the weight dequantized straight into the MMA warps'
+  registers (``_uses_wgmma``, ``wgmma_tile``). Both cost a fixed ~0.6-0.75 us per 64-wide k-step
+  per block, so neither is used past one wave of blocks: moving tiles through shared memory costs
+  more than dequantize + cuBLAS there.
 * Other M > 16 (past 1024 tokens, float32, few input features or narrow weights, GPUs without
   wgmma), and every backward with M > 16: the weight is dequantized by one kernel into a buffer
-  reused across layers, then cuBLAS (torch) multiplies. On the H200 this beats the fused GEMMs
-  there (benchmarks/results/).
-  Splitting that into chunks was measured slower on the H200 (2026-12-02) for every shape and
-  M from 512 to 4096: 2, 4 or 8 chunks of rows or of K (fp32 accumulation), one after the other or
-  with the next chunk's dequantization overlapped on a side stream; e.g. 4096x4096 at 512 tokens
-  41 us whole, 50-142 us chunked.
+  reused across layers, then cuBLAS (torch) multiplies, in one piece (chunking it, with or without
+  overlap on a side stream, was slower for every shape measured).
 
 ``linear`` and ``grad_input`` take an ``out_dtype``: under a half-precision profile the fused
 backend asks for float32 outputs, which the kernels' fp32 accumulators give for free, so no
@@ -281,10 +253,10 @@ def wgmma_tile(m: int) -> int:
 
 
 def _uses_wgmma(m: int, dtype: torch.dtype, device: torch.device, n: int) -> bool:
-    """The fused GEMM where it beat dequantize + cuBLAS on the H200 (benchmarks/results/): up to
-    128 tokens (one token tile), on weights with enough 128-row blocks to give about every
-    multiprocessor one (the lm_head, wide MLP projections). Elsewhere its per-token-tile
-    dequantization costs more than writing the dense weight once."""
+    """Rule: the fused GEMM for up to 128 tokens (one token tile), on weights with enough 128-row
+    blocks to give about every multiprocessor one (the lm_head, wide MLP projections). Reason:
+    elsewhere its per-token-tile dequantization costs more than writing the dense weight once
+    (benchmarks/results/h200_nf4_kernels.json)."""
     if not (
         SMALL_MAX_TOKENS < m <= WGMMA_TILES[2]
         and dtype != torch.float32
@@ -330,13 +302,12 @@ def ws_tile(m: int) -> int:
 
 
 def _uses_ws(m: int, dtype: torch.dtype, device: torch.device, n: int, k: int) -> bool:
-    """Where a fused GEMM is picked (``_uses_wgmma``) and the TMA-fed one is not (``_uses_tma``:
-    tried first), the warp-specialized one, except for up to 32 tokens on narrow inputs. H200, three
-    runs on 2026-12-03: 14336x4096 at 32 tokens 46-49 us against 50-61 for the register-operand
-    kernel's 32-token tile (with the benchmark's per-shape warm-up, a later run that day: 44.8
-    against 45.1), 49152x576 (SmolLM2's lm_head) at 128 tokens 31 against 37 us, 14336x4096 at
-    77-128 tokens within 2% either way; but 49152x576 at 32 tokens (9 k-steps) 24.4-25.6 against
-    22.5-22.8 us for the 32-token tile. 14336x4096 (32 to 128 tokens) now takes the TMA-fed GEMM."""
+    """Rule: where a fused GEMM is picked (``_uses_wgmma``) and the TMA-fed one is not
+    (``_uses_tma`` is tried first), the warp-specialized GEMM, except for up to 32 tokens on
+    inputs narrower than WS_MIN_K. Reason: overlapping the dequantization warps with the MMA warps
+    pays once there are enough k-steps to overlap; with few k-steps (a 576-wide input) the
+    register-operand kernel's 32-token tile has less fixed cost. Figures: benchmarks/results/
+    h200_nf4_kernels.json."""
     return _uses_wgmma(m, dtype, device, n) and (k >= WS_MIN_K or m > WGMMA_TILES[0])
 
 
@@ -367,17 +338,14 @@ TMA_KERNELS = (
     (128, 64, 1),
 )
 # Splitting k halves the x tiles each block reads for the same dequantization work per weight as
-# a 64-row block: on the H200 (2026-12-03, one run) 4096x14336 at 512 tokens 109.7 us against
-# 119.8 for 256 tokens x 64 rows, at 256 tokens 73.8 against 78.6 for 128 x 64; at K = 4096 it
-# tied or lost (4096x4096 at 512: 34.3 against 34.5, at 256: 24.7 against 23.6).
+# a 64-row block; it pays on long inputs (K = 14336) and ties or loses at K = 4096.
 TMA_SPLIT_MIN_K = 8192
 TMA_TOKENS = (
     64,
     1024,
 )  # M <= 1024 (past it cuBLAS on the dequantized weight wins); M <= 64: wide weights
-# A block takes about 0.5 us per 64-wide k-step, so few k-steps leave little to overlap: at K = 576
-# (9 steps, 49152x576) the warp-specialized GEMM won, and on small weights (SmolLM2's 576x1536)
-# dequantize + cuBLAS costs about 6 us in all. The wins measured were all at K >= 4096.
+# A block takes about 0.5 us per 64-wide k-step, so few k-steps leave little to overlap; on short
+# inputs the warp-specialized GEMM or dequantize + cuBLAS wins.
 TMA_MIN_K = 4096
 
 
@@ -396,13 +364,13 @@ def _tma_grid(m: int, n: int, shape: tuple[int, int, int]) -> tuple[int, int, in
 
 
 def tma_kernel(m: int, n: int, k: int, device: torch.device) -> tuple[int, int, int]:
-    """The block shape: the most work per block (each token tile dequantizes the weight again,
-    each row block reads x again) that still gives about every multiprocessor a block, with token
-    tiles no larger than M needs and k split only from TMA_SPLIT_MIN_K; failing that, the shape
-    with the most blocks. On the H200 (2026-12-03) this picked the fastest shape on each of the
-    8 shapes measured without k-splits (128 to 2048 tokens, two runs); of the 9 measured with them
-    (64 to 768 tokens, one run) on 7, within 1% on 4096x4096 at 512 tokens, and not on 4096x4096
-    at 768 (256 x 64: 64.4 us; 256 x 128, 96 blocks, just under the 0.75 per SM: 56.8)."""
+    """Rule: the block shape with the most work per block that still gives about every
+    multiprocessor a block (0.75 blocks per SM), with token tiles no larger than M needs and k split
+    only from TMA_SPLIT_MIN_K; failing that, the shape with the most blocks. Reason: each token tile
+    dequantizes the weight again and each row block reads x again, so bigger blocks do less
+    redundant work, until the grid leaves multiprocessors idle. The rule picks the measured
+    fastest shape on nearly all shapes benchmarked (benchmarks/results/h200_nf4_kernels.json);
+    the known exception is 4096x4096 at 768 tokens, where a grid just under the threshold wins."""
     sms = _sm_count(_index(device))
     shapes = [
         c for c in TMA_KERNELS if (c[0] == 128 or m > 128) and (c[2] == 1 or k >= TMA_SPLIT_MIN_K)
@@ -414,14 +382,15 @@ def tma_kernel(m: int, n: int, k: int, device: torch.device) -> tuple[int, int, 
 
 
 def _uses_tma(m: int, dtype: torch.dtype, device: torch.device, n: int, k: int) -> bool:
-    """The TMA-fed GEMM where it beat dequantize + cuBLAS and the other fused GEMMs on the H200
-    (benchmarks/results/): half precision, K >= TMA_MIN_K, M <= 1024 (TMA_TOKENS; at 1024 tokens on
-    4096x4096 the 256x128 blocks took 59.2-61.4 us against 61.6-62.6 in three runs, at 4096 tokens
-    249-252 against 213-215), and
-    * up to 64 tokens, on the wide weights where a fused GEMM already beats cuBLAS (``_uses_wgmma``):
-      14336x4096 at 32 tokens 41.5-41.7 us against 44.4-44.7 for the warp-specialized one;
-    * past 64 tokens, on a grid of at least 0.45 blocks per multiprocessor (4096x4096 at 128
-      tokens, 64 blocks: 23 us against 28 for cuBLAS); smaller grids were not measured."""
+    """Rule: the TMA-fed GEMM for half precision with K >= TMA_MIN_K and at most TMA_TOKENS[1]
+    tokens, and
+    * up to 64 tokens, only on the wide weights where a fused GEMM beats cuBLAS at all
+      (``_uses_wgmma``);
+    * past 64 tokens, on a grid of at least 0.45 blocks per multiprocessor.
+    Reason: dequantizing inside the GEMM saves writing and reading the dense weight, which
+    dominates at few tokens; past ~1024 tokens the GEMM is compute-bound and cuBLAS on a dense
+    copy wins; grids smaller than 0.45 blocks per SM leave too much of the GPU idle (and were not
+    measured). Figures: benchmarks/results/h200_nf4_kernels.json."""
     if not (
         SMALL_MAX_TOKENS < m <= TMA_TOKENS[1]
         and k >= TMA_MIN_K

@@ -31,6 +31,7 @@ import copy
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -50,6 +51,7 @@ from aner_lang.errors import AnerRuntimeError
 from aner_lang.runtime.io.world import World
 from aner_lang.runtime.model.precision import DTYPES
 from aner_lang.runtime.model.transformer import LlamaModel
+from aner_lang.runtime.tasks.data import Example
 from aner_lang.runtime.train.distributed.buckets import all_reduce_sum
 from aner_lang.runtime.train.distributed.parallel import DataParallel
 
@@ -94,8 +96,13 @@ class _ShardedAdapter:
     def active(self) -> Iterator[None]:
         yield
 
-    def loss(self, input_ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return self.module.loss(input_ids, targets)
+    def loss(
+        self,
+        input_ids: torch.Tensor,
+        targets: torch.Tensor,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        return self.module.loss(input_ids, targets, positions)
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """The masters as a `TrainState` keeps them (`ShardedFull.kept`; every rank must call
@@ -161,20 +168,34 @@ class ShardedFull(DataParallel):
         whole = self.whole(name, part)
         return whole.cpu() if self.world.main else part.detach().cpu().clone()
 
+    def share(self, examples: list[Example]) -> list[Example]:
+        """This rank's share, or where it has none (the last micro-step of an epoch with fewer
+        examples than ranks) one of the others' examples with nothing scored: every rank runs
+        every micro-step, for its collectives, and the placeholder adds nothing to the loss."""
+        mine = super().share(examples)
+        if mine or not examples:
+            return mine
+        first = examples[0]
+        return [replace(first, scored=(False,) * len(first.ids))]
+
     def gradients(self, params: list[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         """This rank's part of every gradient (already reduce-scattered by FSDP)."""
         return {n: _local(p.grad) for n, p in params if p.grad is not None}
+
+    def grad_norm(self, grads: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The 2-norm of the whole gradients from every rank's parts."""
+        squares = torch.stack(
+            [torch.linalg.vector_norm(g, dtype=torch.float32) ** 2 for g in grads.values()]
+        ).sum()
+        squares = squares.to(self.adapter.device)
+        all_reduce_sum([squares])
+        return squares.sqrt()
 
     def clip_grad_norm(
         self, params: list[torch.Tensor], grads: dict[str, torch.Tensor], max_norm: float
     ) -> torch.Tensor:
         parts = list(grads.values())
-        squares = torch.stack(
-            [torch.linalg.vector_norm(g, dtype=torch.float32) ** 2 for g in parts]
-        ).sum()
-        squares = squares.to(self.adapter.device)
-        all_reduce_sum([squares])
-        norm = squares.sqrt()
+        norm = self.grad_norm(grads)
         coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
         torch._foreach_mul_(parts, coef.to(parts[0].device))
         return norm

@@ -5,17 +5,19 @@ many; everything else (windows, loss scaling, clipping, AdamW, checkpoints) is t
 
 Rules:
 
-* The data order is the one seeded cursor on every rank. A micro-step draws `micro_batch` examples
-  per rank (`micro_batch * size` in all), rank r taking the r-th consecutive share, so N ranks
-  with `micro_batch: k` train on exactly the windows one process draws with `micro_batch: k * N`,
-  and the loss is normalised by the scored tokens of the whole window (every rank counts them
-  from the examples, without communication).
+* The data order is the one seeded cursor on every rank. A micro-step draws up to `micro_batch`
+  examples per rank (`micro_batch * size` in all, fewer at the end of an epoch: windows never
+  cross one), rank r taking the r-th of `size` consecutive, near-equal shares, so N ranks with
+  `micro_batch: k` train on exactly the windows one process draws with `micro_batch: k * N`, and
+  the loss is normalised by the scored tokens of the whole window (every rank counts them from
+  the examples, without communication).
 * Data parallel (`DataParallel`): every rank holds the whole adapter, runs its share of every
   micro-step and accumulates gradients locally (no communication on micro-steps); once per
   window the gradients are summed over ranks in buckets (`buckets.all_reduce_sum`), after which
   every rank takes the same optimizer step, so the replicas never diverge.
 * The window's loss and overflow flag are summed over ranks (`total`), so every rank decides the
-  same step, skip or retry.
+  same step, skip or retry; a stop request (a signal to some of the ranks) stops every rank after
+  the same update (`any_rank`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any
 import torch
 
 from aner_lang.runtime.io.world import World
+from aner_lang.runtime.tasks.data import Example
 from aner_lang.runtime.train.distributed.buckets import all_reduce_sum
 
 
@@ -45,10 +48,11 @@ class Parallel:
         """What the training loop runs and steps (the adapter itself unless sharded)."""
         return self.adapter
 
-    def share(self, ids: list[int]) -> list[int]:
-        """This rank's consecutive share of one micro-step's examples."""
-        k = len(ids) // self.world.size
-        return ids[self.world.rank * k : (self.world.rank + 1) * k]
+    def share(self, examples: list[Example]) -> list[Example]:
+        """This rank's consecutive share of one micro-step's examples (the r-th of `size`
+        near-equal parts; empty when there are fewer examples than ranks)."""
+        n, size, rank = len(examples), self.world.size, self.world.rank
+        return examples[rank * n // size : (rank + 1) * n // size]
 
     def gradients(self, params: list[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         """The window's gradients, by name, as the optimizer steps them."""
@@ -57,6 +61,14 @@ class Parallel:
     def total(self, t: torch.Tensor) -> torch.Tensor:
         """`t` summed over ranks."""
         return t
+
+    def any_rank(self, flag: bool) -> bool:
+        """Whether `flag` holds on any rank."""
+        return flag
+
+    def grad_norm(self, grads: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The total 2-norm of the window's gradients."""
+        return torch.nn.utils.get_total_norm(list(grads.values()), foreach=False)
 
     def clip_grad_norm(
         self, params: list[torch.Tensor], grads: dict[str, torch.Tensor], max_norm: float
@@ -97,3 +109,6 @@ class DataParallel(Parallel):
         out = t.clone()
         all_reduce_sum([out])
         return out
+
+    def any_rank(self, flag: bool) -> bool:
+        return bool(self.total(torch.tensor(float(flag), device=self.adapter.device)))

@@ -1,0 +1,57 @@
+"""What every exporter shares: refusing an adapter where a model is needed, and writing its
+output under the rules of `aner_lang.files` (an existing file or non-empty folder replaced only
+with `overwrite`, never the model's own files, a temporary name published only once complete, so
+an interrupted export never leaves a file that looks finished)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from aner_lang import files
+from aner_lang.errors import AnerRuntimeError
+
+
+def require_model(model: Any, builtin: str) -> None:
+    """Refuse an adapter given to `builtin`, which writes whole models."""
+    if hasattr(model, "targets") and not hasattr(model, "module"):
+        raise AnerRuntimeError(
+            f"{builtin} needs a model; merge the adapter first: {builtin}(merge(adapter), ...)",
+            code="E-EXPORT",
+        )
+
+
+@contextmanager
+def gguf_writer(
+    path: str | Path, architecture: str, *, overwrite: bool, protected: Iterable[str | Path]
+) -> Iterator[Any]:
+    """A `gguf.GGUFWriter` for `path`; the file appears when the block ends without error."""
+    import gguf
+
+    out = files.check_target(path, overwrite=overwrite, protected=protected)
+    files.make_parent(out)
+    with files.staged(out) as tmp:
+        writer = gguf.GGUFWriter(str(tmp), architecture)
+        try:
+            yield writer
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_tensors_to_file()
+        finally:
+            writer.close()
+        files.publish(tmp, out, overwrite=overwrite)
+
+
+@contextmanager
+def staged_folder(
+    directory: str | Path, *, overwrite: bool, protected: Iterable[str | Path]
+) -> Iterator[Path]:
+    """A fresh folder to fill; it becomes `directory` when the block ends without error."""
+    out = files.check_target(directory, overwrite=overwrite, protected=protected, folder=True)
+    files.make_parent(out)
+    with files.staged(out) as tmp:
+        tmp.mkdir()
+        yield tmp
+        files.publish(tmp, out, overwrite=overwrite)

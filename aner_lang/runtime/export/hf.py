@@ -1,0 +1,156 @@
+"""A model (a base, or a merged adapter) as a Hugging Face folder that `transformers` loads:
+
+    model.safetensors        every weight under HF's names (dense fp32, or `dtype`)
+    config.json              the hyper-parameters (already HF-named in `LlamaConfig`)
+    generation_config.json   BOS/EOS ids
+    tokenizer.json           the GGUF vocabulary as a `tokenizers` tokenizer (BOS added by its
+                             post-processor where the vocabulary asks for it)
+    tokenizer_config.json    special tokens, context length and the chat template
+
+Names: the runtime's module tree uses HF's module names (docs/internals.md), so a weight is
+saved as ``model.<module>.weight`` (``lm_head.weight`` for an untied output), for every
+architecture of `aner_lang.architectures`. An architecture's table name is HF's ``model_type``
+and its class is ``<Name>ForCausalLM`` (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
+Qwen3ForCausalLM), which is how `transformers` chooses the model class.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import processors
+
+from aner_lang.errors import AnerRuntimeError
+from aner_lang.runtime.export.files import require_model, staged_folder
+from aner_lang.runtime.io.world import once
+from aner_lang.runtime.model.linear import FrozenLinear
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+WEIGHTS = "model.safetensors"
+
+
+def _hf_tensors(model: Any, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Every weight under its HF name; a tied output matrix is saved once (as the embedding)."""
+    module = model.module
+    out: dict[str, torch.Tensor] = {}
+    inside_linear: set[str] = set()
+    for name, sub in module.named_modules():
+        if isinstance(sub, FrozenLinear):
+            inside_linear.add(name)
+            if name == "lm_head" and sub is module.embed_tokens:
+                continue
+            key = "lm_head.weight" if name == "lm_head" else f"model.{name}.weight"
+            out[key] = sub.dense_weight().to(dtype).contiguous().cpu()
+            bias = getattr(sub, "bias", None)
+            if isinstance(bias, torch.Tensor):
+                out[f"model.{name}.bias"] = bias.detach().to(dtype).contiguous().cpu()
+    for name, p in module.named_parameters():
+        owner = name.rsplit(".", 1)[0]
+        if owner not in inside_linear:
+            out[f"model.{name}"] = p.detach().to(dtype).contiguous().cpu()
+    return out
+
+
+def _config(model: Any, dtype: str) -> dict[str, Any]:
+    c, tok = model.config, model.tokenizer
+    fields = asdict(c)
+    arch = fields.pop("architecture")
+    return {
+        "architectures": [f"{arch.capitalize()}ForCausalLM"],
+        "model_type": arch,
+        **fields,
+        "hidden_act": "silu",
+        "bos_token_id": tok.bos_id,
+        "eos_token_id": tok.eos_id,
+        "pad_token_id": tok.pad_id,
+        "torch_dtype": dtype,
+        "use_cache": True,
+    }
+
+
+def _tokenizer(tok: Any) -> HFTokenizer:
+    """The vocabulary's tokenizer as HF loads it: BOS by the post-processor, not by the caller."""
+    backend = HFTokenizer.from_str(tok.backend.to_str())
+    backend.encode_special_tokens = False
+    if tok.add_bos and tok.bos_id is not None:
+        bos = tok.token_text(tok.bos_id)
+        backend.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tok.bos_id)]
+        )
+    return backend
+
+
+def _tokenizer_config(model: Any) -> dict[str, Any]:
+    tok = model.tokenizer
+
+    def text(i: int | None) -> str | None:
+        return tok.token_text(i) if i is not None else None
+
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": text(tok.bos_id),
+        "eos_token": text(tok.eos_id),
+        "pad_token": text(tok.pad_id),
+        "add_bos_token": tok.add_bos,
+        "model_max_length": model.config.max_position_embeddings,
+        "clean_up_tokenization_spaces": False,
+        **({"chat_template": tok.chat_template} if tok.chat_template else {}),
+    }
+
+
+def _scaled_rope(model: Any) -> bool:
+    """Whether the model's rotary frequencies differ from plain ``theta ** (-2i / d)``."""
+    c = model.config
+    plain = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2).float() / c.head_dim))
+    used = model.module.rotary.get_buffer("inv_freq").float().cpu()
+    return not torch.allclose(used, plain, rtol=1e-6, atol=0.0)
+
+
+def export_hf(
+    model: Any, directory: str | Path, dtype: str = "float32", *, overwrite: bool = False
+) -> Path:
+    """Write `model` as a Hugging Face folder (see the module docstring); returns the folder."""
+    require_model(model, "export_hf")
+    if dtype not in DTYPES:
+        raise AnerRuntimeError(
+            f"export_hf: unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}",
+            code="E-EXPORT",
+        )
+    if _scaled_rope(model):
+        raise AnerRuntimeError(
+            "export_hf: this model scales its rotary frequencies (Llama 3.1+), which its GGUF "
+            "stores as factors, not as the parameters a Hugging Face config needs",
+            code="E-EXPORT",
+            notes=("export it as GGUF instead: export_gguf(model, path)",),
+        )
+    tok = model.tokenizer
+
+    def dump(obj: Any) -> str:
+        return json.dumps(obj, indent=2, ensure_ascii=False) + "\n"
+
+    with (
+        staged_folder(directory, overwrite=overwrite, protected=[model.path]) as folder,
+        torch.no_grad(),
+    ):
+        save_file(_hf_tensors(model, DTYPES[dtype]), folder / WEIGHTS, metadata={"format": "pt"})
+        (folder / "config.json").write_text(dump(_config(model, dtype)), encoding="utf-8")
+        generation = {"bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id}
+        (folder / "generation_config.json").write_text(dump(generation), encoding="utf-8")
+        _tokenizer(tok).save(str(folder / "tokenizer.json"))
+        (folder / "tokenizer_config.json").write_text(
+            dump(_tokenizer_config(model)), encoding="utf-8"
+        )
+    return Path(directory)
+
+
+def export_hf_builtin(ctx: Any, *, model: Any, dir: str, dtype: str, overwrite: bool) -> str:
+    """Builtin `export_hf`: `dir` is relative to the script; returns the folder written (by rank
+    0 alone in a distributed run)."""
+    folder = ctx.resolve_path(dir)
+    return str(once(export_hf, model, folder, dtype, overwrite=overwrite) or folder)

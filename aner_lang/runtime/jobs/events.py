@@ -1,0 +1,92 @@
+"""A job's event log: ``<job folder>/events.jsonl``, one JSON object a line, each with a `time`.
+
+The job's supervisor is its only writer (its own events, the trainer's events it receives from
+the script's process, and the script's output lines as `output` events), so lines never
+interleave. Readers (`aner logs`, `wait`) tolerate a last line still being written.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+EVENTS = "events.jsonl"
+
+
+class EventLog:
+    """The writer side, shared by the supervisor's threads."""
+
+    def __init__(self, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self._file: TextIO = open(folder / EVENTS, "a", encoding="utf-8")
+        self._lock = threading.Lock()
+
+    def write(self, event: dict[str, Any]) -> None:
+        line = json.dumps({"time": round(time.time(), 3), **event})
+        with self._lock:
+            self._file.write(line + "\n")
+            self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def read(folder: Path, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
+    """The complete events from byte `offset` on, and the offset after the last complete line."""
+    try:
+        with open(folder / EVENTS, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except FileNotFoundError:
+        return [], offset
+    end = data.rfind(b"\n") + 1
+    events = []
+    for line in data[:end].splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict):
+            events.append(event)
+    return events, offset + end
+
+
+def follow(folder: Path, finished: Any, poll: float = 0.2) -> Iterator[dict[str, Any]]:
+    """Every event, then new ones as they come, until `finished()` is true and the log has been
+    read to its end after that."""
+    offset = 0
+    while True:
+        done = finished()
+        events, offset = read(folder, offset)
+        yield from events
+        if done:
+            return
+        if not events:
+            time.sleep(poll)
+
+
+def describe(event: dict[str, Any]) -> str:
+    """One human-readable line for an event."""
+    stamp = datetime.fromtimestamp(float(event.get("time", 0))).strftime("%H:%M:%S")
+    kind = event.get("event")
+    if kind == "output":
+        return f"{stamp} [{event.get('stream', 'stdout')}] {event.get('text', '')}"
+    if kind == "update":
+        train = f"train {event['train']}: " if "train" in event else ""
+        text = f"{train}update {event.get('update')}/{event.get('steps', '?')}"
+        text += f" loss {float(event.get('loss', float('nan'))):.4f}"
+        if "validation_loss" in event:
+            text += f" validation {float(event['validation_loss']):.4f}"
+        if event.get("skipped"):
+            text += " (skipped: overflow)"
+        return f"{stamp} {text}"
+    detail = {k: v for k, v in event.items() if k not in ("time", "event")}
+    shown = " ".join(
+        f"{k}={v}" for k, v in detail.items() if v is not None and not isinstance(v, dict)
+    )
+    return f"{stamp} {kind} {shown}".rstrip()

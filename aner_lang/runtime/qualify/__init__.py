@@ -1,0 +1,1 @@
+"""`aner qualify`: this machine's qualification report, in the reference's schema family."""

@@ -1,0 +1,43 @@
+"""llama.cpp's own server, started from Python, for tests and benchmarks: the real consumer of
+Aner's GGUF exports and the real OpenAI-compatible service `connect(...)` talks to.
+
+`xllamacpp` (PyPI, a prebuilt CPU build of llama.cpp with its HTTP server) serves a GGUF file,
+optionally with LoRA adapters, on a free localhost port; `llama_server` yields its base URL
+(``http://127.0.0.1:PORT``) and stops it afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+
+@contextmanager
+def llama_server(
+    model: str | Path,
+    *,
+    loras: Sequence[str | Path] = (),
+    context: int = 512,
+    threads: int | None = None,
+) -> Iterator[str]:
+    """A llama.cpp server for `model` (with `loras` applied at scale 1) on localhost."""
+    import xllamacpp
+
+    params = xllamacpp.CommonParams()
+    params.model.path = str(model)
+    params.n_ctx = context
+    params.n_parallel = 1
+    params.port = 0  # a free port
+    params.verbosity = -1
+    params.warmup = False
+    n = threads or min(4, os.cpu_count() or 1)
+    params.cpuparams.n_threads = n
+    params.cpuparams_batch.n_threads = n
+    params.lora_adapters = [xllamacpp.CommonAdapterLoraInfo(str(p), 1.0) for p in loras]
+    server = xllamacpp.Server(params)
+    try:
+        yield str(server.listening_address)
+    finally:
+        del server

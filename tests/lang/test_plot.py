@@ -1,0 +1,76 @@
+"""`aner plot` and `plot()`: the loss curves of an event log, as PNG or SVG."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from aner_lang.cli import main
+from aner_lang.errors import AnerRuntimeError
+from aner_lang.plot import plot, read_curves
+
+pytest.importorskip("matplotlib")
+
+
+def _log(tmp_path, events, name="events.jsonl"):
+    path = tmp_path / name
+    path.write_text("".join(json.dumps(e) + "\n" for e in events))
+    return path
+
+
+def _update(n, loss, validation=None):
+    event = {"time": "2026-01-01T00:00:00.000Z", "event": "update", "update": n, "loss": loss}
+    return event if validation is None else {**event, "validation_loss": validation}
+
+
+RESUMED = [
+    {"event": "start", "update": 0},
+    _update(1, 3.0, 3.5),
+    _update(2, 2.5),
+    _update(3, 9.9),  # redone after resuming from the checkpoint of update 2
+    {"event": "end", "stopped": "interrupted", "update": 3},
+    {"event": "start", "update": 2},
+    _update(3, 2.0, 2.8),
+    _update(4, 1.5, 2.6),
+    {"event": "end", "stopped": "done", "update": 4},
+]
+
+
+def test_curves_follow_the_run_the_adapter_had(tmp_path):
+    curves = read_curves(_log(tmp_path, RESUMED))
+    assert curves.train == {1: 3.0, 2: 2.5, 3: 2.0, 4: 1.5}
+    assert curves.validation == {1: 3.5, 3: 2.8, 4: 2.6}
+
+
+def test_svg_is_written_and_reproducible(tmp_path):
+    log = _log(tmp_path, RESUMED)
+    first, second = tmp_path / "a.svg", tmp_path / "out" / "b.svg"
+    plot(log, first)
+    plot(log, second)
+    text = first.read_text()
+    assert text.startswith("<?xml") and "<svg" in text and "validation" in text
+    assert first.read_bytes() == second.read_bytes()
+
+
+def test_cli_writes_a_png_next_to_the_log(tmp_path, capsys):
+    log = _log(tmp_path, RESUMED)
+    assert main(["plot", str(log)]) == 0
+    assert (tmp_path / "events.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "4 updates, 3 validations" in capsys.readouterr().err
+
+
+def test_bad_logs_and_outputs(tmp_path, capsys):
+    empty = _log(tmp_path, [{"event": "start", "update": 0}], "empty.jsonl")
+    with pytest.raises(AnerRuntimeError, match="no update events to plot") as e:
+        plot(empty, tmp_path / "x.svg")
+    assert e.value.code == "E-PLOT"
+    with pytest.raises(AnerRuntimeError, match=r"\.png or \.svg") as e:
+        plot(_log(tmp_path, RESUMED), tmp_path / "x.pdf")
+    assert e.value.code == "E-PLOT"
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text(json.dumps(_update(1, 2.0)) + "\n{not json\n")
+    with pytest.raises(AnerRuntimeError, match=r"broken.jsonl:2: not valid JSON"):
+        read_curves(broken)
+    assert main(["plot", str(empty), "-o", str(tmp_path / "x.png")]) == 1
+    assert "error[E-PLOT]" in capsys.readouterr().err and not (tmp_path / "x.png").exists()

