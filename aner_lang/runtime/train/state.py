@@ -71,6 +71,7 @@ class TrainState:
 
 
 _JSON_KINDS: dict[str, tuple[type, ...]] = {
+    "bool": (bool,),
     "int": (int,),
     "float": (int, float),
     "str": (str,),
