@@ -33,6 +33,7 @@ from aner_lang.diagnostics import render
 from aner_lang.errors import AnerRuntimeError
 from aner_lang.grammar import ast
 from aner_lang.prechecks import PACKAGE_SCHEME
+from aner_lang.runtime.io.packages import packaged_model
 from aner_lang.runtime.model.chunking import CHUNK_BYTES
 from aner_lang.runtime.model.config import ModelConfig
 from aner_lang.runtime.train import footprint as fp
@@ -126,18 +127,9 @@ def parse_bytes(text: str) -> int:
 def model_config(path: str, script_dir: Path) -> ModelConfig:
     """The hyper-parameters of the model at `path` (as `load_model` resolves it), header only."""
     if path.startswith(PACKAGE_SCHEME):
-        from aner_lang.runtime.io.packages import package_file
-
-        dist, _, rel = path[len(PACKAGE_SCHEME) :].partition("/")
-        found = package_file(dist, rel)
-        if found is None:
-            raise AnerRuntimeError(
-                f"{path}: the Python package {dist!r} is not installed or has no file {rel!r}",
-                code="E-GGUF-NOT-FOUND",
-            )
-        file = found
+        file = packaged_model(path)
     else:
-        file = script_dir / path
+        file = script_dir / Path(path).expanduser()
     if file.is_dir():
         from aner_lang.runtime.model.config import config_from_hf
 
