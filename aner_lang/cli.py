@@ -1,10 +1,11 @@
-"""The `aner` command: check, run, check-docs, builtins, explain, lsp, fixture, qualify, and the
-job commands submit, jobs, logs, cancel, resume.
+"""The `aner` command: check, run, plan, check-docs, builtins, explain, lsp, fixture, qualify, and
+the job commands submit, jobs, logs, cancel, resume.
 
 Exit codes: 0 success, 1 diagnostics (errors in a script, a failed run), 2 usage errors, 3 a run
 stopped on request (SIGTERM, SIGINT, `aner cancel`) after writing its checkpoint.
 Diagnostics go to stderr as `file:line:col: severity[code]: message` with a caret excerpt.
-Only `run` (through native builtins) and `fixture` may import torch; `check` never does.
+Only `run` (through native builtins), `fixture` and `plan` (a GGUF header) may import torch;
+`check` never does.
 Subcommands with arguments of their own are delegated to the module that implements them.
 """
 
@@ -222,6 +223,12 @@ _DELEGATED: dict[str, tuple[str, str, str, bool]] = {
         "aner_lang.runtime.qualify.report",
         "the qualifier",
         "run this machine's qualification report (tests, benchmarks, every method on SmolLM2)",
+        False,
+    ),
+    "plan": (
+        "aner_lang.runtime.train.plan",
+        "the planner",
+        "predict each train() call's peak GPU memory from the model's header (nothing loads)",
         False,
     ),
     "submit": (

@@ -116,8 +116,6 @@ _BUILTINS = (
         _DATA + "texts_builtin",
         examples=('let train_set = texts(["Aner makes adaptation explicit."], context: 32)',),
         constraints=(_CONTEXT_RULE,),
-        native=True,
-        requires=NATIVE,
         category=_CATEGORY,
     ),
     Builtin(
@@ -156,8 +154,6 @@ _BUILTINS = (
             'completion_field: "answer")',
         ),
         constraints=(_CONTEXT_RULE,),
-        native=True,
-        requires=NATIVE,
         needs_context=True,
         category=_CATEGORY,
         precheck=_PRECHECK + "load_jsonl",

@@ -41,25 +41,38 @@ def environment_diagnostics(analysis: Analysis) -> list[Diagnostic]:
     return found
 
 
-def _call(info: CallInfo, base: Path) -> list[Diagnostic]:
-    b = info.builtin
-    if info.kind != "builtin" or b is None or not b.precheck:
-        return []
-    members = frozenset(m.name for e in registry().enums.values() for m in e.members)
+def written_arguments(info: CallInfo) -> set[int]:
+    """The ids of the argument expressions the call writes (not its parameters' defaults)."""
     written = {id(a.value) for a in info.call.args}
     if info.receiver is not None:
         written.add(id(info.receiver))
+    return written
+
+
+def static_arguments(info: CallInfo) -> dict[str, object]:
+    """The call's arguments and defaults that are constant expressions, by parameter name (enum
+    members as their names); the others are left out."""
+    members = frozenset(m.name for e in registry().enums.values() for m in e.members)
     args: dict[str, object] = {}
-    where = {}
     for name, expr in info.bound:
         if expr is None:
             continue
-        if id(expr) in written:
-            where[name] = expr.span
         try:
             args[name] = evaluate(expr, {}, members)
         except STATIC_FAILURES:
             continue
+    return args
+
+
+def _call(info: CallInfo, base: Path) -> list[Diagnostic]:
+    b = info.builtin
+    if info.kind != "builtin" or b is None or not b.precheck:
+        return []
+    written = written_arguments(info)
+    args = static_arguments(info)
+    where = {
+        name: expr.span for name, expr in info.bound if expr is not None and id(expr) in written
+    }
     module, _, function = b.precheck.partition(":")
     check = cast(Precheck, getattr(importlib.import_module(module), function))
     return [

@@ -257,7 +257,7 @@ def test_chat_template_output_is_bounded(template, words):
 
     env = _bounded_environment(ImmutableSandboxedEnvironment)()
     with pytest.raises(AnerRuntimeError, match=words):
-        _render_bounded(env.from_string(template))
+        _render_bounded(env.from_string(template), [])
 
 
 def test_chat_template_time_is_bounded(monkeypatch):
@@ -269,7 +269,7 @@ def test_chat_template_time_is_bounded(monkeypatch):
     env = tokenizer._bounded_environment(ImmutableSandboxedEnvironment)()
     loop = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
     with pytest.raises(AnerRuntimeError, match=r"took more than 0\.2 s"):
-        tokenizer._render_bounded(env.from_string(loop))
+        tokenizer._render_bounded(env.from_string(loop), [])
 
 
 # ---- model files ---------------------------------------------------------------------------------

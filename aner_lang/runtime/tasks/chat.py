@@ -22,10 +22,12 @@ prompt's end is scored.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aner_lang.errors import AnerRuntimeError
-from aner_lang.runtime.model.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from aner_lang.runtime.model.tokenizer import Tokenizer
 
 Span = tuple[int, int]
 

@@ -31,8 +31,6 @@ from dataclasses import field as dc_field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from aner_lang.errors import AnerRuntimeError
 from aner_lang.preference_records import FeedbackRecord, PairRecord
 from aner_lang.records import (
@@ -44,12 +42,11 @@ from aner_lang.records import (
     jsonl_format,
     records,
 )
-from aner_lang.runtime.model.loss import IGNORE
-from aner_lang.runtime.model.tokenizer import Tokenizer
 from aner_lang.runtime.tasks.chat import chat_tokens
 
 if TYPE_CHECKING:
     from aner_lang.interp.context import ExecContext
+    from aner_lang.runtime.model.tokenizer import Tokenizer
 
 
 TOO_LONG = "W-DATA-TOO-LONG"
@@ -273,43 +270,6 @@ def pack_examples(examples: Sequence[Example], context: int) -> list[Example]:
             Example(tuple(ids), tuple(scored), tuple(len(examples[i].ids) for i in members))
         )
     return packed
-
-
-@dataclass(frozen=True)
-class Batch:
-    """Right-padded `input_ids [B, T]`, next-token `targets [B, T]` (IGNORE where unscored) and,
-    for packed rows, `positions [B, T]` (restarting at 0 at each example; padding counts as
-    examples of one token)."""
-
-    input_ids: torch.Tensor
-    targets: torch.Tensor
-    positions: torch.Tensor | None = None
-
-    @property
-    def scored_tokens(self) -> int:
-        return int((self.targets != IGNORE).sum())
-
-
-def collate(examples: Sequence[Example], pad_id: int, device: torch.device | str = "cpu") -> Batch:
-    """Pad examples on the right into one batch; causal attention keeps pads out of the loss."""
-    width = max(len(e.ids) for e in examples)
-    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
-    targets = torch.full((len(examples), width), IGNORE, dtype=torch.long)
-    packed = any(e.segments is not None for e in examples)
-    positions = torch.zeros((len(examples), width), dtype=torch.long) if packed else None
-    for row, e in enumerate(examples):
-        n = len(e.ids)
-        ids[row, :n] = torch.tensor(e.ids, dtype=torch.long)
-        tgt = torch.tensor(e.ids[1:], dtype=torch.long)
-        keep = torch.tensor(e.scored[1:], dtype=torch.bool)
-        targets[row, : n - 1] = torch.where(keep, tgt, torch.full_like(tgt, IGNORE))
-        if positions is not None:
-            positions[row, :n] = torch.cat([torch.arange(k) for k in e.segments or (n,)])
-    return Batch(
-        ids.to(device),
-        targets.to(device),
-        None if positions is None else positions.to(device),
-    )
 
 
 def _check_context(context: int) -> None:

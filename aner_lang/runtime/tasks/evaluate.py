@@ -10,7 +10,8 @@ from typing import Any
 
 import torch
 
-from aner_lang.runtime.tasks.data import Dataset, collate
+from aner_lang.runtime.tasks.batches import collate
+from aner_lang.runtime.tasks.data import Dataset
 from aner_lang.runtime.tasks.scores import Evaluation, evaluation
 
 

@@ -18,9 +18,11 @@ import torch
 from aner_lang.runtime.io.world import World, world
 from aner_lang.runtime.model.linear import FrozenLinear
 from aner_lang.runtime.nf4.host_tiled import DEFAULT_TILE_BYTES
-from aner_lang.runtime.train.optim.paged import PAGE_MIN_ELEMENTS
-
-_FP32_MOMENTS = 2 * 4  # AdamW keeps two fp32 moments per trainable scalar
+from aner_lang.runtime.train.footprint import (
+    dequant_tile_bytes,
+    managed_optimizer_bytes,
+    optimizer_bytes,
+)
 
 
 @dataclass(frozen=True)
@@ -87,17 +89,13 @@ def memory_report(target: Any, profile: Any | None = None) -> MemoryReport:
         n_trainable = sharded_count(target.params.values(), world())  # this rank's FSDP share
         owned = {"adapters": 4 * n_trainable, "frozen_adapter": 0, "trainable": 4 * n_trainable}
     paged = getattr(profile, "optimizer", "adamw") == "paged_adamw" and model.device.type == "cuda"
-    managed = (
-        sum(
-            _FP32_MOMENTS * t.numel()
-            for t in getattr(target, "params", {}).values()
-            if t.numel() >= PAGE_MIN_ELEMENTS
-        )
-        if paged
-        else 0
+    managed = managed_optimizer_bytes(
+        (t.numel() for t in getattr(target, "params", {}).values()), paged
     )
     fused = profile is not None and profile.resolved_kernel(model.device) == "fused"
-    tile = 0 if fused or not packed else getattr(profile, "dequant_tile_bytes", DEFAULT_TILE_BYTES)
+    tile = dequant_tile_bytes(
+        packed, fused, getattr(profile, "dequant_tile_bytes", DEFAULT_TILE_BYTES)
+    )
     return MemoryReport(
         weights=floating + packed,
         floating_base=floating,
@@ -106,7 +104,7 @@ def memory_report(target: Any, profile: Any | None = None) -> MemoryReport:
         adapters=owned.get("adapters", 0),
         frozen_adapter=owned.get("frozen_adapter", 0),
         trainable=owned.get("trainable", 0),
-        optimizer=_FP32_MOMENTS * n_trainable,
+        optimizer=optimizer_bytes(n_trainable),
         managed_optimizer=managed,
         prefetch_window=getattr(profile, "page_bytes", 0) if managed else 0,
         dequant_tile=tile,

@@ -24,7 +24,8 @@ import torch
 
 from aner_lang.errors import AnerRuntimeError
 from aner_lang.runtime.model.precision import autocast
-from aner_lang.runtime.tasks.data import Dataset, Example, collate
+from aner_lang.runtime.tasks.batches import collate
+from aner_lang.runtime.tasks.data import Dataset, Example
 from aner_lang.runtime.train import objectives as obj
 
 

@@ -71,10 +71,10 @@ class TrainState:
 
 
 _JSON_KINDS: dict[str, tuple[type, ...]] = {
+    "bool": (bool,),
     "int": (int,),
     "float": (int, float),
     "str": (str,),
-    "bool": (bool,),
     "dict": (dict,),
     "list[float]": (list,),
     "list[list[float]]": (list,),

@@ -53,7 +53,8 @@ from aner_lang.runtime.model.activations import ActivationPolicy, keeping
 from aner_lang.runtime.model.precision import DTYPES, autocast
 from aner_lang.runtime.model.sections import section
 from aner_lang.runtime.nf4.backends import NF4Backend, using_backend
-from aner_lang.runtime.tasks.data import Dataset, collate
+from aner_lang.runtime.tasks.batches import collate
+from aner_lang.runtime.tasks.data import Dataset
 from aner_lang.runtime.train import checkpoint, control
 from aner_lang.runtime.train.distributed import Parallel, for_run
 from aner_lang.runtime.train.graphs import GraphSteps, eligibility

@@ -89,7 +89,7 @@ def test_hf_folder_loads_in_transformers_with_our_logits(
     torch.testing.assert_close(theirs, merged.forward(ids), atol=1e-5, rtol=1e-5)
     assert (merged.forward(ids) - base.forward(ids)).abs().max() > 1e-3  # the adapter is in it
     # a second export replaces the folder; a model is needed, not an adapter
-    export_hf(merged, folder, dtype="float16")
+    export_hf(merged, folder, dtype="float16", overwrite=True)
     assert json.loads((folder / "config.json").read_text())["torch_dtype"] == "float16"
     with pytest.raises(AnerRuntimeError, match="merge the adapter first"):
         export_hf(adapter, tmp_path / "nope")

@@ -163,7 +163,7 @@ def test_a_failed_job_keeps_its_diagnostic(aner, tmp_path: Path) -> None:
 
 
 def test_a_job_waits_while_another_job_holds_the_only_gpu(
-    aner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    aner, tmp_path: Path, tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import os
 
@@ -172,6 +172,7 @@ def test_a_job_waits_while_another_job_holds_the_only_gpu(
     holder = _insert(store, RUNNING, os.getpid(), needs_gpu=1)
     store.db.execute("INSERT INTO gpu_slots (gpu, job_id) VALUES (0, ?)", (holder,))
     script = tmp_path / "gpu.aner"
+    (tmp_path / "m.gguf").symlink_to(tiny_gguf)  # checked before the job runs
     script.write_text(
         'fn later() -> Model {\n  return load_model("m.gguf")\n}\nprint("had the gpu")\n'
     )

@@ -124,7 +124,7 @@ def _without_native(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     )
 
 
-def test_a_services_only_script_runs_without_the_native_runtime(served, tmp_path) -> None:
+def test_a_services_only_script_runs_without_the_native_runtime(served, base_f16, tmp_path) -> None:
     script = tmp_path / "remote.aner"
     script.write_text(
         f'let llm = connect("{served}", timeout: 120.0)\n'
@@ -138,6 +138,7 @@ def test_a_services_only_script_runs_without_the_native_runtime(served, tmp_path
     assert "Paris" in generated[0] and last.startswith("loss ") and last.endswith(" over 5")
 
     native = tmp_path / "native.aner"
+    (tmp_path / "model.gguf").symlink_to(base_f16)  # `aner check` looks at the file it names
     native.write_text(
         'print("before")\nlet m = load_model("model.gguf")\nprint(generate(m, "Hi"))\n'
     )

@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from aner_lang.errors import AnerRuntimeError
-from aner_lang.runtime.tasks.data import IGNORE, collate, from_jsonl, from_texts
+from aner_lang.runtime.model.loss import IGNORE
+from aner_lang.runtime.tasks.batches import collate
+from aner_lang.runtime.tasks.data import from_jsonl, from_texts
 from aner_lang.runtime.tasks.evaluate import evaluate
 
 TEXTS = [

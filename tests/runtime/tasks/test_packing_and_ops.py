@@ -11,7 +11,8 @@ import torch
 
 from aner_lang.records import Format
 from aner_lang.runtime.model.loss import IGNORE
-from aner_lang.runtime.tasks.data import Dataset, collate, from_file, from_texts, pack_examples
+from aner_lang.runtime.tasks.batches import collate
+from aner_lang.runtime.tasks.data import Dataset, from_file, from_texts, pack_examples
 from aner_lang.runtime.tasks.dataset_ops import inspect, pack, shuffle, split, take
 
 EXAMPLE_CHATS = Path(__file__).parents[3] / "examples" / "data" / "chats.jsonl"

@@ -30,7 +30,8 @@ from aner_lang.records import Row  # noqa: E402
 from aner_lang.runtime import adapters  # noqa: E402
 from aner_lang.runtime.adapters.files import save_adapter  # noqa: E402
 from aner_lang.runtime.load.loader import load_model  # noqa: E402
-from aner_lang.runtime.tasks.data import Dataset, collate, from_texts  # noqa: E402
+from aner_lang.runtime.tasks.batches import collate  # noqa: E402
+from aner_lang.runtime.tasks.data import Dataset, from_texts  # noqa: E402
 from aner_lang.runtime.train import objectives as obj  # noqa: E402
 from aner_lang.runtime.train.preference import PreferenceSteps, _mismatched  # noqa: E402
 from aner_lang.runtime.train.profile import profile  # noqa: E402

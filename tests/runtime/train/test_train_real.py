@@ -12,7 +12,8 @@ import torch
 
 from aner_lang.runtime import adapters as A
 from aner_lang.runtime.model.loss import logits_loss_sum
-from aner_lang.runtime.tasks.data import collate, from_texts
+from aner_lang.runtime.tasks.batches import collate
+from aner_lang.runtime.tasks.data import from_texts
 from aner_lang.runtime.train.profile import profile
 from aner_lang.runtime.train.state import TrainState
 from aner_lang.runtime.train.trainer import train

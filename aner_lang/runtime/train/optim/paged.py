@@ -20,9 +20,9 @@ from typing import Any
 import torch
 
 from aner_lang.errors import AnerRuntimeError
+from aner_lang.runtime.train.footprint import PAGE_MIN_ELEMENTS
 from aner_lang.runtime.train.optim.adamw import AdamW
 
-PAGE_MIN_ELEMENTS = 100_000
 MANAGED_FRACTION = 0.5
 _CPU_DEVICE_ID = -1  # cudaCpuDeviceId
 

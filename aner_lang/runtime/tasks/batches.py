@@ -1,0 +1,52 @@
+"""Examples as tensors: the right-padded batch a forward pass and its loss read.
+
+Kept apart from `data` (datasets as text and token ids) so that datasets need no torch: a script
+that only talks to model services builds and tokenizes them without the native packages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from aner_lang.runtime.model.loss import IGNORE
+from aner_lang.runtime.tasks.data import Example
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Right-padded `input_ids [B, T]`, next-token `targets [B, T]` (IGNORE where unscored) and,
+    for packed rows, `positions [B, T]` (restarting at 0 at each example; padding counts as
+    examples of one token)."""
+
+    input_ids: torch.Tensor
+    targets: torch.Tensor
+    positions: torch.Tensor | None = None
+
+    @property
+    def scored_tokens(self) -> int:
+        return int((self.targets != IGNORE).sum())
+
+
+def collate(examples: Sequence[Example], pad_id: int, device: torch.device | str = "cpu") -> Batch:
+    """Pad examples on the right into one batch; causal attention keeps pads out of the loss."""
+    width = max(len(e.ids) for e in examples)
+    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    targets = torch.full((len(examples), width), IGNORE, dtype=torch.long)
+    packed = any(e.segments is not None for e in examples)
+    positions = torch.zeros((len(examples), width), dtype=torch.long) if packed else None
+    for row, e in enumerate(examples):
+        n = len(e.ids)
+        ids[row, :n] = torch.tensor(e.ids, dtype=torch.long)
+        tgt = torch.tensor(e.ids[1:], dtype=torch.long)
+        keep = torch.tensor(e.scored[1:], dtype=torch.bool)
+        targets[row, : n - 1] = torch.where(keep, tgt, torch.full_like(tgt, IGNORE))
+        if positions is not None:
+            positions[row, :n] = torch.cat([torch.arange(k) for k in e.segments or (n,)])
+    return Batch(
+        ids.to(device),
+        targets.to(device),
+        None if positions is None else positions.to(device),
+    )

@@ -1,0 +1,97 @@
+"""The counting rules of training memory, from sizes alone (no torch): one place for the bytes
+of each category, shared by the memory report of a loaded run (`memory`) and the plan made from a
+model's header before anything loads (`plan`).
+
+Rules:
+
+* AdamW keeps two fp32 moments per trainable scalar; paged AdamW keeps the moments of tensors of
+  at least `PAGE_MIN_ELEMENTS` elements in CUDA managed memory, which the GPU sees through a
+  prefetch window of `page_bytes`.
+* A double-quantized NF4 weight stores a nibble per element, one byte of quantized absmax per
+  block of 64, one fp32 scale per 256 blocks and one fp32 offset (`NF4Weight.packed_nbytes`).
+* The NF4 dequantization buffer is the host-tiled kernel's tile, or, for the fused kernel, the
+  largest weight dequantized whole into the compute dtype (a buffer reused across layers).
+* Activations (half precision, `keep`): per decoder layer and token, the tensors the step keeps
+  for backward: each RMSNorm's input and its fp32 1/rms; the normed input the projections and
+  their adapters share; the rotated queries and keys, the values, attention's output and its fp32
+  logsumexp per head; the copy of that output `o_proj` reads; SwiGLU's gate and up and the product
+  `down_proj` reads; LoRA's `x @ A^T` per target. `checkpoint` keeps each layer's input and one
+  layer's worth during its recomputation; `offload` keeps only that one layer on the GPU.
+* Backward of one layer holds the gradients of what the layer kept, in fp32 (the fused NF4
+  backward and the norm and SwiGLU backward compute in fp32): twice that layer's activations.
+* The chunked loss (`model.loss.head_loss_sum`) holds about twice one chunk's fp32 logits
+  (`model.chunking.CHUNK_BYTES` at most); a float32 loss holds the logits, their log-softmax and
+  their gradient, fp32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+FP32_MOMENTS = 2 * 4
+"""Bytes of AdamW state per trainable scalar (two fp32 moments)."""
+PAGE_MIN_ELEMENTS = 100_000
+"""Paged AdamW keeps the moments of tensors at least this large in managed memory."""
+NF4_BLOCK = 64
+NF4_BLOCKS_PER_SCALE = 256
+LOSS_WORKSPACE_CHUNKS = 2
+"""The chunked loss's transient memory, in chunks of fp32 logits."""
+BACKWARD_FACTOR = 2
+"""One layer's backward holds this many times its activations (fp32 gradients of bf16 tensors)."""
+RESIDUAL_COPIES = 4
+"""`[tokens, hidden]` tensors outside the layers: the embedding's rows, the final norm's input and
+output, and the gradient to the hidden states the loss keeps."""
+
+
+def optimizer_bytes(trainable_numel: int) -> int:
+    """AdamW moments for `trainable_numel` trainable scalars."""
+    return FP32_MOMENTS * trainable_numel
+
+
+def managed_optimizer_bytes(numels: Iterable[int], paged: bool) -> int:
+    """The part of the moments paged AdamW keeps in managed memory (0 when not paged)."""
+    return sum(FP32_MOMENTS * n for n in numels if n >= PAGE_MIN_ELEMENTS) if paged else 0
+
+
+def dequant_tile_bytes(packed_bytes: int, fused: bool, tile_bytes: int) -> int:
+    """The host-tiled kernel's tile when the base is packed and the kernel is not fused."""
+    return 0 if fused or not packed_bytes else tile_bytes
+
+
+def nf4_bytes(numel: int) -> int:
+    """Bytes of one double-quantized NF4 weight of `numel` elements."""
+    blocks = -(-numel // NF4_BLOCK)
+    return -(-numel // 2) + blocks + 4 * -(-blocks // NF4_BLOCKS_PER_SCALE) + 4
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """What one decoder layer's activations depend on."""
+
+    hidden: int
+    q_size: int
+    kv_size: int
+    intermediate: int
+    heads: int
+
+
+def layer_activation_bytes(
+    shape: LayerShape, tokens: int, act_bytes: int, adapter_rows: int
+) -> int:
+    """Bytes one decoder layer keeps for backward over `tokens` tokens in half precision.
+
+    `adapter_rows` is the per-token width the adapters keep beside their inputs (LoRA: the rank
+    once per target)."""
+    s = shape
+    half = (
+        2 * s.hidden  # the two RMSNorm inputs
+        + 2 * s.hidden  # their normed outputs, read by the projections and adapters
+        + s.q_size  # rotated queries
+        + 2 * s.kv_size  # rotated keys, values
+        + 2 * s.q_size  # attention's output and o_proj's copy of it
+        + 3 * s.intermediate  # gate, up, and their SwiGLU product
+        + adapter_rows
+    )
+    fp32 = 2 + s.heads  # 1/rms of each norm, logsumexp per head
+    return tokens * (act_bytes * half + 4 * fp32)

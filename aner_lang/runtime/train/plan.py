@@ -1,0 +1,381 @@
+"""`aner plan FILE`: the GPU memory each `train(...)` call of a script will need, before it runs.
+
+The script is checked, not run: each `train` call's arguments are read from the checked script
+(literals and defaults; a name bound by `let` is followed to its value), and its adapter's
+`load_model(...)` names the model, of which only the header is read (a GGUF's metadata, a
+folder's config.json). No weights load; torch is not imported for a Hugging Face folder (a GGUF
+header is read by the runtime's parser, which imports it).
+
+Per call the plan prints the peak by category (`footprint` holds the counting rules, shared with
+`memory()`), the tokens per update and the number of updates, and whether the peak fits the GPU:
+the one named by `--gpu-memory`, or the first CUDA GPU the driver reports (`aner_lang.gpus`). An
+argument that is not a constant expression is assumed at its default, and the plan says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aner_lang import files, gpus
+from aner_lang.builtins import registry
+from aner_lang.builtins.spec import Builtin
+from aner_lang.check import Analysis, analyze
+from aner_lang.check.analysis import CallInfo
+from aner_lang.check.consteval import STATIC_FAILURES, evaluate
+from aner_lang.check.core import registry_expr
+from aner_lang.check.environment import static_arguments, written_arguments
+from aner_lang.diagnostics import render
+from aner_lang.errors import AnerRuntimeError
+from aner_lang.grammar import ast
+from aner_lang.prechecks import PACKAGE_SCHEME
+from aner_lang.runtime.io.packages import packaged_model
+from aner_lang.runtime.model.chunking import CHUNK_BYTES
+from aner_lang.runtime.model.config import ModelConfig
+from aner_lang.runtime.train import footprint as fp
+
+_ADAPTERS = ("lora", "lora_fa", "dora")
+_READ = frozenset(
+    ("micro_batch", "accumulation", "steps", "epochs", "rank", "targets", "path", "storage")
+    + ("device", "context", "precision", "activations", "optimizer", "kernel", "page_bytes")
+)
+"""The parameters the plan reads; a non-literal one among them is reported as assumed."""
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+_UNITS |= {"KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40}
+
+
+@dataclass
+class Call:
+    """One builtin call's arguments as the plan takes them."""
+
+    name: str
+    args: dict[str, object]
+    assumed: list[str] = field(default_factory=list)
+    """Parameters written with a non-constant argument, taken at their default."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Predicted peak GPU bytes of one `train` call, by category."""
+
+    categories: dict[str, int]
+    tokens_per_update: int
+    updates: int | None
+
+    @property
+    def peak(self) -> int:
+        return sum(self.categories.values())
+
+
+def _defaults(b: Builtin) -> dict[str, object]:
+    members = frozenset(m.name for e in registry().enums.values() for m in e.members)
+    out: dict[str, object] = {}
+    for p in b.params:
+        if p.default is not None:
+            try:
+                out[p.name] = evaluate(registry_expr(p.default), {}, members)
+            except STATIC_FAILURES:
+                continue
+    return out
+
+
+def _call(info: CallInfo) -> Call:
+    assert info.builtin is not None
+    known = static_arguments(info)
+    written = written_arguments(info)
+    assumed = [
+        n
+        for n, e in info.bound
+        if e is not None and id(e) in written and n not in known and n in _READ
+    ]
+    return Call(info.name, {**_defaults(info.builtin), **known}, assumed)
+
+
+def _origin(analysis: Analysis, expr: ast.Expr | None) -> CallInfo | None:
+    """The builtin call `expr` is, following names bound by `let`; None when not static."""
+    for _ in range(100):
+        if isinstance(expr, ast.Call):
+            info = analysis.calls.get(id(expr))
+            return info if info is not None and info.kind == "builtin" else None
+        if not isinstance(expr, ast.Name):
+            return None
+        ref = next((r for r in analysis.references if r.span == expr.span), None)
+        if ref is None or not isinstance(ref.definition.node, ast.Let):
+            return None
+        expr = ref.definition.node.value
+    return None
+
+
+def _argument(info: CallInfo, name: str) -> ast.Expr | None:
+    return dict(info.bound).get(name)
+
+
+def parse_bytes(text: str) -> int:
+    """`24GB`, `80 GiB`, `1.5e9` -> bytes."""
+    t = text.strip().upper().replace(" ", "")
+    number = t.rstrip("KMGTIB")
+    unit = t[len(number) :]
+    if unit not in _UNITS or not number:
+        raise ValueError(f"{text!r} is not a size such as 24GB or 80GiB")
+    return int(float(number) * _UNITS[unit])
+
+
+def model_config(path: str, script_dir: Path) -> ModelConfig:
+    """The hyper-parameters of the model at `path` (as `load_model` resolves it), header only."""
+    if path.startswith(PACKAGE_SCHEME):
+        file = packaged_model(path)
+    else:
+        file = script_dir / Path(path).expanduser()
+    if file.is_dir():
+        from aner_lang.runtime.model.config import config_from_hf
+
+        text = files.read_text(file / "config.json", files.TEXT_LIMIT)
+        try:
+            cfg = json.loads(text)
+        except ValueError as e:
+            raise AnerRuntimeError(f"{file}/config.json: {e}", code="E-HF-CONFIG") from None
+        return config_from_hf(cfg, file)
+    if not file.exists():
+        raise AnerRuntimeError(f"{file}: no such model file or folder", code="E-GGUF-NOT-FOUND")
+    from aner_lang.runtime.io.gguf import GGUFFile
+    from aner_lang.runtime.model.config import config_from_gguf
+
+    return config_from_gguf(GGUFFile(file))
+
+
+def _target_dims(c: ModelConfig) -> dict[str, tuple[int, int]]:
+    """(in, out) of every projection of a decoder layer."""
+    h, f = c.hidden_size, c.intermediate_size
+    return {
+        "q_proj": (h, c.q_size),
+        "k_proj": (h, c.kv_size),
+        "v_proj": (h, c.kv_size),
+        "o_proj": (c.q_size, h),
+        "gate_proj": (h, f),
+        "up_proj": (h, f),
+        "down_proj": (f, h),
+    }
+
+
+def _weight_bytes(numel: int, storage: str) -> int:
+    return (
+        fp.nf4_bytes(numel)
+        if storage == "nf4_double_quant"
+        else numel * (2 if storage == "float16" else 4)
+    )
+
+
+def plan(
+    c: ModelConfig,
+    *,
+    storage: str,
+    method: str,
+    rank: int,
+    targets: list[str],
+    profile: dict[str, object],
+    context: int,
+    micro_batch: int,
+    accumulation: int,
+    updates: int | None,
+    cuda: bool = True,
+) -> Plan:
+    """The predicted peak GPU memory of a LoRA-family run on a model of config `c`."""
+    dims = _target_dims(c)
+    layers, vocab, h = c.num_hidden_layers, c.vocab_size, c.hidden_size
+    matrices = [i * o for i, o in dims.values()] * layers + [vocab * h]
+    if not c.tie_word_embeddings:
+        matrices.append(vocab * h)
+    norms = 4 * h * (2 * layers + 1)
+    weights = sum(_weight_bytes(n, storage) for n in matrices) + norms
+    a_sizes = [rank * dims[t][0] for t in targets] * layers
+    b_sizes = [rank * dims[t][1] for t in targets] * layers
+    trainable_sizes = (a_sizes if method != "lora_fa" else []) + b_sizes
+    if method == "dora":
+        trainable_sizes += [dims[t][1] for t in targets] * layers
+    trainable = sum(trainable_sizes)
+    adapter_numel = trainable + (sum(a_sizes) if method == "lora_fa" else 0)
+    half = profile.get("precision") != "float32"
+    act = 2 if half else 4
+    tokens = micro_batch * context
+    paged = profile.get("optimizer") == "paged_adamw" and cuda
+    managed = fp.managed_optimizer_bytes(trainable_sizes, paged)
+    shape = fp.LayerShape(h, c.q_size, c.kv_size, c.intermediate_size, c.num_attention_heads)
+    layer = fp.layer_activation_bytes(shape, tokens, act, rank * len(targets))
+    mode = str(profile.get("activations", "keep"))
+    inputs = tokens * h * act
+    activations = {
+        "keep": layers * layer,
+        "checkpoint": layers * inputs + layer,
+        "offload": layer,
+    }[mode]
+    residual = fp.RESIDUAL_COPIES * inputs
+    chunk = min(CHUNK_BYTES, 4 * tokens * vocab)  # one chunk's fp32 logits
+    loss = fp.LOSS_WORKSPACE_CHUNKS * chunk if half else 3 * 4 * tokens * vocab
+    fused = cuda and profile.get("kernel") in ("fused", "auto")
+    packed = storage == "nf4_double_quant"
+    if packed and not fused:
+        from aner_lang.runtime.nf4.host_tiled import DEFAULT_TILE_BYTES
+
+        tile = fp.dequant_tile_bytes(1, fused, DEFAULT_TILE_BYTES)
+    else:
+        tile = 0
+    dequant = max(matrices) * act if packed and fused else tile
+    categories = {
+        "base weights": weights,
+        "adapter tensors": 4 * adapter_numel + (2 * adapter_numel if half else 0),
+        "optimizer state": fp.optimizer_bytes(trainable)
+        - managed
+        + (int(str(profile.get("page_bytes", 0))) if managed else 0),
+        "gradients": 4 * trainable,
+        "activations": activations + residual,
+        "layer backward": fp.BACKWARD_FACTOR * layer,
+        "loss workspace": loss,
+        "nf4 dequant buffer": dequant,
+    }
+    return Plan(categories, tokens * accumulation, updates)
+
+
+def _updates(train: Call, data: Call | None, examples: int | None) -> int | None:
+    """`steps:`, or the epochs over the examples in whole updates; None when not known."""
+    steps = train.args.get("steps")
+    if isinstance(steps, int):
+        return steps
+    if examples is None:
+        return None
+    epochs = train.args.get("epochs")
+    per_update = int(str(train.args["micro_batch"])) * int(str(train.args["accumulation"]))
+    return math.ceil((float(str(epochs)) if epochs is not None else 1.0) * examples / per_update)
+
+
+def _examples(analysis: Analysis, data: CallInfo | None) -> int | None:
+    """The number of examples of a `texts([...])` list literal (other datasets: not known)."""
+    if data is None or data.name != "texts":
+        return None
+    items = _argument(data, data.bound[0][0])
+    return len(items.items) if isinstance(items, ast.ListLit) else None
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
+
+
+def plan_call(analysis: Analysis, info: CallInfo, script_dir: Path) -> tuple[list[str], int | None]:
+    """The report lines of one `train` call and its predicted peak (None: it cannot be planned)."""
+    head = f"train() at line {info.call.span.line}"
+    train = _call(info)
+    adapter_info = _origin(analysis, _argument(info, "adapter"))
+    if adapter_info is None or adapter_info.name not in _ADAPTERS:
+        what = "not a call Aner can follow" if adapter_info is None else adapter_info.name
+        return [
+            f"{head}: cannot plan: the adapter is {what} (plan covers {', '.join(_ADAPTERS)})"
+        ], None
+    adapter = _call(adapter_info)
+    model_info = _origin(analysis, _argument(adapter_info, "model"))
+    if model_info is None or model_info.name != "load_model":
+        return [f"{head}: cannot plan: the adapter's model is not a load_model(...) call"], None
+    model = _call(model_info)
+    if not isinstance(model.args.get("path"), str):
+        return [f"{head}: cannot plan: the model path is not a literal"], None
+    data_info = _origin(analysis, _argument(info, "data"))
+    data = _call(data_info) if data_info is not None and data_info.builtin is not None else None
+    profile_info = _origin(analysis, _argument(info, "profile"))
+    profile_builtin = registry().functions["profile"][0]
+    profile = _call(profile_info) if profile_info is not None else None
+    profile_args = profile.args if profile else _defaults(profile_builtin)
+    context = data.args.get("context") if data else None
+    config = model_config(str(model.args["path"]), script_dir)
+    result = plan(
+        config,
+        storage=str(model.args["storage"]),
+        method=adapter.name,
+        rank=int(str(adapter.args["rank"])),
+        targets=[str(t) for t in adapter.args["targets"]]  # type: ignore[attr-defined]
+        if isinstance(adapter.args.get("targets"), list)
+        else [],
+        profile=profile_args,
+        context=int(str(context)) if isinstance(context, int) else config.max_position_embeddings,
+        micro_batch=int(str(train.args["micro_batch"])),
+        accumulation=int(str(train.args["accumulation"])),
+        updates=_updates(train, data, _examples(analysis, data_info)),
+        cuda=model.args.get("device") != "cpu",
+    )
+    out = [
+        f"{head}: {adapter.name} rank {adapter.args['rank']} on {model.args['path']} "
+        f"({config.num_hidden_layers} layers, {model.args['storage']}), "
+        f"{profile_args.get('precision')}, activations {profile_args.get('activations')}, "
+        f"context {context if isinstance(context, int) else config.max_position_embeddings}, "
+        f"micro_batch {train.args['micro_batch']}"
+    ]
+    out += [f"  {name:<20} {_gib(n):>12}" for name, n in result.categories.items()]
+    out.append(f"  {'peak':<20} {_gib(result.peak):>12}")
+    out.append(f"  tokens per update: {result.tokens_per_update}")
+    updates = "not known before the run" if result.updates is None else str(result.updates)
+    out.append(f"  updates: {updates}")
+    for call in (train, adapter, model, *(c for c in (data, profile) if c is not None)):
+        out += [
+            f"  {call.name}: {n} is not a literal; assumed at its default" for n in call.assumed
+        ]
+    if context is None:
+        out.append("  the dataset's context is not known; assumed the model's context length")
+    return out, result.peak
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="aner plan",
+        description="predict each train() call's peak GPU memory (no weights load)",
+    )
+    ap.add_argument("file")
+    ap.add_argument(
+        "--gpu-memory", help="the GPU's memory (24GB, 80GiB); default: the detected GPU"
+    )
+    args = ap.parse_args(argv)
+    try:
+        limit = parse_bytes(args.gpu_memory) if args.gpu_memory else None
+    except ValueError as e:
+        print(f"aner plan: {e}", file=sys.stderr)
+        return 2
+    try:
+        source = files.read_text(args.file, files.SCRIPT_LIMIT)
+    except AnerRuntimeError as e:
+        print(f"{args.file}: error[{e.code}]: {e.message}", file=sys.stderr)
+        return 1
+    analysis = analyze(source, args.file)
+    for d in analysis.errors:
+        print(render(d, source), file=sys.stderr)
+    if analysis.errors:
+        return 1
+    if limit is not None:
+        gpu = f"the named GPU ({_gib(limit)})"
+    else:
+        found = gpus.detect()
+        limit = found[0].total_bytes if found else None
+        gpu = f"{found[0].name} ({_gib(found[0].total_bytes)})" if found else ""
+    calls = sorted(
+        (i for i in analysis.calls.values() if i.kind == "builtin" and i.name == "train"),
+        key=lambda i: i.call.span.start,
+    )
+    if not calls:
+        print(f"{args.file}: no train() call to plan")
+        return 0
+    script_dir = Path(args.file).resolve().parent
+    too_big = False
+    for info in calls:
+        try:
+            lines, peak = plan_call(analysis, info, script_dir)
+        except AnerRuntimeError as e:
+            print(f"{args.file}: error[{e.code}]: {e.message}", file=sys.stderr)
+            return 1
+        print("\n".join(lines))
+        if peak is not None and limit is not None:
+            fits = peak <= limit
+            too_big |= not fits
+            verdict = "fits" if fits else "will NOT fit"
+            print(f"  {verdict} on {gpu}")
+        elif peak is not None:
+            print("  no CUDA GPU detected: name one with --gpu-memory to compare")
+    return 1 if too_big else 0
