@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -54,11 +56,12 @@ def _write(text: str, output: str) -> None:
         Path(output).write_text(text, encoding="utf-8")
 
 
-def _analyze(path: str, source: str, *, before_running: bool) -> Analysis:
+def _analyze(path: str, source: str, *, before_running: bool, printed: bool = True) -> Analysis:
     """`analyze`, then the checks against the machine and the files the script reads
     (`check.environment`) and whether this installation has the packages its native builtins
     need (`check.native`: an error before running, a warning for `aner check`); every
-    diagnostic is printed."""
+    diagnostic is printed unless `printed` is False (the ranks other than 0 of a distributed
+    run)."""
     from aner_lang.check import analyze
     from aner_lang.check.environment import environment_diagnostics
     from aner_lang.check.native import native_unavailable
@@ -66,7 +69,8 @@ def _analyze(path: str, source: str, *, before_running: bool) -> Analysis:
     analysis = analyze(source, path)
     analysis.diagnostics += environment_diagnostics(analysis)
     analysis.diagnostics += native_unavailable(analysis, before_running=before_running)
-    _print(analysis.diagnostics, source)
+    if printed:
+        _print(analysis.diagnostics, source)
     return analysis
 
 
@@ -81,31 +85,53 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _launch(file: str, nproc: int) -> int:
+    """`aner run FILE` on `nproc` ranks of this host, started by torchrun (docs/distributed.md).
+
+    A child process, so this command never imports torch itself."""
+    if "WORLD_SIZE" in os.environ:
+        print("aner run: --nproc inside a distributed run (WORLD_SIZE is set)", file=sys.stderr)
+        return 2
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    cmd = [*torchrun, "--nproc-per-node", str(nproc), "-m", "aner_lang.cli", "run", file]
+    return subprocess.run(cmd, check=False).returncode and 1
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """Check and run a script. Ctrl-C ends it with status 130 and no traceback (a training run
     saves its checkpoint and says how to resume before it stops); a job's stop request (SIGTERM)
     ends it with EXIT_STOPPED after the run checkpointed."""
     from aner_lang.interp import AnerError, ExecContext, run
 
+    if args.nproc < 1:
+        print("aner run: --nproc must be at least 1", file=sys.stderr)
+        return 2
+    if args.nproc > 1:
+        return _launch(args.file, args.nproc)
     source = _read(args.file)
     if source is None:
         return 1
-    analysis = _analyze(args.file, source, before_running=True)
+    main_rank = os.environ.get("RANK", "0") == "0"  # torchrun's; only rank 0 prints
+    analysis = _analyze(args.file, source, before_running=True, printed=main_rank)
     if analysis.errors:
         return 1
     path = Path(args.file).resolve()
-    try:
-        run(analysis, ExecContext(script_dir=path.parent, stdout=sys.stdout, script_path=path))
-    except AnerError as e:
-        d = e.diagnostic
-        _print([d], source if d.path == args.file else _read(d.path) if d.path else None)
-        return 1
-    except RunStopped as e:
-        print(f"aner: {e.message}", file=sys.stderr)
-        return EXIT_STOPPED
-    except KeyboardInterrupt as e:  # its message, when it has one, says how to continue
-        print(str(e) or "aner: interrupted", file=sys.stderr)
-        return 130
+    with open(os.devnull, "w", encoding="utf-8") as devnull:
+        out = sys.stdout if main_rank else devnull
+        try:
+            run(analysis, ExecContext(path.parent, out, path, writes_files=main_rank))
+        except AnerError as e:
+            d = e.diagnostic
+            _print([d], source if d.path == args.file else _read(d.path) if d.path else None)
+            return 1
+        except RunStopped as e:
+            if main_rank:
+                print(f"aner: {e.message}", file=sys.stderr)
+            return EXIT_STOPPED
+        except KeyboardInterrupt as e:  # its message, when it has one, says how to continue
+            if main_rank:
+                print(str(e) or "aner: interrupted", file=sys.stderr)
+            return 130
     return 0
 
 
@@ -246,6 +272,12 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(fn=cmd_check)
     p = sub.add_parser("run", help="check and run a script")
     p.add_argument("file")
+    p.add_argument(
+        "--nproc",
+        type=int,
+        default=1,
+        help="run the script on this many ranks of this host (torchrun; one GPU each)",
+    )
     p.set_defaults(fn=cmd_run)
     p = sub.add_parser("plot", help="draw a run's training and validation loss from its log")
     p.add_argument("log", help="the JSON-lines event log train() wrote")

@@ -1794,6 +1794,37 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         Python calling `aner_lang.runtime.train.trainer.train(adapter, data, profile, steps=0)`.
         """,
     ),
+    _code(
+        "E-DIST-ENV",
+        Area.TRAINING,
+        "the distributed environment variables do not describe a rank",
+        _SITUATION,
+        """
+        A distributed run learns each process's place from the variables torchrun sets: `RANK`,
+        `WORLD_SIZE` and `LOCAL_RANK`, integers with `0 <= RANK < WORLD_SIZE`. This code means
+        one of them is not an integer or they contradict each other, which happens when they are
+        set by hand or left over in a shell. Start the ranks with `aner run --nproc N` or
+        `torchrun` (docs/distributed.md), or unset the variables for a run in one process.
+        """,
+        """
+        `RANK=2 WORLD_SIZE=2 aner run train.aner`: rank 2 does not exist in a world of 2.
+        """,
+    ),
+    _code(
+        "E-DIST-OFFLOAD",
+        Area.TRAINING,
+        "CPU offload of sharded training was asked for on a run without a GPU",
+        _SITUATION,
+        """
+        `ANER_FSDP_OFFLOAD=1` keeps the sharded masters, their gradients and the optimizer state
+        of a distributed `full` fine-tune in host memory, bringing each layer's parameters to the
+        GPU only while it runs. A run on the CPU has nothing to offload from. Unset the variable,
+        or run on GPUs.
+        """,
+        """
+        `ANER_FSDP_OFFLOAD=1 aner run --nproc 2 full.aner` on a machine without CUDA.
+        """,
+    ),
     # ---- checkpoints -----------------------------------------------------------------------------
     _code(
         "E-CKPT-MISSING",

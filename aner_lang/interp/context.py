@@ -18,6 +18,8 @@ class ExecContext:
     script_dir: Path = field(default_factory=Path.cwd)
     stdout: TextIO = field(default_factory=lambda: sys.stdout)
     script_path: Path | None = None
+    writes_files: bool = True
+    """False on the ranks other than 0 of a distributed run: only rank 0 writes (and prints)."""
 
     def resolve_path(self, path: str) -> Path:
         """A script-relative path made absolute (absolute paths are kept); a path no file can

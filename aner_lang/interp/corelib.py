@@ -127,7 +127,8 @@ def read_text(ctx: ExecContext, path: str) -> str:
 
 def write_json(ctx: ExecContext, path: str, value: Value, overwrite: bool = False) -> None:
     """JSON proper: NaN and the infinities, which JSON has no words for, are an error naming
-    where in the value they are, not a file other tools refuse."""
+    where in the value they are, not a file other tools refuse. Only rank 0 of a distributed run
+    writes (`ExecContext.writes_files`); every rank checks the value."""
     full = ctx.resolve_path(path)
     plain = to_plain(value)
     bad = _non_finite(plain, "the value")
@@ -138,7 +139,8 @@ def write_json(ctx: ExecContext, path: str, value: Value, overwrite: bool = Fals
             notes=("JSON numbers are finite: NaN and the infinities have no JSON form",),
         )
     text = json.dumps(plain, indent=2, default=str, allow_nan=False) + "\n"
-    files.write_file(full, text.encode("utf-8"), overwrite=overwrite)
+    if ctx.writes_files:
+        files.write_file(full, text.encode("utf-8"), overwrite=overwrite)
 
 
 def _non_finite(value: object, where: str) -> tuple[str, float] | None:

@@ -26,6 +26,7 @@ from safetensors.torch import load_file, save_file
 from aner_lang import files
 from aner_lang.errors import AnerRuntimeError
 from aner_lang.runtime.io.fingerprint import fingerprint
+from aner_lang.runtime.io.world import once
 
 FORMATS = ("peft", "safetensors")
 PEFT_CONFIG, PEFT_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
@@ -305,8 +306,10 @@ def load_adapter(model: Any, directory: str | Path) -> Any:
 def save_adapter_builtin(
     ctx: Any, *, adapter: Any, dir: str, format: str = "peft", overwrite: bool = False
 ) -> str:
-    """Builtin `save_adapter`: `dir` is relative to the script; returns the folder written."""
-    return str(save_adapter(adapter, ctx.resolve_path(dir), format, overwrite=overwrite))
+    """Builtin `save_adapter`: `dir` is relative to the script; returns the folder written (by
+    rank 0 alone in a distributed run)."""
+    folder = ctx.resolve_path(dir)
+    return str(once(save_adapter, adapter, folder, format, overwrite=overwrite) or folder)
 
 
 def load_adapter_builtin(ctx: Any, *, model: Any, dir: str) -> Any:

@@ -24,6 +24,7 @@ from aner_lang.errors import AnerRuntimeError
 from aner_lang.runtime.export import filetypes, kquants
 from aner_lang.runtime.export.files import gguf_writer, require_model
 from aner_lang.runtime.io.gguf import GGUFFile, permute_rows
+from aner_lang.runtime.io.world import once
 from aner_lang.runtime.model.config import gguf_hyperparameters
 
 _SKIPPED_KEYS = ("GGUF.", "general.file_type", "general.quantization_version")
@@ -156,5 +157,7 @@ def export_gguf(
 def export_gguf_builtin(
     ctx: Any, *, model: Any, path: str, dtype: str = "f16", overwrite: bool = False
 ) -> str:
-    """Builtin `export_gguf`: `path` is relative to the script; returns the file written."""
-    return str(export_gguf(model, ctx.resolve_path(path), dtype, overwrite=overwrite))
+    """Builtin `export_gguf`: `path` is relative to the script; returns the file written (by
+    rank 0 alone in a distributed run)."""
+    out = ctx.resolve_path(path)
+    return str(once(export_gguf, model, out, dtype, overwrite=overwrite) or out)

@@ -28,6 +28,7 @@ from tokenizers import processors
 
 from aner_lang.errors import AnerRuntimeError
 from aner_lang.runtime.export.files import require_model, staged_folder
+from aner_lang.runtime.io.world import once
 from aner_lang.runtime.model.linear import FrozenLinear
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -149,5 +150,7 @@ def export_hf(
 
 
 def export_hf_builtin(ctx: Any, *, model: Any, dir: str, dtype: str, overwrite: bool) -> str:
-    """Builtin `export_hf`: `dir` is relative to the script; returns the folder written."""
-    return str(export_hf(model, ctx.resolve_path(dir), dtype, overwrite=overwrite))
+    """Builtin `export_hf`: `dir` is relative to the script; returns the folder written (by rank
+    0 alone in a distributed run)."""
+    folder = ctx.resolve_path(dir)
+    return str(once(export_hf, model, folder, dtype, overwrite=overwrite) or folder)

@@ -27,6 +27,7 @@ from aner_lang.errors import AnerRuntimeError
 from aner_lang.runtime.adapters.merge import effective_weights
 from aner_lang.runtime.export.files import gguf_writer
 from aner_lang.runtime.io.gguf import permute_rows
+from aner_lang.runtime.io.world import once
 
 _FIT = 1e-3
 """Largest relative Frobenius error of the rank-r factorization accepted as the same change."""
@@ -92,5 +93,7 @@ def export_lora_gguf(adapter: Any, path: str | Path, *, overwrite: bool = False)
 
 
 def export_lora_gguf_builtin(ctx: Any, *, adapter: Any, path: str, overwrite: bool) -> str:
-    """Builtin `export_lora_gguf`: `path` is relative to the script; returns the file written."""
-    return str(export_lora_gguf(adapter, ctx.resolve_path(path), overwrite=overwrite))
+    """Builtin `export_lora_gguf`: `path` is relative to the script; returns the file written
+    (by rank 0 alone in a distributed run)."""
+    out = ctx.resolve_path(path)
+    return str(once(export_lora_gguf, adapter, out, overwrite=overwrite) or out)

@@ -25,6 +25,7 @@ from aner_lang.prechecks import PACKAGE_SCHEME
 from aner_lang.runtime.io.packages import packaged_model
 from aner_lang.runtime.io.progress import Progress
 from aner_lang.runtime.io.source import SafetensorsSource, TensorSource, open_source
+from aner_lang.runtime.io.world import world
 from aner_lang.runtime.model.config import (
     ModelConfig,
     config_from_gguf,
@@ -143,13 +144,16 @@ def resolve_device(device: str) -> torch.device:
             f"unknown device {device!r}; expected one of {', '.join(DEVICES)}", code="E-DEVICE"
         )
     if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
         raise AnerRuntimeError(
             "device: cuda was requested but no CUDA GPU is available",
             code="E-NO-CUDA",
             notes=("use device: cpu or device: auto",),
         )
+    if device == "cuda" and world().size > 1:  # each rank on its own GPU (io/world.py)
+        torch.cuda.set_device(world().local_rank)
+        return torch.device("cuda", world().local_rank)
     return torch.device(device)
 
 

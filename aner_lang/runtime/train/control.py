@@ -35,6 +35,7 @@ from types import FrameType
 from typing import Any, TextIO
 
 from aner_lang.errors import AnerRuntimeError, RunStopped
+from aner_lang.runtime.io.world import world
 from aner_lang.runtime.train import checkpoint
 from aner_lang.runtime.train.job_env import (
     JOB_CHECKPOINT_EVERY,
@@ -123,7 +124,7 @@ class RunControl:
 def _events() -> TextIO | None:
     global _event_stream
     fd = os.environ.get(JOB_EVENTS_FD)
-    if _event_stream is None and fd:
+    if _event_stream is None and fd and world().main:  # one stream of events per run: rank 0's
         _event_stream = os.fdopen(int(fd), "w", encoding="utf-8", closefd=False)
     return _event_stream
 

@@ -1,17 +1,21 @@
 """The memory report: bytes per category for a model or an adapter under a profile.
 
 Counts what Aner itself owns (weights, adapter tensors, optimizer moments, the dequantization tile),
-each buffer once (a tied `lm_head` is the embedding), not allocator overhead or process RSS. The
+each buffer once (a tied `lm_head` is the embedding), not allocator overhead or process RSS.
+In a distributed run the figures are this rank's: the base and data-parallel adapters are whole on
+every rank, a `full` adapter's masters and moments are sharded (train/distributed/fsdp.py). The
 categories follow the reference qualification report so the figures compare one to one.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 
+from aner_lang.runtime.io.world import World, world
 from aner_lang.runtime.model.linear import FrozenLinear
 from aner_lang.runtime.nf4.host_tiled import DEFAULT_TILE_BYTES
 from aner_lang.runtime.train.footprint import (
@@ -65,6 +69,15 @@ def base_bytes(module: torch.nn.Module) -> tuple[int, int, int]:
     return floating, packed, gpu_packed
 
 
+def sharded_count(tensors: Iterable[torch.Tensor], world: World) -> int:
+    """Scalars of `tensors` on this rank when each is sharded by rows (FSDP2's chunks)."""
+    from aner_lang.runtime.train.distributed.fsdp import rows_on_rank
+
+    return sum(
+        rows_on_rank(t.shape[0], world)[1] * (t.numel() // max(t.shape[0], 1)) for t in tensors
+    )
+
+
 def memory_report(target: Any, profile: Any | None = None) -> MemoryReport:
     """The report for a `LoadedModel`, or an adapter through its hooks (docs/internals.md)."""
     is_adapter = hasattr(target, "trainable_count")
@@ -72,6 +85,9 @@ def memory_report(target: Any, profile: Any | None = None) -> MemoryReport:
     floating, packed, gpu_packed = base_bytes(model.module)
     owned = target.nbytes() if is_adapter else {}
     n_trainable = target.trainable_count if is_adapter else 0
+    if is_adapter and getattr(target, "method", "") == "full" and world().size > 1:
+        n_trainable = sharded_count(target.params.values(), world())  # this rank's FSDP share
+        owned = {"adapters": 4 * n_trainable, "frozen_adapter": 0, "trainable": 4 * n_trainable}
     paged = getattr(profile, "optimizer", "adamw") == "paged_adamw" and model.device.type == "cuda"
     managed = managed_optimizer_bytes(
         (t.numel() for t in getattr(target, "params", {}).values()), paged

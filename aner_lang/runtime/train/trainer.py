@@ -28,6 +28,10 @@ stopping on the validation loss) is the same.
 Ctrl-C (SIGINT) during training lets the current update finish, writes the state (and a
 checkpoint when checkpoints are on), and ends the script with one line saying how to resume; a
 second Ctrl-C abandons the update at once.
+
+On several ranks every micro-step draws `micro_batch` examples per rank, rank 0 alone logs, shows
+progress and writes checkpoints, and `distributed.Parallel` says what else differs
+(docs/distributed.md).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from typing import Any
 import torch
 
 from aner_lang.errors import AnerRuntimeError
+from aner_lang.runtime.io.world import once, world
 from aner_lang.runtime.model import fused_ops
 from aner_lang.runtime.model.activations import ActivationPolicy, keeping
 from aner_lang.runtime.model.precision import DTYPES, autocast
@@ -51,6 +56,7 @@ from aner_lang.runtime.nf4.backends import NF4Backend, using_backend
 from aner_lang.runtime.tasks.batches import collate
 from aner_lang.runtime.tasks.data import Dataset
 from aner_lang.runtime.train import checkpoint, control
+from aner_lang.runtime.train.distributed import Parallel, for_run
 from aner_lang.runtime.train.graphs import GraphSteps, eligibility
 from aner_lang.runtime.train.loss_scale import LossScaler
 from aner_lang.runtime.train.objectives import Objective
@@ -200,7 +206,8 @@ def train(
     examples = _examples(data, tokenizer, objective)
     if objective is not None:
         check_options(objective, micro_batch)
-    total = total_updates(len(examples), steps, epochs, micro_batch, accumulation)
+    drawn = micro_batch * world().size  # examples a micro-step draws, all ranks together
+    total = total_updates(len(examples), steps, epochs, drawn, accumulation)
     _validate_options(
         tokenizer, data, total, micro_batch, accumulation, schedule, validation, patience
     )
@@ -226,12 +233,13 @@ def train(
     }
     run_control = control.begin(adapter, profile, options, checkpoints, checkpoint_every)
     checkpoints, checkpoint_every = run_control.checkpoints, run_control.checkpoint_every
-    loop = _Loop(
-        adapter, data, profile, options, run_identity(adapter, profile, backend), objective
-    )
+    parallel = for_run(adapter, profile, objective)
+    identity = run_identity(adapter, profile, backend)
+    loop = _Loop(parallel.trained, data, profile, options, identity, parallel, objective)
+    main = parallel.world.main  # only rank 0 logs, shows progress and writes
     log_path = _log_path(log, checkpoints)
-    events = EventLog(log_path, log_dir)
-    progress = Progress(total, loop.counters.updates)
+    events = EventLog(log_path, log_dir) if main else EventLog(None, None)
+    progress = Progress(total, loop.counters.updates) if main else None
     start = time.perf_counter()
     activations = ActivationPolicy(profile.activations, (loop.gen,))
     stop = "done"
@@ -252,28 +260,31 @@ def train(
                     event.update(loop.validate(validation))
                     if checkpoints and loop.best()[0] == updates:
                         state = loop.snapshot()
-                        checkpoint.save(Path(checkpoints) / BEST, state, keep=0)
+                        once(checkpoint.save, Path(checkpoints) / BEST, state, keep=0)
                     if patience and loop.validations_since_best() >= patience:
                         loop.counters.stopped_early = True
                         stop = "early_stopping"
-                if run_control.stop_requested and not done and stop == "done":
+                if parallel.any_rank(run_control.stop_requested) and not done and stop == "done":
                     stop = "interrupted"
                 events.add(event)
                 run_control.emit({**event, "steps": total})
-                progress.update(event)
+                if progress is not None:
+                    progress.update(event)
                 end = done or stop != "done"
                 if end or (checkpoints and checkpoint_every and updates % checkpoint_every == 0):
                     adapter.state = state or loop.snapshot()
                     if checkpoints:
-                        saved = run_control.save(adapter.state)
+                        saved = once(run_control.save, adapter.state)
                 if end:
                     break
         events.add(loop.end_event(stop, time.perf_counter() - start))
+        parallel.finish()  # not after a failure: the other ranks may never reach its collectives
     finally:
         loop.steps.release()
         adapter.train_mode(False)
         events.close()
-        progress.close(loop.summary(stop, time.perf_counter() - start))
+        if progress is not None:
+            progress.close(loop.summary(stop, time.perf_counter() - start))
     if stop == "interrupted":  # Ctrl-C: exit 130 with how to continue; SIGTERM: RunStopped
         if run_control.stop_signal == signal.SIGINT:
             raise KeyboardInterrupt(_resume_hint(loop.counters.updates, total, saved, checkpoints))
@@ -309,6 +320,7 @@ class _Loop:
         profile: Profile,
         options: dict[str, Any],
         identity: str,
+        parallel: Parallel,
         objective: Objective | None = None,
     ) -> None:
         self.adapter, self.profile, self.options, self.identity = (
@@ -317,7 +329,9 @@ class _Loop:
             options,
             identity,
         )
-        self.objective = objective
+        self.objective, self.parallel = objective, parallel
+        self.drawn = options["micro_batch"] * parallel.world.size
+        """Examples a micro-step draws, all ranks' shares together."""
         self.examples = _examples(data, adapter.tokenizer, objective)
         self.preference = (
             None if objective is None else PreferenceSteps(adapter, objective, profile.precision)
@@ -327,7 +341,7 @@ class _Loop:
             _require_same_kernel(prev, identity)
         self.opt = make_optimizer(
             profile.optimizer,
-            adapter.params,
+            parallel.optimizer_params(adapter.params),
             profile.page_bytes,
             lr=options["learning_rate"],
             weight_decay=options["weight_decay"],
@@ -340,7 +354,7 @@ class _Loop:
             self.counters = Counters()
             self.cursor = Cursor(n, options["seed"], shuffle=options["shuffle"])
         else:
-            self.opt.load_state_tensors(prev.tensors)
+            self.opt.load_state_tensors(parallel.scattered(prev.tensors))
             self.scaler = LossScaler.from_json(prev.meta["loss_scale"])
             self.counters = Counters.from_json(prev.meta["counters"])
             d = prev.meta["data"]
@@ -350,7 +364,9 @@ class _Loop:
         self.pad = adapter.tokenizer.pad_id or 0
         self.params = list(adapter.params.items())
         dropout = float(adapter.config.get("dropout", 0.0))
-        off = eligibility(adapter.device, dropout, profile.activations, profile.graphs)
+        off = parallel.graphs_off or eligibility(
+            adapter.device, dropout, profile.activations, profile.graphs
+        )
         if objective is not None:
             off = f"the {objective.name} objective runs its steps eagerly"
         self.steps = GraphSteps(self._forward_backward, [p for _, p in self.params], off)
@@ -366,13 +382,14 @@ class _Loop:
             "packed": data.packed,
             "context": data.context,
             "updates_per_epoch": updates_per_epoch(
-                len(self.examples), o["micro_batch"], o["accumulation"]
+                len(self.examples), self.drawn, o["accumulation"]
             ),
-            "tokens_per_update": o["micro_batch"] * o["accumulation"] * data.context,
+            "tokens_per_update": self.drawn * o["accumulation"] * data.context,
             "cuda_graphs": self.steps.status,
             "kernel_identity": self.identity,
             "profile": self.profile.to_json(),
             "options": o,
+            "world_size": self.parallel.world.size,
         }
 
     def update(self) -> dict[str, Any]:
@@ -388,10 +405,12 @@ class _Loop:
             self.cursor.restore(mark)
             self.adapter.train_mode(True)
             loss_sum, scored, tokens = self._window()
-            grads = {n: p.grad for n, p in self.params if p.grad is not None}
+            grads = self.parallel.gradients(self.params)
             with section("optimizer"):
                 found = scaler.unscale_(grads.values())
-            flags = torch.stack([loss_sum, found.to(loss_sum.device, torch.float64)])
+            flags = self.parallel.total(
+                torch.stack([loss_sum, found.to(loss_sum.device, torch.float64)])
+            )
             loss, found_inf = flags.tolist()
             overflow = bool(found_inf) or not math.isfinite(loss)
             scaler.update(overflow)
@@ -418,9 +437,9 @@ class _Loop:
             with section("optimizer"):
                 trained = [p for _, p in self.params if p.grad is not None]
                 if o["clip_norm"] is not None and o["clip_norm"] > 0:
-                    norm = torch.nn.utils.clip_grad_norm_(trained, o["clip_norm"], foreach=False)
+                    norm = self.parallel.clip_grad_norm(trained, grads, o["clip_norm"])
                 else:
-                    norm = torch.nn.utils.get_total_norm([p.grad for p in trained], foreach=False)
+                    norm = self.parallel.grad_norm(grads)
                 event["grad_norm"] = norm  # read when the event is written (`EventLog`)
                 self.opt.step(grads, lr=lr)
             c.applied += 1
@@ -435,12 +454,13 @@ class _Loop:
         return event
 
     def _window(self) -> tuple[torch.Tensor, int, int]:
-        """Forward/backward one accumulation window; returns its loss (on the device: the sum
-        over its scored tokens divided by their count), its scored tokens and its tokens."""
-        o, adapter = self.options, self.adapter
+        """Forward/backward this rank's share of one accumulation window; returns its loss (on
+        the device: the sum over its scored tokens divided by the window's count), and the
+        window's scored tokens and tokens (all ranks')."""
+        o, adapter, parallel = self.options, self.adapter, self.parallel
         window = [
             [self.examples[i] for i in indices]
-            for indices in self.cursor.window(o["micro_batch"], o["accumulation"])
+            for indices in self.cursor.window(self.drawn, o["accumulation"])
         ]
         scale = self.scaler.state.scale if self.scaler.enabled else None
         if self.preference is not None:
@@ -448,8 +468,9 @@ class _Loop:
         scored = sum(e.scored_tokens for batch in window for e in batch)
         tokens = sum(len(e.ids) for batch in window for e in batch)
         total = torch.zeros((), dtype=torch.float64, device=adapter.device)
-        for examples in window:
-            if not any(e.scored_tokens for e in examples):
+        for drawn_examples in window:
+            examples = parallel.share(drawn_examples)
+            if not parallel.collective_forward and not any(e.scored_tokens for e in examples):
                 continue
             batch = collate(examples, self.pad, adapter.device)
             total += self.steps(batch.input_ids, batch.targets, batch.positions, scored, scale)
@@ -514,7 +535,7 @@ class _Loop:
         """The state after this update (consistent: optimizer stepped, scale updated)."""
         adapter = self.adapter
         tensors = {f"adapter/{k}": v for k, v in adapter.tensors().items()}
-        tensors.update(self.opt.state_tensors())
+        tensors.update(self.parallel.gathered(self.opt.state_tensors()))
         tensors["rng/generator"] = self.gen.get_state().clone()
         meta = {
             "format": STATE_FORMAT,
