@@ -98,7 +98,7 @@ class RunControl:
         if stream is None:
             return
         try:
-            stream.write(json.dumps({**event, "train": self.call}) + "\n")
+            stream.write(json.dumps({**event, "train": self.call}, default=_number) + "\n")
             stream.flush()
         except OSError:  # the supervisor is gone: training goes on, its checkpoints still count
             pass
@@ -119,6 +119,11 @@ class RunControl:
             else "; no checkpoint was written (train without `checkpoints:`)"
         )
         return RunStopped(f"training stopped on request after update {updates} of {steps}{where}")
+
+
+def _number(value: Any) -> float:
+    """A value the event still holds on the device (the gradient norm), as a number."""
+    return float(value)
 
 
 def _events() -> TextIO | None:
