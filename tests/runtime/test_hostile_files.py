@@ -200,6 +200,10 @@ def test_malformed_peft_config_is_refused_before_allocating(tiny_model, tmp_path
 def test_malformed_aner_adapter_config_is_refused(tiny_model, tmp_path):
     folder = save_adapter(adapters.lora(tiny_model, rank=2), tmp_path / "a", "safetensors")
     meta = json.loads((folder / "adapter.json").read_text())
+    meta["config"]["seed"] = 10**30  # found by the fuzz suite: torch's seed overflowed
+    (folder / "adapter.json").write_text(json.dumps(meta))
+    assert _code(lambda: load_adapter(tiny_model, folder)) == "E-ADAPTER-CONFIG"
+    meta["config"]["seed"] = 1
     meta["config"]["rank"] = "eight"
     (folder / "adapter.json").write_text(json.dumps(meta))
     assert _code(lambda: load_adapter(tiny_model, folder)) == "E-ADAPTER-CONFIG"

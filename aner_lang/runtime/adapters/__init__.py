@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from aner_lang.errors import AnerRuntimeError
+from aner_lang.grammar.limits import INT_MAX, INT_MIN
 from aner_lang.runtime.adapters.base import Adapter
 from aner_lang.runtime.adapters.full import Full
 from aner_lang.runtime.adapters.lora import DoRA, LoRA, LoRAFA
@@ -155,6 +156,7 @@ def _check_config(method: str, maker: Callable[..., Adapter], cfg: dict[str, Any
             kinds is not None
             and isinstance(value, kinds)
             and not isinstance(value, bool)
+            and (not isinstance(value, int) or INT_MIN <= value <= INT_MAX)
             and (not isinstance(value, list) or all(isinstance(v, str) for v in value))
         )
         if not ok:
