@@ -213,18 +213,36 @@ def write_file(
 ) -> Path:
     """Write `data` as the file `path` (parent folders created), whole or not at all, under the
     rule of the module docstring."""
-    out = check_target(path, overwrite=overwrite, protected=protected)
-    make_parent(out)
+    out = Path(path)
     try:
-        with staged(out) as tmp:
+        with replacing(path, overwrite=overwrite, protected=protected) as tmp:
             with open(tmp, "wb") as f:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
-            publish(tmp, out, overwrite=overwrite)
     except OSError as exc:
         raise _fail(out, f"cannot be written: {exc.strerror or exc}", "E-IO") from None
     return out
+
+
+@contextmanager
+def replacing(
+    path: str | Path,
+    *,
+    overwrite: bool,
+    protected: Iterable[str | Path] = (),
+    folder: bool = False,
+) -> Iterator[Path]:
+    """The temporary path to write `path` into (with `folder`, a fresh empty folder), checked
+    first and published when the block ends without error, under the rule of the module
+    docstring; removed if anything fails."""
+    out = check_target(path, overwrite=overwrite, protected=protected, folder=folder)
+    make_parent(out)
+    with staged(out) as tmp:
+        if folder:
+            tmp.mkdir()
+        yield tmp
+        publish(tmp, out, overwrite=overwrite)
 
 
 def make_parent(out: Path) -> None:

@@ -125,15 +125,11 @@ def save_adapter(
             "save_adapter needs an adapter (from lora, lora_fa, tinylora, dora or full)",
             code="E-EXPORT",
         )
-    out = files.check_target(
+    with files.replacing(
         directory, overwrite=overwrite, protected=[adapter.base.path], folder=True
-    )
-    files.make_parent(out)
-    with files.staged(out) as tmp:
-        tmp.mkdir()
+    ) as tmp:
         _write_folder(adapter, tmp, format)
-        files.publish(tmp, out, overwrite=overwrite)
-    return out
+    return Path(directory)
 
 
 def _write_folder(adapter: Any, out: Path, format: str) -> None:

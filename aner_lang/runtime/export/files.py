@@ -30,9 +30,7 @@ def gguf_writer(
     """A `gguf.GGUFWriter` for `path`; the file appears when the block ends without error."""
     import gguf
 
-    out = files.check_target(path, overwrite=overwrite, protected=protected)
-    files.make_parent(out)
-    with files.staged(out) as tmp:
+    with files.replacing(path, overwrite=overwrite, protected=protected) as tmp:
         writer = gguf.GGUFWriter(str(tmp), architecture)
         try:
             yield writer
@@ -41,17 +39,3 @@ def gguf_writer(
             writer.write_tensors_to_file()
         finally:
             writer.close()
-        files.publish(tmp, out, overwrite=overwrite)
-
-
-@contextmanager
-def staged_folder(
-    directory: str | Path, *, overwrite: bool, protected: Iterable[str | Path]
-) -> Iterator[Path]:
-    """A fresh folder to fill; it becomes `directory` when the block ends without error."""
-    out = files.check_target(directory, overwrite=overwrite, protected=protected, folder=True)
-    files.make_parent(out)
-    with files.staged(out) as tmp:
-        tmp.mkdir()
-        yield tmp
-        files.publish(tmp, out, overwrite=overwrite)

@@ -26,8 +26,9 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import processors
 
+from aner_lang import files
 from aner_lang.errors import AnerRuntimeError
-from aner_lang.runtime.export.files import require_model, staged_folder
+from aner_lang.runtime.export.files import require_model
 from aner_lang.runtime.io.world import once
 from aner_lang.runtime.model.linear import FrozenLinear
 
@@ -135,7 +136,9 @@ def export_hf(
         return json.dumps(obj, indent=2, ensure_ascii=False) + "\n"
 
     with (
-        staged_folder(directory, overwrite=overwrite, protected=[model.path]) as folder,
+        files.replacing(
+            directory, overwrite=overwrite, protected=[model.path], folder=True
+        ) as folder,
         torch.no_grad(),
     ):
         save_file(_hf_tensors(model, DTYPES[dtype]), folder / WEIGHTS, metadata={"format": "pt"})
