@@ -21,6 +21,7 @@ SUITES = (
     ("language", "tests/lang"),
     ("testing", "tests/testing"),
     ("io", "tests/runtime/io"),
+    ("load", "tests/runtime/load"),
     ("model", "tests/runtime/model"),
     ("nf4", "tests/runtime/nf4"),
     ("adapters", "tests/runtime/adapters"),
@@ -30,6 +31,8 @@ SUITES = (
     ("jobs", "tests/runtime/jobs"),
     ("services", "tests/runtime/services"),
     ("qualify", "tests/runtime/qualify"),
+    ("hostile files", "tests/runtime/test_hostile_files.py"),
+    ("adversarial", "tests/adversarial"),
     ("lsp", "lsp/tests"),
 )
 
@@ -51,7 +54,7 @@ def run_suites(workdir: Path, workers: int = 0) -> list[dict[str, Any]]:
     parallel = workers > 1 and importlib.util.find_spec("xdist") is not None
     results = []
     for name, path in SUITES:
-        if not (ROOT / path).is_dir():
+        if not (ROOT / path).exists():
             continue
         junit, log = workdir / f"{name}.xml", workdir / f"{name}.log"
         argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", path]

