@@ -81,7 +81,7 @@ def worker(job: dict[str, Any]) -> dict[str, Any] | None:
     rows = job["micro_batch"] * world.size * (job["warmup"] + job["steps"])
     ids = torch.randint(3, SHAPES[job["shape"]]["vocab_size"], (rows, job["context"]),
                         generator=gen)  # fmt: skip
-    data = _token_dataset(model.tokenizer, ids)
+    data = _token_dataset(ids)
     lr = 1e-5 if full else LR
     options = {"learning_rate": lr, "micro_batch": job["micro_batch"], "clip_norm": None}
     train(adapter, data, prof, steps=job["warmup"], **options)

@@ -265,14 +265,11 @@ def _measure(step: Any, ids: Any, job: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _token_dataset(tokenizer: Any, ids: Any) -> Any:
+def _token_dataset(ids: Any) -> Any:
     """A Dataset whose examples are the given token rows, every target scored."""
-    from aner_lang.runtime.tasks.data import Dataset, Example, Record
+    from aner_lang.runtime.tasks.data import Dataset
 
-    data = Dataset(tuple(Record("", "") for _ in range(len(ids))), ids.shape[1], "benchmark")
-    rows = tuple(Example(tuple(r.tolist()), (True,) * ids.shape[1]) for r in ids)
-    data._cache[id(tokenizer)] = (tokenizer, rows)
-    return data
+    return Dataset.of_tokens(ids.tolist(), ids.shape[1], "benchmark")
 
 
 def aner_worker(job: dict[str, Any]) -> dict[str, Any]:
@@ -292,7 +289,7 @@ def aner_worker(job: dict[str, Any]) -> dict[str, Any]:
     prof = profile(precision=job["precision"], activations=job["activations"])
     adapter = A.lora(model, rank=RANK, alpha=ALPHA, targets=TARGETS, seed=0)
     save_file(adapter.tensors(), str(Path(job["dir"]) / "init_adapter.safetensors"))
-    data = _token_dataset(model.tokenizer, _batches(job))
+    data = _token_dataset(_batches(job))
     cuda = job["device"] == "cuda"
     done = 0
 

@@ -561,31 +561,30 @@ def grad_input(
         n % 2 and grad_y.dtype != torch.float32
     ):  # the mma kernel reads gy in pairs
         return _many_grad_input(g2, w, out_dtype).view(*lead, k)
-    gx = torch.zeros(m, k, dtype=torch.float32, device=grad_y.device)
     sms = _sm_count(_index(grad_y.device))
     if grad_y.dtype == torch.float32:
-        threads = 128
-        kblocks = (k // 8 + threads - 1) // threads
+        name, threads, kblocks = f"nf4_bwd_f32_m{_bucket(m)}", 128, (k // 8 + 127) // 128
         rows = _split_rows(n, kblocks, sms, align=1)
-        _launch(
-            grad_y.device,
-            f"nf4_bwd_f32_m{_bucket(m)}",
-            (kblocks, (n + rows - 1) // rows),
-            threads,
-            [*w.args(), _ptr(g2), _ptr(gx), np.int32(m), np.int32(n), np.int32(k), np.int32(rows)],
+        slabs = (n + rows - 1) // rows  # one per row slice
+    else:
+        name, threads, kblocks = (
+            f"nf4_mma_bwd_{_DT_NAME[grad_y.dtype]}_m{8 if m <= 8 else 16}",
+            128,
+            (k + 255) // 256,
         )
-        return gx.to(out_dtype).view(*lead, k)
-    kblocks = (k + 255) // 256
-    rows = _split_rows(n, kblocks, sms, align=64)
-    mt = 8 if m <= 8 else 16
+        rows = _split_rows(n, kblocks, sms, align=64)
+        slabs = (n + rows - 1) // rows * (threads // 32)  # one per row slice and warp
+    # Every slice (and warp) sums into a slab of its own and the slabs are added here in a fixed
+    # order: the same bits on every run, which exact resume (1 + checkpoint + 1 == 2) relies on.
+    parts = torch.zeros(slabs, m, k, dtype=torch.float32, device=grad_y.device)
     _launch(
         grad_y.device,
-        f"nf4_mma_bwd_{_DT_NAME[grad_y.dtype]}_m{mt}",
+        name,
         (kblocks, (n + rows - 1) // rows),
-        128,
-        [*w.args(), _ptr(g2), _ptr(gx), np.int32(m), np.int32(n), np.int32(k), np.int32(rows)],
+        threads,
+        [*w.args(), _ptr(g2), _ptr(parts), np.int32(m), np.int32(n), np.int32(k), np.int32(rows)],
     )
-    return gx.to(out_dtype).view(*lead, k)
+    return parts.sum(0).to(out_dtype).view(*lead, k)
 
 
 def _split_rows(n: int, kblocks: int, sms: int, *, align: int) -> int:

@@ -219,7 +219,9 @@ __device__ void gemv_f32(const NF4& w, const float* __restrict__ x, float* __res
 // ---- fp32 small-token backward to the input ------------------------------------------------------
 
 // Thread = 8 consecutive k of the input gradient; blockIdx.y = a slice of the N rows it sums over.
-// Partial sums go to the fp32 output with atomics (the caller zeroes it).
+// Each slice writes its partial sums to a slab of its own (gx + blockIdx.y * M * K, zeroed by the
+// caller, which sums the slabs in a fixed order): no two threads add to one element, so the result
+// is the same bits on every run (fp32 atomics from several slices would add in a varying order).
 template <int MT>
 __device__ void bwd_f32(const NF4& w, const float* __restrict__ gy, float* __restrict__ gx, int M, int N, int K,
                         int rows_per_split) {
@@ -229,6 +231,7 @@ __device__ void bwd_f32(const NF4& w, const float* __restrict__ gy, float* __res
     if (k >= K) return;
     const int n0 = blockIdx.y * rows_per_split;
     const int n1 = min(N, n0 + rows_per_split);
+    gx += static_cast<long long>(blockIdx.y) * M * K;
     float acc[MT][8];
 #pragma unroll
     for (int m = 0; m < MT; ++m)
@@ -397,7 +400,9 @@ __device__ void mma_fwd(const NF4& w, const u16* __restrict__ x, u16* __restrict
 // the B operand. Thread (g, t) reads rows n0 + {2t, 2t+1, 2t+8, 2t+9} at k = kb + 32g .. + 31 (four
 // 16-byte loads); in k16-tile i, its logical rows g and g + 8 are k = kb + 32g + 2i and + 1, so byte
 // i of each row chunk feeds one tile. B pairs are consecutive gy values: one 32-bit load each.
-// A warp covers 256 k and loops over its slice of N; partial sums go out with fp32 atomics.
+// A warp covers 256 k and loops over its slice of N; its partial sums go to a slab of its own
+// (gx + (blockIdx.y * warps + warp) * M * K, zeroed by the caller, which sums the slabs in a fixed
+// order), so every element has one writer and the result is the same bits on every run.
 template <typename T, int MT>
 __device__ void mma_bwd(const NF4& w, const u16* __restrict__ gy, float* __restrict__ gx, int M, int N, int K,
                         int rows_per_split) {
@@ -411,6 +416,7 @@ __device__ void mma_bwd(const NF4& w, const u16* __restrict__ gy, float* __restr
     const bool k_ok = k < K;
     const int n_begin = blockIdx.y * rows_per_split;
     const int n_end = min(N, n_begin + rows_per_split);
+    gx += static_cast<long long>(blockIdx.y * warps + warp) * M * K;
     float acc[16][NT][4];
 #pragma unroll
     for (int i = 0; i < 16; ++i)
