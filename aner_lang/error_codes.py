@@ -1825,6 +1825,21 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         `ANER_FSDP_OFFLOAD=1 aner run --nproc 2 full.aner` on a machine without CUDA.
         """,
     ),
+    _code(
+        "E-DIST-SHARD",
+        Area.TRAINING,
+        "a sharded base was asked for and the model's decoder layers are not stored as NF4",
+        _SITUATION,
+        """
+        `ANER_SHARD_BASE=1` shards the packed NF4 bytes of every decoder layer over the ranks of
+        a data-parallel run (docs/distributed.md). A base stored in floating point has no packed
+        bytes to shard. Load the model with `storage: nf4_double_quant`, or unset the variable.
+        """,
+        """
+        `ANER_SHARD_BASE=1 aner run --nproc 2 train.aner` where the script loads its model with
+        `storage: float32`.
+        """,
+    ),
     # ---- checkpoints -----------------------------------------------------------------------------
     _code(
         "E-CKPT-MISSING",

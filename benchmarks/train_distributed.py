@@ -1,6 +1,6 @@
 """Training on several GPUs: data-parallel QLoRA scaling, and an FSDP full fine-tune.
 
-Two experiments, each rank count one torchrun launch of this script's worker (Aner's `train`, as
+Three experiments, each rank count one torchrun launch of this script's worker (Aner's `train`, as
 `aner run --nproc N` runs it), on random weights of a real model's shape (`train_scale.SHAPES`,
 written once as an f16 fixture GGUF) and random token rows:
 
@@ -8,6 +8,9 @@ written once as an f16 fixture GGUF) and random token rows:
   the NF4 double-quantized base, `--micro-batch` rows per GPU, one window per update. Reported per
   rank count: tokens/s of all ranks over `--steps` updates after `--warmup`, and the scaling
   efficiency per GPU, tokens/s / (N x the one-GPU tokens/s) (the target is >= 0.9).
+* `qlora-sharded` (`--shard-base`): the same QLoRA with the NF4 base sharded by rank
+  (`ANER_SHARD_BASE=1`): per-rank peak memory falls by about (N-1)/N of the base, at the cost of
+  one all-gather of each layer's bytes per forward and backward (compare with `qlora`).
 * `full` (`--full`): `full` fine-tuning of a float16 base sharded with FSDP2 over the ranks. For
   `llama3-8b` one GPU cannot hold it (16 GB of f16 weights plus 16 bytes of fp32 master, gradient
   and AdamW moments per parameter: 144 GB), two can. Reported: tokens/s, peak CUDA bytes of the
@@ -15,6 +18,7 @@ written once as an f16 fixture GGUF) and random token rows:
   state in host memory (`ANER_FSDP_OFFLOAD=1`).
 
     python benchmarks/train_distributed.py --shape llama3-8b --gpus 1,2,4 --out /tmp/dist
+    python benchmarks/train_distributed.py --shard-base --shape llama3-8b --gpus 2,4 --out /tmp/dist
     python benchmarks/train_distributed.py --full --shape llama3-8b --gpus 2 --out /tmp/dist
     python benchmarks/train_distributed.py --dry-run     # CPU, gloo, tiny shape: the plumbing
 
@@ -45,9 +49,11 @@ def launch(job: dict[str, Any], nproc: int) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            "--nproc-per-node", str(nproc), __file__, "--worker", json.dumps(job),
            "--json", str(out)]  # fmt: skip
+    from aner_lang.runtime.train.distributed.base_shards import SHARD_ENV
     from aner_lang.runtime.train.distributed.fsdp import OFFLOAD_ENV
 
-    env = {**os.environ, OFFLOAD_ENV: "1" if job["offload"] else "0"}
+    sharded = job["experiment"] == "qlora-sharded"
+    env = {**os.environ, OFFLOAD_ENV: "1" if job["offload"] else "0", SHARD_ENV: str(int(sharded))}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=job["timeout"], env=env)
     if proc.returncode != 0 or not out.exists():
         return {"gpus": nproc, "error": f"exit {proc.returncode}: {proc.stderr[-1500:]}"}
@@ -160,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpus", default="1,2,4", help="rank counts, comma separated")
     ap.add_argument("--full", action="store_true", help="FSDP full fine-tuning instead of QLoRA")
     ap.add_argument("--offload", action="store_true", help="full: shards in host memory")
+    ap.add_argument("--shard-base", action="store_true", help="QLoRA with the NF4 base sharded")
     ap.add_argument("--micro-batch", type=int, default=1, help="rows per GPU per update")
     ap.add_argument("--context", type=int, default=0, help="override the shape's context")
     ap.add_argument("--steps", type=int, default=10)
@@ -181,10 +188,15 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    experiments = ["full"] if args.full else ["qlora"]
+    experiments = ["full"] if args.full else ["qlora-sharded"] if args.shard_base else ["qlora"]
     gpus = [int(n) for n in args.gpus.split(",")]
     if args.dry_run:
-        args.shape, device, gpus, experiments = "tiny", "cpu", [1, 2], ["qlora", "full"]
+        args.shape, device, gpus, experiments = (
+            "tiny",
+            "cpu",
+            [1, 2],
+            ["qlora", "qlora-sharded", "full"],
+        )
         args.steps, args.warmup = 2, 1
     work = Path(args.out) / args.shape
     work.mkdir(parents=True, exist_ok=True)

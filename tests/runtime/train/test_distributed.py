@@ -50,6 +50,7 @@ let q = load_model("{gguf}", storage: nf4_double_quant, device: {device})
 """
 ONE = """
 print(run(lora(q, rank: 2, alpha: 4.0, seed: 3), 2, 2, "one/qlora", 0.01))
+print(epoch(lora(q, rank: 2, alpha: 4.0, seed: 3), 2, "one/qlora_epoch", 0.01))
 print(run(low_rank(), 2, 2, "one/lora", 0.01))
 print(run(full(m), 2, 2, "one/full", 0.001))
 print(run(full(m), 1, 2, "one/full_first", 0.001))
@@ -71,6 +72,20 @@ print(run(again, 2, 1, "two/full_again", 0.001))
 print(memory(full(m), p))
 print(epoch(low_rank(), 1, "two/lora_epoch", 0.01))
 print(epoch(full(m), 1, "two/full_epoch", 0.0001))
+"""
+# The same QLoRA runs on 2 ranks with the NF4 base sharded by rank (ANER_SHARD_BASE=1): with its
+# activations kept and checkpointed, over an epoch whose last share is empty on rank 1, then an
+# evaluation after `train` (the base whole again) and the memory report of rank 0
+SHARDED = """
+print(run(lora(q, rank: 2, alpha: 4.0, seed: 3), 2, 1, "shard/qlora", 0.01))
+let c = profile(precision: float32, optimizer: adamw, kernel: host_tiled, activations: checkpoint)
+let a = lora(q, rank: 2, alpha: 4.0, seed: 3)
+print(train(a, data, c, steps: 2, micro_batch: 1, accumulation: 2, learning_rate: 0.01,
+            weight_decay: 0.01, clip_norm: 0.5, seed: 5, checkpoints: "shard/qlora_checkpointed",
+            checkpoint_every: 1))
+print(epoch(lora(q, rank: 2, alpha: 4.0, seed: 3), 1, "shard/qlora_epoch", 0.01))
+print("after: ${evaluate(a, data).loss}")
+print(memory(lora(q, rank: 2, alpha: 4.0, seed: 3), p))
 """
 AFTER = """
 print(run(resume("two/lora_first", model: m), 2, 2, "one/lora_from_two", 0.01))
@@ -109,6 +124,24 @@ def runs(
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert aner(["run", _script(folder, "after.aner", tiny_bytes_gguf, device, AFTER)]) == 0
     return folder, proc.stdout
+
+
+@pytest.fixture(scope="module")
+def sharded(runs: tuple[Path, str], tiny_bytes_gguf: Path) -> str:
+    """The 2-rank launch of `SHARDED` beside `runs`' folder; its stdout."""
+    folder, _ = runs
+    device = "cuda" if "cuda" in folder.name else "cpu"
+    env = {**os.environ, "ANER_CACHE_DIR": str(folder / "cache"), "ANER_SHARD_BASE": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "aner_lang.cli", "run", "--nproc", "2", "shard.aner"],
+        cwd=Path(_script(folder, "shard.aner", tiny_bytes_gguf, device, SHARDED)).parent,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc.stdout
 
 
 def _assert_same(a: Path, b: Path, exact: bool) -> None:
@@ -216,6 +249,54 @@ def test_memory_reports_rank_zeros_share_of_a_sharded_full(runs, tiny_bytes_gguf
     assert f"trainable={4 * share}," in line and f"optimizer={8 * share}," in line, line
 
 
+@pytest.mark.slow
+def test_a_sharded_nf4_base_trains_the_same_bits_as_a_replicated_one(runs, sharded):
+    """The gathered bytes are the base's own: 2 ranks with the base sharded give exactly what 2
+    ranks with it replicated give, with activations kept or checkpointed (recomputation inside a
+    layer's backward finds the layer gathered)."""
+    folder, _ = runs
+    _moved(folder / "shard" / "qlora")
+    _assert_same(folder / "shard" / "qlora", folder / "two" / "qlora", exact=True)
+    checkpointed = checkpoint.load(folder / "shard" / "qlora_checkpointed")
+    kept = checkpoint.load(folder / "two" / "qlora")
+    assert checkpointed.meta["profile"]["activations"] == "checkpoint"
+    assert checkpointed.tensors.keys() == kept.tensors.keys()
+    assert all(torch.equal(t, kept.tensors[k]) for k, t in checkpointed.tensors.items())
+    _assert_same(folder / "shard" / "qlora_epoch", folder / "one" / "qlora_epoch", exact=False)
+    events = (folder / "shard" / "qlora" / "events.jsonl").read_text().splitlines()
+    assert "sharded NF4 base" in events[0]  # CUDA graphs off: the step communicates
+
+
+@pytest.mark.slow
+def test_memory_reports_rank_zeros_share_of_a_sharded_nf4_base(runs, sharded, tiny_bytes_gguf):
+    """Rank 0 keeps ceil(bytes / 2) of each decoder layer's packed NF4 bytes (plus what lies
+    outside the layers), and after `train` the base is whole again (evaluation runs)."""
+    from aner_lang.runtime.io.world import World
+    from aner_lang.runtime.load.loader import load_model
+    from aner_lang.runtime.train.distributed.base_shards import rank_packed_bytes
+
+    module = load_model(tiny_bytes_gguf, storage="nf4_double_quant", device="cpu").module
+    whole = rank_packed_bytes(module, World(0, 1))
+    share = rank_packed_bytes(module, World(0, 2))
+    assert share < whole * 0.6
+    line = next(x for x in sharded.splitlines() if x.startswith("MemoryReport("))
+    assert f"packed_base={share}," in line, line
+    assert any(x.startswith("after: ") for x in sharded.splitlines())
+
+
+def test_the_layout_of_a_layers_bytes_is_aligned_and_splits_evenly(tiny_bytes_gguf):
+    from aner_lang.runtime.load.loader import load_model
+    from aner_lang.runtime.train.distributed.base_shards import _tensors, layout
+
+    layer = load_model(tiny_bytes_gguf, storage="nf4_double_quant", device="cpu").module.layers[0]
+    sizes = [t.numel() * t.element_size() for *_, t in _tensors(layer)]
+    for ranks in (1, 2, 3, 8):
+        offsets, size = layout(layer, ranks)
+        assert size % ranks == 0 and all(o % 16 == 0 for o in offsets)
+        ends = [o + n for o, n in zip(offsets, sizes)]
+        assert all(e <= o for e, o in zip(ends, offsets[1:])) and ends[-1] <= size
+
+
 def test_gradient_buckets_keep_order_and_split_by_size_and_dtype():
     from aner_lang.runtime.train.distributed.buckets import buckets
 
@@ -290,3 +371,68 @@ def test_ranks_other_than_zero_neither_print_nor_write(monkeypatch, tmp_path, ca
     monkeypatch.setenv("RANK", "0")
     assert aner(["run", str(script)]) == 0
     assert capsys.readouterr().out == "hi\n" and (tmp_path / "out.json").exists()
+
+
+def test_a_sharded_base_gathers_a_layer_only_around_its_use(tiny_bytes_gguf, tmp_path):
+    """In one process (a gloo world of one): no layer is gathered between uses, at most two
+    during the backward (the one computing and the one above, freed when the gradient reaches
+    the layer below), none after it; the loss and gradients are the replicated base's bits, and
+    `restore` leaves every layer whole with the hooks gone."""
+    import torch.distributed as dist
+
+    from aner_lang.runtime.adapters import lora
+    from aner_lang.runtime.io.world import World
+    from aner_lang.runtime.load.loader import load_model
+    from aner_lang.runtime.train.distributed.base_shards import ShardedBase
+
+    model = load_model(tiny_bytes_gguf, storage="nf4_double_quant", device="cpu")
+    adapter = lora(model, rank=2, alpha=4.0, seed=3)
+    ids = torch.randint(3, 200, (1, 12))
+
+    def loss_and_grads() -> tuple[torch.Tensor, list[torch.Tensor]]:
+        for p in adapter.params.values():
+            p.grad = None
+        loss = adapter.loss(ids, ids)
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in adapter.params.values()]
+
+    expected = loss_and_grads()
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
+    try:
+        sharded = ShardedBase(model.module, World(0, 1))
+        gathered = lambda: sum(layer.gathered for layer in sharded.layers)  # noqa: E731
+        most = []
+        original = sharded._pre_backward
+
+        def watched(i, grad):  # type: ignore[no-untyped-def]
+            original(i, grad)
+            most.append(gathered())
+
+        assert all(layer.flat.untyped_storage().nbytes() == 0 for layer in sharded.layers)
+        sharded._pre_backward = watched  # type: ignore[method-assign]
+        got = loss_and_grads()
+        assert most and max(most) <= 2 and gathered() == 0
+        assert torch.equal(got[0], expected[0])
+        assert all(torch.equal(a, b) for a, b in zip(got[1], expected[1]))
+        with torch.no_grad():
+            adapter.loss(ids, ids)
+        assert gathered() == 0
+        sharded.restore()
+        assert gathered() == len(sharded.layers) and not sharded.handles
+        assert torch.equal(adapter.loss(ids, ids).detach(), expected[0])
+    finally:
+        dist.destroy_process_group()
+
+
+def test_sharding_a_floating_point_base_is_refused(tiny_bytes_gguf):
+    from aner_lang.errors import AnerRuntimeError
+    from aner_lang.runtime.io.world import World
+    from aner_lang.runtime.load.loader import load_model
+    from aner_lang.runtime.train.distributed.base_shards import ShardedBase
+
+    module = load_model(tiny_bytes_gguf, storage="float32", device="cpu").module
+    with pytest.raises(AnerRuntimeError) as raised:
+        ShardedBase(module, World(0, 2))
+    assert raised.value.code == "E-DIST-SHARD"

@@ -3,7 +3,8 @@
 Every rank runs the same script (`aner run --nproc N`, or the script under torchrun). `train`
 asks `for_run` how to spread an update: in a world of one, `Parallel` changes nothing; a `full`
 adapter is sharded with FSDP2 (`fsdp.ShardedFull`); every other adapter is trained data parallel
-on a replicated base (`parallel.DataParallel`). docs/distributed.md is the user's guide.
+on a replicated base (`parallel.DataParallel`), or with `ANER_SHARD_BASE=1` on an NF4 base
+sharded by rank (`base_shards.ShardedBaseParallel`). docs/distributed.md is the user's guide.
 """
 
 from __future__ import annotations
@@ -34,4 +35,11 @@ def for_run(adapter: Any, profile: Any, objective: Any = None) -> Parallel:
         from aner_lang.runtime.train.distributed.fsdp import ShardedFull
 
         return ShardedFull(adapter, profile, world)
+    from aner_lang.runtime.train.distributed.base_shards import (
+        ShardedBaseParallel,
+        shard_base_wanted,
+    )
+
+    if shard_base_wanted():
+        return ShardedBaseParallel(adapter, profile, world)
     return DataParallel(adapter, profile, world)

@@ -31,7 +31,6 @@ import copy
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -51,9 +50,8 @@ from aner_lang.errors import AnerRuntimeError
 from aner_lang.runtime.io.world import World
 from aner_lang.runtime.model.precision import DTYPES
 from aner_lang.runtime.model.transformer import LlamaModel
-from aner_lang.runtime.tasks.data import Example
 from aner_lang.runtime.train.distributed.buckets import all_reduce_sum
-from aner_lang.runtime.train.distributed.parallel import DataParallel
+from aner_lang.runtime.train.distributed.parallel import CollectiveDataParallel
 
 OFFLOAD_ENV = "ANER_FSDP_OFFLOAD"
 _MOMENTS = ("optim/exp_avg/", "optim/exp_avg_sq/")
@@ -110,11 +108,10 @@ class _ShardedAdapter:
         return {n: self._kept(n, _local(p)) for n, p in self.params.items()}
 
 
-class ShardedFull(DataParallel):
+class ShardedFull(CollectiveDataParallel):
     """`full` fine-tuning with FSDP2 over the decoder layers (see the module docstring)."""
 
     graphs_off = "FSDP gathers parameters with collectives inside the step"
-    collective_forward = True
 
     def __init__(self, adapter: Any, profile: Any, world: World) -> None:
         super().__init__(adapter, profile, world)
@@ -167,16 +164,6 @@ class ShardedFull(DataParallel):
         continue), so the ranks of one host do not each hold a whole copy."""
         whole = self.whole(name, part)
         return whole.cpu() if self.world.main else part.detach().cpu().clone()
-
-    def share(self, examples: list[Example]) -> list[Example]:
-        """This rank's share, or where it has none (the last micro-step of an epoch with fewer
-        examples than ranks) one of the others' examples with nothing scored: every rank runs
-        every micro-step, for its collectives, and the placeholder adds nothing to the loss."""
-        mine = super().share(examples)
-        if mine or not examples:
-            return mine
-        first = examples[0]
-        return [replace(first, scored=(False,) * len(first.ids))]
 
     def gradients(self, params: list[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         """This rank's part of every gradient (already reduce-scattered by FSDP)."""

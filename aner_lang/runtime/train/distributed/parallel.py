@@ -22,6 +22,7 @@ Rules:
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -112,3 +113,20 @@ class DataParallel(Parallel):
 
     def any_rank(self, flag: bool) -> bool:
         return bool(self.total(torch.tensor(float(flag), device=self.adapter.device)))
+
+
+class CollectiveDataParallel(DataParallel):
+    """Data parallel where the forward itself communicates (a sharded base or sharded masters):
+    every rank runs every micro-step, for its collectives."""
+
+    collective_forward = True
+
+    def share(self, examples: list[Example]) -> list[Example]:
+        """This rank's share, or where it has none (the last micro-step of an epoch with fewer
+        examples than ranks) one of the others' examples with nothing scored: the placeholder
+        runs the collectives and adds nothing to the loss."""
+        mine = super().share(examples)
+        if mine or not examples:
+            return mine
+        first = examples[0]
+        return [replace(first, scored=(False,) * len(first.ids))]
