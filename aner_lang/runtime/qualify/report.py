@@ -143,7 +143,10 @@ def _log(message: str) -> None:
 
 
 def qualify(
-    skip_suites: bool = False, workers: int = 0, chosen: tuple[str, ...] = ()
+    skip_suites: bool = False,
+    workers: int = 0,
+    chosen: tuple[str, ...] = (),
+    suite_seconds: float | None = None,
 ) -> dict[str, Any]:
     """The whole report (see the module docstring)."""
     ref = reference()
@@ -169,7 +172,7 @@ def qualify(
             report["unit_suites"] = [{"skipped": "--skip-suites"}]
         else:
             _log("unit suites (pytest, one run per room)")
-            report["unit_suites"] = suites.run_suites(Path(tmp), workers)
+            report["unit_suites"] = suites.run_suites(Path(tmp), workers, suite_seconds)
     report["unit_check_total"] = sum(s.get("checks", 0) for s in report["unit_suites"])
     _log("component benchmarks")
     report["component_benchmarks"] = benchmarks.nf4_linear()
@@ -182,7 +185,7 @@ def qualify(
         _log(f"real model: {', '.join(m.name for m in picked)} on {device}")
         report["real_model"] = methods.real_model(path, picked)
     report["gpu"]["after_qualification"] = environment.gpu_after()
-    failed = [s for s in report["unit_suites"] if s.get("status") == "fail"]
+    failed = [s for s in report["unit_suites"] if s.get("status") in ("fail", "timeout")]
     failed += [q for q in report["real_model"].get("qualification", []) if q["status"] != "pass"]
     if failed:
         report["status"] = "fail"
@@ -218,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-suites", action="store_true", help="do not run the test suites")
     parser.add_argument("--workers", type=int, default=0, help="pytest-xdist workers per suite")
     parser.add_argument(
+        "--suite-seconds", type=float, default=None, help="stop a suite running longer than this"
+    )
+    parser.add_argument(
         "--methods",
         default="",
         help=f"comma-separated subset of {','.join(m.name for m in methods.METHODS)}",
@@ -231,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"aner qualify: unknown method(s) {', '.join(sorted(unknown))}", file=sys.stderr)
         return 2
-    report = qualify(args.skip_suites, args.workers, chosen)
+    report = qualify(args.skip_suites, args.workers, chosen, args.suite_seconds)
     text = json.dumps(report, indent=2) + "\n"
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

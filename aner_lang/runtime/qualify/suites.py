@@ -46,9 +46,13 @@ def _counts(junit: Path) -> dict[str, int]:
     return totals
 
 
-def run_suites(workdir: Path, workers: int = 0) -> list[dict[str, Any]]:
+def run_suites(
+    workdir: Path, workers: int = 0, seconds_each: float | None = None
+) -> list[dict[str, Any]]:
     """Every suite of `SUITES` that exists here, run with pytest (in `workers` processes when
-    pytest-xdist is installed and `workers` > 1)."""
+    pytest-xdist is installed and `workers` > 1). A suite still running after `seconds_each` is
+    stopped and reported as ``timeout`` with what its JUnit file holds (nothing, usually): one
+    hung suite costs its own counts, not the whole report."""
     if not (ROOT / "tests").is_dir():
         return [{"skipped": f"no test suites at {ROOT} (not a source checkout)"}]
     parallel = workers > 1 and importlib.util.find_spec("xdist") is not None
@@ -61,7 +65,12 @@ def run_suites(workdir: Path, workers: int = 0) -> list[dict[str, Any]]:
         argv += [f"--junitxml={junit}"] + (["-n", str(workers)] if parallel else [])
         start = time.perf_counter()
         with open(log, "wb") as out:
-            code = subprocess.run(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT).returncode
+            try:
+                code: int | None = subprocess.run(
+                    argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, timeout=seconds_each
+                ).returncode
+            except subprocess.TimeoutExpired:
+                code = None
         seconds = time.perf_counter() - start
         counts = _counts(junit) if junit.is_file() else {}
         passed = counts.get("tests", 0) - sum(
@@ -70,7 +79,7 @@ def run_suites(workdir: Path, workers: int = 0) -> list[dict[str, Any]]:
         results.append(
             {
                 "name": name,
-                "status": "pass" if code == 0 else "fail",
+                "status": "timeout" if code is None else "pass" if code == 0 else "fail",
                 "checks": passed,
                 "failed": counts.get("failures", 0) + counts.get("errors", 0),
                 "skipped": counts.get("skipped", 0),

@@ -122,3 +122,14 @@ def test_every_test_module_belongs_to_exactly_one_suite() -> None:
     for module in modules:
         owners = [name for name, path in suites.SUITES if module.is_relative_to(path)]
         assert len(owners) == 1, (module, owners)
+
+
+def test_a_suite_past_its_time_is_stopped_and_reported(monkeypatch, tmp_path: Path) -> None:
+    """A hung suite costs its own counts, not the whole report."""
+    root = tmp_path / "checkout"
+    (root / "tests").mkdir(parents=True)
+    (root / "tests" / "test_hangs.py").write_text("import time\ndef test_x():\n    time.sleep(60)\n")
+    monkeypatch.setattr(suites, "ROOT", root)
+    monkeypatch.setattr(suites, "SUITES", (("hangs", "tests"),))
+    (result,) = suites.run_suites(tmp_path, seconds_each=3)
+    assert result["status"] == "timeout" and result["checks"] == 0 and result["seconds"] < 30
