@@ -29,14 +29,23 @@ def _cell(value: Any) -> str:
 
 def _summary(report: dict[str, Any]) -> list[str]:
     suites = [s for s in report["unit_suites"] if "name" in s]
+    skipped = [s["skipped"] for s in report["unit_suites"] if "skipped" in s]
     failed = sum(s["failed"] for s in suites)
     methods = report["real_model"].get("qualification", [])
     passed = sum(q["status"] == "pass" for q in methods)
+    source = report["source"]
+    commit = str(source["commit"])[:10]
+    if source.get("uncommitted_changes"):
+        commit += f" with changes; package tree sha256 {source['package_tree_sha256'][:12]}"
+    tests = (
+        f"test suites skipped ({'; '.join(skipped)})"
+        if skipped and not suites
+        else f"{report['unit_check_total']} tests passed and {failed} failed in "
+        f"{len(suites)} suites"
+    )
     return [
         f"- {_machine(report)}: {report['status']} on {report['qualification_date_utc']} "
-        f"(commit {str(report['source']['commit'])[:10]}); {report['unit_check_total']} tests "
-        f"passed and {failed} failed in {len(suites)} suites; {passed} of {len(methods)} "
-        "adapter methods qualified"
+        f"(commit {commit}); {tests}; {passed} of {len(methods)} adapter methods qualified"
     ]
 
 
