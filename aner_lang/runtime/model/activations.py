@@ -15,6 +15,10 @@ Rules:
   current stream (`torch.autograd.graph.save_on_cpu`); with checkpointing these are the layer
   inputs, one `[batch, tokens, hidden]` tensor per layer.
 * Outside a gradient computation (evaluation, generation) nothing is checkpointed.
+* Under `keep`, a cheap elementwise result that a consumer would save for backward can be
+  recomputed there instead (`recomputing`): the MLP's SwiGLU output, an intermediate-size tensor
+  per layer, is not kept, since its inputs (gate and up) are kept for the SwiGLU's own backward
+  anyway. The recomputation is the same deterministic kernel, so gradients are bit-identical.
 """
 
 from __future__ import annotations
@@ -101,3 +105,45 @@ def run_layer(layer: Callable[..., torch.Tensor], *args: Any) -> torch.Tensor:
         torch.Tensor,
         checkpoint(layer, *args, use_reentrant=False, context_fn=contexts),
     )
+
+
+@dataclass(frozen=True)
+class _Recomputed:
+    """What a saved tensor is replaced with under `recomputing`: the shape it was saved in."""
+
+    shape: torch.Size
+
+
+@contextmanager
+def recomputing(value: torch.Tensor, compute: Callable[[], torch.Tensor]) -> Iterator[None]:
+    """Where the enclosed forward saves `value` for backward (itself, or a contiguous view of all
+    of it, as a matmul saves its reshaped input), save nothing and call `compute` (once per
+    backward, without gradients) when backward needs it. Only under `keep` with gradients on:
+    checkpointing already keeps nothing inside a layer, and `compute` holds its inputs, which a
+    checkpointed or offloaded layer must not keep on the device."""
+    policy = _POLICY.get() or _KEEP
+    if policy.checkpointing or not torch.is_grad_enabled() or not value.is_contiguous():
+        yield
+        return
+    again: list[torch.Tensor] = []
+
+    def pack(t: torch.Tensor) -> Any:
+        same = (
+            t.data_ptr() == value.data_ptr()
+            and t.numel() == value.numel()
+            and t.dtype == value.dtype
+            and t.device == value.device
+            and t.is_contiguous()
+        )
+        return _Recomputed(t.shape) if same else t
+
+    def unpack(saved: Any) -> torch.Tensor:
+        if not isinstance(saved, _Recomputed):
+            return cast(torch.Tensor, saved)
+        if not again:
+            with torch.no_grad():
+                again.append(compute())
+        return again[0].view(saved.shape)
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        yield

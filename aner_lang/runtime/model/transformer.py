@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from aner_lang.errors import AnerRuntimeError
-from aner_lang.runtime.model.activations import run_layer
+from aner_lang.runtime.model.activations import recomputing, run_layer
 from aner_lang.runtime.model.config import ModelConfig
 from aner_lang.runtime.model.fused_ops import rms_norm, swiglu
 from aner_lang.runtime.model.linear import FrozenLinear
@@ -225,8 +225,14 @@ class LlamaMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_proj(x), self.up_proj(x)
         with section("norms_activations"):
-            h = F.silu(gate) * up if gate.dtype == torch.float32 else swiglu(gate, up)
-        return self.down_proj(h)
+            h = self.activation(gate, up)
+        with recomputing(h, lambda: self.activation(gate, up)):  # an adapter on down_proj
+            return self.down_proj(h)  # would keep h; gate and up are kept anyway
+
+    @staticmethod
+    def activation(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up (Liger's kernel on CUDA in half precision)."""
+        return F.silu(gate) * up if gate.dtype == torch.float32 else swiglu(gate, up)
 
 
 class LlamaDecoderLayer(nn.Module):

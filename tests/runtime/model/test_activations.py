@@ -59,3 +59,41 @@ def test_outside_training_nothing_is_checkpointed(model):
     ids = torch.tensor([[1, 2, 3, 4]])
     with keeping(ActivationPolicy("checkpoint")), torch.no_grad():
         assert torch.equal(model.forward(ids), model.forward(ids))
+
+
+def test_the_swiglu_output_is_recomputed_in_backward_not_kept(model, monkeypatch):
+    """Under `keep`, an adapter on down_proj would save the SwiGLU output (an intermediate-size
+    tensor per layer); backward computes it again from gate and up instead, once per layer and
+    without gradients, and the gradients are the bits of keeping it."""
+    import contextlib
+
+    from aner_lang.runtime.model import transformer
+
+    ids = torch.randint(
+        0, model.config.vocab_size, (2, 20), generator=torch.Generator().manual_seed(2)
+    )
+    targets = torch.cat([ids[:, 1:], torch.full((2, 1), IGNORE)], dim=1)
+
+    def grads() -> dict[str, torch.Tensor]:
+        adapter = A.lora(model, rank=2, alpha=4.0, targets=["up_proj", "down_proj"], seed=1)
+        with keeping(ActivationPolicy("keep")), adapter.active():
+            adapter.loss(ids, targets).backward()
+        return {n: p.grad for n, p in adapter.params.items()}
+
+    calls: list[bool] = []
+    original = transformer.LlamaMLP.activation
+
+    def spied(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        calls.append(torch.is_grad_enabled())
+        return original(gate, up)
+
+    monkeypatch.setattr(transformer.LlamaMLP, "activation", staticmethod(spied))
+    ours = grads()
+    layers = model.config.num_hidden_layers
+    assert calls == [True] * layers + [False] * layers
+    calls.clear()
+    monkeypatch.setattr(transformer, "recomputing", lambda *_: contextlib.nullcontext())
+    kept = grads()
+    assert calls == [True] * layers
+    assert ours.keys() == kept.keys()
+    assert all(torch.equal(g, kept[n]) for n, g in ours.items())
