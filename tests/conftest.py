@@ -6,9 +6,18 @@ for a model run without torch being imported.
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The Ctrl-C tests signal a child `aner`, so SIGINT must not be ignored there: a shell starts
+    background jobs with SIGINT ignored and children inherit that, while a Python handler is reset
+    to the default when a child starts."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")

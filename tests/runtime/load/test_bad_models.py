@@ -116,3 +116,22 @@ def test_non_finite_linear_weight(tmp_path):
     path.write_bytes(bytes(data))
     err = _error(path)
     assert err.code == "E-MODEL-WEIGHTS" and "layers.0.self_attn.q_proj" in err.message
+
+
+def test_infinite_quantized_scale_is_refused_without_a_numpy_warning(tmp_path, recwarn):
+    """A Q8_0 block whose fp16 scale is infinite (times a zero quant: NaN): the weight check
+    names the tensor; numpy's 'invalid value' warning from the dequantization stays out of the
+    user's terminal."""
+    import gguf
+
+    path = write_fixture(
+        tmp_path / "q8.gguf", "tiny", tensor_type="q8_0", tokenizer=embedded_tokenizer()
+    )
+    reader = gguf.GGUFReader(str(path))
+    offset = next(t for t in reader.tensors if t.name == "blk.0.ffn_up.weight").data_offset
+    data = bytearray(path.read_bytes())
+    data[offset : offset + 3] = np.float16("inf").tobytes() + b"\x00"
+    path.write_bytes(bytes(data))
+    err = _error(path)
+    assert err.code == "E-MODEL-WEIGHTS" and "layers.0.mlp.up_proj" in err.message
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]

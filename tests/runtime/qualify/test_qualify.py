@@ -128,7 +128,9 @@ def test_a_suite_past_its_time_is_stopped_and_reported(monkeypatch, tmp_path: Pa
     """A hung suite costs its own counts, not the whole report."""
     root = tmp_path / "checkout"
     (root / "tests").mkdir(parents=True)
-    (root / "tests" / "test_hangs.py").write_text("import time\ndef test_x():\n    time.sleep(60)\n")
+    (root / "tests" / "test_hangs.py").write_text(
+        "import time\ndef test_x():\n    time.sleep(60)\n"
+    )
     monkeypatch.setattr(suites, "ROOT", root)
     monkeypatch.setattr(suites, "SUITES", (("hangs", "tests"),))
     (result,) = suites.run_suites(tmp_path, seconds_each=3)

@@ -111,19 +111,25 @@ def runs(
     if device == "cuda" and torch.cuda.device_count() < 2:
         pytest.skip("needs 2 CUDA GPUs")
     folder = tmp_path_factory.mktemp(f"distributed-{device}")
-    env = {**os.environ, "ANER_CACHE_DIR": str(folder / "cache")}
     assert aner(["run", _script(folder, "one.aner", tiny_bytes_gguf, device, ONE)]) == 0
+    stdout = _two_ranks(_script(folder, "two.aner", tiny_bytes_gguf, device, TWO))
+    assert aner(["run", _script(folder, "after.aner", tiny_bytes_gguf, device, AFTER)]) == 0
+    return folder, stdout
+
+
+def _two_ranks(script: str, **env: str) -> str:
+    """`aner run --nproc 2 SCRIPT` in the script's folder (its cache there too); its stdout."""
+    folder = Path(script).parent
     proc = subprocess.run(
-        [sys.executable, "-m", "aner_lang.cli", "run", "--nproc", "2", "two.aner"],
-        cwd=Path(_script(folder, "two.aner", tiny_bytes_gguf, device, TWO)).parent,
+        [sys.executable, "-m", "aner_lang.cli", "run", "--nproc", "2", Path(script).name],
+        cwd=folder,
         capture_output=True,
         text=True,
-        env=env,
+        env={**os.environ, "ANER_CACHE_DIR": str(folder / "cache"), **env},
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert aner(["run", _script(folder, "after.aner", tiny_bytes_gguf, device, AFTER)]) == 0
-    return folder, proc.stdout
+    return proc.stdout
 
 
 @pytest.fixture(scope="module")
@@ -131,17 +137,8 @@ def sharded(runs: tuple[Path, str], tiny_bytes_gguf: Path) -> str:
     """The 2-rank launch of `SHARDED` beside `runs`' folder; its stdout."""
     folder, _ = runs
     device = "cuda" if "cuda" in folder.name else "cpu"
-    env = {**os.environ, "ANER_CACHE_DIR": str(folder / "cache"), "ANER_SHARD_BASE": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "aner_lang.cli", "run", "--nproc", "2", "shard.aner"],
-        cwd=Path(_script(folder, "shard.aner", tiny_bytes_gguf, device, SHARDED)).parent,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc.stdout
+    script = _script(folder, "shard.aner", tiny_bytes_gguf, device, SHARDED)
+    return _two_ranks(script, ANER_SHARD_BASE="1")
 
 
 def _assert_same(a: Path, b: Path, exact: bool) -> None:
