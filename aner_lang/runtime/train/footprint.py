@@ -90,7 +90,7 @@ def layer_activation_bytes(
         + s.q_size  # rotated queries
         + 2 * s.kv_size  # rotated keys, values
         + 2 * s.q_size  # attention's output and o_proj's copy of it
-        + 3 * s.intermediate  # gate, up, and their SwiGLU product
+        + 2 * s.intermediate  # gate and up (their SwiGLU product is recomputed in backward)
         + adapter_rows
     )
     fp32 = 2 + s.heads  # 1/rms of each norm, logsumexp per head
