@@ -169,10 +169,17 @@ class LlamaAttention(nn.Module):
         with section("attention"):
             if self.q_norm is not None and self.k_norm is not None:
                 q, k = self.q_norm(q), self.k_norm(k)
-            out = self._attend(
+            heads = self._attend(
                 q.transpose(1, 2), k.transpose(1, 2), v, cos, sin, layer, cache, mask
             )
-        return self.o_proj(out)
+        out = self._merge(heads)
+        with recomputing(out, lambda: self._merge(heads)):  # an adapter on o_proj would keep
+            return self.o_proj(out)  # this copy; attention keeps `heads` for its backward anyway
+
+    def _merge(self, heads: torch.Tensor) -> torch.Tensor:
+        """`[B, heads, T, head_dim]` -> `[B, T, heads * head_dim]` (a copy unless T or heads is 1)."""
+        b, _, t, _ = heads.shape
+        return heads.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)
 
     def _attend(
         self,
@@ -186,9 +193,9 @@ class LlamaAttention(nn.Module):
         mask: torch.Tensor | None,
     ) -> torch.Tensor:
         """Rotary positions, the cache, causal attention over `[B, heads, T, head_dim]` inputs:
-        `[B, T, heads * head_dim]`. `mask` (`[B, 1, T, T]`, True where a query may see a key)
+        `[B, heads, T, head_dim]`. `mask` (`[B, 1, T, T]`, True where a query may see a key)
         replaces the causal rule: packed rows (no cache)."""
-        b, _, t, _ = q.shape
+        t = q.shape[2]
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         past = 0
         if cache is not None:
@@ -210,7 +217,7 @@ class LlamaAttention(nn.Module):
             keys = torch.arange(past + t, device=q.device)
             mask = keys[None, :] <= (past + torch.arange(t, device=q.device))[:, None]
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=shared)
-        return out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)
+        return out
 
 
 class LlamaMLP(nn.Module):

@@ -89,7 +89,7 @@ def layer_activation_bytes(
         + 2 * s.hidden  # their normed outputs, read by the projections and adapters
         + s.q_size  # rotated queries
         + 2 * s.kv_size  # rotated keys, values
-        + 2 * s.q_size  # attention's output and o_proj's copy of it
+        + s.q_size  # attention's output (o_proj's merged copy of it is recomputed in backward)
         + 2 * s.intermediate  # gate and up (their SwiGLU product is recomputed in backward)
         + adapter_rows
     )

@@ -61,13 +61,14 @@ def test_outside_training_nothing_is_checkpointed(model):
         assert torch.equal(model.forward(ids), model.forward(ids))
 
 
-def test_the_swiglu_output_is_recomputed_in_backward_not_kept(model, monkeypatch):
-    """Under `keep`, an adapter on down_proj would save the SwiGLU output (an intermediate-size
-    tensor per layer); backward computes it again from gate and up instead, once per layer and
-    without gradients, and the gradients are the bits of keeping it."""
+def test_copies_an_adapter_would_keep_are_recomputed_in_backward(model, monkeypatch):
+    """Under `keep`, adapters on o_proj and down_proj would save attention's merged heads and the
+    SwiGLU output (a hidden-size and an intermediate-size tensor per layer); backward computes
+    each again, once per layer and without gradients, from what attention and the SwiGLU keep
+    anyway, and the gradients are the bits of keeping them."""
     import contextlib
 
-    from aner_lang.runtime.model import transformer
+    from aner_lang.runtime.model import activations, transformer
 
     ids = torch.randint(
         0, model.config.vocab_size, (2, 20), generator=torch.Generator().manual_seed(2)
@@ -75,25 +76,24 @@ def test_the_swiglu_output_is_recomputed_in_backward_not_kept(model, monkeypatch
     targets = torch.cat([ids[:, 1:], torch.full((2, 1), IGNORE)], dim=1)
 
     def grads() -> dict[str, torch.Tensor]:
-        adapter = A.lora(model, rank=2, alpha=4.0, targets=["up_proj", "down_proj"], seed=1)
+        adapter = A.lora(model, rank=2, alpha=4.0, targets=["o_proj", "down_proj"], seed=1)
         with keeping(ActivationPolicy("keep")), adapter.active():
             adapter.loss(ids, targets).backward()
         return {n: p.grad for n, p in adapter.params.items()}
 
-    calls: list[bool] = []
-    original = transformer.LlamaMLP.activation
+    recomputed: list[bool] = []
 
-    def spied(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-        calls.append(torch.is_grad_enabled())
-        return original(gate, up)
+    def counting(value, compute):  # type: ignore[no-untyped-def]
+        def again() -> torch.Tensor:
+            recomputed.append(torch.is_grad_enabled())
+            return compute()
 
-    monkeypatch.setattr(transformer.LlamaMLP, "activation", staticmethod(spied))
+        return activations.recomputing(value, again)
+
+    monkeypatch.setattr(transformer, "recomputing", counting)
     ours = grads()
-    layers = model.config.num_hidden_layers
-    assert calls == [True] * layers + [False] * layers
-    calls.clear()
+    assert recomputed == [False] * (2 * model.config.num_hidden_layers)
     monkeypatch.setattr(transformer, "recomputing", lambda *_: contextlib.nullcontext())
     kept = grads()
-    assert calls == [True] * layers
     assert ours.keys() == kept.keys()
     assert all(torch.equal(g, kept[n]) for n, g in ours.items())
