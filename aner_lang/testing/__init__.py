@@ -1,1 +1,2 @@
-"""Fixture writers for tests and benchmarks. Production code never imports this package."""
+"""Fixture writers and child-process helpers for tests and benchmarks. Production code never
+imports this package."""

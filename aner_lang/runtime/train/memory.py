@@ -90,13 +90,14 @@ def memory_report(target: Any, profile: Any | None = None) -> MemoryReport:
         owned = {"adapters": 4 * n_trainable, "frozen_adapter": 0, "trainable": 4 * n_trainable}
     elif is_adapter and world().size > 1:
         from aner_lang.runtime.train.distributed.base_shards import (
-            rank_packed_bytes,
+            bytes_not_held,
             shard_base_wanted,
         )
 
         if shard_base_wanted():  # the NF4 bytes this rank keeps while `train` runs
-            shard = rank_packed_bytes(model.module, world())
-            gpu_packed, packed = (shard if gpu_packed else 0), shard
+            elsewhere = bytes_not_held(model.module, world())
+            packed -= elsewhere
+            gpu_packed -= elsewhere if gpu_packed else 0
     paged = getattr(profile, "optimizer", "adamw") == "paged_adamw" and model.device.type == "cuda"
     managed = managed_optimizer_bytes(
         (t.numel() for t in getattr(target, "params", {}).values()), paged

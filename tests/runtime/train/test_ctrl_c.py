@@ -4,17 +4,14 @@ says how to resume, there is no traceback, and running the script again continue
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from aner_lang.runtime.train import checkpoint
+from aner_lang.testing.child import start_run, wait_for_updates
 
 SCRIPT = """\
 let base = load_model("{gguf}", storage: float32, device: cpu)
@@ -27,28 +24,12 @@ print("finished after ${run.updates} updates")
 """
 
 
-def _aner(workdir: Path) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "aner_lang.cli", "run", "train.aner"],
-        cwd=workdir,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "ANER_CACHE_DIR": str(workdir / "cache")},
-    )
-
-
 @pytest.mark.slow
 def test_ctrl_c_saves_a_checkpoint_and_says_how_to_resume(tiny_gguf, tmp_path):
     (tmp_path / "train.aner").write_text(SCRIPT.replace("{gguf}", str(tiny_gguf)))
-    proc = _aner(tmp_path)
+    proc = start_run(tmp_path)
     events = tmp_path / "runs" / "events.jsonl"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and proc.poll() is None:
-        if events.exists() and events.read_text().count('"event": "update"') >= 3:
-            break
-        time.sleep(0.01)
-    assert proc.poll() is None, "the run ended before it could be interrupted"
+    wait_for_updates(proc, events, 3)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 130, err
@@ -63,7 +44,7 @@ def test_ctrl_c_saves_a_checkpoint_and_says_how_to_resume(tiny_gguf, tmp_path):
     end = json.loads(events.read_text().splitlines()[-1])
     assert end["event"] == "end" and end["stopped"] == "interrupted" and end["update"] == updates
 
-    again = _aner(tmp_path)  # the same script continues from the checkpoint
+    again = start_run(tmp_path)  # the same script continues from the checkpoint
     out, err = again.communicate(timeout=600)
     assert again.returncode == 0, err
     assert "finished after 200 updates" in out

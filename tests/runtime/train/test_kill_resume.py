@@ -3,17 +3,15 @@ bit-identical to an uninterrupted run (the script resumes from its last checkpoi
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from aner_lang.runtime.train import checkpoint
+from aner_lang.testing.child import start_run, wait_for_updates
 
 SCRIPT = """\
 let base = load_model("{gguf}", storage: float32, device: cpu)
@@ -28,48 +26,33 @@ print("finished after ${run.updates} updates")
 """
 
 
-def _aner(workdir: Path) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "aner_lang.cli", "run", "train.aner"],
-        cwd=workdir,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env={**os.environ, "ANER_CACHE_DIR": str(workdir / "cache")},
-    )
-
-
 def _setup(workdir: Path, gguf: Path) -> Path:
     workdir.mkdir()
     (workdir / "train.aner").write_text(SCRIPT.replace("{gguf}", str(gguf)))
     return workdir
 
 
-def _finish(proc: subprocess.Popen) -> None:
+def _finish(proc: subprocess.Popen[str]) -> None:
     out, err = proc.communicate(timeout=600)
-    assert proc.returncode == 0, err.decode()[-3000:]
-    assert b"finished after 24 updates" in out
+    assert proc.returncode == 0, err[-3000:]
+    assert "finished after 24 updates" in out
 
 
 @pytest.mark.slow
 def test_sigkilled_run_resumes_bit_identically(tiny_gguf, tmp_path):
     whole = _setup(tmp_path / "whole", tiny_gguf)
-    _finish(_aner(whole))
+    _finish(start_run(whole))
 
     killed = _setup(tmp_path / "killed", tiny_gguf)
-    proc = _aner(killed)
-    events = killed / "runs" / "events.jsonl"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and proc.poll() is None:
-        if events.exists() and events.read_text().count('"event": "update"') >= 6:
-            break  # update 6 logged: past the checkpoint of update 4, inside update 7 or 8
-        time.sleep(0.005)
-    assert proc.poll() is None, "the run ended before it could be killed"
+    proc = start_run(killed)
+    # update 6 logged: past the checkpoint of update 4, inside update 7 or 8
+    wait_for_updates(proc, killed / "runs" / "events.jsonl", 6)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     interrupted = checkpoint.load(killed / "runs")
     assert 4 <= interrupted.updates < 24
 
-    _finish(_aner(killed))  # the same script, run again, picks up the last checkpoint
+    _finish(start_run(killed))  # the same script, run again, picks up the last checkpoint
     a, b = checkpoint.load(whole / "runs"), checkpoint.load(killed / "runs")
     assert a.updates == b.updates == 24
     assert a.meta["counters"] == b.meta["counters"] and a.meta["loss_scale"] == b.meta["loss_scale"]

@@ -561,26 +561,23 @@ def grad_input(
         n % 2 and grad_y.dtype != torch.float32
     ):  # the mma kernel reads gy in pairs
         return _many_grad_input(g2, w, out_dtype).view(*lead, k)
-    sms = _sm_count(_index(grad_y.device))
-    if grad_y.dtype == torch.float32:
-        name, threads, kblocks = f"nf4_bwd_f32_m{_bucket(m)}", 128, (k // 8 + 127) // 128
+    sms, threads = _sm_count(_index(grad_y.device)), 128
+    if grad_y.dtype == torch.float32:  # a thread per 8 k
+        name, kblocks, writers = f"nf4_bwd_f32_m{_bucket(m)}", (k // 8 + threads - 1) // threads, 1
         rows = _split_rows(n, kblocks, sms, align=1)
-        slabs = (n + rows - 1) // rows  # one per row slice
-    else:
-        name, threads, kblocks = (
-            f"nf4_mma_bwd_{_DT_NAME[grad_y.dtype]}_m{8 if m <= 8 else 16}",
-            128,
-            (k + 255) // 256,
-        )
+    else:  # a warp per 256 k
+        name = f"nf4_mma_bwd_{_DT_NAME[grad_y.dtype]}_m{8 if m <= 8 else 16}"
+        kblocks, writers = (k + 255) // 256, threads // 32
         rows = _split_rows(n, kblocks, sms, align=64)
-        slabs = (n + rows - 1) // rows * (threads // 32)  # one per row slice and warp
-    # Every slice (and warp) sums into a slab of its own and the slabs are added here in a fixed
-    # order: the same bits on every run, which exact resume (1 + checkpoint + 1 == 2) relies on.
-    parts = torch.zeros(slabs, m, k, dtype=torch.float32, device=grad_y.device)
+    splits = (n + rows - 1) // rows
+    # Every slice (and, in the mma kernel, every warp) sums into a slab of its own and the slabs
+    # are added here in a fixed order: the same bits on every run, which exact resume
+    # (1 + checkpoint + 1 == 2) relies on.
+    parts = torch.zeros(splits * writers, m, k, dtype=torch.float32, device=grad_y.device)
     _launch(
         grad_y.device,
         name,
-        (kblocks, (n + rows - 1) // rows),
+        (kblocks, splits),
         threads,
         [*w.args(), _ptr(g2), _ptr(parts), np.int32(m), np.int32(n), np.int32(k), np.int32(rows)],
     )

@@ -69,20 +69,17 @@ def layout(layer: nn.Module, ranks: int) -> tuple[list[int], int]:
     offsets, end = [], 0
     for _, _, t in _tensors(layer):
         offsets.append(end)
-        end += -(-t.numel() * t.element_size() // _ALIGN) * _ALIGN
+        end += -(-t.nbytes // _ALIGN) * _ALIGN
     return offsets, -(-end // ranks) * ranks
 
 
-def rank_packed_bytes(module: nn.Module, world: World) -> int:
-    """Packed NF4 bytes one rank holds with the decoder layers sharded (`memory()`'s figure)."""
+def bytes_not_held(module: nn.Module, world: World) -> int:
+    """Packed NF4 bytes of the decoder layers that one rank does not keep when they are sharded
+    (their bytes less the rank's chunks, which carry the alignment padding): what `memory()`
+    takes off the whole base's packed bytes for this rank's figure."""
     layers = list(getattr(module, "layers", []))
-    in_layers = sum(t.numel() * t.element_size() for layer in layers for *_, t in _tensors(layer))
-    everything = sum(t.numel() * t.element_size() for *_, t in _tensors(module))
-    return (
-        everything
-        - in_layers
-        + sum(layout(layer, world.size)[1] for layer in layers) // (world.size)
-    )
+    sharded = sum(t.nbytes for layer in layers for *_, t in _tensors(layer))
+    return sharded - sum(layout(layer, world.size)[1] for layer in layers) // world.size
 
 
 class _LayerBytes:
@@ -94,8 +91,7 @@ class _LayerBytes:
         found = list(_tensors(layer))
         self.flat = torch.zeros(size, dtype=torch.uint8, device=found[0][2].device)
         for (module, name, t), at in zip(found, offsets):
-            nbytes = t.numel() * t.element_size()
-            segment = self.flat[at : at + nbytes]
+            segment = self.flat[at : at + t.nbytes]
             segment.copy_(t.detach().reshape(-1).view(torch.uint8))
             module._buffers[name] = segment.view(t.dtype).view(t.shape)
             module._nf4 = None  # drop the NF4Weight that still holds the replicated tensors
