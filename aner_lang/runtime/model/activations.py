@@ -16,9 +16,11 @@ Rules:
   inputs, one `[batch, tokens, hidden]` tensor per layer.
 * Outside a gradient computation (evaluation, generation) nothing is checkpointed.
 * Under `keep`, a cheap elementwise result that a consumer would save for backward can be
-  recomputed there instead (`recomputing`): the MLP's SwiGLU output, an intermediate-size tensor
-  per layer, is not kept, since its inputs (gate and up) are kept for the SwiGLU's own backward
-  anyway. The recomputation is the same deterministic kernel, so gradients are bit-identical.
+  recomputed there instead (`recomputing`), where its inputs are kept anyway: each RMSNorm's
+  output (the norm keeps its input), the SwiGLU output (gate and up are kept for the SwiGLU's
+  backward) and o_proj's merged copy of the attention heads (attention keeps the heads). Per
+  decoder layer that is three hidden-size tensors and an intermediate-size one. The recomputation
+  is the same deterministic kernel, so gradients are bit-identical.
 """
 
 from __future__ import annotations

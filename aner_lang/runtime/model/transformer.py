@@ -266,8 +266,14 @@ class LlamaDecoderLayer(nn.Module):
         cache: KVCache | None,
         mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, layer, cache, mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        # The projections and their adapters would keep each normed input; the norms keep their
+        # own inputs anyway, so backward normalizes again instead (one elementwise pass).
+        normed = self.input_layernorm(x)
+        with recomputing(normed, lambda: self.input_layernorm(x)):
+            mid = x + self.self_attn(normed, cos, sin, layer, cache, mask)
+        normed = self.post_attention_layernorm(mid)
+        with recomputing(normed, lambda: self.post_attention_layernorm(mid)):
+            return mid + self.mlp(normed)
 
 
 class LlamaModel(nn.Module):

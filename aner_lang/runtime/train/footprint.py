@@ -10,13 +10,14 @@ Rules:
 * A double-quantized NF4 weight stores a nibble per element, one byte of quantized absmax per
   block of 64, one fp32 scale per 256 blocks and one fp32 offset (`NF4Weight.packed_nbytes`).
 * The NF4 dequantization buffer is the host-tiled kernel's tile, or, for the fused kernel, the
-  largest weight dequantized whole into the compute dtype (a buffer reused across layers).
+  largest weight (or row slice of a weight, `model.chunking.row_slices`) dequantized into the
+  compute dtype (a buffer reused across layers).
 * Activations (half precision, `keep`): per decoder layer and token, the tensors the step keeps
-  for backward: each RMSNorm's input and its fp32 1/rms; the normed input the projections and
-  their adapters share; the rotated queries and keys, the values, attention's output and its fp32
-  logsumexp per head; the copy of that output `o_proj` reads; SwiGLU's gate and up and the product
-  `down_proj` reads; LoRA's `x @ A^T` per target. `checkpoint` keeps each layer's input and one
-  layer's worth during its recomputation; `offload` keeps only that one layer on the GPU.
+  for backward: each RMSNorm's input and its fp32 1/rms; the rotated queries and keys, the values,
+  attention's output and its fp32 logsumexp per head; SwiGLU's gate and up; LoRA's `x @ A^T` per
+  target. The normed inputs, o_proj's copy of attention's output and the SwiGLU product are
+  recomputed in backward (`model.activations.recomputing`). `checkpoint` keeps each layer's input
+  and one layer's worth during its recomputation; `offload` keeps only that one layer on the GPU.
 * Backward of one layer holds the gradients of what the layer kept, in fp32 (the fused NF4
   backward and the norm and SwiGLU backward compute in fp32): twice that layer's activations.
 * The chunked loss (`model.loss.head_loss_sum`) holds about twice one chunk's fp32 logits
@@ -85,8 +86,7 @@ def layer_activation_bytes(
     once per target)."""
     s = shape
     half = (
-        2 * s.hidden  # the two RMSNorm inputs
-        + 2 * s.hidden  # their normed outputs, read by the projections and adapters
+        2 * s.hidden  # the two RMSNorm inputs (their normed outputs are recomputed in backward)
         + s.q_size  # rotated queries
         + 2 * s.kv_size  # rotated keys, values
         + s.q_size  # attention's output (o_proj's merged copy of it is recomputed in backward)

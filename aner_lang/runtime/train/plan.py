@@ -34,7 +34,7 @@ from aner_lang.errors import AnerRuntimeError
 from aner_lang.grammar import ast
 from aner_lang.prechecks import PACKAGE_SCHEME
 from aner_lang.runtime.io.packages import packaged_model
-from aner_lang.runtime.model.chunking import CHUNK_BYTES
+from aner_lang.runtime.model.chunking import CHUNK_BYTES, row_slices
 from aner_lang.runtime.model.config import ModelConfig
 from aner_lang.runtime.train import footprint as fp
 
@@ -223,7 +223,9 @@ def plan(
         tile = fp.dequant_tile_bytes(1, fused, DEFAULT_TILE_BYTES)
     else:
         tile = 0
-    dequant = max(matrices) * act if packed and fused else tile
+    shapes = [(o, i) for i, o in dims.values()] + [(vocab, h)]
+    largest = max(row_slices(o, i)[0][1] * i for o, i in shapes)  # first slice: (0, most rows)
+    dequant = largest * act if packed and fused else tile
     categories = {
         "base weights": weights,
         "adapter tensors": 4 * adapter_numel + (2 * adapter_numel if half else 0),

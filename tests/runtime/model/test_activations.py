@@ -3,11 +3,14 @@ dropout included, and holds less memory for backward."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
 from aner_lang.runtime import adapters as A
 from aner_lang.runtime.load.loader import load_model
+from aner_lang.runtime.model import activations, transformer
 from aner_lang.runtime.model.activations import ActivationPolicy, keeping
 from aner_lang.runtime.model.loss import IGNORE
 
@@ -45,7 +48,11 @@ def _grads(model, mode: str) -> tuple[dict[str, torch.Tensor], int]:
 
 
 @pytest.mark.parametrize("mode", ["checkpoint", "offload"])
-def test_checkpointed_gradients_are_bit_identical_with_dropout(model, mode):
+def test_checkpointed_gradients_are_bit_identical_with_dropout(model, mode, monkeypatch):
+    # `keep` runs without recomputation here: its hooks would hide the saves inside them from
+    # this count (the innermost saved-tensor hooks win). Its gradients are the same bits with it
+    # (test_copies_an_adapter_would_keep_are_recomputed_in_backward).
+    monkeypatch.setattr(transformer, "recomputing", lambda *_: contextlib.nullcontext())
     keep, kept_bytes = _grads(model, "keep")
     ours, ours_bytes = _grads(model, mode)
     assert keep.keys() == ours.keys()
@@ -62,21 +69,24 @@ def test_outside_training_nothing_is_checkpointed(model):
 
 
 def test_copies_an_adapter_would_keep_are_recomputed_in_backward(model, monkeypatch):
-    """Under `keep`, adapters on o_proj and down_proj would save attention's merged heads and the
-    SwiGLU output (a hidden-size and an intermediate-size tensor per layer); backward computes
-    each again, once per layer and without gradients, from what attention and the SwiGLU keep
+    """Under `keep`, adapters would save both normed inputs (q/k/v and gate/up read them),
+    attention's merged heads (o_proj) and the SwiGLU output (down_proj): three hidden-size and
+    an intermediate-size tensor per layer. Backward computes each again, once per layer however
+    many adapters read it, without gradients, from what the norms, attention and the SwiGLU keep
     anyway, and the gradients are the bits of keeping them."""
-    import contextlib
-
-    from aner_lang.runtime.model import activations, transformer
-
     ids = torch.randint(
         0, model.config.vocab_size, (2, 20), generator=torch.Generator().manual_seed(2)
     )
     targets = torch.cat([ids[:, 1:], torch.full((2, 1), IGNORE)], dim=1)
 
     def grads() -> dict[str, torch.Tensor]:
-        adapter = A.lora(model, rank=2, alpha=4.0, targets=["o_proj", "down_proj"], seed=1)
+        adapter = A.lora(
+            model,
+            rank=2,
+            alpha=4.0,
+            targets=["q_proj", "v_proj", "o_proj", "up_proj", "down_proj"],
+            seed=1,
+        )
         with keeping(ActivationPolicy("keep")), adapter.active():
             adapter.loss(ids, targets).backward()
         return {n: p.grad for n, p in adapter.params.items()}
@@ -92,7 +102,7 @@ def test_copies_an_adapter_would_keep_are_recomputed_in_backward(model, monkeypa
 
     monkeypatch.setattr(transformer, "recomputing", counting)
     ours = grads()
-    assert recomputed == [False] * (2 * model.config.num_hidden_layers)
+    assert recomputed == [False] * (4 * model.config.num_hidden_layers)
     monkeypatch.setattr(transformer, "recomputing", lambda *_: contextlib.nullcontext())
     kept = grads()
     assert ours.keys() == kept.keys()

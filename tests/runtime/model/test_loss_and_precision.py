@@ -3,12 +3,15 @@ the compute dtype, and the NF4 input gradient in bf16 stays within the bound its
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
 from aner_lang.runtime import adapters as A
 from aner_lang.runtime.load.loader import load_model
 from aner_lang.runtime.model import loss as L
+from aner_lang.runtime.model.chunking import DEQUANT_MAX_ELEMENTS, row_slices
 from aner_lang.runtime.model.loss import IGNORE, head_loss_sum, logits_loss_sum
 from aner_lang.runtime.model.precision import autocast
 from aner_lang.runtime.nf4 import host_tiled
@@ -92,3 +95,22 @@ def test_half_precision_lora_trains_and_its_first_gradients_track_fp32(nf4_model
     for name, ref in grads["float32"].items():
         err = (grads["bfloat16"][name] - ref).norm() / ref.norm()
         assert err < 0.05, (name, float(err))
+
+
+@pytest.mark.parametrize(
+    "out_features,in_features", [(128256, 4096), (14336, 4096), (49152, 576), (7, 3), (1, 1 << 27)]
+)
+def test_row_slices_cover_the_weight_within_the_dequantization_limit(
+    out_features: int, in_features: int
+) -> None:
+    """The NF4 many-token path dequantizes a weight in these row ranges: consecutive, covering
+    every row once, each within the limit (but at least one row), and one range where the weight
+    fits whole (every decoder-layer projection of Llama-3-8B; its 128k-vocabulary head does not)."""
+    slices = row_slices(out_features, in_features)
+    assert slices[0][0] == 0 and slices[-1][1] == out_features
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(slices))
+    assert all(r1 - r0 == 1 or (r1 - r0) * in_features <= DEQUANT_MAX_ELEMENTS for r0, r1 in slices)
+    whole = out_features * in_features <= DEQUANT_MAX_ELEMENTS
+    assert (len(slices) == 1) == whole or out_features == 1
+    if (out_features, in_features) == (128256, 4096):
+        assert len(slices) == 8

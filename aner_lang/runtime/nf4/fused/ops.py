@@ -33,7 +33,9 @@ benchmarks/results/h200_nf4_kernels.json and h200_nf4_design_notes.md):
 * Other M > 16 (past 1024 tokens, float32, few input features or narrow weights, GPUs without
   wgmma), and every backward with M > 16: the weight is dequantized by one kernel into a buffer
   reused across layers, then cuBLAS (torch) multiplies, in one piece (chunking it, with or without
-  overlap on a side stream, was slower for every shape measured).
+  overlap on a side stream, was slower for every shape measured). Only a weight larger than
+  ``chunking.DEQUANT_MAX_ELEMENTS`` (a large vocabulary's lm_head) goes in row slices, so the
+  buffer stays a decoder layer's size: the backward sums the slices' fp32 products in order.
 
 ``linear`` and ``grad_input`` take an ``out_dtype``: under a half-precision profile the fused
 backend asks for float32 outputs, which the kernels' fp32 accumulators give for free, so no
@@ -51,6 +53,7 @@ import numpy as np
 import torch
 
 from aner_lang.errors import AnerRuntimeError
+from aner_lang.runtime.model.chunking import row_slices
 from aner_lang.runtime.model.precision import matmul
 from aner_lang.runtime.nf4.fused import compiler, programmatic, tensor_map
 
@@ -226,11 +229,24 @@ def dequantize(
 
 
 def _many_linear(x2: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype) -> torch.Tensor:
-    return matmul(x2, dequantize(w, x2.dtype, reuse=True).t(), out_dtype)
+    slices = row_slices(w.out_features, w.in_features)
+    if len(slices) == 1:
+        return matmul(x2, dequantize(w, x2.dtype, reuse=True).t(), out_dtype)
+    y = torch.empty(x2.shape[0], w.out_features, dtype=out_dtype, device=x2.device)
+    for r0, r1 in slices:  # each output column is one slice's product, as it is unsliced
+        y[:, r0:r1] = matmul(x2, dequantize(w, x2.dtype, rows=(r0, r1), reuse=True).t(), out_dtype)
+    return y
 
 
 def _many_grad_input(g2: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype) -> torch.Tensor:
-    return matmul(g2, dequantize(w, g2.dtype, reuse=True), out_dtype)
+    slices = row_slices(w.out_features, w.in_features)
+    if len(slices) == 1:
+        return matmul(g2, dequantize(w, g2.dtype, reuse=True), out_dtype)
+    total = torch.zeros(g2.shape[0], w.in_features, dtype=torch.float32, device=g2.device)
+    for r0, r1 in slices:  # fp32 products from cuBLAS's accumulators, summed in a fixed order
+        w_rows = dequantize(w, g2.dtype, rows=(r0, r1), reuse=True)
+        total += matmul(g2[:, r0:r1], w_rows, torch.float32)
+    return total.to(out_dtype)
 
 
 # ---- many-token forward on Hopper ----------------------------------------------------------------

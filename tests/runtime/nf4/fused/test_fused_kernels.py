@@ -18,6 +18,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 pytest.importorskip("cupy")
 
+from aner_lang.runtime.model import chunking  # noqa: E402
 from aner_lang.runtime.nf4.fused import compiler, ops  # noqa: E402
 from aner_lang.runtime.nf4.fused.backend import nf4_tensors  # noqa: E402
 from aner_lang.runtime.nf4.quant import block_absmax, dequantize_nf4, nf4_code, quantize_nf4  # noqa: E402
@@ -68,12 +69,20 @@ SHAPES = [(576, 576), (1536, 576), (4096, 1024), (250, 4160), (259, 576)]  # 259
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n,k", [(4096, 1024), (250, 4160)])
-def test_many_token_dequant_path(dtype: torch.dtype, n: int, k: int, monkeypatch) -> None:
+@pytest.mark.parametrize("sliced", [False, True], ids=["whole", "sliced"])
+def test_many_token_dequant_path(
+    dtype: torch.dtype, n: int, k: int, sliced: bool, monkeypatch
+) -> None:
     """The dequantize + cuBLAS path (float32, GPUs without wgmma, every many-token backward), with
-    float32 outputs from half-precision operands, and a partial-row dequantization."""
+    float32 outputs from half-precision operands, and a partial-row dequantization. `sliced`: the
+    weight is larger than the dequantization limit (here 96 rows), so it goes in row slices (the
+    last one shorter) and the reused buffer never holds more than one slice."""
     monkeypatch.setattr(ops, "_uses_wgmma", lambda *_: False)
     monkeypatch.setattr(ops, "_uses_ws", lambda *_: False)
     monkeypatch.setattr(ops, "_uses_tma", lambda *_: False)
+    monkeypatch.setattr(ops, "_BUFFERS", {})
+    if sliced:
+        monkeypatch.setattr(chunking, "DEQUANT_MAX_ELEMENTS", 96 * k)
     w, ref = quantized(n, k, seed=11)
     x = torch.randn(40, k, device="cuda", dtype=dtype)
     assert ops.path(40, dtype) == "dequant+cublas"
@@ -86,6 +95,8 @@ def test_many_token_dequant_path(dtype: torch.dtype, n: int, k: int, monkeypatch
         assert y32.dtype == gx32.dtype == torch.float32
         assert rel_err(y32, x.double() @ ref.to(dtype).double().T) < 1e-5
         assert rel_err(gx32, gy.double() @ ref.to(dtype).double()) < 1e-5
+    if sliced:
+        assert max(b.numel() for b in ops._BUFFERS.values()) == 96 * k
     part = ops.dequantize(w, dtype, rows=(64, 192))
     assert torch.equal(part, ref[64:192].to(dtype))
 
