@@ -17,7 +17,8 @@ activations, loss, optimizer, other, idle).
     python benchmarks/train_scale.py --dry-run          # CPU, tiny shape: the plumbing only
 
 Shapes: smollm2 (context 512), llama3.2-1b, llama3-8b-8 (8 of 32 layers), llama3-8b (context
-2048). Sides: aner, peft, peft-gc (gradient checkpointing), peft-liger, unsloth, unsloth-gc.
+2048). Sides: aner, peft, peft-gc (gradient checkpointing), peft-liger, unsloth, unsloth-gc,
+and aner-checkpoint / aner-offload (Aner under that `activations:`, whatever `--activations` says).
 The peers need `.peers/site` on PYTHONPATH (shared/device/peers-site.sh) and the offline
 variables that script lists; a side whose packages are missing is reported as skipped.
 """
@@ -57,6 +58,7 @@ SHAPES: dict[str, dict[str, Any]] = {
                       "tie_word_embeddings": False, "rope_theta": 500000.0, "context": 2048},
 }  # fmt: skip
 SIDES = ("aner", "peft", "peft-gc", "peft-liger", "unsloth", "unsloth-gc")
+"""The default sides; `aner-checkpoint` and `aner-offload` are Aner under those activations."""
 
 
 # ---- the parent: model folder, batches, one process per side, the table -----------------------
@@ -120,11 +122,17 @@ def run_side(side: str, job: dict[str, Any]) -> dict[str, Any]:
     return dict(json.loads(out.read_text()))
 
 
-def table(shape: str, rows: list[dict[str, Any]]) -> str:
+def table(shape: str, rows: list[dict[str, Any]], activations: str = "keep") -> str:
+    """The shape's Markdown table. Ratios are to the peers run the way Aner runs: `peft` and
+    `unsloth` when Aner keeps its activations, their gradient-checkpointing sides (`peft-gc`,
+    `unsloth-gc`) when it checkpoints or offloads them. Losses are compared with the first Aner
+    row's."""
     ok = {r["side"]: r for r in rows if "tokens_per_s" in r}
-    peft, unsloth, aner = ok.get("peft"), ok.get("unsloth"), ok.get("aner")
+    ref_p, ref_u = ("peft", "unsloth") if activations == "keep" else ("peft-gc", "unsloth-gc")
+    peft, unsloth = ok.get(ref_p), ok.get(ref_u)
+    aner = next((r for r in ok.values() if r["side"].startswith("aner")), None)
     lines = [f"## {shape}", "",
-             "| side | tok/s | vs PEFT+bnb | vs Unsloth | peak CUDA GB | host RSS GB | loss vs Aner |",
+             f"| side | tok/s | vs {ref_p} | vs {ref_u} | peak CUDA GB | host RSS GB | loss vs Aner |",
              "|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
         if "tokens_per_s" not in r:
@@ -141,9 +149,10 @@ def table(shape: str, rows: list[dict[str, Any]]) -> str:
         lines.append(f"| {r['side']} | {tps:,.0f} | {vs_p} | {vs_u} | "
                      f"{r['peak_cuda_bytes'] / 1e9:.1f} | {r['host_rss_bytes'] / 1e9:.1f} | {diff} |")  # fmt: skip
     if aner:
-        lines += ["", f"Aner: CUDA graphs {aner.get('cuda_graphs')}; {aner['precision']}, "
-                  f"activations {aner['activations']}, loaded in {aner['load_seconds']:.1f} s, "
-                  f"per train() call {aner['call_overhead_s']:.2f} s beside the updates"]  # fmt: skip
+        lines += ["", f"{aner['side']}: CUDA graphs {aner.get('cuda_graphs')}; "
+                  f"{aner['precision']}, activations {aner['activations']}, loaded in "
+                  f"{aner['load_seconds']:.1f} s, per train() call {aner['call_overhead_s']:.2f} s "
+                  "beside the updates"]  # fmt: skip
     if aner and aner.get("device_time"):
         lines += ["", "Aner device time of two profiled eager updates, by section:", ""]
         sections = aner["device_time"]["sections"]
@@ -207,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
                "activations": args.activations, "device": device, "timeout": args.timeout,
                "context": SHAPES[shape]["context"]}  # fmt: skip
         rows = [run_side(side, job) for side in sides]
-        text = table(shape, rows)
+        text = table(shape, rows, args.activations)
         print(text, flush=True)
         report.append({"shape": shape, "job": job, "rows": rows, "table": text})
     (Path(args.out) / "train_scale.json").write_text(json.dumps(report, indent=1))
@@ -272,8 +281,12 @@ def _token_dataset(ids: Any) -> Any:
     return Dataset.of_tokens(ids.tolist(), ids.shape[1], "benchmark")
 
 
-def aner_worker(job: dict[str, Any]) -> dict[str, Any]:
-    """Aner's own trainer (`train`), as a script runs it, continued across the timed calls."""
+def aner_worker(job: dict[str, Any], activations: str | None = None) -> dict[str, Any]:
+    """Aner's own trainer (`train`), as a script runs it, continued across the timed calls;
+    `activations` overrides the run's `--activations` (the sides `aner-checkpoint` and
+    `aner-offload`, so one run can show both beside the peers' checkpointing)."""
+    side = "aner" if activations is None else f"aner-{activations}"
+    job = {**job, "activations": activations or job["activations"]}
     import torch
     from safetensors.torch import save_file
 
@@ -311,7 +324,7 @@ def aner_worker(job: dict[str, Any]) -> dict[str, Any]:
     if len(losses) < job["compare"]:
         losses = run(job["compare"] - len(losses)).loss_history[job["warmup"] :]
     result = {
-        "side": "aner",
+        "side": side,
         "tokens_per_s": data.context / per_update,
         "call_overhead_s": short - job["steps"] * per_update,
         "peak_cuda_bytes": torch.cuda.max_memory_allocated() if cuda else 0,
@@ -487,6 +500,8 @@ def unsloth_worker(job: dict[str, Any], checkpointing: bool = False) -> dict[str
 
 WORKERS = {
     "aner": aner_worker,
+    "aner-checkpoint": lambda job: aner_worker(job, "checkpoint"),
+    "aner-offload": lambda job: aner_worker(job, "offload"),
     "peft": peft_worker,
     "peft-gc": lambda job: peft_worker(job, checkpointing=True),
     "peft-liger": lambda job: peft_worker(job, liger=True),
