@@ -50,7 +50,7 @@ def measure(adapter: Any, ids: torch.Tensor) -> tuple[list[int], int, int]:
     marks: list[int] = []
     hooks = [
         layer.register_forward_hook(lambda *_: marks.append(torch.cuda.memory_allocated()))
-        for layer in model.layers
+        for layer in model.module.layers
     ]
     targets = torch.cat([ids[:, 1:], torch.full((1, 1), IGNORE, device=ids.device)], dim=1)
     torch.cuda.synchronize()

@@ -128,15 +128,13 @@ def recomputing(value: torch.Tensor, compute: Callable[[], torch.Tensor]) -> Ite
         yield
         return
     again: list[torch.Tensor] = []
+    # torch keeps the pack hook alive with every tensor it saved, until backward releases them,
+    # so the hook holds the value's identity, not the value (which would then stay allocated):
+    # while the hooks are active the caller holds the value, so nothing else has its address.
+    key = (value.data_ptr(), value.numel(), value.dtype, value.device)
 
     def pack(t: torch.Tensor) -> Any:
-        same = (
-            t.data_ptr() == value.data_ptr()
-            and t.numel() == value.numel()
-            and t.dtype == value.dtype
-            and t.device == value.device
-            and t.is_contiguous()
-        )
+        same = t.is_contiguous() and (t.data_ptr(), t.numel(), t.dtype, t.device) == key
         return _Recomputed(t.shape) if same else t
 
     def unpack(saved: Any) -> torch.Tensor:

@@ -107,3 +107,30 @@ def test_copies_an_adapter_would_keep_are_recomputed_in_backward(model, monkeypa
     kept = grads()
     assert ours.keys() == kept.keys()
     assert all(torch.equal(g, kept[n]) for n, g in ours.items())
+
+
+def test_a_recomputed_copy_is_freed_after_the_forward(model, monkeypatch):
+    """What `recomputing` leaves out of the saved tensors must not stay allocated some other
+    way (torch keeps the hooks with what they saved): once the forward is done, before backward,
+    no copy that backward recomputes is alive."""
+    import gc
+    import weakref
+
+    values: list[weakref.ref[torch.Tensor]] = []
+
+    def tracking(value, compute):  # type: ignore[no-untyped-def]
+        values.append(weakref.ref(value))
+        return activations.recomputing(value, compute)
+
+    monkeypatch.setattr(transformer, "recomputing", tracking)
+    ids = torch.randint(
+        0, model.config.vocab_size, (2, 20), generator=torch.Generator().manual_seed(2)
+    )
+    targets = torch.cat([ids[:, 1:], torch.full((2, 1), IGNORE)], dim=1)
+    adapter = A.lora(model, rank=2, alpha=4.0, targets=["q_proj", "o_proj", "down_proj"], seed=1)
+    with keeping(ActivationPolicy("keep")), adapter.active():
+        loss = adapter.loss(ids, targets)
+        gc.collect()
+        assert len(values) == 4 * model.config.num_hidden_layers
+        assert all(ref() is None for ref in values)
+        loss.backward()
