@@ -101,12 +101,26 @@ def run_layer(layer: Callable[..., torch.Tensor], *args: Any) -> torch.Tensor:
     states = _Generators(policy.generators)
 
     def contexts() -> tuple[AbstractContextManager[None], AbstractContextManager[None]]:
-        return states.forward(), states.recompute()
+        return states.forward(), _replaying(policy, states)
 
     return cast(
         torch.Tensor,
         checkpoint(layer, *args, use_reentrant=False, context_fn=contexts),
     )
+
+
+@contextmanager
+def _replaying(policy: ActivationPolicy, states: _Generators) -> Iterator[None]:
+    """A checkpointed layer's recomputation: the forward's generator states, and the policy set
+    again, since the recomputation runs where backward runs, on CUDA autograd's own thread, which
+    does not see the context variables of the thread that ran the forward (`recomputing` must
+    know it is inside a checkpointed layer there too)."""
+    token = _POLICY.set(policy)
+    try:
+        with states.recompute():
+            yield
+    finally:
+        _POLICY.reset(token)
 
 
 @dataclass(frozen=True)

@@ -134,3 +134,40 @@ def test_a_recomputed_copy_is_freed_after_the_forward(model, monkeypatch):
         assert len(values) == 4 * model.config.num_hidden_layers
         assert all(ref() is None for ref in values)
         loss.backward()
+
+
+@pytest.mark.parametrize("mode", ["checkpoint", "offload"])
+def test_a_checkpointed_backward_on_another_thread_gives_the_same_gradients(model, mode):
+    """On CUDA, backward (and so a checkpointed layer's recomputation) runs on autograd's own
+    thread, which does not see the forward thread's context: the recomputation must still save
+    what the forward saved, and the gradients must be the bits of keeping everything."""
+    import threading
+
+    keep, _ = _grads(model, "keep")
+    adapter = A.lora(
+        model, rank=2, alpha=4.0, dropout=0.25, targets=["q_proj", "down_proj"], seed=1
+    )
+    gen = torch.Generator().manual_seed(5)
+    adapter.dropout_generator = gen
+    adapter.train_mode(True)
+    ids = torch.randint(
+        0, model.config.vocab_size, (2, 20), generator=torch.Generator().manual_seed(2)
+    )
+    targets = torch.cat([ids[:, 1:], torch.full((2, 1), IGNORE)], dim=1)
+    errors: list[BaseException] = []
+
+    def backward(loss: torch.Tensor) -> None:
+        try:
+            with adapter.active():
+                loss.backward()
+        except BaseException as e:  # reported by the assertion below
+            errors.append(e)
+
+    with keeping(ActivationPolicy(mode, (gen,))), adapter.active():
+        loss = adapter.loss(ids, targets)
+    thread = threading.Thread(target=backward, args=(loss,))
+    thread.start()
+    thread.join()
+    assert not errors, errors
+    for name, p in adapter.params.items():
+        assert torch.equal(p.grad, keep[name]), name
