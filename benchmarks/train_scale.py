@@ -215,12 +215,23 @@ def main(argv: list[str] | None = None) -> int:
                "warmup": args.warmup, "compare": args.compare, "precision": args.precision,
                "activations": args.activations, "device": device, "timeout": args.timeout,
                "context": SHAPES[shape]["context"]}  # fmt: skip
-        rows = [run_side(side, job) for side in sides]
-        text = table(shape, rows, args.activations)
-        print(text, flush=True)
-        report.append({"shape": shape, "job": job, "rows": rows, "table": text})
-    (Path(args.out) / "train_scale.json").write_text(json.dumps(report, indent=1))
+        rows: list[dict[str, Any]] = []
+        report.append({"shape": shape, "job": job, "rows": rows, "table": ""})
+        for side in sides:  # each side's result is shown and written as soon as it is in, so a
+            rows.append(run_side(side, job))  # run stopped by a time limit keeps what it measured
+            print(summary(shape, rows[-1]), flush=True)
+            report[-1]["table"] = table(shape, rows, args.activations)
+            (Path(args.out) / "train_scale.json").write_text(json.dumps(report, indent=1))
+        print(report[-1]["table"], flush=True)
     return 0
+
+
+def summary(shape: str, row: dict[str, Any]) -> str:
+    """One line for a side as it finishes."""
+    if "tokens_per_s" not in row:
+        return f"{shape} {row['side']}: {row.get('error', '?')[-300:]}"
+    return (f"{shape} {row['side']}: {row['tokens_per_s']:,.0f} tok/s, peak CUDA "
+            f"{row['peak_cuda_bytes'] / 1e9:.1f} GB")  # fmt: skip
 
 
 # ---- the sides -----------------------------------------------------------------------------------
@@ -420,13 +431,14 @@ def _peft_model(job: dict[str, Any], liger: bool, checkpointing: bool) -> Any:
         from liger_kernel.transformers import apply_liger_kernel_to_llama
 
         apply_liger_kernel_to_llama()
-    kwargs: dict[str, Any] = {"dtype": torch.bfloat16, "attn_implementation": "sdpa"}
+    dtype = getattr(torch, job["precision"])
+    kwargs: dict[str, Any] = {"dtype": dtype, "attn_implementation": "sdpa"}
     if job["device"] == "cuda":
         from transformers import BitsAndBytesConfig
 
         kwargs["quantization_config"] = BitsAndBytesConfig(
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-            bnb_4bit_compute_dtype=torch.bfloat16)  # fmt: skip
+            bnb_4bit_compute_dtype=dtype)  # fmt: skip
         kwargs["device_map"] = "cuda"
     model = AutoModelForCausalLM.from_pretrained(job["model"], **kwargs)
     if checkpointing:
@@ -455,19 +467,25 @@ def _copy_initial_adapter(model: Any, job: dict[str, Any]) -> None:
 
 
 def _hf_step(model: Any, job: dict[str, Any]) -> Any:
+    """One update as a Hugging Face user runs it: the forward under autocast in `--precision`;
+    under float16 with dynamic loss scaling (`GradScaler`, as the Trainer's `fp16=True` does; the
+    adapter's weights are fp32, PEFT's default)."""
     import torch
 
     device = next(model.parameters()).device
     trainable = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(trainable, lr=LR)
+    dtype = getattr(torch, job["precision"])
+    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
     model.train()
 
     def step(ids: torch.Tensor) -> torch.Tensor:
         ids = ids.to(device)
-        with torch.autocast(device.type, dtype=torch.bfloat16):
+        with torch.autocast(device.type, dtype=dtype):
             loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
         opt.zero_grad(set_to_none=True)
         return loss.detach()
 
@@ -488,8 +506,8 @@ def unsloth_worker(job: dict[str, Any], checkpointing: bool = False) -> dict[str
     from unsloth import FastLanguageModel
 
     model, _ = FastLanguageModel.from_pretrained(
-        model_name=job["model"], max_seq_length=job["context"], dtype=torch.bfloat16,
-        load_in_4bit=True)  # fmt: skip
+        model_name=job["model"], max_seq_length=job["context"],
+        dtype=getattr(torch, job["precision"]), load_in_4bit=True)  # fmt: skip
     model = FastLanguageModel.get_peft_model(
         model, r=RANK, lora_alpha=ALPHA, lora_dropout=0, target_modules=TARGETS,
         use_gradient_checkpointing="unsloth" if checkpointing else False)  # fmt: skip
