@@ -9,8 +9,10 @@ Rules:
 * Checkpointing recomputes a layer's forward during backward. The recomputation must see the
   same random numbers as the forward, so the state of every generator the layer draws from (the
   run's dropout generator; torch's default generators are handled by torch itself) is captured
-  when the layer runs forward and restored for its recomputation, then put back. Gradients are
-  therefore bit-identical to keeping everything.
+  when the layer runs forward and restored for its recomputation, then put back. So is every
+  context variable (the activation policy, the run's NF4 backend): on CUDA the recomputation runs
+  on autograd's own thread, which does not see the forward's. Gradients are therefore
+  bit-identical to keeping everything.
 * `offload` keeps the tensors backward needs in pinned host memory, copied asynchronously on the
   current stream (`torch.autograd.graph.save_on_cpu`); with checkpointing these are the layer
   inputs, one `[batch, tokens, hidden]` tensor per layer.
@@ -25,9 +27,9 @@ Rules:
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -51,7 +53,9 @@ class ActivationPolicy:
 
 
 _KEEP = ActivationPolicy()
-_POLICY: ContextVar[ActivationPolicy | None] = ContextVar("aner_activations", default=None)
+_POLICY: contextvars.ContextVar[ActivationPolicy | None] = contextvars.ContextVar(
+    "aner_activations", default=None
+)
 
 
 @contextmanager
@@ -101,7 +105,7 @@ def run_layer(layer: Callable[..., torch.Tensor], *args: Any) -> torch.Tensor:
     states = _Generators(policy.generators)
 
     def contexts() -> tuple[AbstractContextManager[None], AbstractContextManager[None]]:
-        return states.forward(), _replaying(policy, states)
+        return states.forward(), _replaying(contextvars.copy_context(), states)
 
     return cast(
         torch.Tensor,
@@ -110,17 +114,20 @@ def run_layer(layer: Callable[..., torch.Tensor], *args: Any) -> torch.Tensor:
 
 
 @contextmanager
-def _replaying(policy: ActivationPolicy, states: _Generators) -> Iterator[None]:
-    """A checkpointed layer's recomputation: the forward's generator states, and the policy set
-    again, since the recomputation runs where backward runs, on CUDA autograd's own thread, which
-    does not see the context variables of the thread that ran the forward (`recomputing` must
-    know it is inside a checkpointed layer there too)."""
-    token = _POLICY.set(policy)
+def _replaying(forward: contextvars.Context, states: _Generators) -> Iterator[None]:
+    """A checkpointed layer's recomputation: the forward's generator states, and every context
+    variable set again to its value in the forward (`forward`, taken there). The recomputation
+    runs where backward runs, on CUDA autograd's own thread, which does not see the context
+    variables of the thread that ran the forward: without them `recomputing` would not know it
+    is inside a checkpointed layer, and the NF4 matmuls would take the default backend instead
+    of the run's."""
+    tokens = [(var, var.set(value)) for var, value in forward.items()]
     try:
         with states.recompute():
             yield
     finally:
-        _POLICY.reset(token)
+        for var, token in reversed(tokens):
+            var.reset(token)
 
 
 @dataclass(frozen=True)

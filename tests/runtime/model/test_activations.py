@@ -15,6 +15,8 @@ from aner_lang.runtime.load.loader import load_model
 from aner_lang.runtime.model import activations, transformer
 from aner_lang.runtime.model.activations import ActivationPolicy, keeping
 from aner_lang.runtime.model.loss import IGNORE
+from aner_lang.runtime.nf4.backends import HostTiled, using_backend
+from aner_lang.runtime.nf4.quant import NF4Weight
 
 
 @pytest.fixture(scope="module")
@@ -165,3 +167,27 @@ def test_a_checkpointed_backward_on_another_thread_gives_the_same_gradients(mode
     assert keep.keys() == ours.keys()
     for name, g in keep.items():
         assert torch.equal(g, ours[name]), name
+
+
+class _CountingBackend(HostTiled):
+    """host_tiled, counting its forward matmuls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def linear(self, x: torch.Tensor, w: NF4Weight) -> torch.Tensor:
+        self.calls += 1
+        return super().linear(x, w)
+
+
+def test_a_checkpointed_recomputation_uses_the_runs_nf4_backend(model):
+    """The recomputation of a checkpointed layer, on autograd's thread, runs its seven NF4
+    projections through the run's backend (`using_backend`), not the default one: the same
+    kernels as the forward, so the same bits."""
+    counting = _CountingBackend()
+    with using_backend(counting):
+        _grads(model, "keep")
+        kept, counting.calls = counting.calls, 0
+        _grads(model, "checkpoint", backward=_on_another_thread)
+    assert counting.calls == kept + 7 * model.config.num_hidden_layers
