@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import itertools
 import sys
 import tempfile
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import train_scale as bench  # this directory is on sys.path when run as a script
 
 from aner_lang.runtime import adapters as A
 from aner_lang.runtime.load.loader import load_model
@@ -31,16 +31,6 @@ from aner_lang.runtime.model.activations import ActivationPolicy, keeping
 from aner_lang.runtime.model.loss import IGNORE
 from aner_lang.runtime.model.precision import autocast
 from aner_lang.runtime.train import footprint
-
-
-def _train_scale() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "train_scale", Path(__file__).with_name("train_scale.py")
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def measure(adapter: Any, ids: torch.Tensor) -> tuple[list[int], int, int]:
@@ -80,7 +70,6 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
-    bench = _train_scale()
     sizes = bench.SHAPES[args.shape]
     sizes.update(num_hidden_layers=args.layers, context=args.context)
     folder = Path(tempfile.mkdtemp()) / "model"
