@@ -423,15 +423,16 @@ def _category(op: str) -> str | None:
 
 
 def _peft_model(job: dict[str, Any], liger: bool, checkpointing: bool) -> Any:
-    import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
+
+    from aner_lang.runtime.model.precision import DTYPES
 
     if liger:
         from liger_kernel.transformers import apply_liger_kernel_to_llama
 
         apply_liger_kernel_to_llama()
-    dtype = getattr(torch, job["precision"])
+    dtype = DTYPES[job["precision"]]
     kwargs: dict[str, Any] = {"dtype": dtype, "attn_implementation": "sdpa"}
     if job["device"] == "cuda":
         from transformers import BitsAndBytesConfig
@@ -472,10 +473,12 @@ def _hf_step(model: Any, job: dict[str, Any]) -> Any:
     adapter's weights are fp32, PEFT's default)."""
     import torch
 
+    from aner_lang.runtime.model.precision import DTYPES
+
     device = next(model.parameters()).device
     trainable = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(trainable, lr=LR)
-    dtype = getattr(torch, job["precision"])
+    dtype = DTYPES[job["precision"]]
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
     model.train()
 
@@ -502,12 +505,13 @@ def peft_worker(job: dict[str, Any], liger: bool = False, checkpointing: bool = 
 
 
 def unsloth_worker(job: dict[str, Any], checkpointing: bool = False) -> dict[str, Any]:
-    import torch
     from unsloth import FastLanguageModel
+
+    from aner_lang.runtime.model.precision import DTYPES
 
     model, _ = FastLanguageModel.from_pretrained(
         model_name=job["model"], max_seq_length=job["context"],
-        dtype=getattr(torch, job["precision"]), load_in_4bit=True)  # fmt: skip
+        dtype=DTYPES[job["precision"]], load_in_4bit=True)  # fmt: skip
     model = FastLanguageModel.get_peft_model(
         model, r=RANK, lora_alpha=ALPHA, lora_dropout=0, target_modules=TARGETS,
         use_gradient_checkpointing="unsloth" if checkpointing else False)  # fmt: skip
