@@ -4,7 +4,9 @@ dropout included, and holds less memory for backward."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import threading
+import weakref
 from collections.abc import Callable
 
 import pytest
@@ -24,6 +26,14 @@ def model(tiny_bytes_gguf):
     return load_model(tiny_bytes_gguf, storage="nf4_double_quant", device="cpu")
 
 
+def _batch(model) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two 20-token rows of random ids and their next-token targets (the last one unscored)."""
+    ids = torch.randint(
+        0, model.config.vocab_size, (2, 20), generator=torch.Generator().manual_seed(2)
+    )
+    return ids, torch.cat([ids[:, 1:], torch.full((2, 1), IGNORE)], dim=1)
+
+
 def _grads(
     model, mode: str, backward: Callable[[torch.Tensor], None] = torch.Tensor.backward
 ) -> tuple[dict[str, torch.Tensor], int]:
@@ -33,10 +43,7 @@ def _grads(
     gen = torch.Generator().manual_seed(5)
     adapter.dropout_generator = gen
     adapter.train_mode(True)
-    ids = torch.randint(
-        0, model.config.vocab_size, (2, 20), generator=torch.Generator().manual_seed(2)
-    )
-    targets = torch.cat([ids[:, 1:], torch.full((2, 1), IGNORE)], dim=1)
+    ids, targets = _batch(model)
     saved = 0
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -80,10 +87,7 @@ def test_copies_an_adapter_would_keep_are_recomputed_in_backward(model, monkeypa
     an intermediate-size tensor per layer. Backward computes each again, once per layer however
     many adapters read it, without gradients, from what the norms, attention and the SwiGLU keep
     anyway, and the gradients are the bits of keeping them."""
-    ids = torch.randint(
-        0, model.config.vocab_size, (2, 20), generator=torch.Generator().manual_seed(2)
-    )
-    targets = torch.cat([ids[:, 1:], torch.full((2, 1), IGNORE)], dim=1)
+    ids, targets = _batch(model)
 
     def grads() -> dict[str, torch.Tensor]:
         adapter = A.lora(
@@ -119,9 +123,6 @@ def test_a_recomputed_copy_is_freed_after_the_forward(model, monkeypatch):
     """What `recomputing` leaves out of the saved tensors must not stay allocated some other
     way (torch keeps the hooks with what they saved): once the forward is done, before backward,
     no copy that backward recomputes is alive."""
-    import gc
-    import weakref
-
     values: list[weakref.ref[torch.Tensor]] = []
 
     def tracking(value, compute):  # type: ignore[no-untyped-def]
@@ -129,10 +130,7 @@ def test_a_recomputed_copy_is_freed_after_the_forward(model, monkeypatch):
         return activations.recomputing(value, compute)
 
     monkeypatch.setattr(transformer, "recomputing", tracking)
-    ids = torch.randint(
-        0, model.config.vocab_size, (2, 20), generator=torch.Generator().manual_seed(2)
-    )
-    targets = torch.cat([ids[:, 1:], torch.full((2, 1), IGNORE)], dim=1)
+    ids, targets = _batch(model)
     adapter = A.lora(model, rank=2, alpha=4.0, targets=["q_proj", "o_proj", "down_proj"], seed=1)
     with keeping(ActivationPolicy("keep")), adapter.active():
         loss = adapter.loss(ids, targets)
