@@ -7,15 +7,18 @@ enters `keeping(policy)` and `LlamaModel` runs each decoder layer through `run_l
 Rules:
 
 * Checkpointing recomputes a layer's forward during backward. The recomputation must see the
-  same random numbers as the forward, so the state of every generator the layer draws from (the
-  run's dropout generator; torch's default generators are handled by torch itself) is captured
-  when the layer runs forward and restored for its recomputation, then put back. So is every
-  context variable (the activation policy, the run's NF4 backend): on CUDA the recomputation runs
-  on autograd's own thread, which does not see the forward's. Gradients are therefore
-  bit-identical to keeping everything.
-* `offload` keeps the tensors backward needs in pinned host memory, copied asynchronously on the
-  current stream (`torch.autograd.graph.save_on_cpu`); with checkpointing these are the layer
-  inputs, one `[batch, tokens, hidden]` tensor per layer.
+  same random numbers as the forward, so the state of every generator the layer draws from is
+  captured when the layer runs forward and restored for its recomputation, then put back. A
+  decoder layer draws only from the policy's `generators` (the run's dropout generator, named
+  there only when dropout is on), never from torch's default generators, whose states torch's
+  checkpoint therefore does not save: reading a CUDA generator's state is a host round trip that
+  a CUDA graph cannot record. Every context variable (the activation policy, the run's NF4
+  backend) is set again too: on CUDA the recomputation runs on autograd's own thread, which does
+  not see the forward's. Gradients are therefore bit-identical to keeping everything.
+* `offload` keeps the tensors backward needs in pinned host memory (`HostCopies`); with
+  checkpointing these are the layer inputs, one `[batch, tokens, hidden]` tensor per layer. The
+  copies run on a side stream, ordered by events, so the host never waits for them and the GPU
+  computes while they move; backward fetches each layer's input one layer ahead.
 * Outside a gradient computation (evaluation, generation) nothing is checkpointed.
 * Under `keep`, a cheap elementwise result that a consumer would save for backward can be
   recomputed there instead (`recomputing`), where its inputs are kept anyway: each RMSNorm's
@@ -28,6 +31,7 @@ Rules:
 from __future__ import annotations
 
 import contextvars
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
@@ -67,7 +71,10 @@ def keeping(policy: ActivationPolicy) -> Iterator[None]:
     try:
         with ExitStack() as stack:
             if policy.mode == "offload":
-                stack.enter_context(torch.autograd.graph.save_on_cpu(pin_memory=True))
+                copies = HostCopies()
+                stack.enter_context(
+                    torch.autograd.graph.saved_tensors_hooks(copies.pack, copies.unpack)
+                )
             yield
     finally:
         _POLICY.reset(token)
@@ -109,8 +116,81 @@ def run_layer(layer: Callable[..., torch.Tensor], *args: Any) -> torch.Tensor:
 
     return cast(
         torch.Tensor,
-        checkpoint(layer, *args, use_reentrant=False, context_fn=contexts),
+        checkpoint(
+            layer, *args, use_reentrant=False, context_fn=contexts, preserve_rng_state=False
+        ),
     )
+
+
+class _Copy:
+    """One saved CUDA tensor in pinned host memory: its copy there, and its way back."""
+
+    def __init__(self, host: torch.Tensor, device: torch.device, stored: torch.cuda.Event) -> None:
+        self.host, self.device, self.stored = host, device, stored
+        self.fetched: tuple[torch.Tensor, torch.cuda.Event] | None = None
+        self.before: weakref.ref[_Copy] | None = None
+        """The copy packed just before this one: backward is likely to need it next."""
+
+
+class HostCopies:
+    """Saved-tensor hooks that keep every saved CUDA tensor in pinned host memory.
+
+    Rules: a copy in either direction runs on one side stream per device, after an event of the
+    stream that produced or will consume the tensor, so neither the host nor the compute stream
+    waits for it (`torch.autograd.graph.save_on_cpu` copies to the host synchronously, stalling
+    the host once per layer). The device tensor is marked as used by the side stream, so the
+    allocator does not hand its memory out before the copy has read it. Unpacking a copy starts
+    fetching the copy packed before it, which under checkpointing is the next layer backward
+    reaches: its transfer overlaps this layer's backward. CPU tensors are kept as they are."""
+
+    def __init__(self) -> None:
+        self._streams: dict[torch.device, torch.cuda.Stream] = {}
+        self._last: weakref.ref[_Copy] | None = None
+
+    def _stream(self, device: torch.device) -> torch.cuda.Stream:
+        if device not in self._streams:
+            self._streams[device] = torch.cuda.Stream(device=device)
+        return self._streams[device]
+
+    def pack(self, t: torch.Tensor) -> Any:
+        if t.device.type != "cuda":
+            return t
+        side = self._stream(t.device)
+        side.wait_stream(torch.cuda.current_stream(t.device))
+        host = torch.empty(t.shape, dtype=t.dtype, layout=t.layout, pin_memory=True)
+        with torch.cuda.stream(side):
+            host.copy_(t, non_blocking=True)
+            stored = torch.cuda.Event()
+            stored.record(side)
+        t.record_stream(side)
+        copy = _Copy(host, t.device, stored)
+        copy.before, self._last = self._last, weakref.ref(copy)
+        return copy
+
+    def _fetch(self, copy: _Copy) -> None:
+        side = self._stream(copy.device)
+        side.wait_event(copy.stored)
+        with torch.cuda.stream(side):
+            back = copy.host.to(copy.device, non_blocking=True)
+            arrived = torch.cuda.Event()
+            arrived.record(side)
+        copy.fetched = (back, arrived)
+
+    def unpack(self, packed: Any) -> torch.Tensor:
+        if not isinstance(packed, _Copy):
+            return cast(torch.Tensor, packed)
+        if packed.fetched is None:
+            self._fetch(packed)
+        assert packed.fetched is not None
+        back, arrived = packed.fetched
+        packed.fetched = None
+        current = torch.cuda.current_stream(packed.device)
+        current.wait_event(arrived)
+        back.record_stream(current)
+        ahead = packed.before() if packed.before is not None else None
+        if ahead is not None and ahead.fetched is None:
+            self._fetch(ahead)
+        return back
 
 
 @contextmanager

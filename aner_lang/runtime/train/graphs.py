@@ -14,9 +14,10 @@ Rules:
   zeroed in place between windows, never re-allocated. Packed and plain batches of one shape are
   recorded apart.
 * Graphs need CUDA and a step without host-side randomness or host round trips: no dropout (its
-  masks come from the run's own generator), activations kept (`checkpoint` replays generator
-  states, `offload` copies to pinned host memory). Elsewhere, or when recording fails, the step
-  runs eagerly; `GraphSteps.status` says which and why.
+  masks come from the run's own generator), activations kept or checkpointed (`offload` allocates
+  pinned host memory during the step, which a recording cannot). A checkpointed layer's
+  recomputation is recorded inside the backward that runs it. Elsewhere, or when recording fails,
+  the step runs eagerly; `GraphSteps.status` says which and why.
 * Recording warms the function up once on a side stream first (kernels compiled, workspaces
   allocated); the gradients that warm-up leaves are zeroed before the real replay.
 * Python's cyclic garbage collector is run before and held off during a recording: a collection
@@ -159,6 +160,6 @@ def eligibility(device: torch.device, dropout: float, activations: str, wanted: 
         return f"CUDA graphs need a CUDA device, this run is on {device.type}"
     if dropout > 0:
         return "dropout draws its masks from the run's generator on the host"
-    if activations != "keep":
-        return f"activations: {activations} replays generator states or copies to the host"
+    if activations == "offload":
+        return "activations: offload allocates pinned host memory during each step"
     return None

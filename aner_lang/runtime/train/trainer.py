@@ -241,14 +241,13 @@ def train(
     events = EventLog(log_path, log_dir) if main else EventLog(None, None)
     progress = Progress(total, loop.counters.updates) if main else None
     start = time.perf_counter()
-    activations = ActivationPolicy(profile.activations, (loop.gen,))
     stop = "done"
     saved: Path | None = None
     try:
         first = loop.start_event(data)
         events.add(first)
         run_control.emit({**first, "steps": total})
-        with using_backend(backend), keeping(activations), run_control.stop_signals():
+        with using_backend(backend), keeping(loop.activations), run_control.stop_signals():
             while loop.counters.updates < total and not loop.counters.stopped_early:
                 event = loop.update()
                 updates = loop.counters.updates
@@ -364,6 +363,8 @@ class _Loop:
         self.pad = adapter.tokenizer.pad_id or 0
         self.params = list(adapter.params.items())
         dropout = float(adapter.config.get("dropout", 0.0))
+        # the run's generator is the only one a layer draws from, and only with dropout on
+        self.activations = ActivationPolicy(profile.activations, (self.gen,) if dropout else ())
         off = parallel.graphs_off or eligibility(
             adapter.device, dropout, profile.activations, profile.graphs
         )

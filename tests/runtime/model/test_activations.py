@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from aner_lang.runtime import adapters as A
+from aner_lang.runtime.adapters.base import Adapter
 from aner_lang.runtime.load.loader import load_model
 from aner_lang.runtime.model import activations, transformer
 from aner_lang.runtime.model.activations import ActivationPolicy, keeping
@@ -34,16 +35,21 @@ def _batch(model) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, torch.cat([ids[:, 1:], torch.full((2, 1), IGNORE)], dim=1)
 
 
+def _device(adapter: Adapter) -> torch.device:
+    """Where the adapter (and so the batch and the dropout generator) lives."""
+    return next(iter(adapter.params.values())).device
+
+
 def _grads(
     model, mode: str, backward: Callable[[torch.Tensor], None] = torch.Tensor.backward
 ) -> tuple[dict[str, torch.Tensor], int]:
     adapter = A.lora(
         model, rank=2, alpha=4.0, dropout=0.25, targets=["q_proj", "down_proj"], seed=1
     )
-    gen = torch.Generator().manual_seed(5)
+    gen = torch.Generator(device=_device(adapter)).manual_seed(5)
     adapter.dropout_generator = gen
     adapter.train_mode(True)
-    ids, targets = _batch(model)
+    ids, targets = (t.to(_device(adapter)) for t in _batch(model))
     saved = 0
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -189,3 +195,30 @@ def test_a_checkpointed_recomputation_uses_the_runs_nf4_backend(model):
         kept, counting.calls = counting.calls, 0
         _grads(model, "checkpoint", backward=_on_another_thread)
     assert counting.calls == kept + 7 * model.config.num_hidden_layers
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_offloaded_layer_inputs_go_to_the_host_and_come_back_as_the_same_bits(
+    tiny_bytes_gguf, monkeypatch
+):
+    """On CUDA, `offload` moves every checkpointed layer's input to pinned host memory on a side
+    stream, and backward fetches it back: the gradients are the bits of keeping everything."""
+    cuda = load_model(tiny_bytes_gguf, storage="nf4_double_quant", device="cuda")
+    monkeypatch.setattr(transformer, "recomputing", lambda *_: contextlib.nullcontext())
+    copies: list[torch.Tensor] = []
+    pack = activations.HostCopies.pack
+
+    def counting(self, t):  # type: ignore[no-untyped-def]
+        packed = pack(self, t)
+        if isinstance(packed, activations._Copy):
+            assert packed.host.is_pinned() and packed.host.device.type == "cpu"
+            copies.append(packed.host)
+        return packed
+
+    monkeypatch.setattr(activations.HostCopies, "pack", counting)
+    keep, _ = _grads(cuda, "keep")
+    ours, _ = _grads(cuda, "offload")
+    assert len(copies) >= cuda.config.num_hidden_layers
+    for name, g in keep.items():
+        assert torch.equal(g, ours[name]), name

@@ -74,10 +74,12 @@ def test_qlora_on_cuda_learns_and_is_deterministic(nf4_model, precision):
         assert a.state.meta["loss_scale"]["kind"] == "none"
 
 
+@pytest.mark.parametrize("activations", ["keep", "checkpoint"])
 @pytest.mark.parametrize("precision", ["float32", "bfloat16", "float16"])
-def test_cuda_graphs_replay_the_eager_bits(tiny_bytes_gguf, tmp_path, precision):
+def test_cuda_graphs_replay_the_eager_bits(tiny_bytes_gguf, tmp_path, precision, activations):
     """Updates replayed from CUDA graphs (one per batch shape, accumulation included) give the
-    same adapter, bit for bit, as the same updates run eagerly."""
+    same adapter, bit for bit, as the same updates run eagerly; with checkpointed layers too,
+    whose recomputation the graph records inside the backward."""
     import json
 
     from aner_lang.runtime.load.loader import load_model
@@ -88,8 +90,8 @@ def test_cuda_graphs_replay_the_eager_bits(tiny_bytes_gguf, tmp_path, precision)
     out = {}
     for graphs in (False, True):
         adapter = A.lora(model, rank=4, alpha=8.0, targets=["q_proj", "v_proj", "down_proj"])
-        log = tmp_path / f"{precision}-{graphs}.jsonl"
-        prof = profile(precision=precision, graphs=graphs)
+        log = tmp_path / f"{precision}-{activations}-{graphs}.jsonl"
+        prof = profile(precision=precision, graphs=graphs, activations=activations)
         run = train(adapter, data, prof, steps=5, learning_rate=1e-2, micro_batch=2,
                     accumulation=2, seed=3, log=str(log))  # fmt: skip
         start = json.loads(log.read_text().splitlines()[0])
