@@ -18,7 +18,8 @@ activations, loss, optimizer, other, idle).
 
 Shapes: smollm2 (context 512), llama3.2-1b, llama3-8b-8 (8 of 32 layers), llama3-8b (context
 2048). Sides: aner, peft, peft-gc (gradient checkpointing), peft-liger, unsloth, unsloth-gc,
-and aner-checkpoint / aner-offload (Aner under that `activations:`, whatever `--activations` says).
+and aner-checkpoint / aner-offload (Aner under that `activations:`, whatever `--activations` says)
+and aner-checkpoint-eager (the same without CUDA graphs).
 The peers need `.peers/site` on PYTHONPATH (shared/device/peers-site.sh) and the offline
 variables that script lists; a side whose packages are missing is reported as skipped.
 """
@@ -292,11 +293,14 @@ def _token_dataset(ids: Any) -> Any:
     return Dataset.of_tokens(ids.tolist(), ids.shape[1], "benchmark")
 
 
-def aner_worker(job: dict[str, Any], activations: str | None = None) -> dict[str, Any]:
+def aner_worker(
+    job: dict[str, Any], activations: str | None = None, graphs: bool = True
+) -> dict[str, Any]:
     """Aner's own trainer (`train`), as a script runs it, continued across the timed calls;
     `activations` overrides the run's `--activations` (the sides `aner-checkpoint` and
-    `aner-offload`, so one run can show both beside the peers' checkpointing)."""
-    side = "aner" if activations is None else f"aner-{activations}"
+    `aner-offload`, so one run can show both beside the peers' checkpointing); `graphs=False`
+    (`aner-checkpoint-eager`) turns CUDA graphs off, to show what recording the step buys."""
+    side = ("aner" if activations is None else f"aner-{activations}") + ("" if graphs else "-eager")
     job = {**job, "activations": activations or job["activations"]}
     import torch
     from safetensors.torch import save_file
@@ -310,7 +314,7 @@ def aner_worker(job: dict[str, Any], activations: str | None = None) -> dict[str
     start = time.perf_counter()
     model = load_model(job["model"], storage="nf4_double_quant", device=job["device"])
     load_s = time.perf_counter() - start
-    prof = profile(precision=job["precision"], activations=job["activations"])
+    prof = profile(precision=job["precision"], activations=job["activations"], graphs=graphs)
     adapter = A.lora(model, rank=RANK, alpha=ALPHA, targets=TARGETS, seed=0)
     save_file(adapter.tensors(), str(Path(job["dir"]) / "init_adapter.safetensors"))
     data = _token_dataset(_batches(job))
@@ -524,6 +528,7 @@ WORKERS = {
     "aner": aner_worker,
     "aner-checkpoint": lambda job: aner_worker(job, "checkpoint"),
     "aner-offload": lambda job: aner_worker(job, "offload"),
+    "aner-checkpoint-eager": lambda job: aner_worker(job, "checkpoint", graphs=False),
     "peft": peft_worker,
     "peft-gc": lambda job: peft_worker(job, checkpointing=True),
     "peft-liger": lambda job: peft_worker(job, liger=True),

@@ -57,9 +57,10 @@ def _grads(
         saved += t.numel() * t.element_size()
         return t
 
+    # the innermost saved-tensor hooks win: `offload`'s own (inside `keeping`) must see the saves
     with (
-        keeping(ActivationPolicy(mode, (gen,))),
         torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
+        keeping(ActivationPolicy(mode, (gen,))),
     ):
         with adapter.active():
             backward(adapter.loss(ids, targets))
