@@ -19,7 +19,8 @@ Rules:
   recomputation is recorded inside the backward that runs it. Elsewhere, or when recording fails,
   the step runs eagerly; `GraphSteps.status` says which and why.
 * Recording warms the function up once on a side stream first (kernels compiled, workspaces
-  allocated); the gradients that warm-up leaves are zeroed before the real replay.
+  allocated); the gradients that warm-up leaves are put back to their values before it, which
+  wait in host memory meanwhile (a device copy would add the adapter's size to the run's peak).
 * Python's cyclic garbage collector is run before and held off during a recording: a collection
   inside it could destroy an unreachable earlier graph, and freeing device memory invalidates a
   capture. A `train` call releases its graphs when it ends (`release`), so none is left for the
@@ -122,7 +123,7 @@ class GraphSteps:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         grads = [p.grad for p in self.params if p.grad is not None]
-        saved = [g.clone() for g in grads]
+        saved = [g.to("cpu") for g in grads]  # on the host: not beside the warm-up's peak
         try:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
