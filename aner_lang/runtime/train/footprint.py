@@ -20,6 +20,10 @@ Rules:
   and one layer's worth during its recomputation; `offload` keeps only that one layer on the GPU.
 * Backward of one layer holds the gradients of what the layer kept, in fp32 (the fused NF4
   backward and the norm and SwiGLU backward compute in fp32): twice that layer's activations.
+  Beside a checkpointed layer's recomputation it holds one layer's worth
+  (`CHECKPOINTED_BACKWARD_FACTOR`): the recomputed tensors count in the activations already, and
+  the measured peaks (benchmarks/results/h200_train_scale_checkpoint.json, contexts 2048 and
+  8192) show the rest is one layer's worth, not two.
 * The chunked loss (`model.loss.head_loss_sum`) holds about twice one chunk's fp32 logits
   (`model.chunking.CHUNK_BYTES` at most); a float32 loss holds the logits, their log-softmax and
   their gradient, fp32.
@@ -40,6 +44,8 @@ LOSS_WORKSPACE_CHUNKS = 2
 """The chunked loss's transient memory, in chunks of fp32 logits."""
 BACKWARD_FACTOR = 2
 """One layer's backward holds this many times its activations (fp32 gradients of bf16 tensors)."""
+CHECKPOINTED_BACKWARD_FACTOR = 1
+"""The same beside a checkpointed (or offloaded) layer's recomputation, as measured."""
 RESIDUAL_COPIES = 4
 """`[tokens, hidden]` tensors outside the layers: the embedding's rows, the final norm's input and
 output, and the gradient to the hidden states the loss keeps."""

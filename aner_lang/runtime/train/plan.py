@@ -234,7 +234,10 @@ def plan(
         + (int(str(profile.get("page_bytes", 0))) if managed else 0),
         "gradients": 4 * trainable,
         "activations": activations + residual,
-        "layer backward": fp.BACKWARD_FACTOR * layer,
+        "layer backward": (
+            fp.CHECKPOINTED_BACKWARD_FACTOR if mode != "keep" else fp.BACKWARD_FACTOR
+        )
+        * layer,
         "loss workspace": loss,
         "nf4 dequant buffer": dequant,
     }

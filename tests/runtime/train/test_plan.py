@@ -58,12 +58,17 @@ def _script(tmp_path: Path, config: dict[str, object], text: str) -> Path:
     return script
 
 
-MEASURED = ("h200_train_scale.json", "h200_train_scale_checkpoint.json")
+MEASURED = (
+    "h200_train_scale.json",
+    "h200_train_scale_checkpoint.json",
+    "h200_train_scale_fp16.json",
+)
 """benchmarks/results files whose Aner rows the plan is checked against."""
 
 
-def _measured() -> list[tuple[str, str, int, int]]:
-    """(shape, activations, context, peak CUDA bytes) of every Aner row measured on the H200."""
+def _measured() -> list[tuple[str, str, str, int, int]]:
+    """(shape, precision, activations, context, peak CUDA bytes) of every Aner row measured on
+    the H200."""
     runs = []
     for name in MEASURED:
         for shape in json.loads((ROOT / "benchmarks/results" / name).read_text()):
@@ -71,14 +76,20 @@ def _measured() -> list[tuple[str, str, int, int]]:
             for row in shape["rows"]:
                 if row["side"].startswith("aner") and "peak_cuda_bytes" in row:
                     runs.append(
-                        (shape["shape"], row["activations"], context, row["peak_cuda_bytes"])
+                        (
+                            shape["shape"],
+                            row["precision"],
+                            row["activations"],
+                            context,
+                            row["peak_cuda_bytes"],
+                        )
                     )
     return runs
 
 
-@pytest.mark.parametrize("shape,activations,context,measured", _measured())
+@pytest.mark.parametrize("shape,precision,activations,context,measured", _measured())
 def test_plan_within_ten_percent_of_the_measured_h200_peak(
-    tmp_path: Path, shape: str, activations: str, context: int, measured: int
+    tmp_path: Path, shape: str, precision: str, activations: str, context: int, measured: int
 ) -> None:
     bench = _train_scale()
     sizes = dict(bench.SHAPES[shape])
@@ -90,7 +101,7 @@ def test_plan_within_ten_percent_of_the_measured_h200_peak(
         f"""let base = load_model("model", storage: nf4_double_quant, device: cuda)
 let data = texts(["a"], context: {context})
 let a = lora(base, rank: {bench.RANK}, alpha: {bench.ALPHA}, targets: [{targets}])
-let p = profile(precision: bfloat16, activations: {activations})
+let p = profile(precision: {precision}, activations: {activations})
 let _run = train(a, data, p, steps: 10, micro_batch: 1)
 """,
     )
