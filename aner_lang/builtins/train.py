@@ -369,7 +369,8 @@ _BUILTINS = (
                 "Bool",
                 "true",
                 "replay each batch shape's forward and backward from a CUDA graph (CUDA, no "
-                "dropout, activations: keep); the same numbers, without the host in the step",
+                "dropout, activations: keep or checkpoint); the same numbers, without the host "
+                "in the step",
                 keyword_only=True,
             ),
         ),
