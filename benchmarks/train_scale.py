@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
-        result = WORKERS[args.worker](json.loads(args.job))
+        result = {**WORKERS[args.worker](json.loads(args.job)), "side": args.worker}
         Path(args.json).write_text(json.dumps(result))
         return 0
     import torch
@@ -300,7 +300,6 @@ def aner_worker(
     `activations` overrides the run's `--activations` (the sides `aner-checkpoint` and
     `aner-offload`, so one run can show both beside the peers' checkpointing); `graphs=False`
     (`aner-checkpoint-eager`) turns CUDA graphs off, to show what recording the step buys."""
-    side = ("aner" if activations is None else f"aner-{activations}") + ("" if graphs else "-eager")
     job = {**job, "activations": activations or job["activations"]}
     import torch
     from safetensors.torch import save_file
@@ -339,7 +338,6 @@ def aner_worker(
     if len(losses) < job["compare"]:
         losses = run(job["compare"] - len(losses)).loss_history[job["warmup"] :]
     result = {
-        "side": side,
         "tokens_per_s": data.context / per_update,
         "call_overhead_s": short - job["steps"] * per_update,
         "peak_cuda_bytes": torch.cuda.max_memory_allocated() if cuda else 0,
@@ -503,9 +501,8 @@ def peft_worker(job: dict[str, Any], liger: bool = False, checkpointing: bool = 
     model = _peft_model(job, liger, checkpointing)
     _copy_initial_adapter(model, job)
     result = _measure(_hf_step(model, job), _batches(job), job)
-    name = "peft" + ("-liger" if liger else "") + ("-gc" if checkpointing else "")
     quant = "bnb nf4" if job["device"] == "cuda" else "no quantization (CPU dry run)"
-    return {**result, "side": name, "base": quant}
+    return {**result, "base": quant}
 
 
 def unsloth_worker(job: dict[str, Any], checkpointing: bool = False) -> dict[str, Any]:
@@ -520,11 +517,10 @@ def unsloth_worker(job: dict[str, Any], checkpointing: bool = False) -> dict[str
         model, r=RANK, lora_alpha=ALPHA, lora_dropout=0, target_modules=TARGETS,
         use_gradient_checkpointing="unsloth" if checkpointing else False)  # fmt: skip
     _copy_initial_adapter(model, job)
-    result = _measure(_hf_step(model, job), _batches(job), job)
-    return {**result, "side": "unsloth-gc" if checkpointing else "unsloth"}
+    return _measure(_hf_step(model, job), _batches(job), job)
 
 
-WORKERS = {
+WORKERS = {  # side -> its worker; the side's name is put into the result by `main`
     "aner": aner_worker,
     "aner-checkpoint": lambda job: aner_worker(job, "checkpoint"),
     "aner-offload": lambda job: aner_worker(job, "offload"),

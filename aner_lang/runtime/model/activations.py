@@ -167,7 +167,8 @@ class HostCopies:
         copy.before, self._last = self._last, weakref.ref(copy)
         return copy
 
-    def _fetch(self, copy: _Copy) -> None:
+    def _fetch(self, copy: _Copy) -> tuple[torch.Tensor, torch.cuda.Event]:
+        """Start `copy`'s way back to its device; the device tensor and the event of its arrival."""
         side = self._stream(copy.device)
         side.wait_event(copy.stored)
         with torch.cuda.stream(side):
@@ -175,14 +176,12 @@ class HostCopies:
             arrived = torch.cuda.Event()
             arrived.record(side)
         copy.fetched = (back, arrived)
+        return copy.fetched
 
     def unpack(self, packed: Any) -> torch.Tensor:
         if not isinstance(packed, _Copy):
             return cast(torch.Tensor, packed)
-        if packed.fetched is None:
-            self._fetch(packed)
-        assert packed.fetched is not None
-        back, arrived = packed.fetched
+        back, arrived = packed.fetched or self._fetch(packed)
         packed.fetched = None
         current = torch.cuda.current_stream(packed.device)
         current.wait_event(arrived)
