@@ -1,4 +1,5 @@
-"""RMSNorm and SwiGLU as one autograd function each, keeping only their inputs for backward.
+"""RMSNorm and SwiGLU as one autograd function each, keeping only their inputs for backward, and
+on CUDA the rotary position embedding of queries and keys as one kernel.
 
 Written as plain torch ops, a half-precision RMSNorm keeps four tensors of the residual's size for
 backward (its fp32 copy of the input among them) and SwiGLU keeps the activation `silu(gate)` as
@@ -18,6 +19,12 @@ weight as HF's Llama does, `silu` rounded before the product) and the same saved
 fp32 exponential and summation order differ from torch's in the last fp32 bits, which can show
 after rounding to the half dtype. Which implementation ran is part of the run's identity (`implementation()`), since
 the two differ in the last bits.
+
+RoPE (`rope`) is Liger's kernel on CUDA under half precision and None elsewhere (the caller then
+rotates with plain ops, `transformer.apply_rope`). Liger rotates in the angles' dtype, fp32 here,
+and rounds once, where the plain ops round the angles to the half dtype and every product: the
+two agree up to the half-precision rounding of the result. Liger rotates its inputs in place, so
+it is given copies: what produced the queries and keys may have saved them for its backward.
 """
 
 from __future__ import annotations
@@ -76,21 +83,24 @@ class _SwiGLU(torch.autograd.Function):
 
 
 @functools.cache
-def _liger() -> tuple[Any, Any] | None:
-    """Liger's RMSNorm and SiLU-times-up autograd functions, or None where it is not installed."""
+def _liger() -> tuple[Any, Any, Any] | None:
+    """Liger's RMSNorm, SiLU-times-up and RoPE autograd functions, or None where it is not
+    installed."""
     try:
         from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+        from liger_kernel.ops.rope import LigerRopeFunction
         from liger_kernel.ops.swiglu import LigerSiLUMulFunction
     except ImportError:
         return None
-    return LigerRMSNormFunction, LigerSiLUMulFunction
+    return LigerRMSNormFunction, LigerSiLUMulFunction, LigerRopeFunction
 
 
 def implementation(device: torch.device) -> str:
-    """Which implementation the half-precision functions take on `device`: `liger-<version>` or
-    `torch`."""
+    """Which implementation the half-precision functions take on `device`:
+    `liger-<version>:rms_norm,swiglu,rope` or `torch` (the functions are named, so a run that
+    used fewer of Liger's kernels has another identity)."""
     if device.type == "cuda" and _liger() is not None:
-        return "liger-" + importlib.metadata.version("liger-kernel")
+        return "liger-" + importlib.metadata.version("liger-kernel") + ":rms_norm,swiglu,rope"
     return "torch"
 
 
@@ -106,3 +116,15 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     if kernels is not None:
         return cast(torch.Tensor, kernels[1].apply(gate, up))
     return cast(torch.Tensor, _SwiGLU.apply(gate, up))
+
+
+def rope(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """`[B, H, T, D]` queries and keys rotated by the fp32 angles (`[T, D]`, or `[B, 1, T, D]`)
+    in one kernel per direction: on CUDA with Liger under half precision; None elsewhere."""
+    kernels = _liger() if q.is_cuda and q.dtype != torch.float32 else None
+    if kernels is None:
+        return None
+    rotated = kernels[2].apply(q.clone(), k.clone(), cos, sin)
+    return cast(tuple[torch.Tensor, torch.Tensor], rotated)

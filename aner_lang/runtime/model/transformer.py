@@ -19,7 +19,7 @@ from torch import nn
 from aner_lang.errors import AnerRuntimeError
 from aner_lang.runtime.model.activations import recomputing, run_layer
 from aner_lang.runtime.model.config import ModelConfig
-from aner_lang.runtime.model.fused_ops import rms_norm, swiglu
+from aner_lang.runtime.model.fused_ops import rms_norm, rope, swiglu
 from aner_lang.runtime.model.linear import FrozenLinear
 from aner_lang.runtime.model.loss import head_loss_sum, logits_loss_sum
 from aner_lang.runtime.model.sections import section
@@ -196,7 +196,7 @@ class LlamaAttention(nn.Module):
         `[B, heads, T, head_dim]`. `mask` (`[B, 1, T, T]`, True where a query may see a key)
         replaces the causal rule: packed rows (no cache)."""
         t = q.shape[2]
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = rope(q, k, cos, sin) or (apply_rope(q, cos, sin), apply_rope(k, cos, sin))
         past = 0
         if cache is not None:
             past = cache.length

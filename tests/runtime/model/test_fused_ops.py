@@ -1,5 +1,5 @@
 """The half-precision RMSNorm and SwiGLU functions: the forward of the plain ops, their
-analytic gradients, and less kept for backward."""
+analytic gradients, and less kept for backward; on CUDA, Liger's kernels for them and for RoPE."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from aner_lang.runtime.model import fused_ops
 from aner_lang.runtime.model.fused_ops import rms_norm, swiglu
+from aner_lang.runtime.model.transformer import apply_rope
 
 
 def _plain_norm(x, w, eps):
@@ -96,3 +97,51 @@ def test_liger_kernels_on_cuda_agree_with_the_torch_functions(dtype):
     mine = torch.autograd.grad(ours, (gate, up), gc)  # Liger writes these over its saved inputs
     for a, b in zip(mine, theirs):
         assert torch.allclose(a.float(), b.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_rope_is_left_to_the_plain_ops_off_cuda_and_under_float32():
+    q, k = torch.randn(1, 4, 5, 8), torch.randn(1, 2, 5, 8)
+    cos, sin = torch.randn(5, 8), torch.randn(5, 8)
+    assert fused_ops.rope(q.bfloat16(), k.bfloat16(), cos, sin) is None
+    if torch.cuda.is_available():
+        assert fused_ops.rope(q.cuda(), k.cuda(), cos.cuda(), sin.cuda()) is None
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("per_row", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_liger_rope_agrees_with_the_plain_ops_and_leaves_its_inputs(dtype, per_row):
+    """Liger's RoPE rotates queries and keys (GQA: fewer key heads; angles per position or per
+    row of a packed batch) as the plain ops do, up to the half-precision rounding of the result,
+    and its gradients likewise; the tensors it was given are not changed (it works on copies)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    if fused_ops.implementation(torch.device("cuda")) == "torch":
+        pytest.skip("liger-kernel is not installed")
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    b, t, d = 2, 37, 64
+    # [B, T, H, D] projections seen as [B, H, T, D], as the attention makes them
+    q = torch.randn(b, t, 8, d, generator=gen, device="cuda").to(dtype).transpose(1, 2)
+    k = torch.randn(b, t, 2, d, generator=gen, device="cuda").to(dtype).transpose(1, 2)
+    positions = torch.arange(t, device="cuda").repeat(b, 1) if per_row else torch.arange(t).cuda()
+    inv = 1.0 / 10000 ** (torch.arange(0, d, 2, device="cuda").float() / d)
+    emb = positions.float()[..., None] * inv
+    emb = torch.cat([emb, emb], dim=-1)
+    emb = emb[:, None] if per_row else emb
+    cos, sin = emb.cos(), emb.sin()
+    q_in, k_in = (x.detach().clone().requires_grad_(True) for x in (q, k))
+    q_ref, k_ref = (x.detach().clone().requires_grad_(True) for x in (q, k))
+    before = (q_in.detach().clone(), k_in.detach().clone())
+    rotated = fused_ops.rope(q_in, k_in, cos, sin)
+    assert rotated is not None
+    plain = (apply_rope(q_ref, cos, sin), apply_rope(k_ref, cos, sin))
+    for ours, ref in zip(rotated, plain):
+        assert ours.shape == ref.shape and ours.dtype == dtype
+        assert torch.allclose(ours.float(), ref.float(), rtol=2e-2, atol=2e-2)
+    assert torch.equal(q_in.detach(), before[0]) and torch.equal(k_in.detach(), before[1])
+    gq = torch.randn(q.shape, generator=gen, device="cuda").to(dtype)
+    gk = torch.randn(k.shape, generator=gen, device="cuda").to(dtype)
+    mine = torch.autograd.grad(rotated, (q_in, k_in), (gq.clone(), gk.clone()))
+    theirs = torch.autograd.grad(plain, (q_ref, k_ref), (gq, gk))
+    for a, r in zip(mine, theirs):
+        assert torch.allclose(a.float(), r.float(), rtol=2e-2, atol=2e-2)
