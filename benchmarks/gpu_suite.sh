@@ -9,6 +9,7 @@
 #   --quick       the kernel benchmark on the seed shapes only
 #   --scale S     instead of the kernel benchmarks, benchmarks/train_scale.py on shapes S (comma
 #                 separated; SIDES=aner,peft,... picks the sides, SCALE_ARGS adds options)
+#   --attention   also benchmarks/attention_backends.py (torch's SDPA backends at the 8B layer shape)
 #   --no-bench    the tests only; --no-tests: the benchmarks only (a device call can carry only so
 #                 much, so the two halves may run in back-to-back calls on the same machine)
 #   --qualify     `aner qualify` alone (every test suite, the component benchmarks and every adapter
@@ -23,10 +24,11 @@
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
-bench=() run_tests=1 run_bench=1 run_qualify=0 scale=""
+bench=() run_tests=1 run_bench=1 run_qualify=0 scale="" attention=0
 while [[ "${1:-}" == --* ]]; do
   case "$1" in
     --quick) bench+=("$1") ;;
+    --attention) attention=1 ;;
     --no-bench) run_bench=0 ;;
     --no-tests) run_tests=0 ;;
     --scale) scale="$2"; shift ;;
@@ -90,5 +92,9 @@ elif (( run_bench )); then
   timeout "${BACKWARD_BENCH_S:-120}" python3 benchmarks/nf4_backward.py --out "$OUT/nf4_backward.json" 2>&1 | tee "$OUT/nf4_backward.log" || rc=1
   model=(); [[ -s "$gguf" ]] && model=("$gguf")  # train_gpu prints its JSON report last
   timeout "${TRAIN_BENCH_S:-130}" python3 benchmarks/train_gpu.py "${model[@]}" 2>&1 | tee "$OUT/train_gpu.log" || rc=1
+fi
+if (( attention )); then
+  timeout "${ATTENTION_S:-120}" python3 benchmarks/attention_backends.py --out "$OUT/attention_backends.json" 2>&1 \
+    | tee "$OUT/attention_backends.log" || rc=1
 fi
 exit $rc

@@ -163,6 +163,9 @@ def table(shape: str, rows: list[dict[str, Any]], activations: str = "keep") -> 
         lines += ["", "Heaviest kernels outside the sections:", ""]
         for name, us in aner["device_time"]["other_kernels"].items():
             lines.append(f"- {us / 1e3:.2f} ms {name}")
+        for section_name, kernels in aner["device_time"].get("section_kernels", {}).items():
+            lines += ["", f"Heaviest kernels of {section_name}:", ""]
+            lines += [f"- {us / 1e3:.2f} ms {name}" for name, us in kernels.items()]
     return "\n".join(lines)
 
 
@@ -368,8 +371,9 @@ def _timed(call: Any, cuda: bool) -> tuple[float, Any]:
 
 
 def _profile(updates: Any) -> dict[str, Any]:
-    """Device time (us) of `updates()` by section (`runtime/model/sections.py`), plus idle, and
-    the heaviest kernels outside every section (`other_kernels`: op > kernel -> us)."""
+    """Device time (us) of `updates()` by section (`runtime/model/sections.py`), plus idle, the
+    heaviest kernels outside every section (`other_kernels`: op > kernel -> us) and those of each
+    section (`section_kernels`: section -> op > kernel -> us)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -381,6 +385,7 @@ def _profile(updates: Any) -> dict[str, Any]:
         wall_us = (time.perf_counter() - start) * 1e6
     totals: dict[str, float] = {}
     other: dict[str, float] = {}
+    inside: dict[str, dict[str, float]] = {}
     busy = 0.0
     for evt in prof.events():
         if not evt.kernels:
@@ -395,6 +400,10 @@ def _profile(updates: Any) -> dict[str, Any]:
         us = sum(k.duration for k in evt.kernels)
         totals[name] = totals.get(name, 0.0) + us
         busy += us
+        kernels = inside.setdefault(name, {})
+        for k in evt.kernels:
+            key = f"{evt.name} > {k.name[:60]}"
+            kernels[key] = kernels.get(key, 0.0) + k.duration
         if name == "other":
             outer = evt.cpu_parent.name if evt.cpu_parent is not None else "-"
             for k in evt.kernels:
@@ -402,7 +411,12 @@ def _profile(updates: Any) -> dict[str, Any]:
                 other[key] = other.get(key, 0.0) + k.duration
     totals["idle"] = max(0.0, wall_us - busy)
     top = sorted(other.items(), key=lambda kv: -kv[1])[:25]
-    return {"sections": totals, "other_kernels": dict(top)}
+    heaviest = {
+        name: dict(sorted(kernels.items(), key=lambda kv: -kv[1])[:10])
+        for name, kernels in inside.items()
+        if name != "other"
+    }
+    return {"sections": totals, "other_kernels": dict(top), "section_kernels": heaviest}
 
 
 def _category(op: str) -> str | None:
