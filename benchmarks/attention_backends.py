@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -88,12 +89,8 @@ def bench(t: int) -> list[dict]:
                 n: _error(a, r) for n, a, r in zip(("out", "dq", "dk", "dv"), first, ref)
             }
 
-            def fwd() -> None:
-                with torch.no_grad():
-                    _attend(backend, q, k, v, gqa)
-
-            row["forward_ms"] = _time(fwd)
-            row["forward_backward_ms"] = _time(lambda: _grads(backend, q, k, v, g, gqa))
+            row["forward_ms"] = _time(torch.no_grad()(partial(_attend, backend, q, k, v, gqa)))
+            row["forward_backward_ms"] = _time(partial(_grads, backend, q, k, v, g, gqa))
             rows.append(row)
             print(json.dumps(row), flush=True)
     return rows

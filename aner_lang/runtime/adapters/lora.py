@@ -74,20 +74,19 @@ class LoRA(Adapter):
 
     def _apply(self, index: int, x: torch.Tensor, base_out: torch.Tensor) -> torch.Tensor:
         """In half precision `base_out + s * B (A x)` is one GEMM that accumulates into the base
-        output (`addmm`, fp32 accumulation, one rounding) instead of a GEMM, a scaling pass and
-        an addition pass over the output; float32 keeps PEFT's separate operations, the reference
-        arithmetic."""
+        output in place (`addmm_`, fp32 accumulation, one rounding) instead of a GEMM, a scaling
+        pass and an addition pass over the output, or the copy of the base output an
+        out-of-place `addmm` makes first (no backward needs the base output itself); float32
+        keeps PEFT's separate operations, the reference arithmetic."""
         if base_out.dtype == torch.float32:
             return super()._apply(index, x, base_out)
         a, b = self._a[index], self._b[index]
         xa = F.linear(self.dropout(x, self.p), a.to(x.dtype))
-        out = torch.addmm(
-            base_out.reshape(-1, base_out.shape[-1]),
-            xa.reshape(-1, self.rank),
-            b.to(x.dtype).t(),
-            alpha=self.scaling,
+        out = base_out.contiguous()
+        out.view(-1, out.shape[-1]).addmm_(
+            xa.reshape(-1, self.rank), b.to(x.dtype).t(), alpha=self.scaling
         )
-        return out.view(base_out.shape)
+        return out
 
 
 class LoRAFA(LoRA):

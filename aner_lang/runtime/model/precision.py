@@ -40,3 +40,10 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.Te
         if a.is_cuda and out_dtype == torch.float32 and a.dtype in (torch.float16, torch.bfloat16):
             return torch.mm(a, b, out_dtype=torch.float32)
         return torch.mm(a, b).to(out_dtype)
+
+
+def matmul_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` written into ``out``, of a's dtype: on CUDA a column block of a larger row-major
+    matrix is written in place with its leading dimension (cuBLAS's ldc), not through a copy."""
+    with torch.autocast(a.device.type, enabled=False):
+        return torch.mm(a, b, out=out)

@@ -136,7 +136,7 @@ class NF4Matmul(torch.autograd.Function):
     def forward(ctx: Any, x: torch.Tensor, w: NF4Weight, backend: NF4Backend) -> torch.Tensor:
         ctx.w, ctx.backend = w, backend
         with section("nf4_forward"):
-            return backend.linear(x, w)
+            return _unviewed(backend.linear(x, w))
 
     @staticmethod
     def backward(ctx: Any, grad_y: torch.Tensor) -> tuple[torch.Tensor | None, None, None]:
@@ -144,6 +144,16 @@ class NF4Matmul(torch.autograd.Function):
             return None, None, None
         with section("nf4_backward"):
             return ctx.backend.grad_input(grad_y.contiguous(), ctx.w), None, None
+
+
+def _unviewed(t: torch.Tensor) -> torch.Tensor:
+    """`t` as a tensor of its own over the same memory, where it is a view of the kernel's buffer.
+    Rule: a custom Function's output must not be a view created inside it, or autograd refuses
+    in-place changes to it, and a LoRA adds its product into the base output in place."""
+    if t._base is None:
+        return t
+    own = torch.empty(0, dtype=t.dtype, device=t.device)
+    return own.set_(t.untyped_storage(), t.storage_offset(), t.size(), t.stride())
 
 
 def nf4_matmul(x: torch.Tensor, w: NF4Weight, backend: NF4Backend) -> torch.Tensor:

@@ -10,6 +10,7 @@ import torch
 
 from aner_lang.runtime import adapters as A
 from aner_lang.runtime.load.loader import load_model
+from aner_lang.runtime.model import fused_cross_entropy
 from aner_lang.runtime.model import loss as L
 from aner_lang.runtime.model.chunking import DEQUANT_MAX_ELEMENTS, row_slices
 from aner_lang.runtime.model.loss import IGNORE, head_loss_sum, logits_loss_sum
@@ -34,11 +35,29 @@ def _batch(vocab: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def test_chunked_head_loss_equals_the_logits_loss_and_its_gradient(nf4_model, monkeypatch):
-    monkeypatch.setattr(L, "CHUNK_BYTES", 4 * nf4_model.config.vocab_size * 7)  # 7-token chunks
-    ids, targets = _batch(nf4_model.config.vocab_size)
-    head = nf4_model.module.lm_head
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        hidden = nf4_model.module.hidden_states(ids).detach().requires_grad_(True)
+    _check_head_loss(nf4_model, monkeypatch)
+
+
+@pytest.mark.cuda
+def test_fused_head_loss_on_cuda_equals_the_logits_loss_and_its_gradient(
+    tiny_bytes_gguf, monkeypatch
+):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    model = load_model(tiny_bytes_gguf, storage="nf4_double_quant", device="cuda")
+    hidden = torch.zeros(1, model.config.hidden_size, dtype=torch.bfloat16, device="cuda")
+    if not fused_cross_entropy.available(hidden):
+        pytest.skip("needs Triton")
+    _check_head_loss(model, monkeypatch)
+
+
+def _check_head_loss(model, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """`head_loss_sum` in 7-token chunks against the loss of the materialized logits."""
+    monkeypatch.setattr(L, "CHUNK_BYTES", 4 * model.config.vocab_size * 7)  # 7 rows, fused 28
+    ids, targets = (t.to(model.device) for t in _batch(model.config.vocab_size))
+    head = model.module.lm_head
+    with torch.autocast(model.device.type, dtype=torch.bfloat16):
+        hidden = model.module.hidden_states(ids).detach().requires_grad_(True)
         ours = head_loss_sum(hidden, head, targets)
         (g_ours,) = torch.autograd.grad(ours * 3.0, hidden)
         ref = logits_loss_sum(head(hidden), targets)
@@ -95,6 +114,66 @@ def test_half_precision_lora_trains_and_its_first_gradients_track_fp32(nf4_model
     for name, ref in grads["float32"].items():
         err = (grads["bfloat16"][name] - ref).norm() / ref.norm()
         assert err < 0.05, (name, float(err))
+
+
+def test_half_precision_lora_adds_into_the_nf4_output_in_place_with_the_same_bits(nf4_model):
+    """The bf16 LoRA adds `s * B (A x)` into the base output in place; output and gradients are
+    the bits of the out-of-place `addmm` on the same operands (the same GEMM, one rounding). The
+    NF4 output of a 3-D input is a tensor of its own, which autograd lets be changed in place."""
+    adapter = A.lora(nf4_model, rank=4, alpha=8.0, targets=["up_proj"])
+    (name, module) = adapter.targets[0]
+    a, b = adapter.params[f"{name}.lora_A"], adapter.params[f"{name}.lora_B"]
+    with torch.no_grad():
+        b.copy_(torch.randn(b.shape, generator=torch.Generator().manual_seed(5)) * 0.05)
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(2, 5, module.in_features, generator=gen).to(torch.bfloat16).requires_grad_()
+    g = torch.randn(2, 5, module.out_features, generator=gen).to(torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16), adapter.active():
+        base = module.forward(x)
+        ours = module(x)
+    assert base._base is None
+    flat = (x.reshape(-1, x.shape[-1]) @ a.to(torch.bfloat16).t()).reshape(-1, 4)
+    ref = torch.addmm(base.reshape(-1, base.shape[-1]), flat, b.to(torch.bfloat16).t(), alpha=2.0)
+    assert torch.equal(ours.reshape(ref.shape), ref)
+    got = torch.autograd.grad(ours, (x, a, b), g)
+    want = torch.autograd.grad(ref, (x, a, b), g.reshape(ref.shape))
+    for ours_g, ref_g in zip(got, want):
+        assert torch.equal(ours_g, ref_g)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fused_cross_entropy_rows_are_the_torch_arithmetic(dtype):
+    """Per-row losses within fp32 rounding of the torch ops' (other summation orders), the
+    gradient within one unit in the last place of the half dtype (two roundings of fp32 values a
+    few fp32 units apart), ignored rows zero; two runs give the same bits."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    logits = (torch.randn(37, 50_001, generator=gen, device="cuda") * 4).to(dtype)
+    targets = torch.randint(0, 50_001, (37,), generator=gen, device="cuda")
+    targets[[0, 5, 36]] = IGNORE
+    if not fused_cross_entropy.available(logits):
+        pytest.skip("needs Triton")
+    scored = targets != IGNORE
+    z = logits.float()
+    lse = torch.logsumexp(z, dim=-1)
+    safe = torch.where(scored, targets, 0)
+    want_loss = torch.where(scored, lse - z.gather(1, safe[:, None]).squeeze(1), 0.0)
+    probs = (z - lse[:, None]).exp()
+    probs[torch.arange(37, device="cuda"), safe] -= 1.0
+    want_grad = (probs * scored[:, None]).to(dtype).float()
+    got = logits.clone()
+    loss = fused_cross_entropy.rows_in_place(got, targets, IGNORE)
+    again = logits.clone()
+    assert torch.equal(fused_cross_entropy.rows_in_place(again, targets, IGNORE), loss)
+    assert torch.equal(again, got)
+    assert loss.dtype == torch.float32
+    assert ((loss - want_loss).abs() <= 1e-5 * want_loss.abs().clamp(min=1)).all()
+    unit = 2.0**-8 if dtype == torch.bfloat16 else 2.0**-11
+    tolerance = 2 * unit * want_grad.abs() + 1e-6
+    assert ((got.float() - want_grad).abs() <= tolerance).all()
+    assert (got[~scored] == 0).all()
 
 
 @pytest.mark.parametrize(

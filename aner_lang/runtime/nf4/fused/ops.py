@@ -54,7 +54,7 @@ import torch
 
 from aner_lang.errors import AnerRuntimeError
 from aner_lang.runtime.model.chunking import row_slices
-from aner_lang.runtime.model.precision import matmul
+from aner_lang.runtime.model.precision import matmul, matmul_into
 from aner_lang.runtime.nf4.fused import compiler, programmatic, tensor_map
 
 SMALL_MAX_TOKENS = 16
@@ -234,7 +234,11 @@ def _many_linear(x2: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype) -> tor
         return matmul(x2, dequantize(w, x2.dtype, reuse=True).t(), out_dtype)
     y = torch.empty(x2.shape[0], w.out_features, dtype=out_dtype, device=x2.device)
     for r0, r1 in slices:  # each output column is one slice's product, as it is unsliced
-        y[:, r0:r1] = matmul(x2, dequantize(w, x2.dtype, rows=(r0, r1), reuse=True).t(), out_dtype)
+        w_rows = dequantize(w, x2.dtype, rows=(r0, r1), reuse=True).t()
+        if out_dtype == x2.dtype:
+            matmul_into(x2, w_rows, y[:, r0:r1])
+        else:
+            y[:, r0:r1] = matmul(x2, w_rows, out_dtype)
     return y
 
 
