@@ -74,19 +74,26 @@ class LoRA(Adapter):
 
     def _apply(self, index: int, x: torch.Tensor, base_out: torch.Tensor) -> torch.Tensor:
         """In half precision `base_out + s * B (A x)` is one GEMM that accumulates into the base
-        output in place (`addmm_`, fp32 accumulation, one rounding) instead of a GEMM, a scaling
-        pass and an addition pass over the output, or the copy of the base output an
-        out-of-place `addmm` makes first (no backward needs the base output itself); float32
-        keeps PEFT's separate operations, the reference arithmetic."""
+        output in place (`addmm_`/`baddbmm_` on the output itself, fp32 accumulation, one
+        rounding) instead of a GEMM, a scaling pass and an addition pass over the output, or the
+        copy of the base output an out-of-place `addmm` makes first (no backward needs the base
+        output itself). Never in place on a reshaped view of it: autograd would record that as a
+        slice copy, and its backward copies the whole gradient twice. float32 keeps PEFT's
+        separate operations, the reference arithmetic."""
         if base_out.dtype == torch.float32:
             return super()._apply(index, x, base_out)
         a, b = self._a[index], self._b[index]
         xa = F.linear(self.dropout(x, self.p), a.to(x.dtype))
+        bt = b.to(x.dtype).t()
         out = base_out.contiguous()
-        out.view(-1, out.shape[-1]).addmm_(
-            xa.reshape(-1, self.rank), b.to(x.dtype).t(), alpha=self.scaling
+        if out.dim() == 2:
+            return out.addmm_(xa, bt, alpha=self.scaling)
+        if out.dim() == 3:
+            return out.baddbmm_(xa, bt.expand(out.shape[0], *bt.shape), alpha=self.scaling)
+        flat = torch.addmm(
+            out.reshape(-1, out.shape[-1]), xa.reshape(-1, self.rank), bt, alpha=self.scaling
         )
-        return out
+        return flat.view(out.shape)
 
 
 class LoRAFA(LoRA):

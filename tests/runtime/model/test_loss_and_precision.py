@@ -118,7 +118,7 @@ def test_half_precision_lora_trains_and_its_first_gradients_track_fp32(nf4_model
 
 def test_half_precision_lora_adds_into_the_nf4_output_in_place_with_the_same_bits(nf4_model):
     """The bf16 LoRA adds `s * B (A x)` into the base output in place; output and gradients are
-    the bits of the out-of-place `addmm` on the same operands (the same GEMM, one rounding). The
+    the bits of the out-of-place `baddbmm` on the same operands (the same GEMM, one rounding). The
     NF4 output of a 3-D input is a tensor of its own, which autograd lets be changed in place."""
     adapter = A.lora(nf4_model, rank=4, alpha=8.0, targets=["up_proj"])
     (name, module) = adapter.targets[0]
@@ -132,11 +132,13 @@ def test_half_precision_lora_adds_into_the_nf4_output_in_place_with_the_same_bit
         base = module.forward(x)
         ours = module(x)
     assert base._base is None
-    flat = (x.reshape(-1, x.shape[-1]) @ a.to(torch.bfloat16).t()).reshape(-1, 4)
-    ref = torch.addmm(base.reshape(-1, base.shape[-1]), flat, b.to(torch.bfloat16).t(), alpha=2.0)
-    assert torch.equal(ours.reshape(ref.shape), ref)
+    assert type(ours.grad_fn).__name__ == "BaddbmmBackward0"  # not a slice copy of a view
+    xa = x @ a.to(torch.bfloat16).t()
+    bt = b.to(torch.bfloat16).t().expand(2, 4, module.out_features)
+    ref = torch.baddbmm(base, xa, bt, alpha=2.0)
+    assert torch.equal(ours, ref)
     got = torch.autograd.grad(ours, (x, a, b), g)
-    want = torch.autograd.grad(ref, (x, a, b), g.reshape(ref.shape))
+    want = torch.autograd.grad(ref, (x, a, b), g)
     for ours_g, ref_g in zip(got, want):
         assert torch.equal(ours_g, ref_g)
 
