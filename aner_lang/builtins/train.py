@@ -370,7 +370,7 @@ _BUILTINS = (
                 "true",
                 "replay each batch shape's forward and backward from a CUDA graph (CUDA, no "
                 "dropout, activations: keep or checkpoint); the same numbers, without the host "
-                "in the step",
+                "in the step; micro-batches long enough to keep the GPU busy run eagerly",
                 keyword_only=True,
             ),
         ),

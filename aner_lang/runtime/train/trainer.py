@@ -366,7 +366,11 @@ class _Loop:
         # the run's generator is the only one a layer draws from, and only with dropout on
         self.activations = ActivationPolicy(profile.activations, (self.gen,) if dropout else ())
         off = parallel.graphs_off or eligibility(
-            adapter.device, dropout, profile.activations, profile.graphs
+            adapter.device,
+            dropout,
+            profile.activations,
+            profile.graphs,
+            options["micro_batch"] * data.context,
         )
         if objective is not None:
             off = f"the {objective.name} objective runs its steps eagerly"

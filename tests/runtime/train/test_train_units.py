@@ -152,3 +152,19 @@ def test_every_method_trains_and_resumes_bit_identically(tiny_model, method, pre
     a, b = straight.state.to_tensors(), resumed.state.to_tensors()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert straight.state.to_json()["counters"] == resumed.state.to_json()["counters"]
+
+
+def test_graphs_record_short_micro_batches_and_leave_long_ones_eager():
+    """A step is recorded only on CUDA, without dropout or offload, and for micro-batches under
+    `EAGER_FROM_TOKENS` tokens; every refusal says why."""
+    from aner_lang.runtime.train.graphs import EAGER_FROM_TOKENS, eligibility
+
+    cuda = torch.device("cuda")
+    assert eligibility(cuda, 0.0, "checkpoint", True, EAGER_FROM_TOKENS - 1) is None
+    assert eligibility(cuda, 0.0, "keep", True, 2 * 1024) is None
+    long = eligibility(cuda, 0.0, "checkpoint", True, EAGER_FROM_TOKENS)
+    assert long is not None and f"{EAGER_FROM_TOKENS} tokens" in long
+    assert "offload" in str(eligibility(cuda, 0.0, "offload", True, 64))
+    assert "dropout" in str(eligibility(cuda, 0.1, "keep", True, 64))
+    assert "cpu" in str(eligibility(torch.device("cpu"), 0.0, "keep", True, 64))
+    assert "graphs: false" in str(eligibility(cuda, 0.0, "keep", False, 64))
