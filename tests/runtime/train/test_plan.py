@@ -62,6 +62,7 @@ MEASURED = (
     "h200_train_scale.json",
     "h200_train_scale_checkpoint.json",
     "h200_train_scale_fp16.json",
+    "h200_train_scale_fused.json",
 )
 """benchmarks/results files whose Aner rows the plan is checked against."""
 
