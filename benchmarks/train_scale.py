@@ -384,7 +384,6 @@ def _profile(updates: Any) -> dict[str, Any]:
         torch.cuda.synchronize()
         wall_us = (time.perf_counter() - start) * 1e6
     totals: dict[str, float] = {}
-    other: dict[str, float] = {}
     inside: dict[str, dict[str, float]] = {}
     busy = 0.0
     for evt in prof.events():
@@ -400,23 +399,23 @@ def _profile(updates: Any) -> dict[str, Any]:
         us = sum(k.duration for k in evt.kernels)
         totals[name] = totals.get(name, 0.0) + us
         busy += us
-        kernels = inside.setdefault(name, {})
-        for k in evt.kernels:
-            key = f"{evt.name} > {k.name[:60]}"
-            kernels[key] = kernels.get(key, 0.0) + k.duration
+        # outside every section the op above the launch's op says more about where it came from
         if name == "other":
             outer = evt.cpu_parent.name if evt.cpu_parent is not None else "-"
-            for k in evt.kernels:
-                key = f"{outer} > {evt.name} > {k.name[:70]}"
-                other[key] = other.get(key, 0.0) + k.duration
+            op, width = f"{outer} > {evt.name}", 70
+        else:
+            op, width = evt.name, 60
+        kernels = inside.setdefault(name, {})
+        for k in evt.kernels:
+            key = f"{op} > {k.name[:width]}"
+            kernels[key] = kernels.get(key, 0.0) + k.duration
     totals["idle"] = max(0.0, wall_us - busy)
-    top = sorted(other.items(), key=lambda kv: -kv[1])[:25]
-    heaviest = {
-        name: dict(sorted(kernels.items(), key=lambda kv: -kv[1])[:10])
-        for name, kernels in inside.items()
-        if name != "other"
-    }
-    return {"sections": totals, "other_kernels": dict(top), "section_kernels": heaviest}
+
+    def heaviest(name: str, most: int) -> dict[str, float]:
+        return dict(sorted(inside.get(name, {}).items(), key=lambda kv: -kv[1])[:most])
+
+    sections = {name: heaviest(name, 10) for name in inside if name != "other"}
+    return {"sections": totals, "other_kernels": heaviest("other", 25), "section_kernels": sections}
 
 
 def _category(op: str) -> str | None:

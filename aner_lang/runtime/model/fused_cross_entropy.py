@@ -66,12 +66,11 @@ def _kernel() -> Any:
     return rows
 
 
-def available(logits: torch.Tensor) -> bool:
-    """Whether `rows_in_place` takes these logits: half precision on CUDA, with Triton."""
+def available(like: torch.Tensor) -> bool:
+    """Whether `rows_in_place` takes logits of `like`'s dtype and device (the hidden states they
+    are computed from): half precision on CUDA, with Triton."""
     return (
-        logits.is_cuda
-        and logits.dtype in (torch.float16, torch.bfloat16)
-        and (_kernel() is not None)
+        like.is_cuda and like.dtype in (torch.float16, torch.bfloat16) and (_kernel() is not None)
     )
 
 
