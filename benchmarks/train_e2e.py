@@ -1,0 +1,385 @@
+"""The whole run, as each tool's users run it: from launching a process to the saved adapter.
+
+Three sides fine-tune the same random-weight HF folder on the same text JSONL, each as one
+process started from scratch and timed from launch to exit:
+
+- `aner`: `aner run script.aner` (`load_model(folder, storage: nf4_double_quant)`, `lora`,
+  `train`, `save_adapter`);
+- `unsloth`: Unsloth's `FastLanguageModel` + TRL's `SFTTrainer` (its documented recipe);
+- `peft`: transformers + bitsandbytes NF4 + PEFT + TRL's `SFTTrainer` (the usual QLoRA recipe).
+
+The same work on every side: LoRA rank 16, alpha 32, no dropout, the seven linear targets;
+AdamW (torch's, fp32 moments) at a constant 2e-4 with weight decay 0.0, clipping at 1.0; bf16
+compute; batch 1, no packing, activations kept (no gradient checkpointing: TRL turns it on by
+default, so it is turned off here); `--updates` updates, validation every `--every` on
+`--val-rows` rows, a checkpoint (adapter and optimizer state) every `--every`. Aner also
+validates after its first update, as its `train` always does: extra work on its side.
+
+Reported per side and repeat (`--repeats`, every side once per repeat, in turn): time from
+launch to the first update, training tokens/s between the first and last update (validation
+and checkpoint stalls included), the whole process's wall time, peak GPU memory of the process
+as `nvidia-smi` sees it (the same count for every side: CUDA context, allocator cache and all),
+the final training loss and the last validation loss, and the achieved model TFLOP/s and MFU
+against this GPU's measured dense bf16 GEMM rate. Model FLOPs per token: 4 x the base's matmul
+parameters (forward and the input gradient; the frozen base has no weight gradient) + 6 x the
+LoRA parameters + causal attention (3 x 2 x layers x context x hidden).
+
+    python benchmarks/train_e2e.py --shapes llama3.2-1b --repeats 2 --out /tmp/e2e
+    python benchmarks/train_e2e.py --dry-run     # CPU, tiny shape, aner and peft (no bnb)
+
+The peers need `.peers/site` on PYTHONPATH and the offline variables (shared/device/peers.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import train_scale as bench  # this directory is on sys.path when run as a script
+
+SIDES = ("aner", "unsloth", "peft")
+
+
+# ---- the work: folder, data, script ---------------------------------------------------------
+
+
+def make_data(shape: str, rows: int, path: Path, seed: int) -> None:
+    """`rows` texts of the shape's context less one token (room for an EOS a side may add), in
+    the folder's word-level vocabulary (`<tN>`), drawn from a small first-order chain so that
+    the loss can fall."""
+    cfg = bench.SHAPES[shape]
+    rng = random.Random(seed)
+    words = min(cfg["vocab_size"] - 3, 2000)
+    jump = [rng.randrange(words) for _ in range(words)]
+    with path.open("w") as f:
+        for _ in range(rows):
+            tok, ids = rng.randrange(words), []
+            for _ in range(cfg["context"] - 1):
+                ids.append(tok + 3)
+                tok = jump[tok] if rng.random() < 0.8 else rng.randrange(words)
+            f.write(json.dumps({"text": " ".join(f"<t{i}>" for i in ids)}) + "\n")
+
+
+def aner_script(job: dict[str, Any]) -> str:
+    """The Aner side's whole program."""
+    targets = ", ".join(bench.TARGETS)
+    precision = "bfloat16" if job["device"] == "cuda" else "float32"
+    return f"""
+let base = load_model("{job["model"]}", storage: nf4_double_quant, device: auto)
+let data = load_jsonl("{job["train"]}", field: "text", context: {job["context"]})
+let held_out = load_jsonl("{job["val"]}", field: "text", context: {job["context"]})
+let adapter = lora(base, rank: {bench.RANK}, alpha: {bench.ALPHA}, targets: [{targets}], seed: 0)
+let run = train(adapter, data, profile(precision: {precision}), steps: {job["updates"]},
+                learning_rate: {bench.LR}, clip_norm: 1.0, weight_decay: 0.0, seed: 0,
+                validation: held_out, eval_every: {job["every"]},
+                checkpoints: "{job["dir"]}/ckpt", checkpoint_every: {job["every"]},
+                log: "{job["dir"]}/events.jsonl")
+save_adapter(run.adapter, "{job["dir"]}/adapter", format: peft)
+"""
+
+
+# ---- the parent: one process per side and repeat, polled for GPU memory ----------------------
+
+
+class GpuMemory(threading.Thread):
+    """The largest GPU memory `nvidia-smi` reports for one process while it runs."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__()
+        self.pid, self.peak, self.done = pid, 0, threading.Event()
+
+    def run(self) -> None:
+        query = [
+            "nvidia-smi",
+            "--query-compute-apps=pid,used_memory",
+            "--format=csv,noheader,nounits",
+        ]
+        while not self.done.wait(0.25):
+            try:
+                out = subprocess.run(query, capture_output=True, text=True, timeout=5).stdout
+            except (OSError, subprocess.SubprocessError):
+                return
+            for line in out.splitlines():
+                pid, _, mib = line.partition(",")
+                if pid.strip() == str(self.pid) and mib.strip().isdigit():
+                    self.peak = max(self.peak, int(mib) * 2**20)
+
+
+def run_side(side: str, job: dict[str, Any], repeat: int) -> dict[str, Any]:
+    """Launch one side as its users would, wait for it, and read what it recorded."""
+    work = Path(job["dir"]) / f"{side}-{repeat}"
+    work.mkdir(parents=True, exist_ok=True)
+    job = {**job, "dir": str(work)}
+    if side == "aner":
+        script = work / "script.aner"
+        script.write_text(aner_script(job))
+        cmd = [sys.executable, "-m", "aner_lang.cli", "run", str(script)]
+    else:
+        cmd = [sys.executable, __file__, "--worker", side, "--job", json.dumps(job)]
+    launched = time.time()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    memory = GpuMemory(proc.pid)
+    if job["device"] == "cuda":
+        memory.start()
+    try:
+        output, _ = proc.communicate(timeout=job["timeout"])
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        output, _ = proc.communicate()
+    wall = time.time() - launched
+    memory.done.set()
+    if memory.is_alive():
+        memory.join()
+    (work / "output.log").write_text(output)
+    row: dict[str, Any] = {"side": side, "repeat": repeat, "wall_s": wall, "exit": proc.returncode}
+    if proc.returncode != 0:
+        return {**row, "error": output[-1500:]}
+    events = (
+        _aner_events(work) if side == "aner" else json.loads((work / "record.json").read_text())
+    )
+    return {**row, **_timeline(events, launched, job), "peak_gpu_bytes": memory.peak}
+
+
+def _aner_events(work: Path) -> dict[str, Any]:
+    """Aner's event log as the peers' record: update times and losses, validation losses."""
+    updates, validations = [], []
+    for line in (work / "events.jsonl").read_text().splitlines():
+        e = json.loads(line)
+        stamp = datetime.fromisoformat(e["time"].replace("Z", "+00:00")).timestamp()
+        if e["event"] == "update":
+            updates.append((stamp, e["loss"]))
+        if e.get("validation_loss") is not None:
+            validations.append(e["validation_loss"])
+    return {"updates": updates, "validations": validations}
+
+
+def _timeline(record: dict[str, Any], launched: float, job: dict[str, Any]) -> dict[str, Any]:
+    """Time to the first update, tokens/s from the first to the last, the last losses."""
+    times = [t for t, _ in record["updates"]]
+    tokens = (len(times) - 1) * job["context"]
+    return {
+        "updates": len(times),
+        "first_update_s": times[0] - launched,
+        "train_tokens_per_s": tokens / max(times[-1] - times[0], 1e-9),
+        "final_loss": record["updates"][-1][1],
+        "validation_loss": record["validations"][-1] if record["validations"] else None,
+    }
+
+
+def flops_per_token(shape: str, context: int) -> float:
+    """Model FLOPs per trained token (see the module docstring)."""
+    c = bench.SHAPES[shape]
+    h, f, layers = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]
+    kv = h * c["num_key_value_heads"] // c["num_attention_heads"]
+    base = layers * (2 * h * h + 2 * h * kv + 3 * h * f) + h * c["vocab_size"]
+    dims = [(h, h), (h, kv), (h, kv), (h, h), (h, f), (h, f), (f, h)]
+    lora = layers * sum(bench.RANK * (i + o) for i, o in dims)
+    return 4.0 * base + 6.0 * lora + 6.0 * layers * context * h
+
+
+def dense_peak_flops() -> float:
+    """This GPU's dense bf16 GEMM rate (8192^3, best of 20 after a warm-up)."""
+    import torch
+
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn_like(a)
+    for _ in range(3):
+        a @ b
+    best = float("inf")
+    for _ in range(20):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        a @ b
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / 1e3)
+    return 2 * 8192**3 / best
+
+
+def table(shape: str, rows: list[dict[str, Any]], per_token: float, peak: float) -> str:
+    lines = [f"## {shape}", "",
+             "| side | repeat | first update s | train tok/s | MFU | whole process s | vs Aner | "
+             "peak GPU GB | final loss | validation loss |",
+             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    aner_wall = {r["repeat"]: r["wall_s"] for r in rows if r["side"] == "aner" and "updates" in r}
+    for r in rows:
+        if "updates" not in r:
+            lines.append(
+                f"| {r['side']} | {r['repeat']} | {r.get('error', '?')[-120:]!r} |||||||| "
+            )
+            continue
+        mfu = f"{100 * r['train_tokens_per_s'] * per_token / peak:.0f}%" if peak else "-"
+        ratio = f"{r['wall_s'] / aner_wall[r['repeat']]:.2f}x" if r["repeat"] in aner_wall else "-"
+        val = f"{r['validation_loss']:.4f}" if r["validation_loss"] is not None else "-"
+        lines.append(f"| {r['side']} | {r['repeat']} | {r['first_update_s']:.1f} | "
+                     f"{r['train_tokens_per_s']:,.0f} | {mfu} | {r['wall_s']:.1f} | {ratio} | "
+                     f"{r['peak_gpu_bytes'] / 1e9:.2f} | {r['final_loss']:.4f} | {val} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default="smollm2,llama3.2-1b")
+    ap.add_argument("--sides", default=",".join(SIDES))
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--updates", type=int, default=300)
+    ap.add_argument("--every", type=int, default=100, help="validation and checkpoint interval")
+    ap.add_argument("--val-rows", type=int, default=16)
+    ap.add_argument("--context", type=int, default=0, help="override the shape's context")
+    ap.add_argument("--out", default="/tmp/train_e2e")
+    ap.add_argument("--timeout", type=int, default=900)
+    ap.add_argument("--dry-run", action="store_true", help="CPU, tiny shape, aner and peft")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--job", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        WORKERS[args.worker](json.loads(args.job))
+        return 0
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    shapes, sides = args.shapes.split(","), args.sides.split(",")
+    if args.dry_run:
+        shapes, sides, device = ["tiny"], ["aner", "peft"], "cpu"
+        args.updates, args.every, args.val_rows, args.repeats = 6, 3, 2, 1
+    peak = dense_peak_flops() if device == "cuda" else 0.0
+    report: dict[str, Any] = {"machine": _machine(device), "dense_bf16_flops": peak, "shapes": []}
+    for shape in shapes:
+        if args.context:
+            bench.SHAPES[shape]["context"] = args.context
+        work = Path(args.out) / shape
+        work.mkdir(parents=True, exist_ok=True)
+        model = work / "model"
+        if not (model / "config.json").exists():
+            bench.make_model(shape, model, device)
+        make_data(shape, args.updates + 8, work / "train.jsonl", seed=1)
+        make_data(shape, args.val_rows, work / "val.jsonl", seed=2)
+        job = {"model": str(model), "train": str(work / "train.jsonl"),
+               "val": str(work / "val.jsonl"), "dir": str(work), "device": device,
+               "context": bench.SHAPES[shape]["context"], "updates": args.updates,
+               "every": args.every, "timeout": args.timeout}  # fmt: skip
+        per_token = flops_per_token(shape, job["context"])
+        entry: dict[str, Any] = {"shape": shape, "job": job, "rows": [], "table": ""}
+        report["shapes"].append(entry)
+        for repeat in range(1, args.repeats + 1):
+            for side in sides:  # written as each side finishes: a stopped run keeps the rest
+                row = run_side(side, job, repeat)
+                entry["rows"].append(row)
+                print(json.dumps(row)[:400], flush=True)
+                entry["table"] = table(shape, entry["rows"], per_token, peak)
+                (Path(args.out) / "train_e2e.json").write_text(json.dumps(report, indent=1))
+        print(entry["table"], flush=True)
+    return 0
+
+
+def _machine(device: str) -> dict[str, Any]:
+    import torch
+
+    out = {"device": device, "torch": torch.__version__, "commit": _commit()}
+    if device == "cuda":
+        out["gpu"] = torch.cuda.get_device_name()
+    return out
+
+
+def _commit() -> str:
+    here = Path(__file__).resolve().parent
+    proc = subprocess.run(
+        ["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True
+    )
+    return proc.stdout.strip() or "unknown (no git metadata)"
+
+
+# ---- the peers: TRL's SFTTrainer, as their users run it ---------------------------------------
+
+
+def _sft(model: Any, tokenizer: Any, job: dict[str, Any], peft_config: Any = None) -> None:
+    """Train with TRL's SFTTrainer under the shared settings, record each update's time and
+    loss and each validation's loss, and save the adapter."""
+    from datasets import load_dataset
+    from transformers import TrainerCallback
+    from trl import SFTConfig, SFTTrainer
+
+    cuda = job["device"] == "cuda"
+    data = load_dataset("json", data_files={"train": job["train"], "val": job["val"]})
+    record: dict[str, Any] = {"updates": [], "validations": []}
+
+    class Record(TrainerCallback):  # type: ignore[misc]
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            record["updates"].append([time.time(), None])
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
+            logs = logs or {}
+            if "loss" in logs and record["updates"]:
+                record["updates"][-1][1] = logs["loss"]
+            if "eval_loss" in logs:
+                record["validations"].append(logs["eval_loss"])
+
+    config = SFTConfig(
+        output_dir=f"{job['dir']}/ckpt", max_steps=job["updates"], per_device_train_batch_size=1,
+        per_device_eval_batch_size=1, gradient_accumulation_steps=1, learning_rate=bench.LR,
+        lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
+        optim="adamw_torch", bf16=cuda, use_cpu=not cuda, gradient_checkpointing=False,
+        max_length=job["context"], packing=False, dataset_text_field="text", logging_steps=1,
+        eval_strategy="steps", eval_steps=job["every"], save_strategy="steps",
+        save_steps=job["every"], report_to="none", seed=0, dataloader_num_workers=0)  # fmt: skip
+    trainer = SFTTrainer(model=model, args=config, train_dataset=data["train"],
+                         eval_dataset=data["val"], processing_class=tokenizer,
+                         peft_config=peft_config, callbacks=[Record()])  # fmt: skip
+    trainer.train()
+    trainer.save_model(f"{job['dir']}/adapter")
+    record["updates"] = [
+        [t, loss if loss is not None else float("nan")] for t, loss in record["updates"]
+    ]
+    Path(job["dir"], "record.json").write_text(json.dumps(record))
+
+
+def _lora_config() -> Any:
+    from peft import LoraConfig
+
+    return LoraConfig(r=bench.RANK, lora_alpha=bench.ALPHA, lora_dropout=0.0,
+                      target_modules=bench.TARGETS, task_type="CAUSAL_LM")  # fmt: skip
+
+
+def unsloth_worker(job: dict[str, Any]) -> None:
+    import torch
+    from unsloth import FastLanguageModel
+
+    model, tokenizer = FastLanguageModel.from_pretrained(
+        model_name=job["model"], max_seq_length=job["context"], dtype=torch.bfloat16,
+        load_in_4bit=True)  # fmt: skip
+    model = FastLanguageModel.get_peft_model(
+        model, r=bench.RANK, lora_alpha=bench.ALPHA, lora_dropout=0, target_modules=bench.TARGETS,
+        use_gradient_checkpointing=False, random_state=0)  # fmt: skip
+    _sft(model, tokenizer, job)
+
+
+def peft_worker(job: dict[str, Any]) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kwargs: dict[str, Any] = {"attn_implementation": "sdpa"}
+    if job["device"] == "cuda":
+        from transformers import BitsAndBytesConfig
+
+        kwargs.update(dtype=torch.bfloat16, device_map="cuda")
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=torch.bfloat16)  # fmt: skip
+    model = AutoModelForCausalLM.from_pretrained(job["model"], **kwargs)
+    _sft(model, AutoTokenizer.from_pretrained(job["model"]), job, _lora_config())
+
+
+WORKERS = {"unsloth": unsloth_worker, "peft": peft_worker}
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    sys.exit(main())
