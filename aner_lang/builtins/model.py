@@ -251,6 +251,14 @@ DECLARATIONS = Declarations(
                     keyword_only=True,
                 ),
                 Param("device", "Device", "auto", "where the model runs", keyword_only=True),
+                Param(
+                    "quantize_embeddings",
+                    "Bool",
+                    "false",
+                    "under nf4_double_quant, store the token embedding and lm_head as NF4 too "
+                    "(the smallest memory; QLoRA, and this default, keep them 16-bit)",
+                    keyword_only=True,
+                ),
             ),
             "Model",
             "Load a Llama 1-3.x, Mistral, Qwen2/2.5 or Qwen3 model from a GGUF file (any tensor "
@@ -260,6 +268,12 @@ DECLARATIONS = Declarations(
             examples=(
                 'let base = load_model("models/smollm2.gguf", storage: nf4_double_quant)',
                 'let qwen = load_model("models/Qwen2.5-0.5B", storage: float16)',
+            ),
+            constraints=(
+                Constraint(
+                    "not quantize_embeddings or storage == nf4_double_quant",
+                    "quantize_embeddings needs storage: nf4_double_quant",
+                ),
             ),
             native=True,
             requires=NATIVE,

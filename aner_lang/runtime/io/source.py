@@ -60,6 +60,10 @@ class TensorSource(Protocol):
         the shape the config's fields give."""
         ...
 
+    def is_bfloat16(self, weight: Weight) -> bool:
+        """Whether the source stores the tensor in bfloat16 (so 16-bit storage keeps it exact)."""
+        ...
+
 
 def expected_shape(weight: Weight, config: Any) -> tuple[int, ...]:
     return tuple(int(getattr(config, f)) for f in weight.shape)
@@ -80,6 +84,9 @@ class GGUFSource:
 
     def nbytes(self, weight: Weight) -> int:
         return self.gguf.tensors[weight.gguf].nbytes
+
+    def is_bfloat16(self, weight: Weight) -> bool:
+        return bool(self.gguf.tensors[weight.gguf].qtype.name == "BF16")
 
     def read(
         self, weight: Weight, config: Any, dtype: torch.dtype, device: torch.device
@@ -128,6 +135,7 @@ class SafetensorsSource:
         self._where: dict[str, Path] = {}
         self._shapes: dict[str, tuple[int, ...]] = {}
         self._nbytes: dict[str, int] = {}
+        self._dtypes: dict[str, str] = {}
         for shard in shards:
             file = (folder / shard).resolve()
             if folder.resolve() not in file.parents or not file.is_file():
@@ -143,6 +151,7 @@ class SafetensorsSource:
                         self._where[key] = file
                         self._shapes[key] = shape
                         self._nbytes[key] = _dtype_bytes(sl.get_dtype()) * math.prod(shape)
+                        self._dtypes[key] = sl.get_dtype().upper()
             except (OSError, SafetensorError) as exc:
                 raise AnerRuntimeError(
                     f"{file}: not a readable safetensors file ({exc})", code="E-HF-WEIGHTS"
@@ -166,6 +175,9 @@ class SafetensorsSource:
 
     def nbytes(self, weight: Weight) -> int:
         return self._nbytes[weight.hf]
+
+    def is_bfloat16(self, weight: Weight) -> bool:
+        return self._dtypes.get(weight.hf) == "BF16"
 
     def read(
         self, weight: Weight, config: Any, dtype: torch.dtype, device: torch.device

@@ -10,6 +10,12 @@ Hugging Face layout straight onto the target device, converted there to the targ
 device), and the source's copy released. Host memory stays bounded by a small multiple of the
 largest tensor, never the model. Norm weights and biases stay fp32; a norm weight that is not
 finite fails the load.
+
+Under NF4 the token embedding and `lm_head` stay 16-bit (bfloat16 where the source stores them
+so, float16 otherwise), as QLoRA keeps them in bitsandbytes, PEFT and Unsloth: they are read
+and written once per token rather than streamed through every layer, so NF4 saves little time
+there and costs accuracy (docs/models.md has the measured losses). `quantize_embeddings=True`
+stores them as NF4 too, for the smallest memory.
 """
 
 from __future__ import annotations
@@ -67,12 +73,17 @@ def _frozen_linear(storage: str) -> Any:
     return lambda w: NF4Linear(quantize_nf4(w))
 
 
+EMBEDDINGS = ("embed_tokens", "lm_head")
+"""The weights (`Weight.name`) an NF4 base keeps 16-bit unless told to quantize them."""
+
+
 def read_weights(
     source: TensorSource,
     config: ModelConfig,
     storage: str,
     device: torch.device,
     label: str = "",
+    quantize_embeddings: bool = False,
 ) -> dict[str, Any]:
     """Every weight of the model, by `Weight.name`, in its final storage on `device`.
 
@@ -85,6 +96,10 @@ def read_weights(
     for w in weights:
         source.check(w, config)
     linear = _frozen_linear(storage)
+
+    def sixteen_bit(name: str) -> bool:
+        return storage == "nf4_double_quant" and not quantize_embeddings and name in EMBEDDINGS
+
     linear_dtype = torch.float16 if storage == "float16" else torch.float32
     progress = Progress(
         label or f"loading {source.path.name}", sum(map(source.nbytes, weights)), len(weights)
@@ -101,7 +116,9 @@ def read_weights(
                     code="E-MODEL-WEIGHTS",
                     notes=("the file is damaged; download or convert it again",),
                 )
-            if w.kind is Kind.LINEAR:
+            if w.kind is Kind.LINEAR and sixteen_bit(w.name):
+                out[w.name] = DenseLinear(t, "bfloat16" if source.is_bfloat16(w) else "float16")
+            elif w.kind is Kind.LINEAR:
                 out[w.name] = linear(t)
             elif w.kind is Kind.NORM:
                 out[w.name] = RMSNorm(t, config.rms_norm_eps)
@@ -193,9 +210,14 @@ def describe(
     return source, config, tokenizer, metadata, rope
 
 
-def load_model(path: str | Path, storage: str = "float32", device: str = "auto") -> LoadedModel:
+def load_model(
+    path: str | Path,
+    storage: str = "float32",
+    device: str = "auto",
+    quantize_embeddings: bool = False,
+) -> LoadedModel:
     """Read a GGUF file or a Hugging Face folder into a `LoadedModel` with the given storage on
-    the given device, one tensor at a time."""
+    the given device, one tensor at a time (`quantize_embeddings`: see the module docstring)."""
     if storage not in STORAGES:
         raise AnerRuntimeError(
             f"unknown storage {storage!r}; expected one of {', '.join(STORAGES)}", code="E-STORAGE"
@@ -203,7 +225,8 @@ def load_model(path: str | Path, storage: str = "float32", device: str = "auto")
     dev = resolve_device(device)
     path = Path(path)
     source, config, tokenizer, metadata, rope = describe(path)
-    module = assemble(config, read_weights(source, config, storage, dev), rope)
+    weights = read_weights(source, config, storage, dev, quantize_embeddings=quantize_embeddings)
+    module = assemble(config, weights, rope)
     module.eval().to(dev)
     return LoadedModel(
         module=module,
@@ -229,6 +252,8 @@ def model_file(ctx: ExecContext, path: str) -> Path:
     return packaged_model(path)
 
 
-def load_model_builtin(ctx: ExecContext, path: str, storage: str, device: str) -> LoadedModel:
-    """Builtin `load_model(path, storage:, device:)`."""
-    return load_model(model_file(ctx, path), storage=storage, device=device)
+def load_model_builtin(
+    ctx: ExecContext, path: str, storage: str, device: str, quantize_embeddings: bool
+) -> LoadedModel:
+    """Builtin `load_model(path, storage:, device:, quantize_embeddings:)`."""
+    return load_model(model_file(ctx, path), storage, device, quantize_embeddings)

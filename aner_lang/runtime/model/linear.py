@@ -16,7 +16,9 @@ class FrozenLinear(nn.Module):
     """A frozen `[out_features, in_features]` weight used as `x @ W^T` or as an embedding table."""
 
     storage: str
-    """The Storage member name this module keeps its weight in ("float32", "nf4_double_quant")."""
+    """What this module keeps its weight in: a Storage member name ("float32", "float16",
+    "nf4_double_quant"), or "bfloat16" for the 16-bit embedding and `lm_head` of an NF4 base
+    whose source stores them in bfloat16."""
 
     def __init__(self, in_features: int, out_features: int) -> None:
         super().__init__()
@@ -50,15 +52,16 @@ class FrozenLinear(nn.Module):
         )
 
 
-_STORAGE_DTYPES = {"float32": torch.float32, "float16": torch.float16}
+_STORAGE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 class DenseLinear(FrozenLinear):
-    """A plain float32 or float16 weight.
+    """A plain float32, float16 or bfloat16 weight.
 
     The weight is an `nn.Parameter` with `requires_grad=False`, so the `full` method can make it
-    trainable in place. Inputs are computed in the input's dtype; a float16 weight used with a
-    float32 input is upcast per call (float16 storage halves memory, not precision of activations).
+    trainable in place. Inputs are computed in the input's dtype; a 16-bit weight used with an
+    input of another dtype is converted per call (16-bit storage halves memory, not the precision
+    of activations).
     """
 
     def __init__(self, weight: torch.Tensor, storage: str = "float32") -> None:

@@ -102,13 +102,17 @@ def _mean_loss(adapter: Any, data: Dataset, micro_batch: int, profile: Profile) 
 
 def run_identity(adapter: Any, profile: Profile, backend: NF4Backend) -> str:
     """What a run's numbers depend on besides its inputs: the NF4 kernel's identity (or the dense
-    base's), torch, the device, fp32 masters. Recorded in every state and checkpoint; continuing
+    base's) and how an NF4 base stores its embedding and `lm_head`, torch, the device, fp32
+    masters. Recorded in every state and checkpoint; continuing
     a state under a different identity would not be bit-identical, so `train` refuses it."""
     device = adapter.device
     base = adapter.base.module
     dtype = DTYPES[profile.precision]
     nf4 = any(getattr(m, "storage", None) == "nf4_double_quant" for m in base.modules())
-    kernel = backend.identity(device, dtype) if nf4 else f"aner.dense/1;compute={profile.precision}"
+    if nf4:
+        kernel = f"{backend.identity(device, dtype)};embeddings={base.embed_tokens.storage}"
+    else:
+        kernel = f"aner.dense/1;compute={profile.precision}"
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     identity = f"{kernel};torch={torch.__version__};device={where};masters=float32"
     if dtype != torch.float32:

@@ -38,6 +38,15 @@ HELD_OUT_TEXTS = (
 
 @pytest.fixture(scope="module")
 def nf4_model(smollm2_path: Path):
+    """The reference's QLoRA base: every matrix NF4, the embedding (tied lm_head) included."""
+    return load_model(
+        smollm2_path, storage="nf4_double_quant", device="cpu", quantize_embeddings=True
+    )
+
+
+@pytest.fixture(scope="module")
+def nf4_default(smollm2_path: Path):
+    """The default NF4 base: the embedding and lm_head stay 16-bit, as QLoRA keeps them."""
     return load_model(smollm2_path, storage="nf4_double_quant", device="cpu")
 
 
@@ -89,6 +98,26 @@ def test_memory_report_of_adapters_matches_the_reference_lora(nf4_model) -> None
     assert (fa.trainable, fa.optimizer) == (460_800 - frozen_a, 2 * (460_800 - frozen_a))
 
 
+def test_default_nf4_keeps_the_embedding_and_head_16_bit(
+    nf4_default, nf4_model, real_model
+) -> None:
+    embed = nf4_default.module.embed_tokens
+    assert isinstance(embed, DenseLinear) and embed.weight.dtype == torch.float16  # a GGUF source
+    assert nf4_default.module.lm_head is embed  # still tied: one table
+    nf4_layers = {id(m) for m in nf4_default.module.modules() if isinstance(m, NF4Linear)}
+    assert len(nf4_layers) == 30 * 7
+    # the 16-bit table is the file's embedding to fp16 rounding, and the memory report counts it
+    # as floating weights beside the same packed projections
+    table = real_model.module.embed_tokens.dense_weight()
+    assert torch.allclose(embed.dense_weight(), table, rtol=1e-3, atol=1e-6)
+    ours, ref = memory_report(nf4_default), memory_report(nf4_model)
+    rows, hidden = table.shape
+    assert ours.floating_base == ref.floating_base + 2 * rows * hidden
+    assert (
+        ours.packed_base == ref.packed_base - nf4_model.module.embed_tokens.nbytes()["packed_base"]
+    )
+
+
 def test_nf4_logits_match_dequantize_then_dense(nf4_model) -> None:
     ids = torch.tensor([nf4_model.tokenizer.encode(HELD_OUT)])
     with torch.no_grad():
@@ -100,15 +129,16 @@ def test_nf4_logits_match_dequantize_then_dense(nf4_model) -> None:
 @pytest.mark.xfail(
     strict=True,
     reason=(
-        "SmolLM2 ships as Q4_1: re-quantizing its already 4-bit weights (embedding included) to NF4 "
-        "costs 2.0-18% validation loss on held-out English (8.0% on these three texts together); "
-        "the 2% target needs a 16-bit source GGUF. Strict: this fails once the target is met."
+        "SmolLM2 ships as Q4_1: re-quantizing its already 4-bit projections to NF4 costs 5.2% "
+        "validation loss on these three held-out texts together with the embedding kept 16-bit "
+        "(8.0% with it in NF4 too); the 2% target needs a 16-bit source GGUF. Strict: this fails "
+        "once the target is met."
     ),
 )
-def test_nf4_validation_loss_within_two_percent_of_fp32(nf4_model, real_model) -> None:
+def test_nf4_validation_loss_within_two_percent_of_fp32(nf4_default, real_model) -> None:
     data = from_texts(list(HELD_OUT_TEXTS), 128)
     fp32 = evaluate(real_model, data).loss
-    nf4 = evaluate(nf4_model, data).loss
+    nf4 = evaluate(nf4_default, data).loss
     assert math.isfinite(nf4) and nf4 < 1.25 * fp32  # finite and close, whatever the target
     assert abs(nf4 - fp32) <= 0.02 * fp32
 
