@@ -82,6 +82,6 @@ async def check(ls: AnerServer, uri: str, snap: Snapshot) -> Checked | None:
         )
     except Exception as e:
         log.exception("the file checks of %s failed", analysis.path)
-        message = failure_message(f"checking the files {analysis.path} reads", e)
+        message = failure_message(f"to check the files {analysis.path} reads", e)
     ls.window_log_message(lsp.LogMessageParams(lsp.MessageType.Warning, message))
     return Checked(analysis.source)

@@ -28,6 +28,7 @@ import logging
 import os
 import re
 import threading
+import traceback
 from typing import TYPE_CHECKING, Any
 
 from lsprotocol import types as lsp
@@ -57,8 +58,10 @@ _HEADER = re.compile(rb"Content-Length: *(\d+)\r?\n\Z", re.IGNORECASE)
 
 def failure_message(what: str, error: BaseException | str) -> str:
     """The one line the client is told when the server fails at `what` (its own bug, not the
-    user's): the error's first line, bounded, and where the details are."""
-    lines = str(error).strip().splitlines() or [type(error).__name__]
+    user's): the error's first line (with its type), bounded, and where the details are."""
+    if isinstance(error, BaseException) and not isinstance(error, JsonRpcException):
+        error = "".join(traceback.format_exception_only(error))
+    lines = str(error).strip().splitlines() or ["no message"]
     text = lines[0][:MAX_FAILURE_CHARS]
     return (
         f"the Aner language server failed {what}: {text} (a bug in the server; its log, on "
