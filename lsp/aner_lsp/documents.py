@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -27,6 +28,7 @@ from aner_lsp.transport import BoundedServer
 
 if TYPE_CHECKING:
     from aner_lang.check import Analysis
+    from aner_lsp.file_checks import Checked
 
 
 ANALYSIS_LIMIT = 1 << 20
@@ -65,7 +67,12 @@ class AnerServer(BoundedServer):
         super().__init__("aner-lsp", __version__)
         self.snapshots: dict[str, Snapshot] = {}
         self.pending: dict[str, asyncio.Task[None]] = {}
-        """The debounced background analysis of each buffer with unanalysed edits."""
+        """The debounced background analysis and file checks of each buffer with edits not yet
+        analysed or checked."""
+        self.checked: dict[str, Checked] = {}
+        """The last file checks of each buffer (`file_checks`)."""
+        self.file_checks = ThreadPoolExecutor(1, thread_name_prefix="aner-file-checks")
+        """The one thread the file checks run on, one after the other."""
 
     def document(self, uri: str) -> TextDocument:
         """The open buffer `uri`. Requests are answered about open buffers only: pygls would read

@@ -8,11 +8,13 @@ it). Cursor context always comes from the live text."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from aner_lang.check.analysis import Analysis, Definition
     from aner_lang.check.types import Type
+    from aner_lang.grammar.ast import Span
 
 
 class AnalysisView(Protocol):
@@ -56,23 +58,43 @@ def _common_suffix(a: str, b: str, limit: int) -> int:
     return lo
 
 
+class Edit:
+    """Where `new` text differs from `old`: one replaced stretch, `old[prefix:old_end]` by
+    `new[prefix:new_end]` (the common prefix and suffix around it are unchanged)."""
+
+    def __init__(self, old: str, new: str) -> None:
+        self.prefix = _common_prefix(old, new)
+        suffix = _common_suffix(old, new, min(len(old), len(new)) - self.prefix)
+        self.old_end = len(old) - suffix
+        self.new_end = len(new) - suffix
+        self.delta = len(new) - len(old)
+
+    def to_old(self, offset: int) -> int:
+        """A `new` offset in `old`: after the edit (checked first: at a deletion's point the text
+        after it is meant), before it, or inside it (its start)."""
+        if offset >= self.new_end:
+            return offset - self.delta
+        return offset if offset <= self.prefix else self.prefix
+
+    def span_to_new(self, span: Span) -> Span | None:
+        """An `old` span in `new` (its offsets: line and column are left as they were), or None
+        when the edit touches its inside."""
+        if span.end <= self.prefix:
+            return span
+        if span.start >= self.old_end:
+            return replace(span, start=span.start + self.delta, end=span.end + self.delta)
+        return None
+
+
 class ShiftedAnalysis:
     """An `Analysis` of `old` text, queried with offsets into the `new` text."""
 
     def __init__(self, analysis: Analysis, new: str) -> None:
-        old = analysis.source
         self._analysis = analysis
-        self._prefix = _common_prefix(old, new)
-        suffix = _common_suffix(old, new, min(len(old), len(new)) - self._prefix)
-        self._new_end = len(new) - suffix
-        self._delta = len(new) - len(old)
+        self._edit = Edit(analysis.source, new)
 
     def map(self, offset: int) -> int:
-        """After the edit (checked first: at a deletion's point the text after it is meant),
-        before it, or inside it."""
-        if offset >= self._new_end:
-            return offset - self._delta
-        return offset if offset <= self._prefix else self._prefix
+        return self._edit.to_old(offset)
 
     def scope_at(self, offset: int) -> dict[str, Definition]:
         return self._analysis.scope_at(self.map(offset))

@@ -11,8 +11,13 @@ pygls reads `Content-Length` frames and dispatches them; three things around it 
   exits with status 1, as it cannot tell where the next frame starts without reading the whole
   body (the exit is immediate: the thread blocked reading stdin is not waited for).
 * Every request gets an answer: one whose parameters do not fit the method's schema gets an
-  InvalidParams error (pygls would log and drop it), and no error reply carries a Python
-  traceback (pygls puts one in an internal error's `data`); the log keeps it.
+  InvalidParams error (pygls would log and drop it).
+* Nothing sent to the client carries a Python traceback: a failure of the server itself (a
+  request handler's, a notification handler's, a background task's) reaches the client as one
+  line (`failure_message`: what failed, the error's first line, that it is a bug whose details are
+  in the server's log) in the error reply, or, where there is no reply, in a `window/showMessage`.
+  pygls would put the traceback in an internal error's `data` and a notification's exception text
+  in a message; the traceback goes to the server's log (stderr) instead.
 """
 
 from __future__ import annotations
@@ -23,10 +28,17 @@ import logging
 import os
 import re
 import threading
+import traceback
 from typing import TYPE_CHECKING, Any
 
+from lsprotocol import types as lsp
 from lsprotocol.types import ResponseError
-from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams
+from pygls.exceptions import (
+    FeatureRequestError,
+    JsonRpcException,
+    JsonRpcInternalError,
+    JsonRpcInvalidParams,
+)
 from pygls.io_ import StdinAsyncReader
 from pygls.lsp.server import LanguageServer
 from pygls.protocol import LanguageServerProtocol
@@ -39,7 +51,22 @@ log = logging.getLogger(__name__)
 MAX_MESSAGE_BYTES = 64 << 20
 """The longest frame read: a whole 8 MiB script (`files.SCRIPT_LIMIT`) JSON-escaped fits."""
 MAX_LINE_BYTES = 1 << 16
+MAX_FAILURE_CHARS = 200
+"""The longest error text quoted in a failure message."""
 _HEADER = re.compile(rb"Content-Length: *(\d+)\r?\n\Z", re.IGNORECASE)
+
+
+def failure_message(what: str, error: BaseException | str) -> str:
+    """The one line the client is told when the server fails at `what` (its own bug, not the
+    user's): the error's first line (with its type), bounded, and where the details are."""
+    if isinstance(error, BaseException) and not isinstance(error, JsonRpcException):
+        error = "".join(traceback.format_exception_only(error))
+    lines = str(error).strip().splitlines() or ["no message"]
+    text = lines[0][:MAX_FAILURE_CHARS]
+    return (
+        f"the Aner language server failed {what}: {text} (a bug in the server; its log, on "
+        f"stderr, has the details)"
+    )
 
 
 class _Answered:
@@ -71,8 +98,10 @@ class AnerProtocol(LanguageServerProtocol):
     def _send_response(
         self, msg_id: Any, result: Any = None, error: ResponseError | None = None
     ) -> None:
-        if error is not None and error.data is not None:
-            error = ResponseError(code=error.code, message=error.message.splitlines()[0][:200])
+        if error is not None and error.code == JsonRpcInternalError.CODE:
+            error = ResponseError(error.code, failure_message("to answer a request", error.message))
+        elif error is not None and error.data is not None:
+            error = ResponseError(error.code, error.message)
         super()._send_response(msg_id, result, error)
 
 
@@ -130,6 +159,24 @@ class BoundedServer(LanguageServer):
 
     def __init__(self, name: str, version: str) -> None:
         super().__init__(name, version, protocol_cls=AnerProtocol)
+
+    def report_server_error(self, error: BaseException, source: Any) -> None:
+        """A failure outside a request's reply (a notification handler's, sending a message):
+        reported by `report_failure`. A request's failure is told in its error reply."""
+        if source is not FeatureRequestError:
+            self.report_failure("to handle a notification", error)
+
+    def report_failure(self, what: str, error: BaseException) -> None:
+        """The traceback of a failure at `what` to the log, one line (`failure_message`) to the
+        user."""
+        data = error.data if isinstance(error, JsonRpcException) else None
+        if isinstance(data, dict) and "traceback" in data:  # pygls's, formatted
+            log.error("%s\n%s", error, "".join(data["traceback"]))
+        else:
+            log.error("%s", error, exc_info=(type(error), error, error.__traceback__))
+        self.window_show_message(
+            lsp.ShowMessageParams(lsp.MessageType.Error, failure_message(what, error))
+        )
 
     def _start_io_async(self, stdin: Any = None, stdout: Any = None) -> None:
         import sys

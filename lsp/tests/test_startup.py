@@ -1,5 +1,5 @@
 """The server starts fast, loads the parser and checker only after start-up, and never imports
-torch, cupy or numpy."""
+torch, cupy or numpy (not even for the file checks)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,9 @@ from aner_lsp.positions import LineIndex
 text = 'let m = load_model("m.gguf")\\nlet a = lora(m, '
 completion.completion(analyze(text), text, len(text), None)
 hover.hover(analyze(text), text.index("lora"), LineIndex(text))
+from aner_lang.check.surroundings import surroundings  # the server's file checks
+script = 'let m = load_model("m.gguf", device: cuda)\\nlet d = load_jsonl("d.jsonl", field: "t")\\n'
+assert surroundings(analyze(script, "/nonexistent/s.aner"), before_running=False)
 print(any(m in sys.modules for m in ("torch", "cupy", "numpy")))
 """
 
@@ -24,7 +27,8 @@ print(any(m in sys.modules for m in ("torch", "cupy", "numpy")))
 def test_server_starts_fast_without_torch():
     """Import the server as `aner lsp` does and count the CPU it costs (wall time on this shared
     2-core box mostly measures the other jobs). Registering the features must not load the
-    checker (it loads after `initialize` is answered); answering must not load torch or cupy."""
+    checker (it loads after `initialize` is answered); answering and the file checks must not
+    load torch or cupy."""
     out = subprocess.run(
         [sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=60
     ).stdout.split()
