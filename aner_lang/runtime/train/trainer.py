@@ -39,6 +39,7 @@ from __future__ import annotations
 import math
 import os
 import signal
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -80,10 +81,21 @@ def set_deterministic(device: torch.device) -> None:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cudnn.benchmark = False
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    deterministic_algorithms()
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
         torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+
+
+def deterministic_algorithms() -> None:
+    """`torch.use_deterministic_algorithms(True, warn_only=True)` without its import of
+    `torch._inductor.config`, which loads dynamo, sympy and FSDP (about 2.5 s) for a flag only
+    inductor-compiled code reads. Aner compiles nothing with inductor; where something else has
+    loaded the config already, its flag is set as torch would."""
+    torch._C._set_deterministic_algorithms(True, warn_only=True)
+    inductor = sys.modules.get("torch._inductor.config")
+    if inductor is not None:
+        inductor.deterministic = True
 
 
 def _mean_loss(adapter: Any, data: Dataset, micro_batch: int, profile: Profile) -> float:
