@@ -84,43 +84,32 @@ def test_the_loop_runs_on_while_a_checkpoint_is_written(tiny_model, tmp_path, mo
         assert torch.equal(ck.tensors[key], t), key
 
 
-def test_best_is_a_second_name_for_the_checkpoint_files(tiny_model, tmp_path):
+@pytest.mark.parametrize("every, learning_rate", [(1, 1e-3), (4, 0.3)])
+def test_best_is_a_second_name_for_its_checkpoint_files(tiny_model, tmp_path, every, learning_rate):
+    """Small steps on the data it validates on improve every update, so the best is the latest
+    checkpoint and shares its files; large ones overshoot, so the best comes before the only
+    checkpoint (after update 4) and is written on its own."""
     c = tmp_path / "c"
     data = from_texts(TEXTS, 16)
     run = train(
         _adapter(tiny_model),
         data,
         Profile(),
-        steps=3,
-        learning_rate=1e-3,
+        steps=4,
+        learning_rate=learning_rate,
         validation=data,
         eval_every=1,
         checkpoints=str(c),
-        checkpoint_every=1,
+        checkpoint_every=every,
     )
-    assert run.best_update == 3  # each small step on the data it validates on improves it
     latest, best = checkpoint.load(c), checkpoint.load(c / "best")
-    assert latest.updates == best.updates == 3
-    for name in ("tensors.safetensors", "state.json", "manifest.json"):
-        assert os.path.samefile(latest.folder / name, best.folder / name)
-
-
-def test_a_best_between_checkpoints_is_written_on_its_own(tiny_model, tmp_path):
-    c = tmp_path / "c"
-    data = from_texts(TEXTS, 16)
-    run = train(
-        _adapter(tiny_model),
-        data,
-        Profile(),
-        steps=3,
-        learning_rate=1e-3,
-        validation=data,
-        eval_every=1,
-        checkpoints=str(c),
-        checkpoint_every=2,
-    )
-    assert run.best_update == 3 and checkpoint.load(c / "best").updates == 3
-    assert checkpoint.load(c).updates == 3
+    assert latest.updates == 4 and best.updates == run.best_update
+    shared = [
+        os.path.samefile(latest.folder / name, best.folder / name)
+        for name in ("tensors.safetensors", "state.json", "manifest.json")
+    ]
+    assert shared == [run.best_update == 4] * 3
+    assert (run.best_update == 4) == (every == 1)
 
 
 def test_a_failed_write_is_an_aner_error_and_no_thread_is_left(tiny_model, tmp_path):
