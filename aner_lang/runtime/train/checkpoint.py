@@ -39,18 +39,19 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 from safetensors.torch import load as st_load
-from safetensors.torch import save as st_save
 
 from aner_lang import files
 from aner_lang.errors import AnerRuntimeError
 from aner_lang.runtime.adapters import adapter_from_state
 from aner_lang.runtime.io.fingerprint import fingerprint
+from aner_lang.runtime.io.tensor_file import TensorFile
 from aner_lang.runtime.load.loader import load_model
 from aner_lang.runtime.train.state import TrainState
 
@@ -148,6 +149,45 @@ def _identity(meta: dict[str, Any], base_path: str | Path | None) -> dict[str, A
     }
 
 
+@dataclass(frozen=True)
+class _Contents:
+    """A checkpoint ready to be written: its files' contents, manifest and folder name."""
+
+    name: str
+    tensors: TensorFile
+    state: bytes
+    manifest: bytes
+    manifest_sha: str
+
+
+def _hash(chunks: Iterable[memoryview | bytes]) -> str:
+    digest = hashlib.sha256()
+    for chunk in chunks:
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _contents(state: CheckpointState, base_path: str | Path | None) -> _Contents:
+    meta = state.to_json()
+    tensors = TensorFile({k: v.detach().contiguous().cpu() for k, v in state.to_tensors().items()})
+    state_bytes = _json_bytes(meta)
+    updates = int((meta.get("counters") or {}).get("updates", 0))
+    manifest = {
+        "format": FORMAT,
+        "version": VERSION,
+        "updates": updates,
+        "identity": _identity(meta, base_path),
+        "files": {
+            TENSORS: {"bytes": tensors.size, "sha256": _hash(tensors.chunks())},
+            STATE: {"bytes": len(state_bytes), "sha256": _hash([state_bytes])},
+        },
+    }
+    manifest_bytes = _json_bytes(manifest)
+    manifest_sha = hashlib.sha256(manifest_bytes).hexdigest()
+    name = f"{_PREFIX}{updates:06d}-{manifest_sha[:12]}"
+    return _Contents(name, tensors, state_bytes, manifest_bytes, manifest_sha)
+
+
 def save(
     directory: str | Path,
     state: CheckpointState,
@@ -158,35 +198,59 @@ def save(
     """Write `state` as the new latest checkpoint under `directory`; return its folder.
 
     `keep` older checkpoints are kept besides the new one (they are removed only after the new
-    one is published). Never writes the frozen base: only what `state.to_tensors()` holds.
+    one is published). Never writes the frozen base: only what `state.to_tensors()` holds. The
+    tensors file is read back and hashed before the folder is renamed into place.
     """
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
-    meta = state.to_json()
-    tensors = {k: v.detach().contiguous().cpu() for k, v in state.to_tensors().items()}
-    contents = {TENSORS: st_save(tensors), STATE: _json_bytes(meta)}
-    updates = int((meta.get("counters") or {}).get("updates", 0))
-    manifest = {
-        "format": FORMAT,
-        "version": VERSION,
-        "updates": updates,
-        "identity": _identity(meta, base_path),
-        "files": {
-            n: {"bytes": len(b), "sha256": hashlib.sha256(b).hexdigest()}
-            for n, b in contents.items()
-        },
-    }
-    manifest_bytes = _json_bytes(manifest)
-    manifest_sha = hashlib.sha256(manifest_bytes).hexdigest()
-    name = f"{_PREFIX}{updates:06d}-{manifest_sha[:12]}"
+    contents = _contents(state, base_path)
+
+    def fill(tmp: Path) -> None:
+        with open(tmp / TENSORS, "wb") as f:
+            contents.tensors.write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        _write_durable(tmp / STATE, contents.state)
+        _write_durable(tmp / MANIFEST, contents.manifest)
+        manifest = json.loads(contents.manifest)
+        _verified_bytes(tmp, tmp, TENSORS, manifest["files"][TENSORS])
+
+    return _publish(root, contents.name, contents.manifest_sha, fill, keep)
+
+
+def publish_copy(directory: str | Path, folder: Path) -> Path:
+    """Make the checkpoint `folder` (written by `save` in another directory of the same file
+    system) the latest and only checkpoint of `directory`, through hard links to its files: the
+    same bytes under a second name, not a second copy. Where the file system refuses a link the
+    files are copied. Returns the new folder."""
+    root = Path(directory)
+    root.mkdir(parents=True, exist_ok=True)
+    manifest_sha = hashlib.sha256(files.read_bytes(folder / MANIFEST, JSON_LIMIT)).hexdigest()
+
+    def fill(tmp: Path) -> None:
+        for name in (TENSORS, STATE, MANIFEST):
+            try:
+                os.link(folder / name, tmp / name)
+            except OSError:
+                shutil.copyfile(folder / name, tmp / name)
+                with open(tmp / name, "rb+") as f:
+                    os.fsync(f.fileno())
+
+    return _publish(root, folder.name, manifest_sha, fill, keep=0)
+
+
+def _publish(
+    root: Path, name: str, manifest_sha: str, fill: Callable[[Path], None], keep: int
+) -> Path:
+    """Create the checkpoint folder `name` under `root` (unless it is there: the same name means
+    byte-identical content) by `fill`ing a temporary folder and renaming it, then point
+    `latest.json` at it and prune (see the module docstring)."""
     final = root / name
-    if not final.is_dir():  # the same name means byte-identical content already on disk
+    if not final.is_dir():
         tmp = root / f".{name}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        for n, b in contents.items():
-            _write_durable(tmp / n, b)
-        _write_durable(tmp / MANIFEST, manifest_bytes)
+        fill(tmp)
         _fsync_dir(tmp)
         os.replace(tmp, final)
         _fsync_dir(root)

@@ -103,12 +103,9 @@ class RunControl:
         except OSError:  # the supervisor is gone: training goes on, its checkpoints still count
             pass
 
-    def save(self, state: TrainState) -> Path:
-        """Write `state` as the latest checkpoint of this call's directory (and say so)."""
-        assert self.checkpoints is not None
-        folder = checkpoint.save(self.checkpoints, state)
-        self.emit({"event": "checkpoint", "update": state.updates, "path": str(folder)})
-        return folder
+    def checkpointed(self, folder: Path, updates: int) -> None:
+        """Tell the job's supervisor that the checkpoint of update `updates` is in `folder`."""
+        self.emit({"event": "checkpoint", "update": updates, "path": str(folder)})
 
     def stopped(self, updates: int, steps: int, saved: Path | None) -> RunStopped:
         """The exception that ends a run stopped after update `updates`."""

@@ -39,7 +39,9 @@ from __future__ import annotations
 import math
 import os
 import signal
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -47,6 +49,7 @@ from typing import Any
 import torch
 
 from aner_lang.errors import AnerRuntimeError
+from aner_lang.runtime.io.process_clock import seconds_running
 from aner_lang.runtime.io.world import once, world
 from aner_lang.runtime.model import fused_ops
 from aner_lang.runtime.model.activations import ActivationPolicy, keeping
@@ -55,7 +58,8 @@ from aner_lang.runtime.model.sections import section
 from aner_lang.runtime.nf4.backends import NF4Backend, using_backend
 from aner_lang.runtime.tasks.batches import collate
 from aner_lang.runtime.tasks.data import Dataset
-from aner_lang.runtime.train import checkpoint, control
+from aner_lang.runtime.train import control
+from aner_lang.runtime.train.checkpoint_writer import CheckpointWriter, Written
 from aner_lang.runtime.train.distributed import Parallel, for_run
 from aner_lang.runtime.train.graphs import GraphSteps, eligibility
 from aner_lang.runtime.train.loss_scale import LossScaler
@@ -80,10 +84,21 @@ def set_deterministic(device: torch.device) -> None:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cudnn.benchmark = False
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    deterministic_algorithms()
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
         torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+
+
+def deterministic_algorithms() -> None:
+    """`torch.use_deterministic_algorithms(True, warn_only=True)` without its import of
+    `torch._inductor.config`, which loads dynamo, sympy and FSDP (about 2.5 s) for a flag only
+    inductor-compiled code reads. Aner compiles nothing with inductor; where something else has
+    loaded the config already, its flag is set as torch would."""
+    torch._C._set_deterministic_algorithms(True, warn_only=True)
+    inductor = sys.modules.get("torch._inductor.config")
+    if inductor is not None:
+        setattr(inductor, "deterministic", True)  # noqa: B010 (a module attribute torch sets)
 
 
 def _mean_loss(adapter: Any, data: Dataset, micro_batch: int, profile: Profile) -> float:
@@ -246,7 +261,8 @@ def train(
     progress = Progress(total, loop.counters.updates) if main else None
     start = time.perf_counter()
     stop = "done"
-    saved: Path | None = None
+    best_dir = Path(checkpoints) / BEST if checkpoints else None
+    writer = CheckpointWriter(_reporter(run_control))
     try:
         first = loop.start_event(data)
         events.add(first)
@@ -263,7 +279,6 @@ def train(
                     event.update(loop.validate(validation))
                     if checkpoints and loop.best()[0] == updates:
                         state = loop.snapshot()
-                        once(checkpoint.save, Path(checkpoints) / BEST, state, keep=0)
                     if patience and loop.validations_since_best() >= patience:
                         loop.counters.stopped_early = True
                         stop = "early_stopping"
@@ -274,25 +289,46 @@ def train(
                 if progress is not None:
                     progress.update(event)
                 end = done or stop != "done"
-                if end or (checkpoints and checkpoint_every and updates % checkpoint_every == 0):
+                due = end or bool(
+                    checkpoints and checkpoint_every and updates % checkpoint_every == 0
+                )
+                if due:
                     adapter.state = state or loop.snapshot()
-                    if checkpoints:
-                        saved = once(run_control.save, adapter.state)
+                written = adapter.state if due else state
+                if main and checkpoints and written is not None:
+                    writer.submit(
+                        checkpoints if due else None,
+                        written,
+                        best_dir if state is not None else None,
+                    )
                 if end:
                     break
+        once(writer.close)  # the last checkpoint is on disk before the run's end is logged
         events.add(loop.end_event(stop, time.perf_counter() - start))
         parallel.finish()  # not after a failure: the other ranks may never reach its collectives
     finally:
+        writer.abandon()
         loop.steps.release()
         adapter.train_mode(False)
         events.close()
         if progress is not None:
             progress.close(loop.summary(stop, time.perf_counter() - start))
+    saved = writer.last.folder if writer.last is not None else None
     if stop == "interrupted":  # Ctrl-C: exit 130 with how to continue; SIGTERM: RunStopped
         if run_control.stop_signal == signal.SIGINT:
             raise KeyboardInterrupt(_resume_hint(loop.counters.updates, total, saved, checkpoints))
         raise run_control.stopped(loop.counters.updates, total, saved)
     return loop.result(time.perf_counter() - start, log_path, stop)
+
+
+def _reporter(run_control: control.RunControl) -> Callable[[Written], None]:
+    """What a published checkpoint is reported as: a `checkpoint` event to a job's supervisor."""
+
+    def report(written: Written) -> None:
+        if written.latest:
+            run_control.checkpointed(written.folder, written.updates)
+
+    return report
 
 
 def _examples(data: Dataset, tokenizer: Any, objective: Objective | None) -> list[Any]:
@@ -379,8 +415,13 @@ class _Loop:
         if objective is not None:
             off = f"the {objective.name} objective runs its steps eagerly"
         self.steps = GraphSteps(self._forward_backward, [p for _, p in self.params], off)
-        self.started = time.perf_counter()
         self.tokens_seen = 0
+        self.startup: float | None = None
+        """Seconds from the process start to the end of this call's first update."""
+        self.steady = [0, 0.0]
+        """Tokens and seconds of the updates after the first: the training throughput, apart
+        from the start-up (imports, loading, warm-up, graph recording) and from validations
+        and checkpoints."""
 
     def start_event(self, data: Dataset) -> dict[str, Any]:
         o = self.options
@@ -458,9 +499,20 @@ class _Loop:
         c.updates += 1
         self.adapter.train_mode(False)
         self.tokens_seen += tokens
+        seconds = time.perf_counter() - began
+        if self.startup is None:
+            self.startup = seconds_running()
+        else:
+            self.steady[0] += tokens
+            self.steady[1] += seconds
         event["epoch"] = self.cursor.epochs
-        event["tokens_per_second"] = tokens / max(time.perf_counter() - began, 1e-9)
+        event["tokens_per_second"] = tokens / max(seconds, 1e-9)
         return event
+
+    def training_tokens_per_second(self) -> float | None:
+        """Tokens per second of the updates after the first (None with one update)."""
+        tokens, seconds = self.steady
+        return tokens / max(seconds, 1e-9) if tokens else None
 
     def _window(self) -> tuple[torch.Tensor, int, int]:
         """Forward/backward this rank's share of one accumulation window; returns its loss (on
@@ -575,6 +627,8 @@ class _Loop:
             "seconds": seconds,
             "best_update": best_update,
             "best_validation_loss": best_loss,
+            "startup_seconds": self.startup,
+            "training_tokens_per_second": self.training_tokens_per_second(),
         }
 
     def summary(self, stop: str, seconds: float) -> str:
@@ -593,7 +647,12 @@ class _Loop:
                 f"validation loss {c.validation_history[-1][1]:.4f} "
                 f"(best {best_loss:.4f} at update {best_update})"
             )
-        parts.append(f"{self.tokens_seen / max(seconds, 1e-9):.0f} tokens/s")
+        if self.startup is not None:
+            parts.append(f"start-up {self.startup:.1f} s")
+        steady = self.training_tokens_per_second()
+        if steady is not None:
+            parts.append(f"{steady:.0f} tokens/s training")
+        parts.append(f"{self.tokens_seen / max(seconds, 1e-9):.0f} tokens/s overall")
         return ", ".join(parts)
 
     def result(self, seconds: float, log_path: str | None, stop: str) -> Run:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from datetime import datetime
 
 import pytest
@@ -70,6 +71,12 @@ def test_epochs_set_the_length_and_events_carry_what_to_watch(tiny_model, tmp_pa
         assert u["scored_tokens"] < u["tokens"] <= start["tokens_per_update"]
     assert [("validation_loss" in u) for u in updates] == [True, True, True]
     assert end["stopped"] == "done" and end["best_update"] == run.best_update
+    # start-up (the process so far, up to the first update's end) apart from the throughput of
+    # the later updates, which counts their tokens only
+    assert end["startup_seconds"] > 0 and end["training_tokens_per_second"] > 0
+    tokens = [u["tokens"] for u in updates[1:]]
+    per_update = [t / u["tokens_per_second"] for t, u in zip(tokens, updates[1:], strict=True)]
+    assert end["training_tokens_per_second"] == pytest.approx(sum(tokens) / sum(per_update))
 
 
 def test_steps_or_epochs_not_both(tiny_model):
@@ -113,6 +120,7 @@ def test_train_prints_progress_and_a_summary_to_stderr(tiny_model, capsys):
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("train: update 1/2 (50%), epoch 0.14, loss ")
     assert err[-1].startswith("train: 2/2 updates in 0:00:") and f"{run.final_loss:.4f}" in err[-1]
+    assert re.search(r", start-up \d+\.\d s, \d+ tokens/s training, \d+ tokens/s overall$", err[-1])
 
 
 def test_tensorboard_files(tiny_model, tmp_path):
