@@ -97,9 +97,7 @@ def _scoring_datasets(tok: scoring.ServiceTokenizer, tmp_path: Path) -> dict[str
     eos = tok.eos_id
     # two texts in one row: the first three targets and the second text's first two unscored
     ids = (*a, eos, *b, eos)
-    scored = tuple(
-        i >= 3 and not len(a) + 1 <= i < len(a) + 3 for i in range(len(ids))
-    )
+    scored = tuple(i >= 3 and not len(a) + 1 <= i < len(a) + 3 for i in range(len(ids)))
     two_in_a_row = Dataset((TokenRecord(ids, scored),), 64, "tokens")
     jsonl = tmp_path / "pc.jsonl"
     jsonl.write_text(
