@@ -2369,10 +2369,10 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         _SCRIPT,
         """
         `evaluate` on a service needs the probability the model gives each token of the
-        dataset, which llama.cpp's server reports (its `/tokenize` and `/completion`
-        endpoints). Ollama, vLLM's OpenAI API and hosted APIs do not offer it that way, so
-        `evaluate` refuses them rather than guess. `generate` and `chat` work with all of them;
-        to evaluate, serve the model with llama.cpp, or load it locally.
+        dataset in the served model's own tokens, which Aner gets from llama.cpp's server (its
+        `/props`, `/tokenize` and `/completion` endpoints) and from no other kind of server:
+        `evaluate` refuses the others rather than guess. To evaluate, serve the model with
+        llama.cpp, or load it locally.
         """,
         """
         # an Ollama server

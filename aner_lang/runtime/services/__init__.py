@@ -1,2 +1,4 @@
-"""Model services: a model behind an OpenAI-compatible HTTP server (llama.cpp's server, Ollama,
-vLLM, hosted APIs), usable where a local model is for `generate`, `chat` and `evaluate`."""
+"""Model services: a model behind an HTTP server that speaks the OpenAI API, usable where a local
+model is for `generate` and `chat`, and for `evaluate` on llama.cpp's server. The tests run them
+against llama.cpp's real server; other servers of the same API (Ollama, vLLM, hosted APIs) are
+not tested here."""

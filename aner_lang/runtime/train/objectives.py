@@ -10,9 +10,11 @@ base with the adapter off, evaluated on the same batch (`runtime.train.preferenc
   sigmoid loss before TRL 1.0 and its ``aot`` loss on one pair; ε = 0 is TRL's ``sigmoid``);
   ``hinge``: relu(1 - βΔ); ``ipo``: (Δ_c/n_c - Δ_r/n_r - 1/(2β))² with each log-ratio averaged
   over its response's tokens. Rewards are β times the log-ratios.
-* ORPO: the chosen responses' mean next-token loss minus λ times the mean of
-  log σ(log odds(chosen) - log odds(rejected)), the odds from per-token mean log-probabilities;
-  rewards are λ times those means (TRL's ORPOTrainer with beta = λ).
+* ORPO: the chosen rows' mean next-token loss minus λ times the mean of
+  log σ(log odds(chosen) - log odds(rejected)), the odds from the responses' per-token mean
+  log-probabilities; rewards are λ times those means (TRL's ORPOTrainer with beta = λ). The
+  next-token term covers the whole chosen row, prompt and response (every token after the
+  first), as ORPO's authors' code and TRL compute it; the odds cover the responses only.
 * KTO: with z = max(0, mean over the batch of policy - reference log-probability of mismatched
   (prompt, completion) pairs), detached, a desirable completion's loss is
   w_d (1 - σ(β(r - z))) and an undesirable one's w_u (1 - σ(β(z - r))), r its log-ratio (TRL's
@@ -108,23 +110,35 @@ def kto(beta: float, desirable_weight: float, undesirable_weight: float) -> KTO:
 
 @dataclass
 class SequenceLogps:
-    """Per-row sums of scored targets' log-probabilities, and how many targets each row has."""
+    """Per-row sums of scored targets' log-probabilities, and how many targets each row has;
+    `whole`: the sums over every target (prompt included) of the rows it was asked for."""
 
     sums: torch.Tensor
     counts: torch.Tensor
+    whole: torch.Tensor | None = None
 
 
-def sequence_logps(logits: torch.Tensor, targets: torch.Tensor) -> SequenceLogps:
-    """From fp32 logits `[B, T, V]` and next-token targets `[B, T]` (`IGNORE` where unscored)."""
+def sequence_logps(
+    logits: torch.Tensor, targets: torch.Tensor, every: torch.Tensor | None = None
+) -> SequenceLogps:
+    """From fp32 logits `[B, T, V]` and next-token targets `[B, T]` (`IGNORE` where unscored);
+    `every` `[b, T' <= T]`, the targets of the first b rows with the prompt's too, adds their
+    `whole` sums (one cross-entropy: the scored targets are a subset of those)."""
     from aner_lang.runtime.model.loss import IGNORE
 
+    wanted = targets
+    if every is not None:
+        wanted = targets.clone()
+        wanted[: every.shape[0], : every.shape[1]] = every  # the rest of those rows is padding
     nll = F.cross_entropy(
         logits.float().reshape(-1, logits.shape[-1]),
-        targets.reshape(-1),
+        wanted.reshape(-1),
         ignore_index=IGNORE,
         reduction="none",
     ).view(targets.shape)
-    return SequenceLogps(-nll.sum(-1), (targets != IGNORE).sum(-1).to(torch.float32))
+    scored = targets != IGNORE
+    whole = None if every is None else -nll[: every.shape[0]].sum(-1)
+    return SequenceLogps(-(nll * scored).sum(-1), scored.sum(-1).to(torch.float32), whole)
 
 
 Metrics = dict[str, torch.Tensor]
@@ -161,9 +175,11 @@ def log1mexp(x: torch.Tensor) -> torch.Tensor:
 
 
 def orpo_losses(o: ORPO, policy: SequenceLogps) -> tuple[torch.Tensor, torch.Tensor, Metrics]:
-    """(per-pair odds-ratio terms -λ log σ(log odds), the chosen rows' summed next-token loss,
-    metrics). The trainer divides the loss sum by the chosen tokens of its window."""
-    chosen_sum, _ = policy.sums.chunk(2)
+    """(per-pair odds-ratio terms -λ log σ(log odds), the chosen rows' summed next-token loss
+    over every target, metrics). `policy.whole` holds the chosen rows' whole sums; the trainer
+    divides the loss sum by those rows' targets in its window."""
+    assert policy.whole is not None, "ORPO needs the chosen rows' whole log-probabilities"
+    chosen_sum = policy.whole
     mean = policy.sums / policy.counts.clamp(min=1.0)
     chosen, rejected = mean.chunk(2)
     log_odds = (chosen - rejected) - (log1mexp(chosen) - log1mexp(rejected))

@@ -9,7 +9,8 @@ by both models, so KTO needs micro-batches of at least 2.
 
 Normalization: a window's loss is the sum of its pairs' (KTO: examples') losses divided by their
 number, so it does not depend on how the window splits into micro-batches; ORPO's next-token term
-is the chosen responses' summed loss divided by their scored tokens in the window. Metrics are
+is the chosen rows' summed loss over every target, prompt included (`objectives` says why),
+divided by those targets in the window (`nll_targets`). Metrics are
 means over the window's pairs (KTO: rewards and log-probabilities over the desirable, or the
 undesirable, examples).
 """
@@ -79,11 +80,11 @@ class PreferenceSteps:
         its responses, and all its tokens."""
         rows = [e for batch in window for e in batch]
         responses = rows + [e.rejected for e in rows if e.rejected is not None]
-        chosen_tokens = sum(e.scored_tokens for e in rows)
+        nll_tokens = nll_targets(rows)
         self.sums = {}
         total = torch.zeros((), dtype=torch.float64, device=self.adapter.device)
         for examples in window:
-            total += self._micro_batch(examples, len(rows), chosen_tokens, scale, backward=True)
+            total += self._micro_batch(examples, len(rows), nll_tokens, scale, backward=True)
         scored = sum(e.scored_tokens for e in responses)
         return total, scored, sum(len(e.ids) for e in responses)
 
@@ -106,20 +107,20 @@ class PreferenceSteps:
     def evaluate(self, examples: Sequence[Example], micro_batch: int) -> dict[str, float]:
         """The objective's loss and metrics over held-out examples (no gradients, eval mode)."""
         pairs = len(examples)
-        chosen_tokens = sum(e.scored_tokens for e in examples)
+        nll_tokens = nll_targets(examples)
         self.sums = {}
         total = 0.0
         with torch.no_grad():
             for i in range(0, len(examples), micro_batch):
                 part = examples[i : i + micro_batch]
-                total += float(self._micro_batch(part, pairs, chosen_tokens, None, backward=False))
+                total += float(self._micro_batch(part, pairs, nll_tokens, None, backward=False))
         return {"loss": total, **{k: float(v) for k, v in self.metrics().items()}}
 
     def _micro_batch(
         self,
         examples: Sequence[Example],
         pairs: int,
-        chosen_tokens: int,
+        nll_tokens: int,
         scale: float | None,
         backward: bool,
     ) -> torch.Tensor:
@@ -134,8 +135,9 @@ class PreferenceSteps:
             with torch.no_grad():
                 reference = self._logps(self.adapter.base, batch)
                 kl_reference = self._logps(self.adapter.base, shifted).sums if shifted else None
+        every = _every_target(examples, self.pad, device) if isinstance(o, obj.ORPO) else None
         with self.adapter.active():  # through backward (checkpointed layers run again)
-            policy = self._logps(self.adapter, batch)
+            policy = self._logps(self.adapter, batch, every)
             if isinstance(o, obj.KTO):
                 assert shifted is not None and kl_reference is not None
                 with torch.no_grad():
@@ -148,7 +150,7 @@ class PreferenceSteps:
                 loss = losses.sum() / pairs
             elif isinstance(o, obj.ORPO):
                 odds, nll, metrics = obj.orpo_losses(o, policy)
-                loss = odds.sum() / pairs + nll.sum() / max(chosen_tokens, 1)
+                loss = odds.sum() / pairs + nll.sum() / max(nll_tokens, 1)
             else:
                 losses, metrics = obj.dpo_losses(o, policy, reference)
                 loss = losses.sum() / pairs
@@ -157,12 +159,15 @@ class PreferenceSteps:
         self._add(metrics, len(examples))
         return loss.detach()
 
-    def _logps(self, model: Any, batch: Any) -> obj.SequenceLogps:
+    def _logps(
+        self, model: Any, batch: Any, every: torch.Tensor | None = None
+    ) -> obj.SequenceLogps:
         """Log-probabilities of each row's scored targets under `model` (the adapter, or its
-        base: the reference)."""
+        base: the reference), and with `every` (the first rows' targets, prompt included) those
+        rows' whole sums."""
         with autocast(self.precision, self.adapter.device):
             logits = model.forward(batch.input_ids)
-        return obj.sequence_logps(logits, batch.targets)
+        return obj.sequence_logps(logits, batch.targets, every)
 
     def _add(self, metrics: obj.Metrics, rows: int) -> None:
         for key, value in metrics.items():
@@ -170,6 +175,18 @@ class PreferenceSteps:
             self.sums[key] = self.sums[key] + total if key in self.sums else total
         n = torch.tensor(float(rows), dtype=torch.float64, device=self.adapter.device)
         self.sums["rows"] = self.sums["rows"] + n if "rows" in self.sums else n
+
+
+def nll_targets(examples: Sequence[Example]) -> int:
+    """The targets ORPO's next-token term covers in these chosen rows: every token after the
+    first, prompt included."""
+    return sum(len(e.ids) - 1 for e in examples)
+
+
+def _every_target(examples: Sequence[Example], pad: int, device: torch.device) -> torch.Tensor:
+    """Next-token targets of every token after the first of each row (pads ignored)."""
+    whole = [replace(e, scored=(True,) * len(e.ids)) for e in examples]
+    return collate(whole, pad, device).targets
 
 
 def _mismatched(examples: Sequence[Example]) -> list[Example]:

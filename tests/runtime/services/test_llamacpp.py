@@ -4,9 +4,14 @@ of a trained adapter; a script that only uses services runs where torch is not i
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import threading
+import urllib.request
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -16,7 +21,7 @@ from aner_lang.runtime.adapters.merge import merge
 from aner_lang.runtime.export.gguf import export_gguf
 from aner_lang.runtime.load.loader import load_model
 from aner_lang.runtime.services import scoring, service
-from aner_lang.runtime.tasks.data import from_texts
+from aner_lang.runtime.tasks.data import Dataset, TokenRecord, from_jsonl, from_texts
 from aner_lang.runtime.tasks.evaluate import evaluate
 from aner_lang.runtime.tasks.generate import Sampling, chat_text, generate_text
 from aner_lang.runtime.train.profile import profile
@@ -69,6 +74,127 @@ def test_evaluate_matches_aner_on_the_same_file(served, local) -> None:
     here = evaluate(local, data)
     assert remote.scored_tokens == here.scored_tokens > 10
     assert remote.loss == pytest.approx(here.loss, abs=2e-3)
+
+
+class _Counted:
+    """A service's requests, counted by path."""
+
+    def __init__(self, llm: service.Service, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.paths: Counter[str] = Counter()
+        post = llm.client.post
+
+        def counted(path: str, body: dict) -> object:
+            self.paths[path] += 1
+            return post(path, body)
+
+        monkeypatch.setattr(llm.client, "post", counted)
+
+
+def _scoring_datasets(tok: scoring.ServiceTokenizer, tmp_path: Path) -> dict[str, tuple]:
+    """(dataset, the same examples one a row, /completion requests one text a request takes)."""
+    a = tok.encode(HELD_OUT[0], add_special=False)
+    b = tok.encode(HELD_OUT[1], add_special=False)
+    eos = tok.eos_id
+    # two texts in one row: the first three targets and the second text's first two unscored
+    ids = (*a, eos, *b, eos)
+    scored = tuple(i >= 3 and not len(a) + 1 <= i < len(a) + 3 for i in range(len(ids)))
+    two_in_a_row = Dataset((TokenRecord(ids, scored),), 64, "tokens")
+    jsonl = tmp_path / "pc.jsonl"
+    jsonl.write_text(
+        "".join(
+            json.dumps({"p": p, "c": c}) + "\n"
+            for p, c in [("The capital of France is", " Paris."), ("Seven engineers", " commit.")]
+        )
+    )
+    texts = from_texts(HELD_OUT, 32)
+    packed = from_texts([*HELD_OUT, "A short one."], 64).derive(packed=True)
+    return {
+        "texts": (texts, texts, 2),
+        "prompt and completion": (from_jsonl(jsonl, 32, "", "p", "c"),) * 2 + (2,),
+        "two texts in one row": (two_in_a_row, two_in_a_row, 2),
+        "packed": (packed, packed.derive(packed=False), 3),
+    }
+
+
+def _per_token(llm: service.Service, data: Dataset) -> tuple[float, int]:
+    """Summed loss and count, one forced token a request (each example a row of its own)."""
+    total, count = 0.0, 0
+    for example in data.examples(llm.tokenizer):
+        ids = list(example.ids)
+        for t in range(1, len(ids)):
+            if example.scored[t]:
+                total -= scoring.forced_logprob(llm, ids[:t], ids[t])
+                count += 1
+    return total, count
+
+
+def test_evaluate_scores_a_text_in_one_request_as_token_by_token(
+    served, tmp_path, monkeypatch
+) -> None:
+    llm = service.connect(served)
+    llm.tokenizer = tok = scoring.ServiceTokenizer(llm)
+    for name, (data, unpacked, requests) in _scoring_datasets(tok, tmp_path).items():
+        counted = _Counted(llm, monkeypatch)
+        remote = scoring.evaluate(llm, data)
+        assert counted.paths["/completion"] == requests, name
+        total, count = _per_token(llm, unpacked)
+        assert counted.paths["/completion"] == requests + count, name
+        assert remote.scored_tokens == count > 3, name
+        # the same model steps; only how llama.cpp splits a prompt into batches (which depends
+        # on what its prompt cache holds from the request before) moves the last digits
+        assert remote.loss == pytest.approx(total / count, rel=2e-3), name
+
+
+class _NoGrammarProxy:
+    """llama.cpp's server behind a proxy that refuses token-id grammars the way a llama.cpp
+    from before them does (HTTP 400, "failed to parse grammar"), and passes the rest on."""
+
+    def __init__(self, upstream: str) -> None:
+        class Handler(BaseHTTPRequestHandler):
+            def _forward(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                if body and "grammar" in json.loads(body):
+                    status, payload = 400, b'{"error": {"code": 400, "message": "Failed to '
+                    payload += b'initialize samplers: failed to parse grammar"}}'
+                else:
+                    request = urllib.request.Request(
+                        upstream + self.path,
+                        data=body,
+                        method=self.command,
+                        headers={"Content-Type": "application/json"},
+                    )
+                    with urllib.request.urlopen(request, timeout=120) as answer:
+                        status, payload = answer.status, answer.read()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            do_GET = do_POST = _forward
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+
+def test_a_server_without_token_grammars_is_scored_token_by_token(served, monkeypatch) -> None:
+    proxy = _NoGrammarProxy(served)
+    try:
+        data = from_texts(HELD_OUT, 32)
+        want = scoring.evaluate(service.connect(served), data)
+        llm = service.connect(proxy.url)
+        counted = _Counted(llm, monkeypatch)
+        got = scoring.evaluate(llm, data)
+    finally:
+        proxy.httpd.shutdown()
+    # each text: one refused request, then one a scored token
+    assert counted.paths["/completion"] == len(HELD_OUT) + got.scored_tokens
+    assert (got.scored_tokens, got.loss) == (want.scored_tokens, pytest.approx(want.loss, 1e-5))
 
 
 def test_the_real_smollm2_gguf_served_as_is(real_model, smollm2_path) -> None:

@@ -7,9 +7,9 @@ gradients of every LoRA tensor.
 
 Conservative DPO (sigmoid with label smoothing) is TRL's ``aot`` loss on one pair (its sort over
 the batch is then the identity); TRL 1.x's ``sigmoid`` ignores label smoothing. ORPO is TRL's
-ORPOTrainer with ``beta`` = lambda; TRL's next-token term covers the prompt too, so the whole
-loss is compared on rows whose prompt is the BOS token alone (nothing of it is a target), and the
-odds-ratio term on the usual rows through TRL's `odds_ratio_loss` and `get_batch_logps`.
+ORPOTrainer with ``beta`` = lambda, on pairs with multi-token prompts tokenized as TRL's own
+`tokenize_row` does (checked): its next-token term covers the chosen row's prompt and response,
+its odds ratio the responses only.
 """
 
 from __future__ import annotations
@@ -33,7 +33,12 @@ from aner_lang.runtime.load.loader import load_model  # noqa: E402
 from aner_lang.runtime.tasks.batches import collate  # noqa: E402
 from aner_lang.runtime.tasks.data import Dataset, from_texts  # noqa: E402
 from aner_lang.runtime.train import objectives as obj  # noqa: E402
-from aner_lang.runtime.train.preference import PreferenceSteps, _mismatched  # noqa: E402
+from aner_lang.runtime.train.preference import (  # noqa: E402
+    PreferenceSteps,
+    _every_target,
+    _mismatched,
+    nll_targets,
+)
 from aner_lang.runtime.train.profile import profile  # noqa: E402
 from aner_lang.runtime.train.trainer import train  # noqa: E402
 from aner_lang.testing.hf_fixture import write_hf_model  # noqa: E402
@@ -104,8 +109,7 @@ def _ours(adapter, objective, examples) -> tuple[torch.Tensor, dict[str, torch.T
     for p in adapter.params.values():
         p.grad = None
     steps = PreferenceSteps(adapter, objective, "float32")
-    chosen = sum(e.scored_tokens for e in examples)
-    loss = steps._micro_batch(examples, len(examples), chosen, None, backward=True)
+    loss = steps._micro_batch(examples, len(examples), nll_targets(examples), None, backward=True)
     grads = {name: p.grad.clone() for name, p in adapter.params.items()}
     return loss, grads
 
@@ -196,18 +200,33 @@ def _orpo_trainer(theirs, tokenizer, tmp_path, lam: float):
     return ORPOTrainer(model=theirs, args=args, train_dataset=train, processing_class=tokenizer)
 
 
-def test_orpo_loss_equals_trl(models, tmp_path):
-    ours, adapter, theirs, tokenizer, _ = models
-    examples = _pair_rows(ours, prompts=False)
-    assert all(e.prompt_length == 1 for e in examples)  # BOS only: TRL's NLL covers the prompt
+def test_our_pair_rows_are_trl_orpo_rows(models, tmp_path):
+    """The token rows the ORPO comparisons feed TRL are the ones TRL's `tokenize_row` makes of
+    the same pair: ids, and which targets are the responses'."""
+    ours, _, theirs, tokenizer, _ = models
     trainer = _orpo_trainer(theirs, tokenizer, tmp_path, 0.3)
+    for (prompt, chosen, rejected), pair in zip(PAIRS, _pair_rows(ours), strict=True):
+        assert pair.prompt_length > 2  # real prompts: several tokens, all of them targets of NLL
+        row = trainer.tokenize_row({"prompt": prompt, "chosen": chosen, "rejected": rejected})
+        for name, e in (("chosen", pair), ("rejected", pair.rejected)):
+            assert tuple(row[f"{name}_input_ids"]) == e.ids, name
+            assert tuple(t != -100 for t in row[f"{name}_labels"]) == e.scored, name
+
+
+@pytest.mark.parametrize("lam", [0.3, 2.0])
+def test_orpo_loss_equals_trl(models, tmp_path, lam):
+    ours, adapter, theirs, tokenizer, _ = models
+    examples = _pair_rows(ours)
+    trainer = _orpo_trainer(theirs, tokenizer, tmp_path, lam)
     _assert_same(
-        _ours(adapter, obj.orpo(**{"lambda": 0.3}), examples),
+        _ours(adapter, obj.orpo(**{"lambda": lam}), examples),
         _theirs(trainer, theirs, _orpo_inputs(examples)),
     )
 
 
-def test_orpo_odds_ratio_with_prompts_equals_trl(models, tmp_path):
+def test_orpo_nll_covers_the_prompt_and_the_odds_do_not(models, tmp_path):
+    """The class of ORPO's two spans: TRL's next-token term over the whole chosen row, its odds
+    ratio from the responses' mean log-probabilities (`get_batch_logps`, `odds_ratio_loss`)."""
     ours, adapter, theirs, tokenizer, _ = models
     examples = _pair_rows(ours)
     trainer = _orpo_trainer(theirs, tokenizer, tmp_path, 0.3)
@@ -218,12 +237,19 @@ def test_orpo_odds_ratio_with_prompts_equals_trl(models, tmp_path):
         logits = theirs(batch["input_ids"], attention_mask=batch["attention_mask"]).logits
         logps = trainer.get_batch_logps(logits, labels, average_log_prob=True)
         their_terms = trainer.odds_ratio_loss(*logps.chunk(2))[0]
+        whole = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+        their_nll = torch.nn.functional.cross_entropy(
+            logits[: len(examples), :-1].reshape(-1, logits.shape[-1]),
+            whole[: len(examples), 1:].reshape(-1),
+        )
         steps = PreferenceSteps(adapter, obj.orpo(**{"lambda": 0.3}), "float32")
-        ours_batch = collate(rows, 0)
+        every = _every_target(examples, 0, adapter.device)
         with adapter.active():
-            policy = steps._logps(adapter, ours_batch)
-        our_terms = obj.orpo_losses(obj.ORPO(0.3), policy)[0]
+            policy = steps._logps(adapter, collate(rows, 0), every)
+        our_terms, our_nll, _ = obj.orpo_losses(obj.ORPO(0.3), policy)
     torch.testing.assert_close(our_terms, -their_terms, **TOL)
+    torch.testing.assert_close(our_nll.sum() / nll_targets(examples), their_nll, **TOL)
+    assert nll_targets(examples) > sum(e.scored_tokens for e in examples)
 
 
 def test_kto_loss_equals_trl(models, tmp_path):
