@@ -57,18 +57,12 @@ def _write(text: str, output: str) -> None:
 
 
 def _analyze(path: str, source: str, *, before_running: bool, printed: bool = True) -> Analysis:
-    """`analyze`, then the checks against the machine and the files the script reads
-    (`check.environment`) and whether this installation has the packages its native builtins
-    need (`check.native`: an error before running, a warning for `aner check`); every
-    diagnostic is printed unless `printed` is False (the ranks other than 0 of a distributed
-    run)."""
-    from aner_lang.check import analyze
-    from aner_lang.check.environment import environment_diagnostics
-    from aner_lang.check.native import native_unavailable
+    """`check_before_run` (every check before a run: the text, the files and the machine, the
+    installed packages); every diagnostic is printed unless `printed` is False (the ranks other
+    than 0 of a distributed run)."""
+    from aner_lang.check.before_run import check_before_run
 
-    analysis = analyze(source, path)
-    analysis.diagnostics += environment_diagnostics(analysis)
-    analysis.diagnostics += native_unavailable(analysis, before_running=before_running)
+    analysis = check_before_run(source, path, running=before_running)
     if printed:
         _print(analysis.diagnostics, source)
     return analysis
