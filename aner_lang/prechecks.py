@@ -24,28 +24,24 @@ from pathlib import Path
 from aner_lang import files, gpus
 from aner_lang.errors import AnerRuntimeError
 from aner_lang.preference_records import FeedbackFormat, PairFormat
-from aner_lang.records import Format, RowFormat, check_records, jsonl_format
+from aner_lang.records import Format, check_records, jsonl_format
 
 Failures = list[tuple[str, AnerRuntimeError]]
 ROW_CHECKED = (".jsonl", ".ndjson", ".txt")
 """Data files whose rows are checked (tables are only checked to exist)."""
 PAIRS, FEEDBACK = PairFormat(), FeedbackFormat()
+RowCheck = Format | PairFormat | FeedbackFormat
+"""The formats a data file's rows are checked in (hashable: results are kept by format)."""
 CHECKED_FILES = 64
 """Data files whose check results are kept (by path, size and modification time)."""
 
 
-def resolve(path: str, script_dir: Path) -> Path:
-    """A script-relative path made absolute, as the run resolves it (`ExecContext.resolve_path`)."""
-    p = Path(path).expanduser()
-    return p if p.is_absolute() else script_dir / p
-
-
 def _path(args: Mapping[str, object], script_dir: Path) -> Path | None:
     path = args.get("path")
-    return resolve(path, script_dir) if isinstance(path, str) else None
+    return files.resolve(path, script_dir) if isinstance(path, str) else None
 
 
-def _data_file(path: Path, fmt: RowFormat[object] | None) -> Failures:
+def _data_file(path: Path, fmt: RowCheck | None) -> Failures:
     """The file exists, and every row has this format's fields (when the format is known)."""
     try:
         if fmt is None or path.suffix.lower() not in ROW_CHECKED:
@@ -65,7 +61,7 @@ def _data_file(path: Path, fmt: RowFormat[object] | None) -> Failures:
 
 @lru_cache(maxsize=CHECKED_FILES)
 def _rows_failure(
-    path: str, stamp: tuple[int, int, int] | None, fmt: RowFormat[object]
+    path: str, stamp: tuple[int, int, int] | None, fmt: RowCheck
 ) -> AnerRuntimeError | None:
     """The first failure of the file's rows in `fmt` (`records.check_records`), or None; cached
     by the file's `stamp` (None for a path that is not a regular file, which fails at once)."""

@@ -41,6 +41,7 @@ from typing import Literal
 
 PathUse = Literal["", "reads", "writes", "writes_folder"]
 """What a call does with the file or folder a String parameter names (`Param.path`)."""
+WRITES: tuple[PathUse, ...] = ("writes", "writes_folder")
 
 NATIVE = ("torch", "gguf", "tokenizers")
 """The packages (of the `native` extra) most native builtins need: a builtin's `requires` names

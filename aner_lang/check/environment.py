@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
-from aner_lang import prechecks
+from aner_lang import files, prechecks
 from aner_lang.builtins import registry
-from aner_lang.builtins.spec import Builtin
+from aner_lang.builtins.spec import WRITES, Builtin
 from aner_lang.check.analysis import Analysis, CallInfo
 from aner_lang.check.consteval import STATIC_FAILURES, evaluate
 from aner_lang.check.reach import Reach, reach
@@ -42,7 +42,6 @@ from aner_lang.errors import AnerRuntimeError
 from aner_lang.grammar.ast import Span
 
 Precheck = Callable[[Mapping[str, object], Path], list[tuple[str, AnerRuntimeError]]]
-WRITES = ("writes", "writes_folder")
 
 
 @dataclass(frozen=True)
@@ -113,7 +112,7 @@ def _writes(a: Analysis, r: Reach) -> list[Write]:
             if p.path not in WRITES or (p.name in args and not isinstance(args[p.name], str)):
                 continue
             value = args.get(p.name)
-            target = prechecks.resolve(value, _base(a)).resolve() if isinstance(value, str) else None
+            target = files.resolve(value, _base(a)).resolve() if isinstance(value, str) else None
             start = info.call.span.start
             found.append(Write(target, a.path, start, id(info.call) in r.top_level))
     return found
@@ -157,7 +156,7 @@ def _call(
         value = args.get(p.name)
         if p.path in WRITES and isinstance(value, str):
             folder = p.path == "writes_folder"
-            target = prechecks.resolve(value, base)
+            target = files.resolve(value, base)
             e = prechecks.output(target, folder=folder, overwrite=args.get("overwrite"))
             if e is not None:
                 found.append(_target_failure(where.get(p.name, info.call.span), e, runs))
@@ -167,7 +166,7 @@ def _call(
     for p in b.params:
         value = args.get(p.name)
         if p.path == "reads" and isinstance(value, str):
-            path = prechecks.resolve(value, base)
+            path = files.resolve(value, base)
             if any(w.may_come_before(path, a.path, start) for w in writes):
                 del args[p.name]
     module, _, function = b.precheck.partition(":")
