@@ -2026,7 +2026,7 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         these. The message names the file and line (or table row) and lists the fields the row
         has.
 
-        `aner check` reads the first rows of a data file named by a literal path and reports this
+        `aner check` reads every row of a data file named by a literal path and reports this
         before the script runs.
         """,
         """
