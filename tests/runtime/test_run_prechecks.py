@@ -40,6 +40,8 @@ def test_a_train_call_whose_checkpoint_folder_is_a_file_fails_before_training(
     )
     assert main(["run", str(script)]) == 1
     err = capsys.readouterr().err
-    assert re.search(r"script\.aner:3:13: error\[E-FILE-KIND\]: .*/ck: is a file, not the folder", err)
+    assert re.search(
+        r"script\.aner:3:13: error\[E-FILE-KIND\]: .*/ck: is a file, not the folder", err
+    )
     assert (tmp_path / "ck").read_text() == "mine\n"
     assert not (tmp_path / "events.jsonl").exists()  # train never started
