@@ -57,15 +57,12 @@ def _write(text: str, output: str) -> None:
 
 
 def _analyze(path: str, source: str, *, before_running: bool, printed: bool = True) -> Analysis:
-    """`analyze`, then the checks against the machine, the files the script reads and this
-    installation (`check.surroundings`: a missing package is an error before running, a warning
-    for `aner check`); every diagnostic is printed unless `printed` is False (the ranks other
+    """`check_before_run` (every check before a run: the text, the files and the machine, the
+    installed packages); every diagnostic is printed unless `printed` is False (the ranks other
     than 0 of a distributed run)."""
-    from aner_lang.check import analyze
-    from aner_lang.check.surroundings import surroundings
+    from aner_lang.check.before_run import check_before_run
 
-    analysis = analyze(source, path)
-    analysis.diagnostics += surroundings(analysis, before_running=before_running)
+    analysis = check_before_run(source, path, running=before_running)
     if printed:
         _print(analysis.diagnostics, source)
     return analysis

@@ -738,10 +738,33 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         `write_json`, `save_adapter`, `export_gguf` and the other writers never replace an
         existing file, or a folder that holds anything, unless the call says so: pass
         `overwrite: true` to replace it, or choose another path. (With `overwrite: true`,
-        `save_adapter` replaces only the adapter's own files in the folder.)
+        `save_adapter` replaces only the adapter's own files in the folder.) Where the target
+        is a literal path and the call certainly runs, the check before the run reports this,
+        so a run never trains and then fails to save; elsewhere it warns (`W-WRITE-TARGET`).
         """,
         """
         Running `write_json("out/result.json", run)` a second time.
+        """,
+    ),
+    _code(
+        "W-WRITE-TARGET",
+        Area.EVALUATION,
+        "a call that may run cannot write its target as it stands",
+        _SCRIPT,
+        """
+        A write (`save_adapter`, `export_gguf`, `write_json`, a `train` checkpoint folder...)
+        names a path that is already taken: a file or a folder that holds anything, without
+        `overwrite: true` (`E-FILE-EXISTS`), or a file where a folder goes (`E-FILE-KIND`).
+        Where the call certainly runs, the check before the run reports that error and nothing
+        runs, so no training is lost to it. Where it may not run (in a function, an `if`
+        branch, a loop), this warning says the same: the run fails at that call if it gets
+        there. Pass `overwrite: true`, choose another path, or move what is there away.
+        """,
+        """
+        # out/adapter holds an earlier run's adapter
+        fn keep(a: Adapter) {
+          save_adapter(a, "out/adapter")
+        }
         """,
     ),
     _code(
@@ -2003,7 +2026,7 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         these. The message names the file and line (or table row) and lists the fields the row
         has.
 
-        `aner check` reads the first rows of a data file named by a literal path and reports this
+        `aner check` reads every row of a data file named by a literal path and reports this
         before the script runs.
         """,
         """

@@ -60,6 +60,13 @@ def check_name(path: str | Path) -> None:
         raise _fail(repr(str(path)), "a path cannot contain a NUL character", "E-FILE-NAME")
 
 
+def resolve(path: str, base: Path) -> Path:
+    """A path as a script names it, made absolute: relative to the script's folder `base`
+    (absolute paths and `~` as the user's home are kept), the same for a run and its checks."""
+    p = Path(path).expanduser()
+    return p if p.is_absolute() else base / p
+
+
 def regular_size(path: str | Path, limit: int | None = None) -> int:
     """The size of the regular file `path` (links followed), at most `limit` bytes when given;
     for a reader that opens the file itself (a memory map, a streaming parser)."""

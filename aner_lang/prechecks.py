@@ -1,50 +1,75 @@
-"""What `aner check` can tell about a call before the script runs (`Builtin.precheck`).
+"""What the checks before a run can tell about a call (`Builtin.precheck`, `Param.path`).
 
-Each function takes the arguments of one call that are known statically (literals and defaults,
-enum members as their names; an argument computed at run time is absent) and the script's
-directory, and returns the failures the call would certainly meet, each with the parameter whose
-argument is at fault. The runtime raises the same errors (same codes, same rules: data rows go
-through `aner_lang.records` in both), so a script that checks cleanly here fails later only on
-what could not be known. Nothing here imports torch; a data file is read only up to its first
-`FIRST_ROWS` rows.
+Each precheck function takes the arguments of one call that are known statically (literals and
+defaults, enum members as their names; an argument computed at run time is absent, and so is a
+path the script may write before the call runs) and the script's directory, and returns the
+failures the call would certainly meet, each with the parameter whose argument is at fault.
+`aner_lang.check.environment` decides which calls are certain to run and so may be refused. The
+runtime raises the same errors (same codes, same rules: data rows go through `aner_lang.records`
+in both), so a script that checks cleanly here fails later only on what could not be known.
+
+Nothing here imports torch. A data file is read whole, a row at a time (memory bounded by one
+row, size by `files.DATA_LIMIT`), so a bad row anywhere is found before any model loads; the
+result is kept for the file as it is (path, size, modification time), so checking again, as an
+editor does on every change, does not read an unchanged file again.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
+from functools import lru_cache
 from pathlib import Path
 
 from aner_lang import files, gpus
 from aner_lang.errors import AnerRuntimeError
 from aner_lang.preference_records import FeedbackFormat, PairFormat
-from aner_lang.records import Format, RowFormat, jsonl_format, rows
+from aner_lang.records import Format, check_records, jsonl_format
 
 Failures = list[tuple[str, AnerRuntimeError]]
-FIRST_ROWS = 8
-"""Rows of a literal data file `aner check` reads to check their fields."""
 ROW_CHECKED = (".jsonl", ".ndjson", ".txt")
-"""Data files whose first rows are checked (tables are only checked to exist)."""
+"""Data files whose rows are checked (tables are only checked to exist)."""
+PAIRS, FEEDBACK = PairFormat(), FeedbackFormat()
+RowCheck = Format | PairFormat | FeedbackFormat
+"""The formats a data file's rows are checked in (hashable: results are kept by format)."""
+CHECKED_FILES = 64
+"""Data files whose check results are kept (by path, size and modification time)."""
 
 
 def _path(args: Mapping[str, object], script_dir: Path) -> Path | None:
     path = args.get("path")
-    if not isinstance(path, str):
-        return None
-    p = Path(path).expanduser()
-    return p if p.is_absolute() else script_dir / p
+    return files.resolve(path, script_dir) if isinstance(path, str) else None
 
 
-def _data_file(path: Path, fmt: RowFormat[object] | None) -> Failures:
-    """The file exists, and its first rows have this format's fields (when the format is known)."""
+def _data_file(path: Path, fmt: RowCheck | None) -> Failures:
+    """The file exists, and every row has this format's fields (when the format is known)."""
     try:
         if fmt is None or path.suffix.lower() not in ROW_CHECKED:
             files.regular_size(path, files.DATA_LIMIT)
             return []
-        for row in rows(path, FIRST_ROWS):
-            fmt.record(row)
+        files.check_name(path)
+        try:
+            st = os.stat(path)
+            stamp: tuple[int, int, int] | None = (st.st_size, st.st_mtime_ns, st.st_ino)
+        except OSError:  # missing or unreadable: `check_records` says which
+            stamp = None
+        failure = _rows_failure(str(path), stamp, fmt)
     except AnerRuntimeError as e:
         return [("path", e)]
-    return []
+    return [] if failure is None else [("path", failure)]
+
+
+@lru_cache(maxsize=CHECKED_FILES)
+def _rows_failure(
+    path: str, stamp: tuple[int, int, int] | None, fmt: RowCheck
+) -> AnerRuntimeError | None:
+    """The first failure of the file's rows in `fmt` (`records.check_records`), or None; cached
+    by the file's `stamp` (None for a path that is not a regular file, which fails at once)."""
+    try:
+        check_records(Path(path), fmt)
+    except AnerRuntimeError as e:
+        return e
+    return None
 
 
 def load_data(args: Mapping[str, object], script_dir: Path) -> Failures:
@@ -73,12 +98,12 @@ def load_jsonl(args: Mapping[str, object], script_dir: Path) -> Failures:
 
 def load_pairs(args: Mapping[str, object], script_dir: Path) -> Failures:
     path = _path(args, script_dir)
-    return [] if path is None else _data_file(path, PairFormat())
+    return [] if path is None else _data_file(path, PAIRS)
 
 
 def load_feedback(args: Mapping[str, object], script_dir: Path) -> Failures:
     path = _path(args, script_dir)
-    return [] if path is None else _data_file(path, FeedbackFormat())
+    return [] if path is None else _data_file(path, FEEDBACK)
 
 
 def read_text(args: Mapping[str, object], script_dir: Path) -> Failures:
@@ -135,3 +160,15 @@ def profile(args: Mapping[str, object], script_dir: Path) -> Failures:
             )
         ]
     return []
+
+
+def output(path: Path, *, folder: bool, overwrite: object) -> AnerRuntimeError | None:
+    """Why a call cannot write `path` (a file, or with `folder` a folder) as it stands now, as
+    the call itself would say (`files.check_target`): an existing target without `overwrite`
+    (when `overwrite` is not known, only what fails either way: a file where a folder is needed
+    or the other way round)."""
+    try:
+        files.check_target(path, overwrite=overwrite is not False, folder=folder)
+    except AnerRuntimeError as e:
+        return e
+    return None

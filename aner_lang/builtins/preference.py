@@ -96,7 +96,12 @@ def _loader(name: str, returns: str, doc: str, example: str) -> Builtin:
     return Builtin(
         name,
         (
-            Param("path", "String", doc="a .jsonl, .csv or .parquet file, relative to the script"),
+            Param(
+                "path",
+                "String",
+                doc="a .jsonl, .csv or .parquet file, relative to the script",
+                path="reads",
+            ),
             Param(
                 "context",
                 "Int",

@@ -445,7 +445,14 @@ _BUILTINS = (
                 "stop after n validations without a new best (0: never)",
                 keyword_only=True,
             ),
-            Param("checkpoints", "String?", "none", "checkpoint directory", keyword_only=True),
+            Param(
+                "checkpoints",
+                "String?",
+                "none",
+                "checkpoint directory",
+                keyword_only=True,
+                path="writes_folder",
+            ),
             Param(
                 "checkpoint_every",
                 "Int",
@@ -459,6 +466,7 @@ _BUILTINS = (
                 "none",
                 "JSON-lines event log (default: <checkpoints>/events.jsonl)",
                 keyword_only=True,
+                path="writes",
             ),
             Param(
                 "log_dir",
@@ -466,6 +474,7 @@ _BUILTINS = (
                 "none",
                 "a folder for TensorBoard event files",
                 keyword_only=True,
+                path="writes_folder",
             ),
         ),
         "Run",
@@ -498,8 +507,8 @@ _BUILTINS = (
     Builtin(
         "plot",
         (
-            Param("log", "String", doc="the JSON-lines event log train() wrote"),
-            Param("to", "String", doc="the picture to write: a .png or .svg file"),
+            Param("log", "String", doc="the JSON-lines event log train() wrote", path="reads"),
+            Param("to", "String", doc="the picture to write: a .png or .svg file", path="writes"),
         ),
         "String",
         "Draw a run's training and validation loss by update from its event log (what "
