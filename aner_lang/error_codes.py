@@ -109,7 +109,9 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         """
         The parser met a token or a character that cannot come next: a missing `)`, `]` or `}`, an
         operator or a `=` with nothing after it, a stray character such as `;` or `@`. The message
-        names what was found, and a note lists what would have been accepted there.
+        names what was found, and a note lists what would have been accepted there. A string must
+        end on the line it starts on, and so must each `${...}` in it (a `${` without its `}` leaves
+        the string open); write `\"` for a quote and `\$` for a dollar sign in the text.
 
         Parsing recovers at the next statement or declaration, so several syntax errors are reported
         in one run and the healthy statements around a broken one are still checked. Fix the first
@@ -132,7 +134,6 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         * a byte size that is not a whole number of bytes (`1.5 B`); a fraction of a larger unit is
           fine when it comes out whole (`1.5 KiB` is 1536 bytes);
         * an unknown escape in a string: the escapes are `\n`, `\t`, `\"`, `\\` and `\$`;
-        * `${` in a string without its closing `}`; write `\$` for a literal dollar sign;
         * a number outside its type's range: an `Int` or a `Bytes` size is a signed 64-bit
           integer (at most 9,223,372,036,854,775,807), a `Float` at most about 1.797e308 (`1e999`
           is an error, not infinity);
