@@ -1,5 +1,6 @@
-"""The error for a model path that names nothing, shared by `aner check`'s precheck, `aner plan`
-and `load_model`, so that each says the same.
+"""Model references: Hugging Face repository ids, and the error for a model path that names
+nothing, shared by `aner check`'s precheck, `aner plan` and `load_model`, so that each says the
+same.
 
 Aner reads only local files and never downloads. A path written like a Hugging Face hub id
 (`HuggingFaceTB/SmolLM2-135M-Instruct`) that names no local file is most likely meant as one, so
@@ -17,7 +18,24 @@ from pathlib import Path
 from aner_lang.errors import AnerRuntimeError
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}")
+"""A Hugging Face repository id: `owner/name`, each of letters, digits, `_`, `.` and `-`."""
+_HUB_URL = re.compile(r"https?://(?:www\.)?(?:huggingface\.co|hf\.co)/([^/?#]+/[^/?#]+)")
+_NOT_MODELS = ("datasets", "spaces")
+"""The first part of a hub URL's path that names no model repository."""
 _FILE_SUFFIXES = (".gguf", ".safetensors", ".bin", ".json", ".jsonl", ".txt", ".pt", ".aner")
+
+
+def hub_repo(value: object) -> str | None:
+    """The Hugging Face model repository id that a model's metadata names, as an id or a
+    `https://huggingface.co/owner/name` URL; None for anything else (a dataset or a space, another
+    site, not a string)."""
+    if not isinstance(value, str):
+        return None
+    m = _HUB_URL.match(value.strip())
+    repo = m.group(1) if m else value.strip()
+    if not _HUB_ID.fullmatch(repo) or repo.split("/")[0] in _NOT_MODELS:
+        return None
+    return repo
 
 
 def hub_id(given: str, resolved: Path) -> str | None:
