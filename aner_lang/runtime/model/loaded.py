@@ -114,4 +114,4 @@ class LoadedModel:
         return total
 
     def __repr__(self) -> str:
-        return f"Model({self.name!r}, {self.config.num_hidden_layers} layers, {self.storage})"
+        return f'Model("{self.name}", {self.config.num_hidden_layers} layers, {self.storage})'
