@@ -17,10 +17,12 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from aner_lang.builtins import registry  # noqa: E402
 from aner_lang.runtime import adapters  # noqa: E402
 from aner_lang.runtime.adapters.files import save_adapter  # noqa: E402
 from aner_lang.runtime.adapters.merge import merge  # noqa: E402
 from aner_lang.runtime.load.loader import load_model  # noqa: E402
+from aner_lang.runtime.model.info import model_info  # noqa: E402
 from aner_lang.testing.hf_fixture import FAMILIES, write_gguf_from_hf, write_hf_model  # noqa: E402
 
 TEXTS = [
@@ -51,6 +53,8 @@ def test_logits_equal_transformers_from_folder_and_gguf(family):
     for path in (folder, gguf):
         ours = load_model(path, device="cpu")
         assert ours.config.architecture == {"llama3": "llama", "mistral": "llama"}.get(name, name)
+        documented = {f.name: f.doc for f in registry().types["ModelInfo"].fields}["architecture"]
+        assert f'"{model_info(ours).architecture}"' in documented
         ids = _ids(ours)
         with torch.no_grad():
             want = hf(ids).logits
