@@ -76,10 +76,10 @@ def syntax_open_string(span: Span) -> Diagnostic:
     return Diagnostic(
         "E-SYNTAX",
         span,
-        "syntax error: this string has no closing `\"` on its line",
+        'syntax error: this string has no closing `"` on its line',
         notes=(
             "a string and its `${...}` interpolations end on the line they start on; "
-            "write `\\\"` for a quote and `\\$` for a dollar sign inside the text",
+            'write `\\"` for a quote and `\\$` for a dollar sign inside the text',
         ),
     )
 

@@ -114,7 +114,7 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         operator or a `=` with nothing after it, a stray character such as `;` or `@`. The message
         names what was found, and a note lists what would have been accepted there. A string must
         end on the line it starts on, and so must each `${...}` in it (a `${` without its `}` leaves
-        the string open); write `\"` for a quote and `\$` for a dollar sign in the text.
+        the string open); write `\\"` for a quote and `\\$` for a dollar sign in the text.
 
         Parsing recovers at the next statement or declaration, so several syntax errors are reported
         in one run and the healthy statements around a broken one are still checked. Fix the first

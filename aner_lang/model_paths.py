@@ -51,7 +51,9 @@ def missing_model(given: str, resolved: Path) -> AnerRuntimeError:
     `resolved` and names nothing there."""
     repo = hub_id(given, resolved)
     if repo is None:
-        return AnerRuntimeError(f"{resolved}: no such model file or folder", code="E-GGUF-NOT-FOUND")
+        return AnerRuntimeError(
+            f"{resolved}: no such model file or folder", code="E-GGUF-NOT-FOUND"
+        )
     folder = f"models/{repo.split('/')[1]}"
     return AnerRuntimeError(
         f"{resolved}: no such model file or folder; {repo!r} looks like a Hugging Face hub id, "

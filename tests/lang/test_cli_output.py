@@ -3,7 +3,6 @@ no traceback, and nothing is written into the current folder unless a file is na
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -81,23 +80,9 @@ def _printing(tmp_path: Path) -> dict[str, list[str]]:
     their `--help` is covered above."""
     script = tmp_path / "count.aner"
     script.write_text("for i in range(100000) {\n  print(i)\n}\n")
-    model = tmp_path / "model"
-    model.mkdir()
-    config = {
-        "model_type": "llama",
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "vocab_size": 512,
-        "tie_word_embeddings": True,
-        "max_position_embeddings": 256,
-    }
-    (model / "config.json").write_text(json.dumps(config))
     train = tmp_path / "train.aner"
     train.write_text(
-        'let base = load_model("model", storage: float32)\n'
+        'let base = load_model("t.gguf", storage: float32)\n'
         'let _run = train(lora(base, rank: 2), texts(["one"], context: 16), steps: 1)\n'
     )
     return {
@@ -106,8 +91,8 @@ def _printing(tmp_path: Path) -> dict[str, list[str]]:
         "explain": ["explain"],
         "explain E-SYNTAX": ["explain", "E-SYNTAX"],
         "explain --markdown": ["explain", "--markdown"],
-        "plan": ["plan", str(train), "--gpu-memory", "24GB"],
         "fixture": ["fixture", str(tmp_path / "t.gguf"), "--vocab", "bytes", "--layers", "1"],
+        "plan": ["plan", str(train), "--gpu-memory", "24GB"],  # of the fixture's model
         "submit": ["submit", str(script)],
         "jobs": ["jobs"],
         "logs": ["logs", "1", "-f"],
@@ -118,7 +103,7 @@ def _printing(tmp_path: Path) -> dict[str, list[str]]:
 def test_every_printing_command_survives_a_closed_output(tmp_path: Path, buffered: bool) -> None:
     printing = _printing(tmp_path)
     env = _env(tmp_path, buffered=buffered)
-    for name, argv in printing.items():  # in order: `jobs` and `logs` see the submitted job
+    for name, argv in printing.items():  # in order: `plan` reads the fixture, `logs` the job
         status, stderr = _closed_output(argv, tmp_path, env)
         _assert_quiet(stderr)
         assert status == EXIT_OUTPUT_CLOSED, (name, status, stderr)

@@ -90,7 +90,11 @@ def test_the_memory_report_is_a_table_of_the_report_s_own_figures(printed: str) 
     lines = printed.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("MemoryReport: "))
     table = lines[start + 1 : start + 16]
-    sections = [line.strip() for line in table if line.startswith("  ") and len(line) - len(line.lstrip()) == 2]
+    sections = [
+        line.strip()
+        for line in table
+        if line.startswith("  ") and len(line) - len(line.lstrip()) == 2
+    ]
     assert sections == ["base model", "adapter", "optimizer", "kernel buffers"]
     rows = [line.split() for line in table if line.startswith("    ")]
     values = [int(line.split()[1]) for line in lines if line.startswith("field ")]

@@ -122,7 +122,11 @@ def test_peft_export_names_a_base_that_loads(tiny_gguf, hf_tiny, tmp_path):
 @pytest.mark.parametrize(
     ("key", "value", "recorded"),
     [
-        ("general.source.repo_url", "https://huggingface.co/Org/Tiny-Instruct", "Org/Tiny-Instruct"),
+        (
+            "general.source.repo_url",
+            "https://huggingface.co/Org/Tiny-Instruct",
+            "Org/Tiny-Instruct",
+        ),
         ("general.source.url", "https://hf.co/Org/Tiny-Instruct/tree/main", "Org/Tiny-Instruct"),
         ("general.source.huggingface.repository", "Org/Tiny-Instruct", "Org/Tiny-Instruct"),
         ("general.source.url", "https://example.com/Org/Tiny", None),
