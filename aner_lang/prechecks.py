@@ -23,6 +23,7 @@ from pathlib import Path
 
 from aner_lang import files, gpus
 from aner_lang.errors import AnerRuntimeError
+from aner_lang.model_paths import missing_model
 from aner_lang.preference_records import FeedbackFormat, PairFormat
 from aner_lang.records import Format, check_records, jsonl_format
 
@@ -129,7 +130,7 @@ def load_model(args: Mapping[str, object], script_dir: Path) -> Failures:
         found.append(
             (
                 "path",
-                AnerRuntimeError(f"{path}: no such model file or folder", code="E-GGUF-NOT-FOUND"),
+                missing_model(str(args["path"]), path),
             )
         )
     if args.get("device") == "cuda" and not gpus.detect():

@@ -207,7 +207,7 @@ def test_cli_exit_codes(tmp_path: Path, capsys) -> None:
 def test_builtins_reference_is_up_to_date() -> None:
     committed = (ROOT / "docs" / "builtins.md").read_text(encoding="utf-8")
     assert committed == render_reference(registry()), (
-        "docs/builtins.md is stale: run `aner builtins`"
+        "docs/builtins.md is stale: run `aner builtins -o docs/builtins.md`"
     )
 
 

@@ -93,7 +93,7 @@ def _peft_parts(adapter: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         "init_lora_weights": True,
         "inference_mode": True,
         "modules_to_save": None,
-        "base_model_name_or_path": adapter.base.name,
+        "base_model_name_or_path": adapter.base.reference,
     }
     return tensors, config
 

