@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
-from aner_lang import files
+from aner_lang import files, json_text
 from aner_lang.errors import AnerRuntimeError
 
 if TYPE_CHECKING:
@@ -383,7 +383,7 @@ class Tokenizer:
                 f"{path}: not a tokenizer the tokenizers library can read ({exc})",
                 code="E-TOKENIZER",
             ) from None
-        vocabulary = _gguf_vocabulary(json.loads(backend.to_str()))
+        vocabulary = _gguf_vocabulary(json_text.loads(backend.to_str()))
         tc = _read_json(folder / "tokenizer_config.json")
         config = _read_json(folder / "config.json")
         generation = _read_json(folder / "generation_config.json")
