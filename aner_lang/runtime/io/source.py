@@ -112,7 +112,8 @@ class SafetensorsSource:
             raise AnerRuntimeError(f"{folder / HF_CONFIG}: not a JSON object", code="E-HF-CONFIG")
         index = folder / SAFETENSORS_INDEX
         if index.is_file():
-            weight_map = read_json(index, "E-HF-WEIGHTS").get("weight_map")
+            listing = read_json(index, "E-HF-WEIGHTS")
+            weight_map = listing.get("weight_map") if isinstance(listing, dict) else None
             if not isinstance(weight_map, dict):
                 raise AnerRuntimeError(f"{index}: no weight_map object", code="E-HF-WEIGHTS")
             shards = sorted(set(weight_map.values()))

@@ -162,7 +162,8 @@ spaces)."""
 
 def _check_vocabulary(meta: dict[str, Any], source: str) -> None:
     """The tokenizer metadata's shape, before any of it is used: lists of the right item types
-    and lengths, tokens no longer than `MAX_TOKEN_CHARS`, finite scores."""
+    and lengths, tokens no longer than `MAX_TOKEN_CHARS`, finite scores, token ids that are
+    integers in range, flags that are booleans."""
 
     def bad(what: str) -> AnerRuntimeError:
         return AnerRuntimeError(f"{source}: {what}", code="E-TOKENIZER")
@@ -195,6 +196,10 @@ def _check_vocabulary(meta: dict[str, Any], source: str) -> None:
         value = meta.get(f"tokenizer.ggml.{key}")
         if value is not None and (type(value) is not int or not 0 <= value < len(tokens)):
             raise bad(f"tokenizer.ggml.{key} is {value!r}, not a token id")
+    for key in ("add_bos_token", "add_space_prefix"):
+        value = meta.get(f"tokenizer.ggml.{key}")
+        if value is not None and type(value) is not bool:
+            raise bad(f"tokenizer.ggml.{key} is {value!r}, not true or false")
 
 
 def _build_backend(meta: dict[str, Any], source: str) -> HFTokenizer:
