@@ -5,8 +5,9 @@ Both file kinds give the one `ModelConfig`; what differs between architectures (
 norms, GGUF permutations) is a fact of its table in `aner_lang.architectures`, named by
 `ModelConfig.architecture`, not a field here. The checks make a bad file fail with its path and
 the offending value before any large allocation: sizes and counts that are positive integers in
-the file itself (`_Fields`), a head count the key/value head count divides, an even head size (rope rotates pairs), finite positive epsilon and rope
-parameters, a rope scaling Aner implements.
+the file itself (`_Fields`), a head count the key/value head count divides, an even head size
+(rope rotates pairs), finite positive epsilon and rope parameters, a rope scaling Aner
+implements.
 """
 
 from __future__ import annotations
