@@ -959,9 +959,12 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         Building the model needs the Llama hyper-parameters from the GGUF metadata:
         `llama.embedding_length`, `llama.block_count`, `llama.attention.head_count`,
         `llama.feed_forward_length`, the context length, and the vocabulary (`llama.vocab_size` or
-        `tokenizer.ggml.tokens`). This code means one is missing (the message names it), or the
-        attention shape is inconsistent (the head count must divide the hidden size, and the
-        key/value head count must divide the head count). The file was written by a tool that
+        `tokenizer.ggml.tokens`). This code means one is missing (the message names it), has
+        the wrong type (a size or a count must be a positive integer stored with a GGUF
+        integer type: a block count of 1.5, or 2.0, or "2", is refused rather than rounded; a
+        real number such as the rope base must be finite), or the attention shape is
+        inconsistent (the head count must divide the hidden size, and the key/value head count
+        must divide the head count). The file was written by a tool that
         leaves keys out: convert the model with llama.cpp's converter.
         """,
         """
@@ -1068,9 +1071,10 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         a JSON object; its `model_type` is not one Aner has a table for (`llama`, `mistral`,
         `qwen2`, `qwen3`); it asks for a feature Aner does not implement (an activation other than
         `silu`, MLP biases, a rope scaling other than `llama3` or `linear`); or its numbers are
-        inconsistent (a size that is not positive, a key/value head count that does not divide
-        the head count, an odd head size, a non-finite epsilon or rope base). The message names
-        the key and its value. Download the folder again, or use a supported model.
+        inconsistent (a size or count that is not a positive JSON integer, such as 1.5, 2.0 or
+        "2" for a layer count; a key/value head count that does not divide the head count, an
+        odd head size, a non-finite epsilon or rope base). The message names the key and its
+        value. Download the folder again, or use a supported model.
         """,
         """
         # models/gemma has config.json with "model_type": "gemma"

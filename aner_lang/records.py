@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from aner_lang import files
+from aner_lang import files, json_text
 from aner_lang.errors import AnerRuntimeError
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -261,7 +261,7 @@ def _jsonl_rows(path: Path) -> Iterator[Row]:
         if not line.strip():
             continue
         try:
-            value = json.loads(line)
+            value = json_text.loads(line)
         except json.JSONDecodeError as exc:
             raise AnerRuntimeError(
                 f"{path}:{n}: not valid JSON ({exc.msg}, column {exc.colno})", code="E-DATA-JSON"

@@ -23,7 +23,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from aner_lang import files
+from aner_lang import files, json_text
 from aner_lang.errors import AnerRuntimeError
 from aner_lang.runtime.io.fingerprint import fingerprint
 from aner_lang.runtime.io.world import once
@@ -166,10 +166,10 @@ def _file_error(directory: Path, name: str, e: AnerRuntimeError) -> AnerRuntimeE
 
 def _read_json(directory: Path, name: str) -> dict[str, Any]:
     try:
-        obj = json.loads(files.read_text(directory / name, JSON_LIMIT))
+        obj = json_text.loads(files.read_text(directory / name, JSON_LIMIT))
     except AnerRuntimeError as e:
         raise _file_error(directory, name, e) from None
-    except (ValueError, RecursionError) as e:
+    except ValueError as e:
         raise _fail(directory, f"{name} is not valid JSON ({e})") from None
     if not isinstance(obj, dict):
         raise _fail(directory, f"{name} is not a JSON object")

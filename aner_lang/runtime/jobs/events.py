@@ -15,6 +15,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
 
+from aner_lang import json_text
+
 EVENTS = "events.jsonl"
 
 
@@ -48,7 +50,7 @@ def read(folder: Path, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
     events = []
     for line in data[:end].splitlines():
         try:
-            event = json.loads(line)
+            event = json_text.loads(line)
         except ValueError:
             continue
         if isinstance(event, dict):

@@ -19,7 +19,6 @@ If the supervisor itself dies, the next client to read the database marks the jo
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -30,6 +29,7 @@ from collections import deque
 from pathlib import Path
 from typing import IO, Any
 
+from aner_lang import json_text
 from aner_lang.errors import EXIT_STOPPED
 from aner_lang.runtime.jobs.events import EventLog
 from aner_lang.runtime.jobs.processes import identity
@@ -148,7 +148,7 @@ class Supervisor:
             with os.fdopen(fd, "r", encoding="utf-8") as stream:
                 for line in stream:
                     try:
-                        event: dict[str, Any] = json.loads(line)
+                        event: dict[str, Any] = json_text.loads(line)
                     except ValueError:
                         continue
                     self.log.write(event)

@@ -4,20 +4,23 @@ folder's config.json and checked before any tensor is read.
 Both file kinds give the one `ModelConfig`; what differs between architectures (biases, q/k
 norms, GGUF permutations) is a fact of its table in `aner_lang.architectures`, named by
 `ModelConfig.architecture`, not a field here. The checks make a bad file fail with its path and
-the offending value before any large allocation: positive sizes, a head count the key/value head
-count divides, an even head size (rope rotates pairs), finite positive epsilon and rope
-parameters, a rope scaling Aner implements.
+the offending value before any large allocation: sizes and counts that are positive integers in
+the file itself (`_Fields`), a head count the key/value head count divides, an even head size
+(rope rotates pairs), finite positive epsilon and rope parameters, a rope scaling Aner
+implements.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aner_lang.architectures import ARCHITECTURES, for_gguf, for_hf
 from aner_lang.errors import AnerRuntimeError
+from aner_lang.grammar.limits import INT_MAX
 
 if TYPE_CHECKING:
     import torch
@@ -105,22 +108,54 @@ def rope_freq_factors(config: ModelConfig) -> torch.Tensor | None:
     return torch.tensor(factors, dtype=torch.float32)
 
 
+@dataclass(frozen=True)
+class _Fields:
+    """A file's hyper-parameters (GGUF metadata under `prefix`, or config.json's keys), each read
+    with the type its meaning needs, from the file's own types:
+
+    * A size or a count is an exact integer (a GGUF integer type, a JSON integer) from 1 to the
+      largest `Int` (`model_info` shows it to scripts). Anything else (1.5, or 2.0, for a layer
+      count; a string; an array; a boolean; a negative count) is refused, never rounded.
+    * A real number may be written as an integer or a float, and must be finite.
+
+    An error names the file and the key (`code`: E-GGUF-METADATA or E-HF-CONFIG)."""
+
+    source: str
+    code: str
+    values: Mapping[str, Any]
+    prefix: str = ""
+
+    def _value(self, key: str, default: Any) -> tuple[str, Any]:
+        name = self.prefix + key
+        if name in self.values and self.values[name] is not None:
+            return name, self.values[name]
+        if default is None:
+            raise AnerRuntimeError(f"{self.source}: missing key {name!r}", code=self.code)
+        return name, default
+
+    def integer(self, key: str, default: int | None = None) -> int:
+        name, value = self._value(key, default)
+        if type(value) is not int or not 1 <= value <= INT_MAX:
+            raise AnerRuntimeError(
+                f"{self.source}: {name} is {value!r}, not a positive integer",
+                code=self.code,
+                notes=(f"a size or a count is a whole number from 1 to {INT_MAX:,}",),
+            )
+        return value
+
+    def real(self, key: str, default: float | None = None) -> float:
+        name, value = self._value(key, default)
+        if type(value) not in (int, float) or not math.isfinite(value):
+            raise AnerRuntimeError(
+                f"{self.source}: {name} is {value!r}, not a finite number", code=self.code
+            )
+        return float(value)
+
+
 def _check(source: str, code: str, c: ModelConfig) -> ModelConfig:
     def bad(what: str) -> AnerRuntimeError:
         return AnerRuntimeError(f"{source}: {what}", code=code)
 
-    for field in (
-        "vocab_size",
-        "hidden_size",
-        "intermediate_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "num_key_value_heads",
-        "head_dim",
-        "max_position_embeddings",
-    ):
-        if int(getattr(c, field)) <= 0:
-            raise bad(f"{field} is {getattr(c, field)}; it must be positive")
     if c.num_attention_heads % c.num_key_value_heads:
         raise bad(
             f"inconsistent attention shape: {c.num_attention_heads} heads, "
@@ -162,25 +197,14 @@ def config_from_gguf(gguf: GGUFFile) -> ModelConfig:
         raise _unknown_architecture(
             str(gguf.path), "E-GGUF-ARCH", arch, [f"{k} GGUF files" for k in known]
         )
-    p = f"{arch}."
     meta = gguf.metadata
-
-    def num(key: str, default: Any = None) -> Any:
-        value = gguf.require(p + key) if default is None else meta.get(p + key, default)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise AnerRuntimeError(
-                f"{gguf.path}: metadata key {p + key!r} is {value!r}, not a number",
-                code="E-GGUF-METADATA",
-            )
-        return value
-
-    hidden = int(num("embedding_length"))
-    heads = int(num("attention.head_count"))
-    vocab = meta.get(p + "vocab_size")
-    if vocab is None:
-        vocab = len(gguf.require("tokenizer.ggml.tokens"))
-    head_dim = int(num("attention.key_length", hidden // max(heads, 1)))
-    rotary = int(num("rope.dimension_count", head_dim))
+    f = _Fields(str(gguf.path), "E-GGUF-METADATA", meta, f"{arch}.")
+    hidden = f.integer("embedding_length")
+    heads = f.integer("attention.head_count")
+    tokens = meta.get("tokenizer.ggml.tokens")
+    vocab = f.integer("vocab_size", len(tokens) if isinstance(tokens, list) else None)
+    head_dim = f.integer("attention.key_length", max(hidden // heads, 1))
+    rotary = f.integer("rope.dimension_count", head_dim)
     if rotary != head_dim:
         raise AnerRuntimeError(
             f"{gguf.path}: rope covers {rotary} of the {head_dim} dimensions of a head; "
@@ -188,9 +212,9 @@ def config_from_gguf(gguf: GGUFFile) -> ModelConfig:
             code="E-GGUF-METADATA",
         )
     scaling = None
-    kind = str(meta.get(p + "rope.scaling.type", "none"))
+    kind = str(meta.get(f"{arch}.rope.scaling.type", "none"))
     if kind == "linear":
-        scaling = RopeScaling("linear", float(num("rope.scaling.factor")))
+        scaling = RopeScaling("linear", f.real("rope.scaling.factor"))
     elif kind != "none":
         raise AnerRuntimeError(
             f"{gguf.path}: rope scaling {kind!r} is not implemented "
@@ -198,16 +222,16 @@ def config_from_gguf(gguf: GGUFFile) -> ModelConfig:
             code="E-GGUF-METADATA",
         )
     config = ModelConfig(
-        vocab_size=int(vocab),
+        vocab_size=vocab,
         hidden_size=hidden,
-        intermediate_size=int(num("feed_forward_length")),
-        num_hidden_layers=int(num("block_count")),
+        intermediate_size=f.integer("feed_forward_length"),
+        num_hidden_layers=f.integer("block_count"),
         num_attention_heads=heads,
-        num_key_value_heads=int(num("attention.head_count_kv", heads)),
+        num_key_value_heads=f.integer("attention.head_count_kv", heads),
         head_dim=head_dim,
-        rms_norm_eps=float(num("attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_theta=float(num("rope.freq_base", 10000.0)),
-        max_position_embeddings=int(num("context_length", 2048)),
+        rms_norm_eps=f.real("attention.layer_norm_rms_epsilon", 1e-5),
+        rope_theta=f.real("rope.freq_base", 10000.0),
+        max_position_embeddings=f.integer("context_length", 2048),
         tie_word_embeddings=not gguf.has_tensor(table.output),
         architecture=table.name,
         rope_scaling=scaling,
@@ -223,7 +247,9 @@ def _hf_rope(source: str, cfg: dict[str, Any]) -> tuple[float, RopeScaling | Non
         raise AnerRuntimeError(
             f"{source}: rope parameters {params!r} are not an object", code="E-HF-CONFIG"
         )
-    theta = float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    where = "rope_parameters." if cfg.get("rope_parameters") else "rope_scaling."
+    f = _Fields(source, "E-HF-CONFIG", {where + k: v for k, v in params.items()}, where)
+    theta = f.real("rope_theta", _Fields(source, "E-HF-CONFIG", cfg).real("rope_theta", 10000.0))
     kind = params.get("rope_type", params.get("type", "default"))
     if kind == "default":
         return theta, None
@@ -233,31 +259,29 @@ def _hf_rope(source: str, cfg: dict[str, Any]) -> tuple[float, RopeScaling | Non
             f"(Aner implements {', '.join(ROPE_SCALINGS)})",
             code="E-HF-CONFIG",
         )
-    fields = {
-        k: params[k]
-        for k in ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-        if k in params and kind == "llama3"
-    }
-    return theta, RopeScaling(kind, float(params.get("factor", 1.0)), **fields)
+    if kind == "linear":
+        return theta, RopeScaling(kind, f.real("factor", 1.0))
+    return theta, RopeScaling(
+        kind,
+        f.real("factor", 1.0),
+        f.real("low_freq_factor", 1.0),
+        f.real("high_freq_factor", 4.0),
+        f.integer("original_max_position_embeddings", 8192),
+    )
 
 
-def config_from_hf(cfg: dict[str, Any], folder: Path) -> ModelConfig:
+def config_from_hf(cfg: Any, folder: Path) -> ModelConfig:
     """The model's hyper-parameters from a Hugging Face config.json, checked."""
     source = str(folder / "config.json")
+    if not isinstance(cfg, dict):
+        raise AnerRuntimeError(f"{source}: not a JSON object", code="E-HF-CONFIG")
     model_type = str(cfg.get("model_type", ""))
     table = for_hf(model_type)
     if table is None:
         known = [f"{m} folders" for t in ARCHITECTURES.values() for m in t.hf_model_types]
         raise _unknown_architecture(source, "E-HF-CONFIG", model_type, known)
 
-    def field(key: str, default: Any = None) -> Any:
-        value = cfg.get(key, default)
-        if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise AnerRuntimeError(
-                f"{source}: {key} is {value!r}, not a number", code="E-HF-CONFIG"
-            )
-        return value
-
+    f = _Fields(source, "E-HF-CONFIG", cfg)
     unsupported = [
         f"{key} = {cfg[key]!r}"
         for key, fine in (
@@ -272,21 +296,22 @@ def config_from_hf(cfg: dict[str, Any], folder: Path) -> ModelConfig:
             f"{source}: {', '.join(unsupported)} is not implemented for {model_type} models",
             code="E-HF-CONFIG",
         )
-    hidden, heads = int(field("hidden_size")), int(field("num_attention_heads"))
-    context = int(field("max_position_embeddings", 2048))
-    window = cfg.get("sliding_window")
-    if isinstance(window, int) and window > 0 and cfg.get("use_sliding_window", True):
-        context = min(context, window)  # beyond the window, attention would differ
+    hidden, heads = f.integer("hidden_size"), f.integer("num_attention_heads")
+    context = f.integer("max_position_embeddings", 2048)
+    if cfg.get("sliding_window") is not None and cfg.get("use_sliding_window", True):
+        context = min(
+            context, f.integer("sliding_window")
+        )  # beyond the window, attention would differ
     theta, scaling = _hf_rope(source, cfg)
     config = ModelConfig(
-        vocab_size=int(field("vocab_size")),
+        vocab_size=f.integer("vocab_size"),
         hidden_size=hidden,
-        intermediate_size=int(field("intermediate_size")),
-        num_hidden_layers=int(field("num_hidden_layers")),
+        intermediate_size=f.integer("intermediate_size"),
+        num_hidden_layers=f.integer("num_hidden_layers"),
         num_attention_heads=heads,
-        num_key_value_heads=int(field("num_key_value_heads", heads)),
-        head_dim=int(cfg.get("head_dim") or hidden // max(heads, 1)),
-        rms_norm_eps=float(field("rms_norm_eps", 1e-6)),
+        num_key_value_heads=f.integer("num_key_value_heads", heads),
+        head_dim=f.integer("head_dim", max(hidden // heads, 1)),
+        rms_norm_eps=f.real("rms_norm_eps", 1e-6),
         rope_theta=theta,
         max_position_embeddings=context,
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),

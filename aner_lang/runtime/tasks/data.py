@@ -170,7 +170,7 @@ def _tokenize(data: Dataset, tokenizer: Tokenizer) -> Tokenized:
     examples: list[Example] = []
     truncated = dropped = 0
     for record in data.records:
-        fitted = [_fit(data, *_record_tokens(tokenizer, r, data.loss_on)) for r in _parts(record)]
+        fitted = [_fit(data, *_record_tokens(tokenizer, r, data)) for r in _parts(record)]
         if any(f is None for f in fitted):
             dropped += 1
             continue
@@ -211,28 +211,38 @@ def _whole(record: AnyRecord, parts: list[Example]) -> Example:
 
 
 def _record_tokens(
-    tokenizer: Tokenizer, record: Record | TokenRecord, loss_on: str
+    tokenizer: Tokenizer, record: Record | TokenRecord, data: Dataset
 ) -> tuple[list[int], list[bool]]:
+    """A record's tokens, enough of them for `data`'s context: a text longer than the context is
+    tokenized only as far as the example keeps it (`Tokenizer.encode`'s `limit`)."""
     if isinstance(record, TokenRecord):
         return list(record.ids), list(record.scored)
     if isinstance(record, ChatRecord):
-        return chat_tokens(tokenizer, record.messages, loss_on, record.where, record.scored_from)
-    return _text_tokens(tokenizer, record, loss_on)
+        return chat_tokens(
+            tokenizer,
+            record.messages,
+            data.loss_on,
+            record.where,
+            record.scored_from,
+            limit=data.context,
+        )
+    return _text_tokens(tokenizer, record, data.loss_on, data.context)
 
 
 def _text_tokens(
-    tokenizer: Tokenizer, record: TextRecord, loss_on: str
+    tokenizer: Tokenizer, record: TextRecord, loss_on: str, limit: int
 ) -> tuple[list[int], list[bool]]:
-    """Prompt (unscored unless `loss_on` is all) then completion and EOS.
+    """Prompt (unscored unless `loss_on` is all) then completion and EOS, each part at most
+    `limit` + 1 tokens (enough to know the example is cut at a context of `limit`).
 
     The completion is tokenized on its own so the prompt/completion boundary is exact; an EOS
     closes every example so the model learns where a completion ends."""
     prompt_ids = (
-        tokenizer.encode(record.prompt, add_special=True)
+        tokenizer.encode(record.prompt, add_special=True, limit=limit)
         if record.prompt
         else ([tokenizer.bos_id] if tokenizer.add_bos and tokenizer.bos_id is not None else [])
     )
-    completion_ids = tokenizer.encode(record.completion, add_special=False)
+    completion_ids = tokenizer.encode(record.completion, add_special=False, limit=limit)
     if tokenizer.eos_id is not None:
         completion_ids.append(tokenizer.eos_id)
     prompt_scored = loss_on == "all"

@@ -47,7 +47,7 @@ from typing import Any, Protocol
 import torch
 from safetensors.torch import load as st_load
 
-from aner_lang import files
+from aner_lang import files, json_text
 from aner_lang.errors import AnerRuntimeError
 from aner_lang.runtime.adapters import adapter_from_state
 from aner_lang.runtime.io.fingerprint import fingerprint
@@ -291,7 +291,7 @@ def _written_here(folder: Path) -> bool:
 
 def _read_json(directory: Path, path: Path, data: bytes | None = None) -> dict[str, Any]:
     try:
-        obj = json.loads(data if data is not None else files.read_bytes(path, JSON_LIMIT))
+        obj = json_text.loads(data if data is not None else files.read_bytes(path, JSON_LIMIT))
     except AnerRuntimeError as e:
         if e.code == "E-FILE-MISSING":
             raise _fail(
@@ -301,7 +301,7 @@ def _read_json(directory: Path, path: Path, data: bytes | None = None) -> dict[s
                 "is this a directory written by train(..., checkpoints: dir)?",
             ) from None
         raise _fail(directory, e.message, e.code) from None
-    except (ValueError, RecursionError) as e:
+    except ValueError as e:
         raise _fail(directory, f"{path.name} is not valid JSON ({e})", "E-CKPT-CORRUPT") from None
     if not isinstance(obj, dict):
         raise _fail(directory, f"{path.name} is not a JSON object", "E-CKPT-CORRUPT")

@@ -15,13 +15,12 @@ argument that is not a constant expression is assumed at its default, and the pl
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aner_lang import files, gpus
+from aner_lang import files, gpus, json_text
 from aner_lang.builtins import registry
 from aner_lang.builtins.spec import Builtin
 from aner_lang.check import Analysis, analyze
@@ -118,7 +117,7 @@ def model_config(path: str, script_dir: Path) -> ModelConfig:
 
         text = files.read_text(file / "config.json", files.TEXT_LIMIT)
         try:
-            cfg = json.loads(text)
+            cfg = json_text.loads(text)
         except ValueError as e:
             raise AnerRuntimeError(f"{file}/config.json: {e}", code="E-HF-CONFIG") from None
         return config_from_hf(cfg, file)
