@@ -198,7 +198,9 @@ class RMSNorm(torch.autograd.Function):
         dx = torch.empty((n, cols), dtype=x.dtype, device=x.device)
         want_dw = bool(ctx.needs_input_grad[1])
         programs = max(1, min(n, _processors(x.device)))
-        parts = torch.empty((programs, cols) if want_dw else (1,), dtype=torch.float32, device=x.device)
+        parts = torch.empty(
+            (programs, cols) if want_dw else (1,), dtype=torch.float32, device=x.device
+        )
         block = _pow2(cols)
         if n:
             _ready().rms_backward[(programs,)](
@@ -246,7 +248,9 @@ def _angle_strides(cos: torch.Tensor) -> tuple[int, int]:
     return cos.stride(0), cos.stride(2)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, transposed: bool) -> torch.Tensor:
+def _rotate(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, transposed: bool
+) -> torch.Tensor:
     """`[B, H, T, D]` heads (any strides with the last one 1) rotated into a fresh tensor of the
     same layout."""
     if x.stride(-1) != 1:

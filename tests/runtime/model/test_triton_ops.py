@@ -48,9 +48,7 @@ def _close(ours: torch.Tensor, ref: torch.Tensor, units: float) -> None:
     dtype = ref.dtype
     tol = units * ULP[dtype]
     scale = ref.float().abs().amax().item()
-    torch.testing.assert_close(
-        ours.float(), ref.float(), rtol=tol, atol=tol * scale * 2**-6
-    )
+    torch.testing.assert_close(ours.float(), ref.float(), rtol=tol, atol=tol * scale * 2**-6)
 
 
 def _rounding_units(dtype: torch.dtype, bf16: float) -> float:
