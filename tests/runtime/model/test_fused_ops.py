@@ -68,9 +68,10 @@ def test_swiglu_gradients_match_autograd_and_keep_only_the_inputs():
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_triton_kernels_on_cuda_agree_with_the_torch_functions(dtype):
-    """On CUDA the half-precision functions are Aner's Triton kernels: forward and gradients equal the torch functions' up to the half-precision rounding
-    of the result (Triton's fp32 exponential and the mean's summation order differ in the last
-    fp32 bits, which a rounding to fp16 can show)."""
+    """On CUDA the half-precision functions are Aner's Triton kernels: forward and gradients
+    equal the torch functions' up to the half-precision rounding of the result (Triton's fp32
+    exponential and the mean's summation order differ in the last fp32 bits, which a rounding to
+    fp16 can show)."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     if fused_ops.implementation(torch.device("cuda")) == "torch":

@@ -4,9 +4,10 @@ A compiled module is identified by its *kernel identity string*: the sha256 of t
 the NVRTC options, the target architecture and the precision profile. Profiles and checkpoints
 record it, so a result can be traced to the exact machine code that produced it. Modules are
 cached twice: per process (a dict, so a second layer costs nothing) and on disk (a cubin named by
-the sha256 of the module's identity, so a second process skips NVRTC; that identity also names the
-NVRTC version, since another compiler makes other machine code from the same source). Writes to the disk cache are atomic
-(temporary file + rename), so concurrent processes never read half a cubin.
+the sha256 of the module's identity, so a second process skips NVRTC; that identity also names
+the NVRTC version, since another compiler makes other machine code from the same source). Writes
+to the disk cache are atomic (temporary file + rename), so concurrent processes never read half
+a cubin.
 """
 
 from __future__ import annotations
