@@ -238,7 +238,7 @@ class LlamaMLP(nn.Module):
 
     @staticmethod
     def activation(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-        """silu(gate) * up (Liger's kernel on CUDA in half precision)."""
+        """silu(gate) * up (a Triton kernel on CUDA in half precision)."""
         return F.silu(gate) * up if gate.dtype == torch.float32 else swiglu(gate, up)
 
 
