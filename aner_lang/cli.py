@@ -21,8 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from aner_lang.diagnostics import Diagnostic, file_error, render
-from aner_lang.errors import EXIT_OUTPUT_CLOSED, EXIT_STOPPED, OutputClosed, RunStopped
+from aner_lang.problems.diagnostics import Diagnostic, file_error, render
+from aner_lang.problems.errors import EXIT_OUTPUT_CLOSED, EXIT_STOPPED, OutputClosed, RunStopped
 
 if TYPE_CHECKING:
     from aner_lang.check import Analysis
@@ -38,8 +38,8 @@ def _print(diags: list[Diagnostic], source: str | None) -> None:
 
 def _read(path: str) -> str | None:
     """A script's text (bounded: `files.SCRIPT_LIMIT`), or None after printing why not."""
-    from aner_lang import files
-    from aner_lang.errors import AnerRuntimeError
+    from aner_lang.host import files
+    from aner_lang.problems.errors import AnerRuntimeError
 
     try:
         return files.read_text(path, files.SCRIPT_LIMIT)
@@ -132,8 +132,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_plot(args: argparse.Namespace) -> int:
     """Draw a run's loss curves from its event log (default picture: the log's name, .png)."""
-    from aner_lang.errors import AnerRuntimeError
-    from aner_lang.plot import plot
+    from aner_lang.datafiles.plot import plot
+    from aner_lang.problems.errors import AnerRuntimeError
 
     log = Path(args.log)
     out = Path(args.output) if args.output else log.with_suffix(".png")
@@ -152,7 +152,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_check_docs(args: argparse.Namespace) -> int:
-    from aner_lang.docs_check import check_markdown, markdown_files
+    from aner_lang.check.docs_check import check_markdown, markdown_files
 
     failed = False
     total = 0
@@ -178,9 +178,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
     Codes match exactly or in any letter case (`e-syntax`); an unknown code is a usage error (2)
     with the closest known code suggested."""
-    from aner_lang.diagnostics import did_you_mean
-    from aner_lang.error_codes import ERROR_CODES, lookup
-    from aner_lang.error_reference import explain, listing, render_markdown
+    from aner_lang.problems.diagnostics import did_you_mean
+    from aner_lang.problems.error_codes import ERROR_CODES, lookup
+    from aner_lang.problems.error_reference import explain, listing, render_markdown
 
     if args.markdown:
         if args.code is not None:

@@ -191,7 +191,7 @@ BUILTINS = (
         needs_context=True,
         category="files",
         examples=('read_text("notes.txt")',),
-        precheck="aner_lang.prechecks:read_text",
+        precheck="aner_lang.host.prechecks:read_text",
     ),
     Builtin(
         "write_json",

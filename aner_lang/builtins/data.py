@@ -1,7 +1,7 @@
 """Declarations of the dataset builtins: reading data files in their formats, the dataset
 operations (shuffle, take, split, pack) and `inspect`. Implementations live in
 `aner_lang.runtime.tasks` and load only when first called; the file formats themselves are
-`aner_lang.records` (torch-free, so `aner check` reads the first rows of a literal path with the
+`aner_lang.datafiles.records` (torch-free, so `aner check` reads the first rows of a literal path with the
 same rules, through each reader's `precheck`).
 """
 
@@ -22,7 +22,7 @@ from aner_lang.builtins.spec import (
 _CATEGORY = "data"
 _DATA = "aner_lang.runtime.tasks.data:"
 _OPS = "aner_lang.runtime.tasks.dataset_ops:"
-_PRECHECK = "aner_lang.prechecks:"
+_PRECHECK = "aner_lang.host.prechecks:"
 
 DATA_FORMAT = EnumDecl(
     "DataFormat",

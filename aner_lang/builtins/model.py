@@ -299,7 +299,7 @@ DECLARATIONS = Declarations(
             requires=NATIVE,
             needs_context=True,
             category=_CATEGORY,
-            precheck="aner_lang.prechecks:load_model",
+            precheck="aner_lang.host.prechecks:load_model",
         ),
         *_FORWARD_BUILTINS,
     ),

@@ -126,7 +126,7 @@ def _loader(name: str, returns: str, doc: str, example: str) -> Builtin:
         requires=_NATIVE,
         needs_context=True,
         category=_CATEGORY,
-        precheck=f"aner_lang.prechecks:{name}",
+        precheck=f"aner_lang.host.prechecks:{name}",
     )
 
 

@@ -28,7 +28,7 @@ How the interpreter calls an implementation (the runtime's side of the contract)
   member -> its member name as a str (``"q_proj"``), an opaque value -> whatever Python object the
   runtime returned earlier. A builtin returning a declared type with fields returns an object whose
   attributes (or a Mapping whose keys) carry those fields.
-* A user-facing failure is raised as ``aner_lang.errors.AnerRuntimeError``; the interpreter adds
+* A user-facing failure is raised as ``aner_lang.problems.errors.AnerRuntimeError``; the interpreter adds
   the Aner source span and the Aner call stack. Any other exception escaping an implementation is
   a bug in Aner, and is reported as an internal error, still with the Aner span.
 * ``x.f(a)`` in a script means ``f(x, a)``: method syntax needs no extra declaration.
@@ -70,7 +70,7 @@ class Param:
     file, or "writes_folder" (creates a folder, or adds to it). The checks before a run use it:
     a path the script may write first is not known to be missing, and a write target is checked
     like the call checks it (`aner_lang.check.environment`). A call with an `overwrite`
-    parameter refuses an existing target without it (`aner_lang.files`); the others write into
+    parameter refuses an existing target without it (`aner_lang.host.files`); the others write into
     what is there (train's checkpoints resume and its logs append; plot redraws its picture)."""
 
     @property

@@ -385,7 +385,7 @@ _BUILTINS = (
         native=True,
         requires=("torch",),
         category=_CATEGORY,
-        precheck="aner_lang.prechecks:profile",
+        precheck="aner_lang.host.prechecks:profile",
     ),
     Builtin(
         "train",
@@ -513,7 +513,7 @@ _BUILTINS = (
         "String",
         "Draw a run's training and validation loss by update from its event log (what "
         "`aner plot` does); returns the path written. Paths are relative to the script.",
-        "aner_lang.plot:plot_builtin",
+        "aner_lang.datafiles.plot:plot_builtin",
         examples=('plot("runs/chat/events.jsonl", "runs/chat/loss.svg")',),
         native=True,
         requires=("matplotlib",),

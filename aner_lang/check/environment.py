@@ -31,15 +31,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
-from aner_lang import files, prechecks
 from aner_lang.builtins import registry
 from aner_lang.builtins.spec import WRITES, Builtin
 from aner_lang.check.analysis import Analysis, CallInfo
 from aner_lang.check.consteval import STATIC_FAILURES, evaluate
 from aner_lang.check.reach import Reach, reach
-from aner_lang.diagnostics import WARNING, Diagnostic
-from aner_lang.errors import AnerRuntimeError
 from aner_lang.grammar.ast import Span
+from aner_lang.host import files, prechecks
+from aner_lang.problems.diagnostics import WARNING, Diagnostic
+from aner_lang.problems.errors import AnerRuntimeError
 
 Precheck = Callable[[Mapping[str, object], Path], list[tuple[str, AnerRuntimeError]]]
 

@@ -37,8 +37,6 @@ from lark.common import LexerConf
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
 from lark.lexer import Lexer
 
-from aner_lang import diagnostics as msg
-from aner_lang.diagnostics import Diagnostic
 from aner_lang.grammar import ast
 from aner_lang.grammar.ast import Span
 from aner_lang.grammar.limits import (
@@ -49,6 +47,8 @@ from aner_lang.grammar.limits import (
     too_deep,
 )
 from aner_lang.grammar.strings import interpolation_end, string_end
+from aner_lang.problems import diagnostics as msg
+from aner_lang.problems.diagnostics import Diagnostic
 
 BYTE_UNITS = {
     "B": 1,

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from aner_lang.files import check_name, resolve
+from aner_lang.host.files import check_name, resolve
 
 
 @dataclass

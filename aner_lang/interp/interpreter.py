@@ -12,16 +12,14 @@ Every failure leaves as `AnerError` (`failures.py`), at an Aner span with the An
 
 from __future__ import annotations
 
-from aner_lang import diagnostics as msg
-from aner_lang import files, prechecks
 from aner_lang.builtins.spec import WRITES, Builtin
 from aner_lang.check import Analysis
 from aner_lang.check.checker import registry_expr
 from aner_lang.check.consteval import apply_binary, evaluate, negate, size_error
-from aner_lang.errors import AnerRuntimeError
 from aner_lang.grammar import ast
 from aner_lang.grammar.ast import Span
 from aner_lang.grammar.limits import MAX_CHARS, ensure_recursion_limit
+from aner_lang.host import files, prechecks
 from aner_lang.interp.binding import BuiltinPlan, CallPlan, RecordPlan, plan_call
 from aner_lang.interp.boundary import from_native, load_impl, to_native
 from aner_lang.interp.context import ExecContext
@@ -29,6 +27,8 @@ from aner_lang.interp.defaults import BuiltinCall, Constant
 from aner_lang.interp.env import Env, Module
 from aner_lang.interp.failures import AnerError, Frame, failure
 from aner_lang.interp.values import EnumValue, RecordValue, Value, show
+from aner_lang.problems import diagnostics as msg
+from aner_lang.problems.errors import AnerRuntimeError
 
 
 class _Return(Exception):

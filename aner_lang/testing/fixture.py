@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from aner_lang.architectures import ARCHITECTURES, Norm
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.io.gguf import permute_rows
 from aner_lang.runtime.io.packages import package_file
 from aner_lang.runtime.model.config import ModelConfig

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from aner_lang.cli import _DELEGATED, command_line, main
-from aner_lang.errors import EXIT_OUTPUT_CLOSED
+from aner_lang.problems.errors import EXIT_OUTPUT_CLOSED
 
 
 def _commands() -> list[str]:

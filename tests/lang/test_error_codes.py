@@ -1,4 +1,4 @@
-"""The error-code registry (`aner_lang.error_codes`): every code the source can report is
+"""The error-code registry (`aner_lang.problems.error_codes`): every code the source can report is
 registered and every entry is reported somewhere, each example does what its kind says,
 `docs/errors.md` is the generated text, and `aner explain` prints every entry."""
 
@@ -14,9 +14,9 @@ import pytest
 from aner_lang.check import Analysis, analyze
 from aner_lang.check.before_run import check_before_run
 from aner_lang.cli import main
-from aner_lang.error_codes import ERROR_CODES, ErrorCode, ExampleKind, lookup
-from aner_lang.error_reference import render_markdown
 from aner_lang.interp import AnerError, ExecContext, run
+from aner_lang.problems.error_codes import ERROR_CODES, ErrorCode, ExampleKind, lookup
+from aner_lang.problems.error_reference import render_markdown
 
 ROOT = Path(__file__).resolve().parents[2]
 _CODE = re.compile(r"^[EW]-[A-Z0-9]+(-[A-Z0-9]+)*$")
@@ -52,7 +52,7 @@ def _id(entry: ErrorCode) -> str:
 
 def test_every_code_in_the_source_is_registered() -> None:
     missing = {c: where for c, where in _codes_in_source().items() if c not in ERROR_CODES}
-    assert not missing, f"add these codes to aner_lang/error_codes.py: {missing}"
+    assert not missing, f"add these codes to aner_lang/problems/error_codes.py: {missing}"
 
 
 def test_every_registered_code_is_reported_somewhere() -> None:

@@ -1,4 +1,4 @@
-"""The bounded JSON parser every reader of JSON goes through (`aner_lang.json_text`): its two
+"""The bounded JSON parser every reader of JSON goes through (`aner_lang.host.json_text`): its two
 bounds, where they are reported, and what they do not refuse."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from aner_lang.json_text import MAX_DEPTH, MAX_INTEGER_DIGITS, loads
+from aner_lang.host.json_text import MAX_DEPTH, MAX_INTEGER_DIGITS, loads
 
 
 def _error(text: str | bytes) -> json.JSONDecodeError:

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from aner_lang.cli import main
-from aner_lang.errors import AnerRuntimeError
-from aner_lang.plot import plot, read_curves
+from aner_lang.datafiles.plot import plot, read_curves
+from aner_lang.problems.errors import AnerRuntimeError
 
 pytest.importorskip("matplotlib")
 

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from aner_lang import gpus
 from aner_lang.check import analyze
 from aner_lang.check.before_run import check_before_run
 from aner_lang.check.reach import reach
 from aner_lang.cli import main
+from aner_lang.host import gpus
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 
 PAYLOADS = {
     "deep": ("[" * 5000 + "]" * 5000, "nested more than 100 levels"),
@@ -31,7 +31,7 @@ def _jsonl(path: Path, payload: str) -> Path:
 
 
 def _records(tmp: Path, payload: str) -> object:
-    from aner_lang.records import rows
+    from aner_lang.datafiles.records import rows
 
     return list(rows(_jsonl(tmp / "d.ndjson", payload)))
 
@@ -43,8 +43,8 @@ def _text_data(tmp: Path, payload: str) -> object:
 
 
 def _preference_data(tmp: Path, payload: str) -> object:
-    from aner_lang.preference_records import PairFormat
-    from aner_lang.records import records
+    from aner_lang.datafiles.preference_records import PairFormat
+    from aner_lang.datafiles.records import records
 
     return records(_jsonl(tmp / "d.jsonl", payload), PairFormat())
 

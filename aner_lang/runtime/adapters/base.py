@@ -17,7 +17,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.io.host_copy import host_copies
 from aner_lang.runtime.model.linear import FrozenLinear
 from aner_lang.runtime.model.sections import section

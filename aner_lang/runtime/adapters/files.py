@@ -23,8 +23,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from aner_lang import files, json_text
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.host import files, json_text
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.io.fingerprint import fingerprint
 from aner_lang.runtime.io.world import once
 
@@ -114,7 +114,7 @@ def save_adapter(
     The files are written into a temporary sibling folder and moved into place together, so the
     folder never holds half an adapter. A folder that holds anything is written only with
     `overwrite` (and then only the adapter's own files are replaced); the base model's own
-    folder or file never (`aner_lang.files`)."""
+    folder or file never (`aner_lang.host.files`)."""
     if format not in FORMATS:
         raise AnerRuntimeError(
             f"unknown adapter format {format!r}; expected one of {', '.join(FORMATS)}",
@@ -160,7 +160,7 @@ WEIGHTS_LIMIT = files.DATA_LIMIT
 
 
 def _file_error(directory: Path, name: str, e: AnerRuntimeError) -> AnerRuntimeError:
-    """A refused read of the adapter file `name` (`aner_lang.files`), keeping its code."""
+    """A refused read of the adapter file `name` (`aner_lang.host.files`), keeping its code."""
     return _fail(directory, f"{name}: {e.message.removeprefix(f'{directory / name}: ')}", e.code)
 
 

@@ -1,5 +1,5 @@
 """What every exporter shares: refusing an adapter where a model is needed, and writing its
-output under the rules of `aner_lang.files` (an existing file or non-empty folder replaced only
+output under the rules of `aner_lang.host.files` (an existing file or non-empty folder replaced only
 with `overwrite`, never the model's own files, a temporary name published only once complete, so
 an interrupted export never leaves a file that looks finished)."""
 
@@ -10,8 +10,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from aner_lang import files
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.host import files
+from aner_lang.problems.errors import AnerRuntimeError
 
 
 def require_model(model: Any, builtin: str) -> None:

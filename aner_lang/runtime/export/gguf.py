@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from aner_lang.architectures import Kind
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.export import filetypes, kquants
 from aner_lang.runtime.export.files import gguf_writer, require_model
 from aner_lang.runtime.io.gguf import GGUFFile, permute_rows
@@ -127,7 +127,7 @@ def export_gguf(
     model: Any, path: str | Path, dtype: str = "f16", *, overwrite: bool = False
 ) -> Path:
     """Write `model` (a base or a merged adapter) as a GGUF file of file type `dtype`: an existing
-    file only with `overwrite`, and never the model's own source file (`aner_lang.files`)."""
+    file only with `overwrite`, and never the model's own source file (`aner_lang.host.files`)."""
     import gguf
 
     ft = filetypes.file_type(dtype)

@@ -26,8 +26,8 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import processors
 
-from aner_lang import files
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.host import files
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.export.files import require_model
 from aner_lang.runtime.io.world import once
 from aner_lang.runtime.model.linear import FrozenLinear

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.adapters.merge import effective_weights
 from aner_lang.runtime.export.files import gguf_writer
 from aner_lang.runtime.io.gguf import permute_rows

@@ -19,8 +19,8 @@ import os
 import tempfile
 from pathlib import Path
 
-from aner_lang import files, json_text
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.host import files, json_text
+from aner_lang.problems.errors import AnerRuntimeError
 
 _CACHE_NAME = "fingerprints.json"
 _CHUNK = 8 * 1024 * 1024

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 
 GGUF_MAGIC = b"GGUF"
 T = TypeVar("T", torch.Tensor, np.ndarray)

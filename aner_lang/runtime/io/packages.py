@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from aner_lang.diagnostics import did_you_mean
-from aner_lang.errors import AnerRuntimeError
-from aner_lang.prechecks import PACKAGE_SCHEME
+from aner_lang.host.prechecks import PACKAGE_SCHEME
+from aner_lang.problems.diagnostics import did_you_mean
+from aner_lang.problems.errors import AnerRuntimeError
 
 if TYPE_CHECKING:
     from importlib.metadata import Distribution

@@ -23,9 +23,9 @@ from typing import Any, Protocol
 
 import torch
 
-from aner_lang import files, json_text
 from aner_lang.architectures import Weight
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.host import files, json_text
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.io.gguf import GGUFFile, unpermute_rows
 
 HF_CONFIG = "config.json"
@@ -97,7 +97,7 @@ class GGUFSource:
 
 
 def read_json(path: Path, code: str) -> Any:
-    """A JSON file of a model folder, read through `aner_lang.files` (a regular file of at most
+    """A JSON file of a model folder, read through `aner_lang.host.files` (a regular file of at most
     `MAX_JSON_BYTES`), with a clear error when it is bad."""
     try:
         return json_text.loads(files.read_text(path, MAX_JSON_BYTES))

@@ -19,8 +19,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from aner_lang.diagnostics import render
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.diagnostics import render
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.jobs import events, manage
 from aner_lang.runtime.jobs.store import JobRecord, JobStore
 

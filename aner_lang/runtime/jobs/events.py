@@ -15,7 +15,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
 
-from aner_lang import json_text
+from aner_lang.host import json_text
 
 EVENTS = "events.jsonl"
 

@@ -29,8 +29,8 @@ from collections import deque
 from pathlib import Path
 from typing import IO, Any
 
-from aner_lang import json_text
-from aner_lang.errors import EXIT_STOPPED
+from aner_lang.host import json_text
+from aner_lang.problems.errors import EXIT_STOPPED
 from aner_lang.runtime.jobs.events import EventLog
 from aner_lang.runtime.jobs.processes import identity
 from aner_lang.runtime.jobs.store import (

@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from aner_lang.architectures import ARCHITECTURES, Kind
-from aner_lang.errors import AnerRuntimeError
-from aner_lang.model_paths import missing_model
-from aner_lang.prechecks import PACKAGE_SCHEME
+from aner_lang.host.model_paths import missing_model
+from aner_lang.host.prechecks import PACKAGE_SCHEME
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.io.packages import packaged_model
 from aner_lang.runtime.io.progress import Progress
 from aner_lang.runtime.io.source import SafetensorsSource, TensorSource, open_source

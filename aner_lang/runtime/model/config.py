@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aner_lang.architectures import ARCHITECTURES, for_gguf, for_hf
-from aner_lang.errors import AnerRuntimeError
 from aner_lang.grammar.limits import INT_MAX
+from aner_lang.problems.errors import AnerRuntimeError
 
 if TYPE_CHECKING:
     import torch

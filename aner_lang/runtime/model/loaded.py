@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from aner_lang.architectures import ARCHITECTURES, Architecture
-from aner_lang.model_paths import hub_repo
+from aner_lang.host.model_paths import hub_repo
 from aner_lang.runtime.model.config import ModelConfig
 from aner_lang.runtime.model.linear import FrozenLinear
 from aner_lang.runtime.model.tokenizer import Tokenizer

@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING, Any
 from tokenizers import AddedToken, Encoding, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
-from aner_lang import files, json_text
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.host import files, json_text
+from aner_lang.problems.errors import AnerRuntimeError
 
 if TYPE_CHECKING:
     from aner_lang.runtime.io.gguf import GGUFFile

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.model.activations import recomputing, run_layer
 from aner_lang.runtime.model.config import ModelConfig
 from aner_lang.runtime.model.fused_ops import rms_norm, rope, swiglu

@@ -19,8 +19,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
-from aner_lang import json_text
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.host import json_text
+from aner_lang.problems.errors import AnerRuntimeError
 
 _RETRIED_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 _QUOTED = 300

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 
 if TYPE_CHECKING:
     from aner_lang.runtime.model.tokenizer import Tokenizer

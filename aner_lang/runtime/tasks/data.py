@@ -31,9 +31,8 @@ from dataclasses import field as dc_field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from aner_lang.errors import AnerRuntimeError
-from aner_lang.preference_records import FeedbackRecord, PairRecord
-from aner_lang.records import (
+from aner_lang.datafiles.preference_records import FeedbackRecord, PairRecord
+from aner_lang.datafiles.records import (
     ChatRecord,
     Format,
     Record,
@@ -42,6 +41,7 @@ from aner_lang.records import (
     jsonl_format,
     records,
 )
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.tasks.chat import chat_tokens
 
 if TYPE_CHECKING:
@@ -304,7 +304,7 @@ def from_file(
     loss_on: str = "responses",
     too_long: str = "truncate",
 ) -> Dataset:
-    """The records of a data file (`aner_lang.records`) as a dataset."""
+    """The records of a data file (`aner_lang.datafiles.records`) as a dataset."""
     _check_context(context)
     return Dataset(tuple(records(path, fmt)), context, str(path), loss_on, too_long)
 

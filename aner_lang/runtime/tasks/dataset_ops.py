@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from aner_lang.errors import AnerRuntimeError
 from aner_lang.interp.values import record_text
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.tasks.data import Dataset, Example
 
 SCORED_OPEN, SCORED_CLOSE = "⟦", "⟧"

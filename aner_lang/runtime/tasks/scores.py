@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from aner_lang.errors import AnerRuntimeError
 from aner_lang.interp.values import record_text
+from aner_lang.problems.errors import AnerRuntimeError
 
 
 @dataclass(frozen=True)

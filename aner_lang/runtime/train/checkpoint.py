@@ -16,7 +16,7 @@ a truncated or altered file, a different base model (GGUF sha256, see `fingerpri
 different profile or a different kernel identity.
 
 Nothing in a checkpoint directory is trusted (docs/security.md): every file is read through
-`aner_lang.files` (regular files only, bounded: the manifest states each file's size, and no more
+`aner_lang.host.files` (regular files only, bounded: the manifest states each file's size, and no more
 is read), the pointer and the manifest are checked against a schema before any of their values
 is used, hashes are compared whole (never a prefix), the base model's fingerprint is required,
 and the tensors must be finite. A forged checkpoint with recomputed hashes therefore still has to
@@ -47,8 +47,8 @@ from typing import Any, Protocol
 import torch
 from safetensors.torch import load as st_load
 
-from aner_lang import files, json_text
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.host import files, json_text
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.adapters import adapter_from_state
 from aner_lang.runtime.io.fingerprint import fingerprint
 from aner_lang.runtime.io.tensor_file import TensorFile

@@ -32,8 +32,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from aner_lang.errors import AnerRuntimeError
 from aner_lang.interp.values import record_fields, record_text
+from aner_lang.problems.errors import AnerRuntimeError
 
 DPO_LOSSES = ("sigmoid", "ipo", "hinge")
 

@@ -8,7 +8,7 @@ header is read by the runtime's parser, which imports it).
 
 Per call the plan prints the peak by category (`footprint` holds the counting rules, shared with
 `memory()`), the tokens per update and the number of updates, and whether the peak fits the GPU:
-the one named by `--gpu-memory`, or the first CUDA GPU the driver reports (`aner_lang.gpus`). An
+the one named by `--gpu-memory`, or the first CUDA GPU the driver reports (`aner_lang.host.gpus`). An
 argument that is not a constant expression is assumed at its default, and the plan says so.
 """
 
@@ -20,7 +20,6 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aner_lang import files, gpus, json_text
 from aner_lang.builtins import registry
 from aner_lang.builtins.spec import Builtin
 from aner_lang.check import Analysis, analyze
@@ -28,11 +27,12 @@ from aner_lang.check.analysis import CallInfo
 from aner_lang.check.consteval import STATIC_FAILURES, evaluate
 from aner_lang.check.core import registry_expr
 from aner_lang.check.environment import written_arguments
-from aner_lang.diagnostics import render
-from aner_lang.errors import AnerRuntimeError
 from aner_lang.grammar import ast
-from aner_lang.model_paths import missing_model
-from aner_lang.prechecks import PACKAGE_SCHEME
+from aner_lang.host import files, gpus, json_text
+from aner_lang.host.model_paths import missing_model
+from aner_lang.host.prechecks import PACKAGE_SCHEME
+from aner_lang.problems.diagnostics import render
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.io.packages import packaged_model
 from aner_lang.runtime.model.chunking import CHUNK_BYTES, row_slices
 from aner_lang.runtime.model.config import ModelConfig

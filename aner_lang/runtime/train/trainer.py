@@ -48,7 +48,7 @@ from typing import Any
 
 import torch
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.io.process_clock import seconds_running
 from aner_lang.runtime.io.world import once, world
 from aner_lang.runtime.model import fused_ops

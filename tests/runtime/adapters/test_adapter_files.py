@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime import adapters
 from aner_lang.runtime.adapters.files import load_adapter, save_adapter
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.io.gguf import GGUFFile, permute_rows, unpermute_rows
 from aner_lang.runtime.load.loader import load_model
 from aner_lang.runtime.model.config import config_from_gguf

@@ -13,8 +13,8 @@ import pytest
 
 from aner_lang.check import analyze
 from aner_lang.check.environment import environment_diagnostics
-from aner_lang.errors import AnerRuntimeError
 from aner_lang.interp import ExecContext
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.load.loader import load_model_builtin
 from aner_lang.runtime.train.plan import model_config
 from aner_lang.testing.fixture import SMOLLM2_DIST, SMOLLM2_FILE, smollm2_gguf_path

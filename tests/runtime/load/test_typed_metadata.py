@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.load.loader import load_model
 from aner_lang.runtime.train.plan import model_config
 from aner_lang.testing.fixture import rewrite_gguf

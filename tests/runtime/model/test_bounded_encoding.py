@@ -136,7 +136,7 @@ def test_a_limited_conversation_is_scored_as_the_whole_one(real_vocabulary, lite
 _MEASURE = """
 import json, resource, sys
 from pathlib import Path
-from aner_lang.records import Format
+from aner_lang.datafiles.records import Format
 from aner_lang.runtime.io.gguf import GGUFFile
 from aner_lang.runtime.model.tokenizer import Tokenizer
 from aner_lang.runtime.tasks.data import from_file

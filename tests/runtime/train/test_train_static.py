@@ -45,7 +45,7 @@ def test_examples_qlora_checks_clean_without_torch_or_a_gpu():
     example's fused profile sits in a branch only a GPU takes), and none imports torch."""
     example = str(ROOT / "examples/qlora.aner")
     code = (
-        "import sys; from aner_lang import gpus; gpus.detect = lambda: (); "
+        "import sys; from aner_lang.host import gpus; gpus.detect = lambda: (); "
         "from aner_lang.check.before_run import check_before_run; "
         f"a = check_before_run(open({example!r}).read(), {example!r}, running=True); "
         "assert not a.errors, a.errors; "

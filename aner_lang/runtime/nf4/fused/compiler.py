@@ -20,7 +20,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.io.fingerprint import cache_dir as aner_cache_dir
 
 SOURCE_NAME = "nf4.cu"

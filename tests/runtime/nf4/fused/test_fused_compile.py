@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.nf4.fused import compiler
 
 torch = pytest.importorskip("torch")

@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from aner_lang import files, json_text
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.host import files, json_text
+from aner_lang.problems.errors import AnerRuntimeError
 
 ROLES = ("system", "user", "assistant", "tool")
 SHAREGPT_ROLES = {

@@ -5,7 +5,7 @@ defaults, enum members as their names; an argument computed at run time is absen
 path the script may write before the call runs) and the script's directory, and returns the
 failures the call would certainly meet, each with the parameter whose argument is at fault.
 `aner_lang.check.environment` decides which calls are certain to run and so may be refused. The
-runtime raises the same errors (same codes, same rules: data rows go through `aner_lang.records`
+runtime raises the same errors (same codes, same rules: data rows go through `aner_lang.datafiles.records`
 in both), so a script that checks cleanly here fails later only on what could not be known.
 
 Nothing here imports torch. A data file is read whole, a row at a time (memory bounded by one
@@ -21,11 +21,11 @@ from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 
-from aner_lang import files, gpus
-from aner_lang.errors import AnerRuntimeError
-from aner_lang.model_paths import missing_model
-from aner_lang.preference_records import FeedbackFormat, PairFormat
-from aner_lang.records import Format, check_records, jsonl_format
+from aner_lang.datafiles.preference_records import FeedbackFormat, PairFormat
+from aner_lang.datafiles.records import Format, check_records, jsonl_format
+from aner_lang.host import files, gpus
+from aner_lang.host.model_paths import missing_model
+from aner_lang.problems.errors import AnerRuntimeError
 
 Failures = list[tuple[str, AnerRuntimeError]]
 ROW_CHECKED = (".jsonl", ".ndjson", ".txt")

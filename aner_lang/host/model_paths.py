@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}")
 """A Hugging Face repository id: `owner/name`, each of letters, digits, `_`, `.` and `-`."""

@@ -12,7 +12,7 @@ class AnerRuntimeError(Exception):
     """A user-facing failure raised by a builtin implementation.
 
     `code` is a stable error code (e.g. ``"E-GGUF-TRUNCATED"``), registered with its explanation in
-    `aner_lang.error_codes`; it has no default, so that every failure names a registered code.
+    `aner_lang.problems.error_codes`; it has no default, so that every failure names a registered code.
     `notes` are extra lines shown under the message (what was expected, how to fix it).
     """
 

@@ -793,7 +793,7 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         "a file the script names does not exist",
         _SITUATION,
         """
-        Aner reads user files through one bounded reader (`aner_lang/files.py`). The path, as the
+        Aner reads user files through one bounded reader (`aner_lang/host/files.py`). The path, as the
         message gives it (relative paths in a script are relative to the script's directory),
         names nothing, or a part of it is not a folder. Check the spelling and the directory.
         `aner check` reports a literal data or text path that names nothing before the script

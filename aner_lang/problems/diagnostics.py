@@ -7,7 +7,7 @@ LSP converts the same objects to LSP diagnostics.
 
 Codes are stable strings: ``E-SYNTAX``, ``E-UNKNOWN-NAME``, ... (errors) and ``W-UNUSED``
 (warnings). Tests and golden files refer to them. Each is registered, with its explanation, in
-`aner_lang.error_codes` (`aner explain CODE`).
+`aner_lang.problems.error_codes` (`aner explain CODE`).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # a runtime import would be circular: the parser creates diagnostics
-    from aner_lang.errors import AnerRuntimeError
     from aner_lang.grammar.ast import Span
+    from aner_lang.problems.errors import AnerRuntimeError
 
 ERROR = "error"
 WARNING = "warning"

@@ -14,13 +14,13 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
-from aner_lang import diagnostics as msg
-from aner_lang import files
 from aner_lang.check import analyze
 from aner_lang.check.before_run import check_before_run
-from aner_lang.diagnostics import Diagnostic
-from aner_lang.errors import AnerRuntimeError
 from aner_lang.grammar.ast import Span
+from aner_lang.host import files
+from aner_lang.problems import diagnostics as msg
+from aner_lang.problems.diagnostics import Diagnostic
+from aner_lang.problems.errors import AnerRuntimeError
 
 _FENCE = re.compile(r"^(\s*)(```+|~~~+)\s*aner\b\s*([A-Za-z-]*)\s*$")
 

@@ -41,7 +41,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 SCRIPT_LIMIT = 8 * MiB

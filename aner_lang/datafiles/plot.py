@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aner_lang.errors import AnerRuntimeError
-from aner_lang.records import rows
+from aner_lang.datafiles.records import rows
+from aner_lang.problems.errors import AnerRuntimeError
 
 FORMATS = (".png", ".svg")
 """Picture formats, by the output file's suffix."""
