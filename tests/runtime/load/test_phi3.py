@@ -185,8 +185,9 @@ def test_a_llama_target_on_a_phi3_model_names_its_targets_and_the_script_line(ph
     assert any("qkv_proj" in n for n in d.notes)
 
 
-def _next_token_logprobs(url: str, ids: list[int]) -> dict[int, float]:
-    """llama.cpp's log-probabilities of its 5 likeliest next tokens after `ids`."""
+def _next_token_logprobs(url: str, ids: list[int]) -> dict[int, float] | None:
+    """llama.cpp's log-probabilities of its 5 likeliest next tokens after `ids` (None when its
+    pick is part of a UTF-8 character: the server withholds them then)."""
     body = {"prompt": ids, "n_predict": 1, "n_probs": 5, "temperature": 0.0, "cache_prompt": False}
     request = urllib.request.Request(
         url + "/completion",
@@ -195,6 +196,8 @@ def _next_token_logprobs(url: str, ids: list[int]) -> dict[int, float]:
     )
     with urllib.request.urlopen(request, timeout=120) as response:
         reply = json.loads(response.read())
+    if "completion_probabilities" not in reply:
+        return None
     top = reply["completion_probabilities"][0]["top_logprobs"]
     return {int(t["id"]): float(t["logprob"]) for t in top}
 
@@ -218,16 +221,21 @@ def test_llama_cpp_reads_the_exported_gguf_with_our_probabilities(phi, request):
             )
         )
     model = load_model(gguf, device="cpu")
-    prompts = [_ids(n, seed=n)[0].tolist() for n in (5, 17, 40)]
+    prompts = [_ids(n, seed=n)[0].tolist() for n in (5, 9, 12, 17, 23, 31, 40, 50)]
+    compared = 0
     with llama_server(gguf, context=LONGROPE_ORIGINAL) as url:
         for ids in prompts:
             theirs = _next_token_logprobs(url, ids)
+            if theirs is None:
+                continue
+            compared += 1
             with torch.no_grad():
                 ours = model.forward(torch.tensor([ids]))[0, -1].log_softmax(-1)
             assert len(theirs) == 5
             for token, logprob in theirs.items():
                 assert abs(float(ours[token]) - logprob) < 3e-3, (ids, token, logprob)
             assert max(theirs, key=lambda t: theirs[t]) == int(ours.argmax())
+    assert compared >= 3
 
 
 def test_export_is_written_under_phi3_names(phi, tmp_path):
