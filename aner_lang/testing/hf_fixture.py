@@ -215,7 +215,12 @@ def _phi3_config(family: str, common: dict[str, Any]) -> Any:
     long factors, rope over 3/4 of each 16-dimension head, tied embeddings)."""
     import transformers
 
-    ids = {"pad_token_id": 0, "bos_token_id": None, "eos_token_id": 4, "sliding_window": None}
+    ids: dict[str, Any] = {
+        "pad_token_id": 0,
+        "bos_token_id": None,
+        "eos_token_id": 4,
+        "sliding_window": None,
+    }
     if family == "phi3":
         return transformers.Phi3Config(**common, **ids, tie_word_embeddings=False)
     return transformers.Phi3Config(

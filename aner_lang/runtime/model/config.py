@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from aner_lang.architectures import ARCHITECTURES, for_gguf, for_hf
 from aner_lang.errors import AnerRuntimeError
@@ -278,7 +278,7 @@ def _gguf_longrope(
     p = f"{gguf.architecture}.rope.scaling."
     original = gguf.metadata.get(p + "original_context_length", context)
     scale = gguf.metadata.get(p + "attn_factor")
-    if not isinstance(original, int) or isinstance(original, bool) or original <= 0:
+    if not _positive_int(original):
         raise AnerRuntimeError(
             f"{gguf.path}: metadata key {p}original_context_length is {original!r}, "
             "not a positive integer",
@@ -348,9 +348,7 @@ def _hf_longrope(source: str, cfg: dict[str, Any], params: dict[str, Any]) -> Ro
     original = cfg.get("original_max_position_embeddings")
     original = params.get("original_max_position_embeddings") if original is None else original
     context = cfg.get("max_position_embeddings")
-    if not all(
-        isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (original, context)
-    ):
+    if not (_positive_int(original) and _positive_int(context)):
         raise AnerRuntimeError(
             f"{source}: longrope needs positive integers original_max_position_embeddings and "
             f"max_position_embeddings, not {original!r} and {context!r}",
@@ -362,11 +360,16 @@ def _hf_longrope(source: str, cfg: dict[str, Any], params: dict[str, Any]) -> Ro
         "longrope",
         factor,
         original_max_position_embeddings=original,
+        short_factor=factors["short_factor"],
+        long_factor=factors["long_factor"],
         attention_factor=float(
             longrope_attention_factor(factor, original) if scale is None else scale
         ),
-        **factors,
     )
+
+
+def _positive_int(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def config_from_hf(cfg: dict[str, Any], folder: Path) -> ModelConfig:

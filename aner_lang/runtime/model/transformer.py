@@ -181,6 +181,12 @@ class LlamaAttention(nn.Module):
             y = y + bias.to(y.dtype)
         return y.view(*x.shape[:2], heads, self.head_dim)
 
+    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys and values `[B, T, heads, head_dim]` of `[B, T, hidden]` inputs."""
+        q = self._project(self.q_proj, self.q_bias, x, self.num_heads)
+        k = self._project(self.k_proj, self.k_bias, x, self.num_kv_heads)
+        return q, k, self._project(self.v_proj, self.v_bias, x, self.num_kv_heads)
+
     def forward(
         self,
         x: torch.Tensor,
@@ -190,9 +196,8 @@ class LlamaAttention(nn.Module):
         cache: KVCache | None,
         mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        q = self._project(self.q_proj, self.q_bias, x, self.num_heads)
-        k = self._project(self.k_proj, self.k_bias, x, self.num_kv_heads)
-        v = self._project(self.v_proj, self.v_bias, x, self.num_kv_heads).transpose(1, 2)
+        q, k, v = self._qkv(x)
+        v = v.transpose(1, 2)
         with section("attention"):
             if self.q_norm is not None and self.k_norm is not None:
                 q, k = self.q_norm(q), self.k_norm(k)
@@ -261,8 +266,8 @@ def _rotate(
 
 class FusedQKVAttention(LlamaAttention):
     """Attention over one stored q/k/v matrix (`qkv_proj`, Phi-3): its output rows are the
-    queries, then the keys, then the values; everything after the projection is the Llama
-    attention's."""
+    queries, then the keys, then the values; everything after the projection (`_qkv`) is the
+    Llama attention's."""
 
     def __init__(self, config: ModelConfig, qkv_proj: FrozenLinear, o_proj: FrozenLinear) -> None:
         nn.Module.__init__(self)
@@ -274,31 +279,10 @@ class FusedQKVAttention(LlamaAttention):
         self.q_norm = self.k_norm = None
         self.q_bias = self.k_bias = self.v_bias = None
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        layer: int,
-        cache: KVCache | None,
-        mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
         shape = (*x.shape[:2], -1, self.head_dim)
-        with section("attention"):
-            heads = self._attend(
-                q.view(shape).transpose(1, 2),
-                k.view(shape).transpose(1, 2),
-                v.view(shape).transpose(1, 2),
-                cos,
-                sin,
-                layer,
-                cache,
-                mask,
-            )
-        out = self._merge(heads)
-        with recomputing(out, lambda: self._merge(heads)):
-            return self.o_proj(out)
+        return q.view(shape), k.view(shape), v.view(shape)
 
 
 class LlamaMLP(nn.Module):
@@ -310,8 +294,11 @@ class LlamaMLP(nn.Module):
         super().__init__()
         self.gate_proj, self.up_proj, self.down_proj = gate_proj, up_proj, down_proj
 
+    def _gate_up(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.gate_proj(x), self.up_proj(x)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_proj(x), self.up_proj(x)
+        gate, up = self._gate_up(x)
         with section("norms_activations"):
             h = self.activation(gate, up)
         with recomputing(h, lambda: self.activation(gate, up)):  # an adapter on down_proj
@@ -331,14 +318,11 @@ class FusedGateUpMLP(LlamaMLP):
         nn.Module.__init__(self)
         self.gate_up_proj, self.down_proj = gate_up_proj, down_proj
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _gate_up(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         if gate.is_cuda:  # Liger's kernel indexes both halves with one row stride
-            gate, up = gate.contiguous(), up.contiguous()
-        with section("norms_activations"):
-            h = self.activation(gate, up)
-        with recomputing(h, lambda: self.activation(gate, up)):
-            return self.down_proj(h)
+            return gate.contiguous(), up.contiguous()
+        return gate, up
 
 
 class LlamaDecoderLayer(nn.Module):
