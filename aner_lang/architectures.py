@@ -18,6 +18,10 @@ Rules:
   is HF's own split-half layout, so its rows are stored as they are.
 * The order of `projections` is the order adapters visit targets within a layer (attention,
   then MLP), which fixes the order their seeded initialisations are drawn in.
+* A checkpoint that stores projections fused (Phi-3's ``qkv_proj`` and ``gate_up_proj``) keeps
+  them fused: one `FrozenLinear` per stored matrix, targeted under its own name. Splitting them
+  would rename the modules PEFT addresses, so an adapter exported from Aner would not load onto
+  transformers' model, and a LoRA on a fused matrix is not a sum of LoRAs on its parts.
 * `Architecture.weights(...)` lists every tensor of a model in one place (its name in our module,
   in a Hugging Face safetensors file and in a GGUF file, its shape as config fields, its
   permutation): the loader reads this list, the GGUF exporter writes it, fixtures generate it.
@@ -117,6 +121,14 @@ class Architecture:
     output_norm: str = "output_norm.weight"
     rope_freqs: str = "rope_freqs.weight"
     """Llama 3 rope scaling factors, as llama.cpp stores them (optional)."""
+    rope_factors: tuple[str, str] = ("rope_factors_long.weight", "rope_factors_short.weight")
+    """LongRoPE's long and short per-frequency factors, as llama.cpp stores them (optional)."""
+
+    @property
+    def fused(self) -> bool:
+        """Whether q/k/v and gate/up are single stored matrices (``qkv_proj``,
+        ``gate_up_proj``), split by the decoder after projecting."""
+        return "qkv_proj" in self.targets
 
     def projection(self, target: str) -> Projection:
         for p in self.projections:
@@ -276,6 +288,32 @@ def _projections(permuted: bool) -> tuple[Projection, ...]:
     )
 
 
+def _fused_projections() -> tuple[Projection, ...]:
+    """Phi-3's four projections: q, k and v stored as one matrix (rows q, then k, then v), gate
+    and up as one (rows gate, then up); llama.cpp keeps both fused, rows unpermuted."""
+    o_proj, down_proj = (
+        p for p in _projections(permuted=False) if p.target in ("o_proj", "down_proj")
+    )
+    return (
+        Projection(
+            "qkv_proj",
+            "self_attn",
+            "attn_qkv",
+            ("qkv_size", "hidden_size"),
+            "the fused query, key and value projection of every layer (Phi-3, Phi-4)",
+        ),
+        o_proj,
+        Projection(
+            "gate_up_proj",
+            "mlp",
+            "ffn_up",
+            ("gate_up_size", "hidden_size"),
+            "the fused MLP gate and up projection of every layer (Phi-3, Phi-4)",
+        ),
+        down_proj,
+    )
+
+
 _NORMS = (
     Norm("input_layernorm", "attn_norm", "self_attn"),
     Norm("post_attention_layernorm", "ffn_norm", "mlp"),
@@ -310,7 +348,17 @@ QWEN3 = Architecture(
 )
 """Qwen3 (dense): per-head RMSNorm of queries and keys, no biases."""
 
-ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (LLAMA, QWEN2, QWEN3)}
+PHI3 = Architecture(
+    name="phi3",
+    gguf_architectures=("phi3",),
+    hf_model_types=("phi3",),
+    projections=_fused_projections(),
+    norms=_NORMS,
+)
+"""Phi-3, Phi-3.5 and Phi-4 (mini and 14B): fused qkv and gate/up matrices; LongRoPE and partial
+rotary dimensions where their configs have them."""
+
+ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (LLAMA, QWEN2, QWEN3, PHI3)}
 
 
 def for_gguf(general_architecture: str) -> Architecture | None:

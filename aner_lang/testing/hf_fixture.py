@@ -9,6 +9,8 @@ tokenizer.json, tokenizer_config.json with a chat template) whose distinctive fe
 | ``mistral`` | `MistralForCausalLM` | untied output, GQA, Tekken pre-tokenizer, BOS |
 | ``qwen2`` | `Qwen2ForCausalLM` | q/k/v biases, tied embeddings, a padded vocabulary, Qwen2 split |
 | ``qwen3`` | `Qwen3ForCausalLM` | q/k RMSNorm, head size unlike hidden/heads, untied output |
+| ``phi3`` | `Phi3ForCausalLM` | fused qkv and gate/up matrices, GQA, untied output (Phi-3, Phi-4) |
+| ``phi4mini`` | `Phi3ForCausalLM` | as ``phi3``, plus LongRoPE and partial rotary dims, tied (Phi-4-mini) |
 
 Every parameter is seeded noise (biases and norm weights included: transformers initialises those
 to 0 and 1, which would hide a missing bias or norm). The tokenizer is a byte-level BPE trained
@@ -26,7 +28,7 @@ from typing import Any
 
 from aner_lang.runtime.model.tokenizer import HF_SPLIT_NAMES
 
-FAMILIES = ("llama3", "mistral", "qwen2", "qwen3")
+FAMILIES = ("llama3", "mistral", "qwen2", "qwen3", "phi3", "phi4mini")
 CORPUS = [
     "Aner is a small, statically typed scripting language for adapting language models.",
     "A user writes a script that declares a base model, adapters, a training profile and data.",
@@ -76,6 +78,20 @@ _QWEN = Family(
     _CHATML,
     nfc=True,
 )
+_PHI3_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% else %}{{ eos_token }}{% endif %}"
+)
+_PHI3 = Family(
+    "phi3",
+    "llama-bpe",  # Phi-4's byte-level BPE splits as GPT-4 does, Llama 3's regex
+    ("<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"),
+    None,
+    "<|end|>",
+    _PHI3_TEMPLATE,
+)
+LONGROPE_ORIGINAL = 64
+"""The ``phi4mini`` fixture's pretraining context: longer sequences use the long factors."""
 FAMILY = {
     "llama3": Family(
         "llama",
@@ -103,6 +119,8 @@ FAMILY = {
     ),
     "qwen2": _QWEN,
     "qwen3": replace(_QWEN, model_type="qwen3"),
+    "phi3": _PHI3,
+    "phi4mini": _PHI3,
 }
 
 
@@ -187,7 +205,37 @@ def _config(family: str, vocab: int) -> Any:
             tie_word_embeddings=True,
             rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
         )
+    if family in ("phi3", "phi4mini"):
+        return _phi3_config(family, common)
     return transformers.Qwen3Config(**common, head_dim=24, tie_word_embeddings=False)
+
+
+def _phi3_config(family: str, common: dict[str, Any]) -> Any:
+    """Phi-3 (untied, full rotary) or Phi-4-mini's features (LongRoPE with distinct short and
+    long factors, rope over 3/4 of each 16-dimension head, tied embeddings)."""
+    import transformers
+
+    ids: dict[str, Any] = {
+        "pad_token_id": 0,
+        "bos_token_id": None,
+        "eos_token_id": 4,
+        "sliding_window": None,
+    }
+    if family == "phi3":
+        return transformers.Phi3Config(**common, **ids, tie_word_embeddings=False)
+    return transformers.Phi3Config(
+        **common,
+        **ids,
+        tie_word_embeddings=True,
+        original_max_position_embeddings=LONGROPE_ORIGINAL,
+        rope_parameters={
+            "rope_type": "longrope",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.75,
+            "short_factor": [1.0, 1.05, 1.2, 1.5, 2.0, 2.5],
+            "long_factor": [1.0, 1.5, 3.0, 6.0, 12.0, 24.0],
+        },
+    )
 
 
 def build_hf_model(family: str, vocab: int, seed: int = 0) -> Any:
@@ -200,6 +248,8 @@ def build_hf_model(family: str, vocab: int, seed: int = 0) -> Any:
         "mistral": transformers.MistralForCausalLM,
         "qwen2": transformers.Qwen2ForCausalLM,
         "qwen3": transformers.Qwen3ForCausalLM,
+        "phi3": transformers.Phi3ForCausalLM,
+        "phi4mini": transformers.Phi3ForCausalLM,
     }
     model = classes[family](_config(family, vocab))
     gen = torch.Generator().manual_seed(seed)

@@ -22,10 +22,17 @@ from aner_lang.runtime.io.host_copy import host_copies
 from aner_lang.runtime.model.linear import FrozenLinear
 from aner_lang.runtime.model.sections import section
 
+_FUSED_NOTE = (
+    "this architecture stores q, k and v as one matrix (qkv_proj) and the MLP gate and up as "
+    "one (gate_up_proj); an adapter targets those, as PEFT does on it",
+)
+
 
 def target_modules(model: Any, targets: list[str]) -> list[tuple[str, FrozenLinear]]:
     """`(name, FrozenLinear)` of every targeted projection, in model order (layer, then the
-    architecture table's projection order). Target names are the model's architecture's."""
+    architecture table's projection order). Target names are the model's architecture's: the
+    script checker cannot know the model a file holds, so a target the loaded architecture lacks
+    (``q_proj`` on Phi-3) fails here, naming the ones it has."""
     arch = model.architecture
     unknown = [t for t in targets if t not in arch.targets]
     if unknown or not targets:
@@ -33,6 +40,7 @@ def target_modules(model: Any, targets: list[str]) -> list[tuple[str, FrozenLine
             f"unknown adapter target(s) {unknown or '[]'} for a {arch.name} model; expected some "
             f"of {', '.join(arch.targets)}",
             code="E-ADAPTER-TARGET",
+            notes=_FUSED_NOTE if arch.fused else (),
         )
     return [
         (p.module(i), cast(FrozenLinear, model.module.get_submodule(p.module(i))))

@@ -11,7 +11,7 @@ Names: the runtime's module tree uses HF's module names (docs/internals.md), so 
 saved as ``model.<module>.weight`` (``lm_head.weight`` for an untied output), for every
 architecture of `aner_lang.architectures`. An architecture's table name is HF's ``model_type``
 and its class is ``<Name>ForCausalLM`` (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
-Qwen3ForCausalLM), which is how `transformers` chooses the model class.
+Qwen3ForCausalLM, Phi3ForCausalLM), which is how `transformers` chooses the model class.
 """
 
 from __future__ import annotations
@@ -62,6 +62,16 @@ def _config(model: Any, dtype: str) -> dict[str, Any]:
     c, tok = model.config, model.tokenizer
     fields = asdict(c)
     arch = fields.pop("architecture")
+    s = c.rope_scaling
+    if s is not None and s.rope_type == "longrope":  # as Phi-3's own configs write it
+        fields["original_max_position_embeddings"] = s.original_max_position_embeddings
+        fields["rope_scaling"] = {
+            "rope_type": "longrope",
+            "short_factor": list(s.short_factor),
+            "long_factor": list(s.long_factor),
+            "factor": s.factor,
+            "attention_factor": s.attention_factor,
+        }
     return {
         "architectures": [f"{arch.capitalize()}ForCausalLM"],
         "model_type": arch,
@@ -106,9 +116,13 @@ def _tokenizer_config(model: Any) -> dict[str, Any]:
 
 
 def _scaled_rope(model: Any) -> bool:
-    """Whether the model's rotary frequencies differ from plain ``theta ** (-2i / d)``."""
+    """Whether the model's rotary frequencies differ from plain ``theta ** (-2i / d)`` in a way
+    config.json cannot say (LongRoPE's factors are config fields, `_config`)."""
     c = model.config
-    plain = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2).float() / c.head_dim))
+    if c.rope_scaling is not None and c.rope_scaling.rope_type == "longrope":
+        return False
+    d = c.rotary_dim
+    plain = 1.0 / (c.rope_theta ** (torch.arange(0, d, 2).float() / d))
     used = model.module.rotary.get_buffer("inv_freq").float().cpu()
     return not torch.allclose(used, plain, rtol=1e-6, atol=0.0)
 

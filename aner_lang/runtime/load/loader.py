@@ -43,6 +43,8 @@ from aner_lang.runtime.model.linear import DenseLinear, FrozenLinear
 from aner_lang.runtime.model.loaded import LoadedModel
 from aner_lang.runtime.model.tokenizer import Tokenizer
 from aner_lang.runtime.model.transformer import (
+    FusedGateUpMLP,
+    FusedQKVAttention,
     LlamaAttention,
     LlamaDecoderLayer,
     LlamaMLP,
@@ -142,13 +144,19 @@ def assemble(
         def part(name: str, i: int = i) -> Any:
             return parts.get(f"layers.{i}.{name}")
 
-        attn = LlamaAttention(
-            config,
-            *(part(f"self_attn.{p}") for p in ("q_proj", "k_proj", "v_proj", "o_proj")),
-            *(part(f"self_attn.{b}_bias") for b in ("q", "k", "v")),
-            *(part(f"self_attn.{n}_norm") for n in ("q", "k")),
-        )
-        mlp = LlamaMLP(*(part(f"mlp.{p}") for p in ("gate_proj", "up_proj", "down_proj")))
+        attn: LlamaAttention
+        mlp: LlamaMLP
+        if arch.fused:
+            attn = FusedQKVAttention(config, part("self_attn.qkv_proj"), part("self_attn.o_proj"))
+            mlp = FusedGateUpMLP(part("mlp.gate_up_proj"), part("mlp.down_proj"))
+        else:
+            attn = LlamaAttention(
+                config,
+                *(part(f"self_attn.{p}") for p in ("q_proj", "k_proj", "v_proj", "o_proj")),
+                *(part(f"self_attn.{b}_bias") for b in ("q", "k", "v")),
+                *(part(f"self_attn.{n}_norm") for n in ("q", "k")),
+            )
+            mlp = LlamaMLP(*(part(f"mlp.{p}") for p in ("gate_proj", "up_proj", "down_proj")))
         norms = (part(n.module) for n in arch.norms)
         layers.append(LlamaDecoderLayer(attn, mlp, *norms))
     embed: FrozenLinear = parts["embed_tokens"]

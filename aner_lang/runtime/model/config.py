@@ -16,7 +16,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from aner_lang.architectures import ARCHITECTURES, for_gguf, for_hf
 from aner_lang.grammar.limits import INT_MAX
@@ -27,19 +27,32 @@ if TYPE_CHECKING:
 
     from aner_lang.runtime.io.gguf import GGUFFile
 
-ROPE_SCALINGS = ("llama3", "linear")
+ROPE_SCALINGS = ("llama3", "linear", "longrope")
 
 
 @dataclass(frozen=True)
 class RopeScaling:
     """Rope frequency scaling (HF ``rope_scaling``/``rope_parameters``): ``llama3`` (Llama 3.1 and
-    later: low frequencies slowed by `factor`, a smooth ramp between) or ``linear``."""
+    later: low frequencies slowed by `factor`, a smooth ramp between), ``linear``, or
+    ``longrope`` (Phi-3 128k, Phi-3.5, Phi-4-mini: every frequency divided by its own factor,
+    `short_factor` while a sequence fits `original_max_position_embeddings` and `long_factor`
+    beyond, and cos/sin multiplied by `attention_factor`)."""
 
     rope_type: str
     factor: float
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    short_factor: tuple[float, ...] = ()
+    long_factor: tuple[float, ...] = ()
+    attention_factor: float = 1.0
+
+
+def longrope_attention_factor(factor: float, original: int) -> float:
+    """LongRoPE's default cos/sin scale for a context `factor` times the pretraining one
+    (`original` positions), as transformers' `_compute_longrope_parameters` and llama.cpp's
+    converter compute it: ``sqrt(1 + ln(factor) / ln(original))``, 1 when not extended."""
+    return math.sqrt(1 + math.log(factor) / math.log(original)) if factor > 1.0 else 1.0
 
 
 @dataclass(frozen=True)
@@ -60,6 +73,24 @@ class ModelConfig:
     architecture: str = "llama"
     """The key of this model's table in `aner_lang.architectures.ARCHITECTURES`."""
     rope_scaling: RopeScaling | None = None
+    partial_rotary_factor: float = 1.0
+    """The fraction of each head's dimensions rope rotates (the first `rotary_dim`; Phi-4-mini:
+    0.75); the rest pass through unrotated."""
+
+    @property
+    def rotary_dim(self) -> int:
+        """Dimensions of a head that rope rotates, as transformers computes them."""
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def qkv_size(self) -> int:
+        """Rows of a fused q/k/v matrix (`aner_lang.architectures.PHI3`)."""
+        return self.q_size + 2 * self.kv_size
+
+    @property
+    def gate_up_size(self) -> int:
+        """Rows of a fused gate/up matrix."""
+        return 2 * self.intermediate_size
 
     @property
     def q_size(self) -> int:
@@ -85,7 +116,7 @@ def rope_freq_factors(config: ModelConfig) -> torch.Tensor | None:
     import torch
 
     s = config.rope_scaling
-    if s is None:
+    if s is None or s.rope_type == "longrope":  # LongRoPE's factors live in the config
         return None
     half = config.head_dim // 2
     if s.rope_type == "linear":
@@ -163,6 +194,11 @@ def _check(source: str, code: str, c: ModelConfig) -> ModelConfig:
         )
     if c.head_dim % 2:
         raise bad(f"head size {c.head_dim} is odd; rope rotates pairs of dimensions")
+    if not 0 < c.rotary_dim <= c.head_dim or c.rotary_dim % 2:
+        raise bad(
+            f"rope covers {c.rotary_dim} of the {c.head_dim} dimensions of a head; it must be "
+            "an even number of them, at least 2"
+        )
     for field in ("rms_norm_eps", "rope_theta"):
         v = float(getattr(c, field))
         if not math.isfinite(v) or v <= 0:
@@ -176,7 +212,26 @@ def _check(source: str, code: str, c: ModelConfig) -> ModelConfig:
             s.high_freq_factor <= s.low_freq_factor or s.original_max_position_embeddings <= 0
         ):
             raise bad(f"llama3 rope scaling {s} needs high_freq_factor > low_freq_factor")
+        if s.rope_type == "longrope":
+            _check_longrope(bad, s, c.rotary_dim)
     return c
+
+
+def _check_longrope(bad: Any, s: RopeScaling, rotary_dim: int) -> None:
+    """One finite positive factor per rotated frequency pair, in both lists."""
+    for name in ("short_factor", "long_factor"):
+        values = getattr(s, name)
+        if len(values) != rotary_dim // 2:
+            raise bad(
+                f"longrope {name} has {len(values)} values; the {rotary_dim} rotated dimensions "
+                f"of a head need {rotary_dim // 2}"
+            )
+        if not all(math.isfinite(v) and v > 0 for v in values):
+            raise bad(f"longrope {name} holds a value that is not a finite positive number")
+    if s.original_max_position_embeddings <= 0 or not (
+        math.isfinite(s.attention_factor) and s.attention_factor > 0
+    ):
+        raise bad("longrope scaling needs a positive original context and attention factor")
 
 
 def _unknown_architecture(source: str, code: str, what: str, known: list[str]) -> AnerRuntimeError:
@@ -205,15 +260,15 @@ def config_from_gguf(gguf: GGUFFile) -> ModelConfig:
     vocab = f.integer("vocab_size", len(tokens) if isinstance(tokens, list) else None)
     head_dim = f.integer("attention.key_length", max(hidden // heads, 1))
     rotary = f.integer("rope.dimension_count", head_dim)
-    if rotary != head_dim:
-        raise AnerRuntimeError(
-            f"{gguf.path}: rope covers {rotary} of the {head_dim} dimensions of a head; "
-            "Aner implements rope over whole heads",
-            code="E-GGUF-METADATA",
-        )
+    context = f.integer("context_length", 2048)
+    window = (
+        f.integer("attention.sliding_window") if meta.get(f"{arch}.attention.sliding_window") else 0
+    )
     scaling = None
     kind = str(meta.get(f"{arch}.rope.scaling.type", "none"))
-    if kind == "linear":
+    if gguf.has_tensor(table.rope_factors[0]):  # llama.cpp writes LongRoPE as factor tensors
+        scaling = _gguf_longrope(gguf, table.rope_factors, rotary, context)
+    elif kind == "linear":
         scaling = RopeScaling("linear", f.real("rope.scaling.factor"))
     elif kind != "none":
         raise AnerRuntimeError(
@@ -231,12 +286,44 @@ def config_from_gguf(gguf: GGUFFile) -> ModelConfig:
         head_dim=head_dim,
         rms_norm_eps=f.real("attention.layer_norm_rms_epsilon", 1e-5),
         rope_theta=f.real("rope.freq_base", 10000.0),
-        max_position_embeddings=f.integer("context_length", 2048),
+        max_position_embeddings=min(context, window) if window > 0 else context,
         tie_word_embeddings=not gguf.has_tensor(table.output),
         architecture=table.name,
         rope_scaling=scaling,
+        partial_rotary_factor=rotary / head_dim if head_dim > 0 else 1.0,
     )
     return _check(str(gguf.path), "E-GGUF-METADATA", config)
+
+
+def _gguf_longrope(
+    gguf: GGUFFile, tensors: tuple[str, str], rotary: int, context: int
+) -> RopeScaling:
+    """LongRoPE as llama.cpp's converter stores it: the long and short factors as f32 tensors of
+    `rotary / 2` values, the pretraining context and the cos/sin scale as metadata (the scale
+    defaults to `longrope_attention_factor`, as the converter computes it)."""
+    p = f"{gguf.architecture}.rope.scaling."
+    original = gguf.metadata.get(p + "original_context_length", context)
+    scale = gguf.metadata.get(p + "attn_factor")
+    if not _positive_int(original):
+        raise AnerRuntimeError(
+            f"{gguf.path}: metadata key {p}original_context_length is {original!r}, "
+            "not a positive integer",
+            code="E-GGUF-METADATA",
+        )
+    if scale is None:
+        scale = longrope_attention_factor(context / original, original)
+    long, short = (
+        tuple(float(v) for v in gguf.tensor(name, (max(rotary, 0) // 2,)).tolist())
+        for name in tensors
+    )
+    return RopeScaling(
+        "longrope",
+        context / original,
+        original_max_position_embeddings=original,
+        short_factor=short,
+        long_factor=long,
+        attention_factor=float(scale),
+    )
 
 
 def _hf_rope(source: str, cfg: dict[str, Any]) -> tuple[float, RopeScaling | None]:
@@ -251,8 +338,11 @@ def _hf_rope(source: str, cfg: dict[str, Any]) -> tuple[float, RopeScaling | Non
     f = _Fields(source, "E-HF-CONFIG", {where + k: v for k, v in params.items()}, where)
     theta = f.real("rope_theta", _Fields(source, "E-HF-CONFIG", cfg).real("rope_theta", 10000.0))
     kind = params.get("rope_type", params.get("type", "default"))
+    kind = "longrope" if kind == "su" else kind  # Phi-3's first configs' name for it
     if kind == "default":
         return theta, None
+    if kind == "longrope":
+        return theta, _hf_longrope(source, cfg, params)
     if kind not in ROPE_SCALINGS:
         raise AnerRuntimeError(
             f"{source}: rope scaling {kind!r} is not implemented "
@@ -268,6 +358,49 @@ def _hf_rope(source: str, cfg: dict[str, Any]) -> tuple[float, RopeScaling | Non
         f.real("high_freq_factor", 4.0),
         f.integer("original_max_position_embeddings", 8192),
     )
+
+
+def _hf_longrope(source: str, cfg: dict[str, Any], params: dict[str, Any]) -> RopeScaling:
+    """LongRoPE from config.json as transformers reads it: a top-level
+    ``original_max_position_embeddings`` takes priority over the rope parameters' (Phi-3's
+    configs keep it there); `factor` defaults to the context over that; `attention_factor` to
+    `longrope_attention_factor`."""
+    factors = {}
+    for name in ("short_factor", "long_factor"):
+        values = params.get(name)
+        if not isinstance(values, list) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in values
+        ):
+            raise AnerRuntimeError(
+                f"{source}: longrope {name} is {values!r}, not a list of numbers",
+                code="E-HF-CONFIG",
+            )
+        factors[name] = tuple(float(v) for v in values)
+    original = cfg.get("original_max_position_embeddings")
+    original = params.get("original_max_position_embeddings") if original is None else original
+    context = cfg.get("max_position_embeddings")
+    if not (_positive_int(original) and _positive_int(context)):
+        raise AnerRuntimeError(
+            f"{source}: longrope needs positive integers original_max_position_embeddings and "
+            f"max_position_embeddings, not {original!r} and {context!r}",
+            code="E-HF-CONFIG",
+        )
+    factor = float(params.get("factor") or context / original)
+    scale = params.get("attention_factor")
+    return RopeScaling(
+        "longrope",
+        factor,
+        original_max_position_embeddings=original,
+        short_factor=factors["short_factor"],
+        long_factor=factors["long_factor"],
+        attention_factor=float(
+            longrope_attention_factor(factor, original) if scale is None else scale
+        ),
+    )
+
+
+def _positive_int(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def config_from_hf(cfg: Any, folder: Path) -> ModelConfig:
@@ -317,8 +450,21 @@ def config_from_hf(cfg: Any, folder: Path) -> ModelConfig:
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         architecture=table.name,
         rope_scaling=scaling,
+        partial_rotary_factor=float(_partial_rotary_factor(source, cfg)),
     )
     return _check(source, "E-HF-CONFIG", config)
+
+
+def _partial_rotary_factor(source: str, cfg: dict[str, Any]) -> float:
+    """config.json's ``partial_rotary_factor``, at the top level or among the rope parameters."""
+    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    value = cfg.get("partial_rotary_factor", params.get("partial_rotary_factor", 1.0))
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise AnerRuntimeError(
+            f"{source}: partial_rotary_factor is {value!r}, not a number in (0, 1]",
+            code="E-HF-CONFIG",
+        )
+    return float(value)
 
 
 def gguf_hyperparameters(config: ModelConfig) -> dict[str, Any]:
@@ -336,10 +482,28 @@ def gguf_hyperparameters(config: ModelConfig) -> dict[str, Any]:
         p + "attention.value_length": config.head_dim,
         p + "attention.layer_norm_rms_epsilon": float(config.rms_norm_eps),
         p + "rope.freq_base": float(config.rope_theta),
-        p + "rope.dimension_count": config.head_dim,
+        p + "rope.dimension_count": config.rotary_dim,
         p + "vocab_size": config.vocab_size,
     }
-    if config.rope_scaling is not None and config.rope_scaling.rope_type == "linear":
+    s = config.rope_scaling
+    if s is not None and s.rope_type == "linear":
         keys[p + "rope.scaling.type"] = "linear"
-        keys[p + "rope.scaling.factor"] = float(config.rope_scaling.factor)
+        keys[p + "rope.scaling.factor"] = float(s.factor)
+    if s is not None and s.rope_type == "longrope":  # the factors travel as tensors
+        keys[p + "rope.scaling.original_context_length"] = s.original_max_position_embeddings
+        keys[p + "rope.scaling.attn_factor"] = float(s.attention_factor)
     return keys
+
+
+def longrope_tensors(config: ModelConfig) -> dict[str, torch.Tensor]:
+    """LongRoPE's factors as the f32 tensors llama.cpp's converter writes (none without it)."""
+    import torch
+
+    s = config.rope_scaling
+    if s is None or s.rope_type != "longrope":
+        return {}
+    long, short = ARCHITECTURES[config.architecture].rope_factors
+    return {
+        long: torch.tensor(s.long_factor, dtype=torch.float32),
+        short: torch.tensor(s.short_factor, dtype=torch.float32),
+    }

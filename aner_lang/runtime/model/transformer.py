@@ -68,24 +68,51 @@ class KVCache:
 
 
 class RotaryEmbedding(nn.Module):
-    """HF-style split-half rotary position embedding (cos/sin computed in fp32)."""
+    """HF-style split-half rotary position embedding (cos/sin computed in fp32) over the first
+    `config.rotary_dim` dimensions of a head.
+
+    LongRoPE (`RopeScaling` ``longrope``) divides each frequency by its own factor and scales
+    cos/sin by the attention factor. As in transformers, one forward uses the long factors for
+    every position when its longest sequence (the largest position + 1) exceeds the pretraining
+    context, the short ones otherwise; keys already cached keep the angles they were computed
+    with. (llama.cpp instead chooses once, by the context size it was started with.)"""
 
     def __init__(self, config: ModelConfig, freq_factors: torch.Tensor | None = None) -> None:
         super().__init__()
-        d = config.head_dim
-        inv_freq = 1.0 / (
-            config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).to(torch.float32) / d)
+        d = config.rotary_dim
+        powers = config.rope_theta ** (
+            torch.arange(0, d, 2, dtype=torch.int64).to(torch.float32) / d
         )
+        inv_freq = 1.0 / powers
         if freq_factors is not None:  # Llama 3 rope scaling, stored by llama.cpp as rope_freqs
             inv_freq = inv_freq / freq_factors.to(torch.float32)
+        s = config.rope_scaling
+        self.longrope = s if s is not None and s.rope_type == "longrope" else None
+        self.scale = 1.0
+        if self.longrope is not None:  # transformers' arithmetic: 1 / (factor * theta^(2i/d))
+            self.scale = self.longrope.attention_factor
+            inv_freq = 1.0 / (torch.tensor(self.longrope.short_factor) * powers)
+            long = 1.0 / (torch.tensor(self.longrope.long_factor) * powers)
+            self.register_buffer("long_inv_freq", long, persistent=False)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
-    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Angles `[T, D]` of positions `[T]`, or `[B, 1, T, D]` of per-row positions `[B, T]`."""
-        freqs = positions.to(torch.float32)[..., None] * self.get_buffer("inv_freq")
+    def forward(
+        self, positions: torch.Tensor, length: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Angles `[T, D]` of positions `[T]`, or `[B, 1, T, D]` of per-row positions `[B, T]`.
+        `length`: the longest sequence these positions belong to (default: the largest + 1),
+        which chooses LongRoPE's factors."""
+        inv_freq = self.get_buffer("inv_freq")
+        if self.longrope is not None:
+            longest = int(positions.max()) + 1 if length is None else length
+            if longest > self.longrope.original_max_position_embeddings:
+                inv_freq = self.get_buffer("long_inv_freq")
+        freqs = positions.to(torch.float32)[..., None] * inv_freq
         emb = torch.cat([freqs, freqs], dim=-1)
         if positions.dim() == 2:
             emb = emb[:, None]
+        if self.scale != 1.0:
+            return emb.cos() * self.scale, emb.sin() * self.scale
         return emb.cos(), emb.sin()
 
 
@@ -154,6 +181,12 @@ class LlamaAttention(nn.Module):
             y = y + bias.to(y.dtype)
         return y.view(*x.shape[:2], heads, self.head_dim)
 
+    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys and values `[B, T, heads, head_dim]` of `[B, T, hidden]` inputs."""
+        q = self._project(self.q_proj, self.q_bias, x, self.num_heads)
+        k = self._project(self.k_proj, self.k_bias, x, self.num_kv_heads)
+        return q, k, self._project(self.v_proj, self.v_bias, x, self.num_kv_heads)
+
     def forward(
         self,
         x: torch.Tensor,
@@ -163,9 +196,8 @@ class LlamaAttention(nn.Module):
         cache: KVCache | None,
         mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        q = self._project(self.q_proj, self.q_bias, x, self.num_heads)
-        k = self._project(self.k_proj, self.k_bias, x, self.num_kv_heads)
-        v = self._project(self.v_proj, self.v_bias, x, self.num_kv_heads).transpose(1, 2)
+        q, k, v = self._qkv(x)
+        v = v.transpose(1, 2)
         with section("attention"):
             if self.q_norm is not None and self.k_norm is not None:
                 q, k = self.q_norm(q), self.k_norm(k)
@@ -196,7 +228,7 @@ class LlamaAttention(nn.Module):
         `[B, heads, T, head_dim]`. `mask` (`[B, 1, T, T]`, True where a query may see a key)
         replaces the causal rule: packed rows (no cache)."""
         t = q.shape[2]
-        q, k = rope(q, k, cos, sin) or (apply_rope(q, cos, sin), apply_rope(k, cos, sin))
+        q, k = _rotate(q, k, cos, sin)
         past = 0
         if cache is not None:
             past = cache.length
@@ -220,6 +252,39 @@ class LlamaAttention(nn.Module):
         return out
 
 
+def _rotate(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Queries and keys rotated over their first `cos.shape[-1]` dimensions (all of them, or
+    a partial rotary fraction), the rest passed through, as transformers does."""
+    d = cos.shape[-1]
+    if d == q.shape[-1]:
+        return rope(q, k, cos, sin) or (apply_rope(q, cos, sin), apply_rope(k, cos, sin))
+    qr, kr = _rotate(q[..., :d], k[..., :d], cos, sin)
+    return torch.cat([qr, q[..., d:]], dim=-1), torch.cat([kr, k[..., d:]], dim=-1)
+
+
+class FusedQKVAttention(LlamaAttention):
+    """Attention over one stored q/k/v matrix (`qkv_proj`, Phi-3): its output rows are the
+    queries, then the keys, then the values; everything after the projection (`_qkv`) is the
+    Llama attention's."""
+
+    def __init__(self, config: ModelConfig, qkv_proj: FrozenLinear, o_proj: FrozenLinear) -> None:
+        nn.Module.__init__(self)
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.qkv_proj, self.o_proj = qkv_proj, o_proj
+        self.sizes = (config.q_size, config.kv_size, config.kv_size)
+        self.q_norm = self.k_norm = None
+        self.q_bias = self.k_bias = self.v_bias = None
+
+    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
+        shape = (*x.shape[:2], -1, self.head_dim)
+        return q.view(shape), k.view(shape), v.view(shape)
+
+
 class LlamaMLP(nn.Module):
     """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
 
@@ -229,8 +294,11 @@ class LlamaMLP(nn.Module):
         super().__init__()
         self.gate_proj, self.up_proj, self.down_proj = gate_proj, up_proj, down_proj
 
+    def _gate_up(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.gate_proj(x), self.up_proj(x)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_proj(x), self.up_proj(x)
+        gate, up = self._gate_up(x)
         with section("norms_activations"):
             h = self.activation(gate, up)
         with recomputing(h, lambda: self.activation(gate, up)):  # an adapter on down_proj
@@ -240,6 +308,21 @@ class LlamaMLP(nn.Module):
     def activation(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up (a Triton kernel on CUDA in half precision)."""
         return F.silu(gate) * up if gate.dtype == torch.float32 else swiglu(gate, up)
+
+
+class FusedGateUpMLP(LlamaMLP):
+    """SwiGLU over one stored gate/up matrix (`gate_up_proj`, Phi-3): the first half of its
+    output rows is the gate, the second the up projection."""
+
+    def __init__(self, gate_up_proj: FrozenLinear, down_proj: FrozenLinear) -> None:
+        nn.Module.__init__(self)
+        self.gate_up_proj, self.down_proj = gate_up_proj, down_proj
+
+    def _gate_up(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        if gate.is_cuda:  # Liger's kernel indexes both halves with one row stride
+            return gate.contiguous(), up.contiguous()
+        return gate, up
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -322,12 +405,12 @@ class LlamaModel(nn.Module):
                 f"{self.config.max_position_embeddings}",
                 code="E-CONTEXT",
             )
-        mask = None
+        mask, length = None, None
         if positions is None:
-            positions = torch.arange(past, past + t, device=input_ids.device)
+            positions, length = torch.arange(past, past + t, device=input_ids.device), past + t
         else:
             mask = segment_mask(positions)
-        cos, sin = self.rotary(positions)
+        cos, sin = self.rotary(positions, length)
         dev = input_ids.device.type
         dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else torch.float32
         h = self.embed_tokens.rows(input_ids).to(dtype)
