@@ -9,6 +9,11 @@ tokenizer.json, tokenizer_config.json with a chat template) whose distinctive fe
 | ``mistral`` | `MistralForCausalLM` | untied output, GQA, Tekken pre-tokenizer, BOS |
 | ``qwen2`` | `Qwen2ForCausalLM` | q/k/v biases, tied embeddings, a padded vocabulary, Qwen2 split |
 | ``qwen3`` | `Qwen3ForCausalLM` | q/k RMSNorm, head size unlike hidden/heads, untied output |
+| ``mixtral`` | `MixtralForCausalLM` | 4 experts, top 2 (renormalised), untied output, GQA |
+| ``qwen3_moe`` | `Qwen3MoeForCausalLM` | 4 experts of their own size, top 2 unnormalised, a dense layer |
+
+The mixture-of-experts families (`MOE_FAMILIES`) have no GGUF form in Aner yet, so `FAMILIES`,
+whose every member converts to GGUF, leaves them out.
 
 Every parameter is seeded noise (biases and norm weights included: transformers initialises those
 to 0 and 1, which would hide a missing bias or norm). The tokenizer is a byte-level BPE trained
@@ -27,6 +32,7 @@ from typing import Any
 from aner_lang.runtime.model.tokenizer import HF_SPLIT_NAMES
 
 FAMILIES = ("llama3", "mistral", "qwen2", "qwen3")
+MOE_FAMILIES = ("mixtral", "qwen3_moe")
 CORPUS = [
     "Aner is a small, statically typed scripting language for adapting language models.",
     "A user writes a script that declares a base model, adapters, a training profile and data.",
@@ -103,7 +109,9 @@ FAMILY = {
     ),
     "qwen2": _QWEN,
     "qwen3": replace(_QWEN, model_type="qwen3"),
+    "qwen3_moe": replace(_QWEN, model_type="qwen3_moe"),
 }
+FAMILY["mixtral"] = replace(FAMILY["mistral"], model_type="mixtral")
 
 
 def build_tokenizer(family: str, vocab_size: int = 320) -> Any:
@@ -187,6 +195,25 @@ def _config(family: str, vocab: int) -> Any:
             tie_word_embeddings=True,
             rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
         )
+    if family == "mixtral":
+        return transformers.MixtralConfig(
+            **common,
+            tie_word_embeddings=False,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        )
+    if family == "qwen3_moe":  # layer 1 dense: mlp_only_layers; norm_topk_prob off (HF default)
+        return transformers.Qwen3MoeConfig(
+            **common,
+            head_dim=24,
+            tie_word_embeddings=False,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=40,
+            norm_topk_prob=False,
+            mlp_only_layers=[1],
+        )
     return transformers.Qwen3Config(**common, head_dim=24, tie_word_embeddings=False)
 
 
@@ -200,6 +227,8 @@ def build_hf_model(family: str, vocab: int, seed: int = 0) -> Any:
         "mistral": transformers.MistralForCausalLM,
         "qwen2": transformers.Qwen2ForCausalLM,
         "qwen3": transformers.Qwen3ForCausalLM,
+        "mixtral": transformers.MixtralForCausalLM,
+        "qwen3_moe": transformers.Qwen3MoeForCausalLM,
     }
     model = classes[family](_config(family, vocab))
     gen = torch.Generator().manual_seed(seed)
@@ -218,7 +247,8 @@ def build_hf_model(family: str, vocab: int, seed: int = 0) -> Any:
 def write_hf_model(folder: str | Path, family: str, seed: int = 0) -> Path:
     """Write the family's tiny model as a Hugging Face folder and return it."""
     if family not in FAMILY:
-        raise ValueError(f"unknown family {family!r}; choose from {', '.join(FAMILIES)}")
+        known = ", ".join(FAMILIES + MOE_FAMILIES)
+        raise ValueError(f"unknown family {family!r}; choose from {known}")
     f = FAMILY[family]
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
