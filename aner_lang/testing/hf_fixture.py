@@ -204,9 +204,9 @@ def _config(family: str, vocab: int) -> Any:
             rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
         )
     if family == "qwen3_moe":  # layer 1 dense: mlp_only_layers; norm_topk_prob off (HF default)
+        common["head_dim"] = 24  # a keyword Qwen3MoeConfig takes through its **kwargs
         return transformers.Qwen3MoeConfig(
             **common,
-            head_dim=24,
             tie_word_embeddings=False,
             num_experts=4,
             num_experts_per_tok=2,

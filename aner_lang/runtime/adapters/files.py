@@ -81,9 +81,7 @@ def _peft_parts(adapter: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
             f"the {method} adapter adapts mixture-of-experts experts ({experts[0]}, ...), which "
             "Aner cannot export to PEFT yet (transformers stores experts as 3-D parameters)",
             code="E-EXPORT",
-            notes=(
-                "use format: safetensors, or target only the attention projections for PEFT",
-            ),
+            notes=("use format: safetensors, or target only the attention projections for PEFT",),
         )
     tensors = {}
     for key, t in ours.items():

@@ -94,9 +94,7 @@ def read_weights(
     # The layer count comes from the file: its last layer is checked before the layers are listed
     # (a count of 2**31 would otherwise be a list of billions of weights).
     source.check(arch.layer_weights(config.num_hidden_layers - 1)[0], config)
-    weights = arch.weights(
-        config.num_hidden_layers, config.tie_word_embeddings, config.experts_in
-    )
+    weights = arch.weights(config.num_hidden_layers, config.tie_word_embeddings, config.experts_in)
     for w in weights:
         source.check(w, config)
     linear = _frozen_linear(storage)

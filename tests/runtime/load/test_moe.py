@@ -132,7 +132,9 @@ def test_lora_on_every_expert_trains_with_the_router_unchanged(family, trained_l
     assert run.loss_history[-1] < run.loss_history[0]
     assert torch.equal(model.module.layers[0].mlp.gate.dense_weight(), router)
     moved = [
-        n for n, p in adapter.params.items() if ".experts." in n and n.endswith("lora_B") and p.any()
+        n
+        for n, p in adapter.params.items()
+        if ".experts." in n and n.endswith("lora_B") and p.any()
     ]
     assert len(moved) >= 2  # routed experts trained their own B, separately
     trained_like(adapter)
