@@ -11,6 +11,11 @@ tokenizer.json, tokenizer_config.json with a chat template) whose distinctive fe
 | ``qwen3`` | `Qwen3ForCausalLM` | q/k RMSNorm, head size unlike hidden/heads, untied output |
 | ``phi3`` | `Phi3ForCausalLM` | fused qkv and gate/up matrices, GQA, untied output (Phi-3, Phi-4) |
 | ``phi4mini`` | `Phi3ForCausalLM` | as ``phi3``, plus LongRoPE and partial rotary dims, tied (Phi-4-mini) |
+| ``mixtral`` | `MixtralForCausalLM` | 4 experts, top 2 (renormalised), untied output, GQA |
+| ``qwen3_moe`` | `Qwen3MoeForCausalLM` | 4 experts of their own size, top 2 unnormalised, a dense layer |
+
+The mixture-of-experts families (`MOE_FAMILIES`) have no GGUF form in Aner yet, so `FAMILIES`,
+whose every member converts to GGUF, leaves them out.
 
 Every parameter is seeded noise (biases and norm weights included: transformers initialises those
 to 0 and 1, which would hide a missing bias or norm). The tokenizer is a byte-level BPE trained
@@ -29,6 +34,7 @@ from typing import Any
 from aner_lang.runtime.model.tokenizer import HF_SPLIT_NAMES
 
 FAMILIES = ("llama3", "mistral", "qwen2", "qwen3", "phi3", "phi4mini")
+MOE_FAMILIES = ("mixtral", "qwen3_moe")
 CORPUS = [
     "Aner is a small, statically typed scripting language for adapting language models.",
     "A user writes a script that declares a base model, adapters, a training profile and data.",
@@ -121,7 +127,9 @@ FAMILY = {
     "qwen3": replace(_QWEN, model_type="qwen3"),
     "phi3": _PHI3,
     "phi4mini": _PHI3,
+    "qwen3_moe": replace(_QWEN, model_type="qwen3_moe"),
 }
+FAMILY["mixtral"] = replace(FAMILY["mistral"], model_type="mixtral")
 
 
 def build_tokenizer(family: str, vocab_size: int = 320) -> Any:
@@ -207,6 +215,25 @@ def _config(family: str, vocab: int) -> Any:
         )
     if family in ("phi3", "phi4mini"):
         return _phi3_config(family, common)
+    if family == "mixtral":
+        return transformers.MixtralConfig(
+            **common,
+            tie_word_embeddings=False,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        )
+    if family == "qwen3_moe":  # layer 1 dense: mlp_only_layers; norm_topk_prob off (HF default)
+        common["head_dim"] = 24  # a keyword Qwen3MoeConfig takes through its **kwargs
+        return transformers.Qwen3MoeConfig(
+            **common,
+            tie_word_embeddings=False,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=40,
+            norm_topk_prob=False,
+            mlp_only_layers=[1],
+        )
     return transformers.Qwen3Config(**common, head_dim=24, tie_word_embeddings=False)
 
 
@@ -250,6 +277,8 @@ def build_hf_model(family: str, vocab: int, seed: int = 0) -> Any:
         "qwen3": transformers.Qwen3ForCausalLM,
         "phi3": transformers.Phi3ForCausalLM,
         "phi4mini": transformers.Phi3ForCausalLM,
+        "mixtral": transformers.MixtralForCausalLM,
+        "qwen3_moe": transformers.Qwen3MoeForCausalLM,
     }
     model = classes[family](_config(family, vocab))
     gen = torch.Generator().manual_seed(seed)
@@ -268,7 +297,8 @@ def build_hf_model(family: str, vocab: int, seed: int = 0) -> Any:
 def write_hf_model(folder: str | Path, family: str, seed: int = 0) -> Path:
     """Write the family's tiny model as a Hugging Face folder and return it."""
     if family not in FAMILY:
-        raise ValueError(f"unknown family {family!r}; choose from {', '.join(FAMILIES)}")
+        known = ", ".join(FAMILIES + MOE_FAMILIES)
+        raise ValueError(f"unknown family {family!r}; choose from {known}")
     f = FAMILY[family]
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)

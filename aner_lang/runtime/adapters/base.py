@@ -30,10 +30,12 @@ _FUSED_NOTE = (
 
 def target_modules(model: Any, targets: list[str]) -> list[tuple[str, FrozenLinear]]:
     """`(name, FrozenLinear)` of every targeted projection, in model order (layer, then the
-    architecture table's projection order). Target names are the model's architecture's: the
-    script checker cannot know the model a file holds, so a target the loaded architecture lacks
-    (``q_proj`` on Phi-3) fails here, naming the ones it has."""
-    arch = model.architecture
+    architecture table's projection order, then expert). Target names are the model's
+    architecture's: the script checker cannot know the model a file holds, so a target the loaded
+    architecture lacks (``q_proj`` on Phi-3) fails here, naming the ones it has; an MLP target of
+    a mixture-of-experts layer names every expert's projection (never the router, which stays
+    frozen)."""
+    arch, config = model.architecture, model.config
     unknown = [t for t in targets if t not in arch.targets]
     if unknown or not targets:
         raise AnerRuntimeError(
@@ -43,10 +45,11 @@ def target_modules(model: Any, targets: list[str]) -> list[tuple[str, FrozenLine
             notes=_FUSED_NOTE if arch.fused else (),
         )
     return [
-        (p.module(i), cast(FrozenLinear, model.module.get_submodule(p.module(i))))
-        for i in range(model.config.num_hidden_layers)
+        (name, cast(FrozenLinear, model.module.get_submodule(name)))
+        for i in range(config.num_hidden_layers)
         for p in arch.projections
         if p.target in targets
+        for name in arch.target_modules(p.target, i, config.experts_in(i))
     ]
 
 
@@ -96,9 +99,11 @@ class Adapter:
         targets: torch.Tensor,
         positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Summed next-token cross-entropy (`LlamaModel.loss`) with this adapter active."""
+        """Summed next-token cross-entropy (`LlamaModel.loss`) with this adapter active; while
+        training, a mixture-of-experts model's load-balancing loss is added where its config asks
+        for it (`router_aux_loss_coef`), as transformers adds it in training."""
         with self.active():
-            return self.model.module.loss(input_ids, targets, positions)
+            return self.model.module.loss(input_ids, targets, positions, self.training)
 
     __call__ = forward
 

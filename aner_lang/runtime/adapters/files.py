@@ -75,6 +75,14 @@ def _peft_parts(adapter: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
                 "path) for a standalone model",
             ),
         )
+    experts = [name for name, _ in adapter.targets if ".experts." in name]
+    if experts:
+        raise AnerRuntimeError(
+            f"the {method} adapter adapts mixture-of-experts experts ({experts[0]}, ...), which "
+            "Aner cannot export to PEFT yet (transformers stores experts as 3-D parameters)",
+            code="E-EXPORT",
+            notes=("use format: safetensors, or target only the attention projections for PEFT",),
+        )
     tensors = {}
     for key, t in ours.items():
         module, kind = key.rsplit(".", 1)

@@ -23,6 +23,19 @@ def require_model(model: Any, builtin: str) -> None:
         )
 
 
+def refuse_experts(config: Any, builtin: str) -> None:
+    """Refuse a mixture-of-experts model given to `builtin`, a model file writer: llama.cpp
+    stores experts as 3-D tensors, which Aner neither reads nor writes yet, and a Hugging Face
+    folder of one needs its family's own config keys and tensor names (Mixtral's w1/w2/w3)."""
+    if config.num_experts:
+        raise AnerRuntimeError(
+            f"{builtin}: the model is a mixture of experts ({config.architecture}); Aner does "
+            "not write mixture-of-experts model files yet",
+            code="E-EXPORT",
+            notes=("save_adapter(adapter, dir, format: safetensors) keeps a trained adapter",),
+        )
+
+
 @contextmanager
 def gguf_writer(
     path: str | Path, architecture: str, *, overwrite: bool, protected: Iterable[str | Path]

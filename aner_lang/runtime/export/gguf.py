@@ -23,7 +23,7 @@ import torch
 from aner_lang.architectures import Kind
 from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.export import filetypes, kquants
-from aner_lang.runtime.export.files import gguf_writer, require_model
+from aner_lang.runtime.export.files import gguf_writer, refuse_experts, require_model
 from aner_lang.runtime.io.gguf import GGUFFile, permute_rows
 from aner_lang.runtime.io.world import once
 from aner_lang.runtime.model.config import gguf_hyperparameters, longrope_tensors
@@ -134,6 +134,7 @@ def export_gguf(
 
     ft = filetypes.file_type(dtype)
     require_model(model, "export_gguf")
+    refuse_experts(model.config, "export_gguf")
     arch = model.architecture
     output = arch.embedding if model.module.lm_head is model.module.embed_tokens else arch.output
     layers = model.config.num_hidden_layers

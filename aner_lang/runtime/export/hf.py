@@ -28,7 +28,7 @@ from tokenizers import processors
 
 from aner_lang.host import files
 from aner_lang.problems.errors import AnerRuntimeError
-from aner_lang.runtime.export.files import require_model
+from aner_lang.runtime.export.files import refuse_experts, require_model
 from aner_lang.runtime.io.world import once
 from aner_lang.runtime.model.linear import FrozenLinear
 
@@ -132,6 +132,7 @@ def export_hf(
 ) -> Path:
     """Write `model` as a Hugging Face folder (see the module docstring); returns the folder."""
     require_model(model, "export_hf")
+    refuse_experts(model.config, "export_hf")
     if dtype not in DTYPES:
         raise AnerRuntimeError(
             f"export_hf: unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}",

@@ -41,6 +41,7 @@ from aner_lang.runtime.model.config import (
 )
 from aner_lang.runtime.model.linear import DenseLinear, FrozenLinear
 from aner_lang.runtime.model.loaded import LoadedModel
+from aner_lang.runtime.model.moe import MoeMLP
 from aner_lang.runtime.model.tokenizer import Tokenizer
 from aner_lang.runtime.model.transformer import (
     FusedGateUpMLP,
@@ -95,7 +96,7 @@ def read_weights(
     # The layer count comes from the file: its last layer is checked before the layers are listed
     # (a count of 2**31 would otherwise be a list of billions of weights).
     source.check(arch.layer_weights(config.num_hidden_layers - 1)[0], config)
-    weights = arch.weights(config.num_hidden_layers, config.tie_word_embeddings)
+    weights = arch.weights(config.num_hidden_layers, config.tie_word_embeddings, config.experts_in)
     for w in weights:
         source.check(w, config)
     linear = _frozen_linear(storage)
@@ -145,7 +146,7 @@ def assemble(
             return parts.get(f"layers.{i}.{name}")
 
         attn: LlamaAttention
-        mlp: LlamaMLP
+        mlp: LlamaMLP | MoeMLP
         if arch.fused:
             attn = FusedQKVAttention(config, part("self_attn.qkv_proj"), part("self_attn.o_proj"))
             mlp = FusedGateUpMLP(part("mlp.gate_up_proj"), part("mlp.down_proj"))
@@ -156,12 +157,25 @@ def assemble(
                 *(part(f"self_attn.{b}_bias") for b in ("q", "k", "v")),
                 *(part(f"self_attn.{n}_norm") for n in ("q", "k")),
             )
-            mlp = LlamaMLP(*(part(f"mlp.{p}") for p in ("gate_proj", "up_proj", "down_proj")))
+            mlp = _mlp(config, part, config.experts_in(i))
         norms = (part(n.module) for n in arch.norms)
         layers.append(LlamaDecoderLayer(attn, mlp, *norms))
     embed: FrozenLinear = parts["embed_tokens"]
     lm_head = embed if config.tie_word_embeddings else parts["lm_head"]
     return LlamaModel(config, embed, layers, parts["norm"], lm_head, rope_freqs)
+
+
+def _mlp(config: ModelConfig, part: Any, experts: int) -> LlamaMLP | MoeMLP:
+    """A layer's dense MLP, or its router and `experts` expert MLPs."""
+    targets = ("gate_proj", "up_proj", "down_proj")
+    if not experts:
+        return LlamaMLP(*(part(f"mlp.{p}") for p in targets))
+    return MoeMLP(
+        part("mlp.gate"),
+        [LlamaMLP(*(part(f"mlp.experts.{e}.{p}") for p in targets)) for e in range(experts)],
+        config.num_experts_per_tok,
+        config.norm_topk_prob,
+    )
 
 
 def resolve_device(device: str) -> torch.device:

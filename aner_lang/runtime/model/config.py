@@ -92,6 +92,22 @@ class ModelConfig:
         """Rows of a fused gate/up matrix."""
         return 2 * self.intermediate_size
 
+    num_experts: int = 0
+    """Experts of each sparse MLP (0: a dense model); HF Mixtral's ``num_local_experts``."""
+    num_experts_per_tok: int = 0
+    """How many experts each token is routed to (top-k)."""
+    moe_intermediate_size: int = 0
+    """An expert's intermediate size (Mixtral's experts have the dense `intermediate_size`)."""
+    norm_topk_prob: bool = True
+    """Whether the k routing weights are renormalised to sum to 1 (always, for Mixtral)."""
+    mlp_only_layers: tuple[int, ...] = ()
+    """Layers of a mixture-of-experts model whose MLP is dense (Qwen3-MoE)."""
+    decoder_sparse_step: int = 1
+    """Layer i is sparse when (i + 1) is a multiple of this (Qwen3-MoE; 1: every layer)."""
+    router_aux_loss_coef: float = 0.0
+    """The weight of the load-balancing loss added to the training loss (0: none; HF adds it
+    only when ``output_router_logits`` is true, and so does Aner)."""
+
     @property
     def q_size(self) -> int:
         return self.num_attention_heads * self.head_dim
@@ -99,6 +115,11 @@ class ModelConfig:
     @property
     def kv_size(self) -> int:
         return self.num_key_value_heads * self.head_dim
+
+    def experts_in(self, layer: int) -> int:
+        """How many experts layer `layer`'s MLP holds (0: a dense MLP)."""
+        sparse = layer not in self.mlp_only_layers and (layer + 1) % self.decoder_sparse_step == 0
+        return self.num_experts if sparse else 0
 
     def dims(self, fields: tuple[str, ...]) -> tuple[int, ...]:
         """A weight's shape (HF layout) from the config fields an architecture table names."""
@@ -203,6 +224,13 @@ def _check(source: str, code: str, c: ModelConfig) -> ModelConfig:
         v = float(getattr(c, field))
         if not math.isfinite(v) or v <= 0:
             raise bad(f"{field} is {v}; it must be a finite positive number")
+    if c.num_experts and not 1 <= c.num_experts_per_tok <= c.num_experts:
+        raise bad(
+            f"{c.num_experts_per_tok} experts per token of {c.num_experts}: a token is routed "
+            "to from 1 to all of the experts"
+        )
+    if not (math.isfinite(c.router_aux_loss_coef) and c.router_aux_loss_coef >= 0):
+        raise bad(f"router_aux_loss_coef is {c.router_aux_loss_coef}; it must be finite and >= 0")
     s = c.rope_scaling
     if s is not None:
         values = (s.factor, s.low_freq_factor, s.high_freq_factor)
@@ -253,6 +281,13 @@ def config_from_gguf(gguf: GGUFFile) -> ModelConfig:
             str(gguf.path), "E-GGUF-ARCH", arch, [f"{k} GGUF files" for k in known]
         )
     meta = gguf.metadata
+    if meta.get(f"{arch}.expert_count"):
+        raise AnerRuntimeError(
+            f"{gguf.path}: a mixture-of-experts GGUF ({meta[f'{arch}.expert_count']} experts); "
+            "Aner reads mixture-of-experts models from Hugging Face folders only for now",
+            code="E-GGUF-ARCH",
+            notes=("docs/models.md lists the supported architectures and file kinds",),
+        )
     f = _Fields(str(gguf.path), "E-GGUF-METADATA", meta, f"{arch}.")
     hidden = f.integer("embedding_length")
     heads = f.integer("attention.head_count")
@@ -436,6 +471,7 @@ def config_from_hf(cfg: Any, folder: Path) -> ModelConfig:
             context, f.integer("sliding_window")
         )  # beyond the window, attention would differ
     theta, scaling = _hf_rope(source, cfg)
+    moe = _hf_experts(source, cfg, table.name) if table.experts is not None else {}
     config = ModelConfig(
         vocab_size=f.integer("vocab_size"),
         hidden_size=hidden,
@@ -451,6 +487,7 @@ def config_from_hf(cfg: Any, folder: Path) -> ModelConfig:
         architecture=table.name,
         rope_scaling=scaling,
         partial_rotary_factor=float(_partial_rotary_factor(source, cfg)),
+        **moe,
     )
     return _check(source, "E-HF-CONFIG", config)
 
@@ -465,6 +502,40 @@ def _partial_rotary_factor(source: str, cfg: dict[str, Any]) -> float:
             code="E-HF-CONFIG",
         )
     return float(value)
+
+
+def _hf_experts(source: str, cfg: dict[str, Any], architecture: str) -> dict[str, Any]:
+    """The mixture-of-experts fields of a Mixtral or Qwen3-MoE config.json, with HF's defaults
+    (Mixtral: `num_local_experts`, the dense intermediate size, always renormalised; Qwen3-MoE:
+    `num_experts` (or `num_local_experts`), `moe_intermediate_size`, `norm_topk_prob`, sparse layers every
+    `decoder_sparse_step` outside `mlp_only_layers`)."""
+    f = _Fields(source, "E-HF-CONFIG", cfg)
+    coef = f.real("router_aux_loss_coef", 0.001) if cfg.get("output_router_logits") else 0.0
+    common = {
+        "num_experts_per_tok": f.integer("num_experts_per_tok", 2),
+        "router_aux_loss_coef": coef,
+    }
+    if architecture == "mixtral":
+        return {
+            **common,
+            "num_experts": f.integer("num_local_experts", 8),
+            "moe_intermediate_size": f.integer("intermediate_size"),
+        }
+    only = cfg.get("mlp_only_layers") or []
+    if not isinstance(only, list) or not all(type(i) is int for i in only):
+        raise AnerRuntimeError(
+            f"{source}: mlp_only_layers is {str(only)[:40]!r}, not a list of layer numbers",
+            code="E-HF-CONFIG",
+        )
+    return {
+        **common,
+        # the released configs write num_experts; transformers 5 saves it as num_local_experts
+        "num_experts": f.integer("num_experts", cfg.get("num_local_experts")),
+        "moe_intermediate_size": f.integer("moe_intermediate_size"),
+        "norm_topk_prob": bool(cfg.get("norm_topk_prob", False)),
+        "mlp_only_layers": tuple(only),
+        "decoder_sparse_step": f.integer("decoder_sparse_step", 1),
+    }
 
 
 def gguf_hyperparameters(config: ModelConfig) -> dict[str, Any]:

@@ -21,7 +21,8 @@ from aner_lang.runtime.model.activations import recomputing, run_layer
 from aner_lang.runtime.model.config import ModelConfig
 from aner_lang.runtime.model.fused_ops import rms_norm, rope, swiglu
 from aner_lang.runtime.model.linear import FrozenLinear
-from aner_lang.runtime.model.loss import head_loss_sum, logits_loss_sum
+from aner_lang.runtime.model.loss import IGNORE, head_loss_sum, logits_loss_sum
+from aner_lang.runtime.model.moe import collecting_router_logits, load_balancing_loss
 from aner_lang.runtime.model.sections import section
 
 
@@ -326,12 +327,13 @@ class FusedGateUpMLP(LlamaMLP):
 
 
 class LlamaDecoderLayer(nn.Module):
-    """Pre-norm attention and MLP blocks with residual connections."""
+    """Pre-norm attention and MLP blocks with residual connections; the MLP is a `LlamaMLP` or,
+    in a mixture-of-experts layer, a `moe.MoeMLP`."""
 
     def __init__(
         self,
         self_attn: LlamaAttention,
-        mlp: LlamaMLP,
+        mlp: nn.Module,
         input_layernorm: RMSNorm,
         post_attention_layernorm: RMSNorm,
     ) -> None:
@@ -428,15 +430,36 @@ class LlamaModel(nn.Module):
         input_ids: torch.Tensor,
         targets: torch.Tensor,
         positions: torch.Tensor | None = None,
+        router_aux: bool = False,
     ) -> torch.Tensor:
         """Summed next-token cross-entropy over `targets` (`IGNORE` where unscored), fp32, of
         plain rows or of packed rows with their `positions` (`hidden_states`).
 
         In half precision with a frozen head, through `head_loss_sum` (no full logits held);
-        otherwise from the logits, the reference arithmetic (`forward`'s logits, bit for bit)."""
+        otherwise from the logits, the reference arithmetic (`forward`'s logits, bit for bit).
+        `router_aux` on a mixture-of-experts model whose `router_aux_loss_coef` is positive adds
+        that coefficient times the load-balancing loss per scored token (`moe_aux_loss`)."""
+        if router_aux and self.config.router_aux_loss_coef > 0:
+            return moe_aux_loss(self, input_ids, targets, positions)
         hidden = self.hidden_states(input_ids, positions=positions)
         frozen = not any(p.requires_grad for p in self.lm_head.parameters())
         with section("loss"):
             if hidden.dtype != torch.float32 and frozen:
                 return head_loss_sum(hidden, self.lm_head, targets)
             return logits_loss_sum(self.lm_head(hidden).to(torch.float32), targets)
+
+
+def moe_aux_loss(
+    model: LlamaModel,
+    input_ids: torch.Tensor,
+    targets: torch.Tensor,
+    positions: torch.Tensor | None,
+) -> torch.Tensor:
+    """The summed loss plus `router_aux_loss_coef` * load-balancing loss * scored tokens, so the
+    trainer's division by the scored tokens gives transformers' mean loss + coef * aux."""
+    c = model.config
+    with collecting_router_logits() as logits:
+        loss = model.loss(input_ids, targets, positions)
+    scored = (targets != IGNORE).sum()
+    aux = load_balancing_loss(logits, c.num_experts, c.num_experts_per_tok)
+    return loss + c.router_aux_loss_coef * aux * scored

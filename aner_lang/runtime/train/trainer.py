@@ -412,6 +412,8 @@ class _Loop:
             profile.graphs,
             options["micro_batch"] * data.context,
         )
+        if adapter.base.config.num_experts and not off:  # group sizes are read on the host
+            off = "a mixture-of-experts model sizes its expert groups on the host"
         if objective is not None:
             off = f"the {objective.name} objective runs its steps eagerly"
         self.steps = GraphSteps(self._forward_backward, [p for _, p in self.params], off)
