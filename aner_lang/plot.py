@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from aner_lang import files
 from aner_lang.errors import AnerRuntimeError
 from aner_lang.records import rows
 
@@ -94,7 +95,7 @@ def plot(log: Path, out: Path) -> Curves:
             code="E-NATIVE-UNAVAILABLE",
             notes=("install it with: pip install 'aner[native]' (or pip install matplotlib)",),
         ) from None
-    out.parent.mkdir(parents=True, exist_ok=True)
+    files.make_parent(files.check_target(out, overwrite=True))
     metadata = {"Date": None} if out.suffix.lower() == ".svg" else {}
     with matplotlib.rc_context({"svg.hashsalt": "aner"}):  # SVG element ids from a fixed salt
         _figure(curves, f"{log.parent.name}/{log.name}").savefig(out, metadata=metadata)

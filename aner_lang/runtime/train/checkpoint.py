@@ -160,8 +160,7 @@ def save(
     `keep` older checkpoints are kept besides the new one (they are removed only after the new
     one is published). Never writes the frozen base: only what `state.to_tensors()` holds.
     """
-    root = Path(directory)
-    root.mkdir(parents=True, exist_ok=True)
+    root = files.make_folder(directory)
     meta = state.to_json()
     tensors = {k: v.detach().contiguous().cpu() for k, v in state.to_tensors().items()}
     contents = {TENSORS: st_save(tensors), STATE: _json_bytes(meta)}
