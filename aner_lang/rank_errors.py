@@ -5,7 +5,9 @@ report of its failed children, it would show N times under a traceback. So the l
 folder in `FOLDER_VARIABLE`, and a rank that fails writes its rendered diagnostic there
 (`rank-R.txt`) instead of printing it. The launcher prints the error of the rank that failed first
 (the errors of later ranks may be consequences of it: a peer gone from a collective, the stop the
-launcher sent), once, with a note naming the rank when not every rank failed with that error.
+launcher sent), once, with a note naming the rank unless rank 0 failed with the same error and no
+rank with another (the launcher stops the other ranks at the first failure, often before they
+write theirs).
 
 A rank started some other way (torchrun by hand, one process) finds no folder and prints its error
 itself. Nothing here imports torch: the ranks' side runs in `aner run`.
@@ -66,11 +68,12 @@ def first(folder: Path) -> tuple[RankError, list[RankError]] | None:
 
 def report(folder: Path, size: int) -> str | None:
     """What the launcher prints for the ranks' errors in `folder` (a run of `size` ranks): the
-    first rank's error, noting its rank unless every rank failed with the same error."""
+    first rank's error, noting its rank unless rank 0 (the one that prints) failed with it too
+    and no rank failed otherwise (ranks stopped before writing theirs are taken to agree)."""
     found = first(folder)
     if found is None:
         return None
     error, errors = found
-    if len(errors) == size and all(e.text == error.text for e in errors):
+    if any(e.rank == 0 for e in errors) and all(e.text == error.text for e in errors):
         return error.text
     return f"{error.text}\n  = note: on rank {error.rank} of {size}, the first to fail"

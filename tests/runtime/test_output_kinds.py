@@ -15,7 +15,7 @@ SETUP = """let m = load_model("{gguf}", storage: float32, device: cpu)
 let data = texts(["Aner makes model adaptation explicit."], context: 16)
 let a = lora(m, rank: 2, alpha: 4.0, seed: 3)
 let p = profile(precision: float32, optimizer: adamw, kernel: host_tiled)
-let logged = train(lora(m, rank: 2, alpha: 4.0, seed: 3), data, p, steps: 1, log: "events.jsonl")
+print(train(lora(m, rank: 2, alpha: 4.0, seed: 3), data, p, steps: 1, log: "events.jsonl"))
 """
 LINE = SETUP.count("\n") + 1
 FOLDERS = {
@@ -74,7 +74,7 @@ def test_an_output_path_of_the_wrong_kind_is_a_located_error(
     script.write_text(SETUP.format(gguf=tiny_bytes_gguf) + call.format(out=out) + "\n")
     assert aner(["run", str(script)]) == 1
     err = capsys.readouterr().err
-    first = err.splitlines()[0]
+    first = next(line for line in err.splitlines() if "error[" in line)
     assert first.startswith(f"{script}:{LINE}:") and "error[E-FILE-KIND]" in first, err
     assert str(in_the_way) in first and "Traceback" not in err, err
     assert all(p.read_bytes() == data for p, data in before.items())

@@ -41,7 +41,7 @@ def torchrun_arguments(nproc: int, file: str) -> list[str]:
 
 def launch(nproc: int, file: str) -> int:
     """Run `file` on `nproc` ranks of this host; the exit code, after printing any failure."""
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)  # reported here
+    logging.getLogger("torch.distributed").setLevel(logging.CRITICAL)  # failures: reported here
     with tempfile.TemporaryDirectory(prefix="aner-ranks-") as folder:
         os.environ[rank_errors.FOLDER_VARIABLE] = folder
         try:
