@@ -37,9 +37,7 @@ def _no_wall(err: str) -> None:
         ('print(read_text("missing.txt"))\n', "s.aner:1:17:", "E-FILE-MISSING"),
     ],
 )
-def test_a_script_with_errors_is_refused_once_before_the_ranks_start(
-    tmp_path, source, where, code
-):
+def test_a_script_with_errors_is_refused_once_before_the_ranks_start(tmp_path, source, where, code):
     """A type error, a syntax error and a precheck's error (a file the script reads is missing):
     one located error from the launcher, and no rank started (torchrun prints its banner)."""
     (tmp_path / "s.aner").write_text(source, encoding="utf-8")
