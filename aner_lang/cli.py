@@ -21,8 +21,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from aner_lang.problems import rank_errors
 from aner_lang.problems.diagnostics import Diagnostic, file_error, render
-from aner_lang.problems.errors import EXIT_OUTPUT_CLOSED, EXIT_STOPPED, OutputClosed, RunStopped
+from aner_lang.problems.errors import (
+    EXIT_OUTPUT_CLOSED,
+    EXIT_STOPPED,
+    AnerRuntimeError,
+    OutputClosed,
+    RunStopped,
+)
 
 if TYPE_CHECKING:
     from aner_lang.check import Analysis
@@ -39,7 +46,6 @@ def _print(diags: list[Diagnostic], source: str | None) -> None:
 def _read(path: str) -> str | None:
     """A script's text (bounded: `files.SCRIPT_LIMIT`), or None after printing why not."""
     from aner_lang.host import files
-    from aner_lang.problems.errors import AnerRuntimeError
 
     try:
         return files.read_text(path, files.SCRIPT_LIMIT)
@@ -49,12 +55,14 @@ def _read(path: str) -> str | None:
 
 
 def _write(text: str, output: str) -> None:
-    """`text` to stdout (`-`) or to the file `output`, creating its directory."""
+    """`text` to stdout (`-`) or to the file `output` (replaced), creating its folder; a path of
+    the wrong kind is an `AnerRuntimeError` (`files.check_target`)."""
+    from aner_lang.host import files
+
     if output == "-":
         sys.stdout.write(text)
     else:
-        Path(output).parent.mkdir(parents=True, exist_ok=True)
-        Path(output).write_text(text, encoding="utf-8")
+        files.write_file(output, text.encode("utf-8"), overwrite=True)
 
 
 def _analyze(path: str, source: str, *, before_running: bool, printed: bool = True) -> Analysis:
@@ -81,15 +89,18 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def _launch(file: str, nproc: int) -> int:
-    """`aner run FILE` on `nproc` ranks of this host, started by torchrun (docs/distributed.md).
-
-    A child process, so this command never imports torch itself."""
+    """`aner run FILE` on `nproc` ranks of this host (docs/distributed.md): the script is checked
+    here once, as `aner run` checks it, and only a script without errors starts the ranks, in a
+    child process (`aner_lang.runtime.io.launch`: torchrun's agent, one report of a failed rank),
+    so this command never imports torch itself."""
     if "WORLD_SIZE" in os.environ:
         print("aner run: --nproc inside a distributed run (WORLD_SIZE is set)", file=sys.stderr)
         return 2
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    cmd = [*torchrun, "--nproc-per-node", str(nproc), "-m", "aner_lang.cli", "run", file]
-    return subprocess.run(cmd, check=False).returncode and 1
+    source = _read(file)
+    if source is None or _analyze(file, source, before_running=True).errors:
+        return 1
+    cmd = [sys.executable, "-m", "aner_lang.runtime.io.launch", str(nproc), file]
+    return subprocess.run(cmd, check=False).returncode
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -117,7 +128,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             run(analysis, ExecContext(path.parent, out, path, writes_files=main_rank))
         except AnerError as e:
             d = e.diagnostic
-            _print([d], source if d.path == args.file else _read(d.path) if d.path else None)
+            text = render(d, source if d.path == args.file else _read(d.path) if d.path else None)
+            if not rank_errors.record(text):  # a rank of `aner run --nproc N` leaves it to it
+                print(text, file=sys.stderr)
             return 1
         except RunStopped as e:
             if main_rank:
@@ -133,17 +146,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_plot(args: argparse.Namespace) -> int:
     """Draw a run's loss curves from its event log (default picture: the log's name, .png)."""
     from aner_lang.datafiles.plot import plot
-    from aner_lang.problems.errors import AnerRuntimeError
 
     log = Path(args.log)
     out = Path(args.output) if args.output else log.with_suffix(".png")
-    try:
-        curves = plot(log, out)
-    except AnerRuntimeError as e:
-        print(f"error[{e.code}]: {e.message}", file=sys.stderr)
-        for note in e.notes:
-            print(f"  = note: {note}", file=sys.stderr)
-        return 1
+    curves = plot(log, out)
     print(
         f"{out}: {len(curves.train)} updates, {len(curves.validation)} validations",
         file=sys.stderr,
@@ -354,6 +360,11 @@ def _command(argv: list[str] | None) -> int:
     command: Command = args.fn
     try:
         return command(args)
+    except AnerRuntimeError as e:  # a file a command reads or writes: the path and why
+        print(f"error[{e.code}]: {e.message}", file=sys.stderr)
+        for note in e.notes:
+            print(f"  = note: {note}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:  # Ctrl-C: a line, not a traceback (checkpoints are atomic)
         print("aner: interrupted", file=sys.stderr)
         return 130

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from aner_lang.datafiles.records import rows
+from aner_lang.host import files
 from aner_lang.problems.errors import AnerRuntimeError
 
 FORMATS = (".png", ".svg")
@@ -94,7 +95,7 @@ def plot(log: Path, out: Path) -> Curves:
             code="E-NATIVE-UNAVAILABLE",
             notes=("install it with: pip install 'aner[native]' (or pip install matplotlib)",),
         ) from None
-    out.parent.mkdir(parents=True, exist_ok=True)
+    files.make_parent(files.check_target(out, overwrite=True))
     metadata = {"Date": None} if out.suffix.lower() == ".svg" else {}
     with matplotlib.rc_context({"svg.hashsalt": "aner"}):  # SVG element ids from a fixed salt
         _figure(curves, f"{log.parent.name}/{log.name}").savefig(out, metadata=metadata)

@@ -13,7 +13,8 @@ everywhere:
   bytes are an error naming the file, line and column.
 
 Every write of a file a user names goes through here too (`write_json`, `save_adapter`,
-`export_gguf` and the other exporters), under one rule:
+`export_gguf` and the other exporters, `train`'s checkpoints folder and event log), under one
+rule:
 
 * An existing file, or a folder that holds anything, is never replaced unless the call says
   `overwrite: true`; and a protected path (the model's own base file or folder, and anything
@@ -25,6 +26,9 @@ Every write of a file a user names goes through here too (`write_json`, `save_ad
   the usual 022), and every folder those of a new folder (0755), whichever library wrote it: some
   write theirs private (safetensors writes 0600), which would leave one file of an exported
   folder unreadable to the people its siblings are readable to.
+* A path is written as the kind it already is: a folder never replaces a file nor goes inside
+  one, a file never replaces a folder (E-FILE-KIND naming the path in the way, before anything
+  is written).
 
 The limits are the bounds `docs/security.md` states; each caller passes the one for its kind of
 file. This module imports nothing heavy, so the front end uses it too.
@@ -286,13 +290,28 @@ def _umask() -> int:
 
 
 def make_parent(out: Path) -> None:
-    """Create the folder `out` goes in (and its parents): an error naming it if that fails."""
+    """Create the folder `out` goes in (and its parents), under `make_folder`'s rule."""
+    make_folder(out.parent)
+
+
+def make_folder(folder: str | Path) -> Path:
+    """Create the folder `folder` to write into, and the folders above it: E-FILE-KIND naming
+    the path in the way when it or a folder above it exists as something else (a file), an
+    error naming it if creating fails otherwise. Returns it as a Path."""
+    check_name(folder)
+    out = Path(folder)
+    for p in (out, *out.parents):
+        if not os.path.lexists(p):
+            continue
+        if not p.is_dir():
+            inside = "" if p == out else f" ({out} would be created inside it)"
+            raise _fail(p, f"is a file, not a folder{inside}", "E-FILE-KIND")
+        break
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
+        out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise _fail(
-            out.parent, f"cannot be created as a folder: {exc.strerror or exc}", "E-IO"
-        ) from None
+        raise _fail(out, f"cannot be created as a folder: {exc.strerror or exc}", "E-IO") from None
+    return out
 
 
 @contextmanager

@@ -806,16 +806,22 @@ _ENTRIES: tuple[ErrorCode, ...] = (
     _code(
         "E-FILE-KIND",
         Area.EVALUATION,
-        "the path is a folder, a device, a pipe or a socket, not a file",
+        "the path is the wrong kind: not a file where a file is needed, or not a folder",
         _SITUATION,
         """
         Aner only reads regular files: a device such as `/dev/zero` or `/dev/urandom`, or a named
         pipe, could make a read block forever or never end, so they are refused before opening
         (a symbolic link is followed first: a link to a device is refused too). Give the path of
         an ordinary file.
+
+        A path Aner writes must be free or of the kind it writes: a file (`write_json`, a `log:`)
+        cannot replace a folder, a folder (`checkpoints:`, `save_adapter`) cannot replace a file,
+        and nothing can be written inside a file; the error names the path in the way, which is
+        left as it is. Choose another path, or move what is there.
         """,
         """
-        A script's `read_text("/dev/zero")`, or an import of a named pipe.
+        A script's `read_text("/dev/zero")`, an import of a named pipe, or
+        `train(..., checkpoints: "notes.txt")` where `notes.txt` is a file.
         """,
     ),
     _code(

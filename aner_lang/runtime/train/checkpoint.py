@@ -201,8 +201,7 @@ def save(
     one is published). Never writes the frozen base: only what `state.to_tensors()` holds. The
     tensors file is read back and hashed before the folder is renamed into place.
     """
-    root = Path(directory)
-    root.mkdir(parents=True, exist_ok=True)
+    root = files.make_folder(directory)
     contents = _contents(state, base_path)
 
     def fill(tmp: Path) -> None:
@@ -223,8 +222,7 @@ def publish_copy(directory: str | Path, folder: Path) -> Path:
     system) the latest and only checkpoint of `directory`, through hard links to its files: the
     same bytes under a second name, not a second copy. Where the file system refuses a link the
     files are copied. Returns the new folder."""
-    root = Path(directory)
-    root.mkdir(parents=True, exist_ok=True)
+    root = files.make_folder(directory)
     manifest_sha = hashlib.sha256(files.read_bytes(folder / MANIFEST, JSON_LIMIT)).hexdigest()
 
     def fill(tmp: Path) -> None:

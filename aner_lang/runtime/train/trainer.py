@@ -48,6 +48,7 @@ from typing import Any
 
 import torch
 
+from aner_lang.host import files
 from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.io.process_clock import seconds_running
 from aner_lang.runtime.io.world import once, world
@@ -256,7 +257,7 @@ def train(
     identity = run_identity(adapter, profile, backend)
     loop = _Loop(parallel.trained, data, profile, options, identity, parallel, objective)
     main = parallel.world.main  # only rank 0 logs, shows progress and writes
-    log_path = _log_path(log, checkpoints)
+    log_path = _outputs(log, checkpoints, log_dir)
     events = EventLog(log_path, log_dir) if main else EventLog(None, None)
     progress = Progress(total, loop.counters.updates) if main else None
     start = time.perf_counter()
@@ -687,11 +688,17 @@ class _Loop:
         )
 
 
-def _log_path(log: str | None, checkpoints: str | None) -> str | None:
-    """Where the JSON events go: `log:` if given, else `<checkpoints>/events.jsonl`."""
+def _outputs(log: str | None, checkpoints: str | None, log_dir: str | None) -> str | None:
+    """Where the JSON events go: `log:` if given, else `<checkpoints>/events.jsonl`. The folders
+    of the run's outputs are made before the first update, so that a path of the wrong kind (a
+    file named as `checkpoints:`) is an error naming it before any training, not at the first
+    checkpoint (`files.make_folder`)."""
+    for folder in (checkpoints, log_dir):
+        if folder:
+            files.make_folder(folder)
     path = log or (str(Path(checkpoints) / "events.jsonl") if checkpoints else None)
     if path:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        files.make_parent(files.check_target(path, overwrite=True))
     return path
 
 
