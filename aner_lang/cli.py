@@ -2,8 +2,8 @@
 the job commands submit, jobs, logs, cancel, resume.
 
 Exit codes: 0 success, 1 diagnostics (errors in a script, a failed run), 2 usage errors, 3 a run
-stopped on request (SIGTERM, SIGINT, `aner cancel`) after writing its checkpoint, 141 the output
-was closed by its reader (`aner plan f.aner | head`).
+stopped on request (SIGTERM, `aner cancel`; a training run after writing its checkpoint), 141 the
+output was closed by its reader (`aner plan f.aner | head`).
 Diagnostics go to stderr as `file:line:col: severity[code]: message` with a caret excerpt.
 Only `run` (through native builtins), `fixture` and `plan` (a GGUF header) may import torch;
 `check` never does.
@@ -94,9 +94,11 @@ def _launch(file: str, nproc: int) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Check and run a script. Ctrl-C ends it with status 130 and no traceback (a training run
-    saves its checkpoint and says how to resume before it stops); a job's stop request (SIGTERM)
-    ends it with EXIT_STOPPED after the run checkpointed."""
+    saves its checkpoint and says how to resume before it stops); SIGTERM (a job's stop request,
+    `timeout`, CI) ends it with EXIT_STOPPED, a training run after it checkpointed
+    (`aner_lang.sigterm`)."""
     from aner_lang.interp import AnerError, ExecContext, run
+    from aner_lang.sigterm import stopping_on_sigterm
 
     if args.nproc < 1:
         print("aner run: --nproc must be at least 1", file=sys.stderr)
@@ -114,7 +116,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     with open(os.devnull, "w", encoding="utf-8") as devnull:
         out = sys.stdout if main_rank else devnull
         try:
-            run(analysis, ExecContext(path.parent, out, path, writes_files=main_rank))
+            with stopping_on_sigterm():
+                run(analysis, ExecContext(path.parent, out, path, writes_files=main_rank))
         except AnerError as e:
             d = e.diagnostic
             _print([d], source if d.path == args.file else _read(d.path) if d.path else None)
