@@ -141,7 +141,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
     log = Path(args.log)
     out = Path(args.output) if args.output else log.with_suffix(".png")
     try:
-        curves = plot(log, out)
+        curves = plot(log, out, overwrite=args.overwrite)
     except AnerRuntimeError as e:
         print(f"error[{e.code}]: {e.message}", file=sys.stderr)
         for note in e.notes:
@@ -315,6 +315,7 @@ def command_line() -> argparse.ArgumentParser:
     p = sub.add_parser("plot", help="draw a run's training and validation loss from its log")
     p.add_argument("log", help="the JSON-lines event log train() wrote")
     p.add_argument("-o", "--output", help="a .png or .svg file (default: the log's name, .png)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing picture")
     p.set_defaults(fn=cmd_plot)
     p = sub.add_parser("check-docs", help="check the ```aner blocks of Markdown files or folders")
     p.add_argument("paths", nargs="+")
