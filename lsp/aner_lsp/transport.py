@@ -143,7 +143,7 @@ async def serve(
         except ValueError as exc:  # not JSON, or past json_text's bounds
             log.error("a message that is not JSON: %s", exc)
             error = JsonRpcParseError(message=f"the message is not JSON: {exc}")
-            protocol._send_response(None, None, error.to_response_error())
+            protocol._send_response(None, None, error.to_response_error())  # type: ignore[arg-type]
             continue
         except Exception:
             log.exception("skipped a message that is not JSON-RPC")
