@@ -2,8 +2,8 @@
 the job commands submit, jobs, logs, cancel, resume.
 
 Exit codes: 0 success, 1 diagnostics (errors in a script, a failed run), 2 usage errors, 3 a run
-stopped on request (SIGTERM, SIGINT, `aner cancel`) after writing its checkpoint, 141 the output
-was closed by its reader (`aner plan f.aner | head`).
+stopped on request (SIGTERM, `aner cancel`; a training run after writing its checkpoint), 141 the
+output was closed by its reader (`aner plan f.aner | head`).
 Diagnostics go to stderr as `file:line:col: severity[code]: message` with a caret excerpt.
 Only `run` (through native builtins), `fixture` and `plan` (a GGUF header) may import torch;
 `check` never does.
@@ -105,8 +105,10 @@ def _launch(file: str, nproc: int) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Check and run a script. Ctrl-C ends it with status 130 and no traceback (a training run
-    saves its checkpoint and says how to resume before it stops); a job's stop request (SIGTERM)
-    ends it with EXIT_STOPPED after the run checkpointed."""
+    saves its checkpoint and says how to resume before it stops); SIGTERM (a job's stop request,
+    `timeout`, CI) ends it with EXIT_STOPPED, a training run after it checkpointed
+    (`aner_lang.host.sigterm`)."""
+    from aner_lang.host.sigterm import stopping_on_sigterm
     from aner_lang.interp import AnerError, ExecContext, run
 
     if args.nproc < 1:
@@ -125,7 +127,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     with open(os.devnull, "w", encoding="utf-8") as devnull:
         out = sys.stdout if main_rank else devnull
         try:
-            run(analysis, ExecContext(path.parent, out, path, writes_files=main_rank))
+            with stopping_on_sigterm():
+                run(analysis, ExecContext(path.parent, out, path, writes_files=main_rank))
         except AnerError as e:
             d = e.diagnostic
             text = render(d, source if d.path == args.file else _read(d.path) if d.path else None)
@@ -149,7 +152,13 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
     log = Path(args.log)
     out = Path(args.output) if args.output else log.with_suffix(".png")
-    curves = plot(log, out)
+    try:
+        curves = plot(log, out, overwrite=args.overwrite)
+    except AnerRuntimeError as e:
+        print(f"error[{e.code}]: {e.message}", file=sys.stderr)
+        for note in e.notes:
+            print(f"  = note: {note}", file=sys.stderr)
+        return 1
     print(
         f"{out}: {len(curves.train)} updates, {len(curves.validation)} validations",
         file=sys.stderr,
@@ -318,6 +327,7 @@ def command_line() -> argparse.ArgumentParser:
     p = sub.add_parser("plot", help="draw a run's training and validation loss from its log")
     p.add_argument("log", help="the JSON-lines event log train() wrote")
     p.add_argument("-o", "--output", help="a .png or .svg file (default: the log's name, .png)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing picture")
     p.set_defaults(fn=cmd_plot)
     p = sub.add_parser("check-docs", help="check the ```aner blocks of Markdown files or folders")
     p.add_argument("paths", nargs="+")

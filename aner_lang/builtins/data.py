@@ -96,7 +96,11 @@ def _data(name: str, doc: str = "the dataset") -> Param:
     return Param(name, "Dataset", doc=doc)
 
 
-_CONTEXT_RULE = Constraint("context >= 2", "context must be at least 2 tokens")
+CONTEXT_RULE = Constraint("context >= 2", "context must be at least 2 tokens")
+"""Every data builtin's `context`: one token leaves nothing to score (a scored token is predicted
+from the tokens before it), so `context: 1` is refused where it is written, before any model
+loads. Whether a larger context leaves a scored token depends on the tokenizer and the rows;
+`train` checks that (E-TRAIN-DATA) once the model, and so its tokenizer, is loaded."""
 
 _BUILTINS = (
     Builtin(
@@ -115,7 +119,7 @@ _BUILTINS = (
         "A dataset of plain texts; every token is scored.",
         _DATA + "texts_builtin",
         examples=('let train_set = texts(["Aner makes adaptation explicit."], context: 32)',),
-        constraints=(_CONTEXT_RULE,),
+        constraints=(CONTEXT_RULE,),
         category=_CATEGORY,
     ),
     Builtin(
@@ -153,7 +157,7 @@ _BUILTINS = (
             'let qa = load_jsonl("data/qa.jsonl", prompt_field: "question", '
             'completion_field: "answer")',
         ),
-        constraints=(_CONTEXT_RULE,),
+        constraints=(CONTEXT_RULE,),
         needs_context=True,
         category=_CATEGORY,
         precheck=_PRECHECK + "load_jsonl",
@@ -217,7 +221,7 @@ _BUILTINS = (
             'let chats = load_data("data/chats.jsonl", format: chat, context: 1024)',
             'let notes = load_data("data/notes.parquet", field: "body")',
         ),
-        constraints=(_CONTEXT_RULE,),
+        constraints=(CONTEXT_RULE,),
         native=True,
         requires=NATIVE,
         needs_context=True,

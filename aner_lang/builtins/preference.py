@@ -121,7 +121,7 @@ def _loader(name: str, returns: str, doc: str, example: str) -> Builtin:
         doc,
         _DATA + f"{name}_builtin",
         examples=(example,),
-        constraints=(Constraint("context >= 2", "context must be at least 2 tokens"),),
+        constraints=(data.CONTEXT_RULE,),
         native=True,
         requires=_NATIVE,
         needs_context=True,

@@ -509,6 +509,13 @@ _BUILTINS = (
         (
             Param("log", "String", doc="the JSON-lines event log train() wrote", path="reads"),
             Param("to", "String", doc="the picture to write: a .png or .svg file", path="writes"),
+            Param(
+                "overwrite",
+                "Bool",
+                "false",
+                doc="replace an existing picture",
+                keyword_only=True,
+            ),
         ),
         "String",
         "Draw a run's training and validation loss by update from its event log (what "

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from collections.abc import Callable
 from itertools import accumulate
 from typing import Any
 
@@ -40,10 +41,10 @@ _BRACKETS = re.compile(_STRING.pattern + r"|[\[\]{}]", re.DOTALL)
 _DIGITS = re.compile(_STRING.pattern + r"|\d+", re.DOTALL)
 
 
-def loads(text: str | bytes) -> Any:
+def loads(text: str | bytes, *, object_hook: Callable[[dict[str, Any]], Any] | None = None) -> Any:
     """The value of a JSON document; `json.JSONDecodeError` (a `ValueError`) for text that is not
     JSON, nests deeper than `MAX_DEPTH` or holds an integer of more than `MAX_INTEGER_DIGITS`
-    digits."""
+    digits. `object_hook` is `json.loads`'s: what each object becomes, innermost first."""
     if isinstance(text, (bytes, bytearray)):
         try:
             text = text.decode(json.detect_encoding(text), "surrogatepass")
@@ -54,7 +55,7 @@ def loads(text: str | bytes) -> Any:
     limit = sys.get_int_max_str_digits()
     parse_int = _bounded_int if limit == 0 or limit > MAX_INTEGER_DIGITS else None
     try:
-        return json.loads(text, parse_int=parse_int)
+        return json.loads(text, parse_int=parse_int, object_hook=object_hook)
     except json.JSONDecodeError:
         raise
     except ValueError:  # an integer past Python's conversion limit, or `_bounded_int`'s

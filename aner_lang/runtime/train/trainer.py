@@ -25,9 +25,10 @@ its rewards, margins, accuracy and log-probabilities, and validation reports its
 held-out preference accuracy. Everything else (epochs, schedule, checkpoints, resume, early
 stopping on the validation loss) is the same.
 
-Ctrl-C (SIGINT) during training lets the current update finish, writes the state (and a
-checkpoint when checkpoints are on), and ends the script with one line saying how to resume; a
-second Ctrl-C abandons the update at once.
+Ctrl-C (SIGINT) or SIGTERM during training lets the current update finish, writes the state (and
+a checkpoint when checkpoints are on), and ends the script (Ctrl-C: with one line saying how to
+resume; SIGTERM: `RunStopped`); a second Ctrl-C abandons the update at once. A stop asked during
+the last update still ends the script: the request is for the run, not for this `train` call.
 
 On several ranks every micro-step draws `micro_batch` examples per rank, rank 0 alone logs, shows
 progress and writes checkpoints, and `distributed.Parallel` says what else differs
@@ -283,8 +284,9 @@ def train(
                     if patience and loop.validations_since_best() >= patience:
                         loop.counters.stopped_early = True
                         stop = "early_stopping"
-                if parallel.any_rank(run_control.stop_requested) and not done and stop == "done":
-                    stop = "interrupted"
+                if parallel.any_rank(run_control.stop_requested):  # every rank stops together
+                    run_control.stop_requested = True
+                    stop = "interrupted" if stop == "done" and not done else stop
                 events.add(event)
                 run_control.emit({**event, "steps": total})
                 if progress is not None:
@@ -315,7 +317,7 @@ def train(
         if progress is not None:
             progress.close(loop.summary(stop, time.perf_counter() - start))
     saved = writer.last.folder if writer.last is not None else None
-    if stop == "interrupted":  # Ctrl-C: exit 130 with how to continue; SIGTERM: RunStopped
+    if run_control.stop_requested:  # even after the last update: the script stops too
         if run_control.stop_signal == signal.SIGINT:
             raise KeyboardInterrupt(_resume_hint(loop.counters.updates, total, saved, checkpoints))
         raise run_control.stopped(loop.counters.updates, total, saved)
