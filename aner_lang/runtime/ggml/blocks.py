@@ -27,7 +27,10 @@ def _f16(raw: torch.Tensor, at: int) -> torch.Tensor:
 def _nibbles(qs: torch.Tensor, width: int) -> torch.Tensor:
     """Low then high nibbles of every `width` bytes: `[n, k*width]` bytes -> `[n, k, 2*width]`."""
     q = qs.reshape(qs.shape[0], -1, 1, width)
-    return torch.cat((q & 0x0F, q >> 4), dim=2).reshape(qs.shape[0], -1, 2 * width)
+    out = torch.empty(q.shape[0], q.shape[1], 2, width, dtype=torch.uint8, device=q.device)
+    torch.bitwise_and(q, 0x0F, out=out[:, :, :1])
+    torch.bitwise_right_shift(q, 4, out=out[:, :, 1:])
+    return out.reshape(qs.shape[0], -1, 2 * width)
 
 
 def _bits(qh: torch.Tensor, shifts: range, mask: int) -> torch.Tensor:
@@ -37,13 +40,13 @@ def _bits(qh: torch.Tensor, shifts: range, mask: int) -> torch.Tensor:
 
 
 def _q4_0(raw: torch.Tensor) -> torch.Tensor:
-    q = _nibbles(raw[:, 2:], 16).flatten(1)
-    return _f16(raw, 0) * (q.to(torch.int8) - 8).float()
+    q = _nibbles(raw[:, 2:], 16).flatten(1).float().sub_(8)
+    return q.mul_(_f16(raw, 0))
 
 
 def _q4_1(raw: torch.Tensor) -> torch.Tensor:
     q = _nibbles(raw[:, 4:], 16).flatten(1).float()
-    return _f16(raw, 0) * q + _f16(raw, 2)
+    return q.mul_(_f16(raw, 0)).add_(_f16(raw, 2))
 
 
 def _five_bit(raw: torch.Tensor, qh_at: int) -> torch.Tensor:
@@ -62,7 +65,7 @@ def _q5_1(raw: torch.Tensor) -> torch.Tensor:
 
 
 def _q8_0(raw: torch.Tensor) -> torch.Tensor:
-    return _f16(raw, 0) * raw[:, 2:].contiguous().view(torch.int8).float()
+    return raw[:, 2:].contiguous().view(torch.int8).float().mul_(_f16(raw, 0))
 
 
 def _scale_min_k4(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -115,6 +118,26 @@ DEQUANTIZERS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "Q6_K": _q6_k,
 }
 """The block types `storage: gguf` keeps as blocks, by GGML type name."""
+
+
+FP16_FIELDS: dict[str, tuple[int, ...]] = {
+    "Q4_0": (0,),
+    "Q4_1": (0, 2),
+    "Q5_0": (0,),
+    "Q5_1": (0, 2),
+    "Q8_0": (0,),
+    "Q4_K": (0, 2),
+    "Q5_K": (0, 2),
+    "Q6_K": (208,),
+}
+"""Byte offsets of each block type's fp16 scales and mins: every other field is small integers,
+and a scale (<= 65504) times one (<= 63 * 63) plus a min cannot overflow float32, so a block
+dequantizes to finite values exactly when these fields are finite."""
+
+
+def blocks_finite(raw: torch.Tensor, qtype: str) -> bool:
+    """Whether every weight of `[n_blocks, type_size]` blocks is finite, from their fp16 fields."""
+    return all(bool(torch.isfinite(_f16(raw, at)).all()) for at in FP16_FIELDS[qtype])
 
 
 def dequantize_blocks(raw: torch.Tensor, qtype: str) -> torch.Tensor:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from aner_lang.runtime.ggml.blocks import dequantize_blocks
+from aner_lang.runtime.ggml.blocks import blocks_finite, dequantize_blocks
 
 
 @dataclass(frozen=True)
@@ -32,10 +32,17 @@ class GGUFWeight:
 
     def take(self, raw_rows: torch.Tensor) -> torch.Tensor:
         """Byte rows of this weight (a slice or a gather of `raw`) dequantized to float32."""
-        n_in = self.shape[1]
-        blocks_per_row = n_in // block_size(self.qtype)
-        blocks = raw_rows.reshape(raw_rows.shape[0] * blocks_per_row, -1)
-        return dequantize_blocks(blocks, self.qtype).reshape(raw_rows.shape[0], n_in)
+        blocks = raw_rows.reshape(raw_rows.shape[0] * self._blocks_per_row(), -1)
+        return dequantize_blocks(blocks, self.qtype).reshape(raw_rows.shape[0], self.shape[1])
+
+    def finite(self) -> bool:
+        """Whether every weight is finite (`blocks.blocks_finite`: no dequantization needed)."""
+        return blocks_finite(
+            self.raw.reshape(-1, self.raw.shape[1] // self._blocks_per_row()), self.qtype
+        )
+
+    def _blocks_per_row(self) -> int:
+        return self.shape[1] // block_size(self.qtype)
 
     def tile_rows(self, tile_bytes: int) -> int:
         """Rows per tile: as many as fit `tile_bytes` of fp32, at least one."""

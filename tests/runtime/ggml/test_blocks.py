@@ -8,7 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from aner_lang.runtime.ggml.blocks import DEQUANTIZERS, dequantize_blocks
+from aner_lang.runtime.ggml.blocks import (
+    DEQUANTIZERS,
+    FP16_FIELDS,
+    blocks_finite,
+    dequantize_blocks,
+)
 from aner_lang.runtime.io.gguf import GGUFFile
 
 TYPES = sorted(DEQUANTIZERS)
@@ -25,8 +30,7 @@ def _random_blocks(qtype: str, n: int, seed: int) -> np.ndarray:
     NaN or inf there, which both sides turn into the same NaN; finite ones test the arithmetic)."""
     size, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qtype]]
     raw = np.random.default_rng(seed).integers(0, 256, (n, type_size), dtype=np.uint8)
-    scale_at = {"Q6_K": (208,), "Q4_1": (0, 2), "Q5_1": (0, 2), "Q4_K": (0, 2), "Q5_K": (0, 2)}
-    for at in scale_at.get(qtype, (0,)):
+    for at in FP16_FIELDS[qtype]:
         scales = np.random.default_rng(seed + 1).normal(0, 0.05, n).astype(np.float16)
         raw[:, at : at + 2] = scales.view(np.uint8).reshape(n, 2)
     return raw
@@ -48,7 +52,12 @@ def test_random_bytes_including_non_finite_scales_agree(qtype: str) -> None:
     _, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qtype]]
     raw = np.random.default_rng(7).integers(0, 256, (200, type_size), dtype=np.uint8)
     got = dequantize_blocks(torch.from_numpy(raw), qtype)
-    torch.testing.assert_close(got, _reference(raw, qtype), rtol=0, atol=0, equal_nan=True)
+    want = _reference(raw, qtype)
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+    for i in range(len(raw)):  # finiteness read from the fp16 fields alone, block by block
+        assert blocks_finite(torch.from_numpy(raw[i : i + 1]), qtype) == bool(
+            torch.isfinite(want[i]).all()
+        )
 
 
 def test_quantized_real_weights_round_trip_through_both_dequantizers(smollm2_path) -> None:
