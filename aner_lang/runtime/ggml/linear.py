@@ -15,7 +15,7 @@ from aner_lang.errors import AnerRuntimeError
 from aner_lang.runtime.ggml.weight import GGUFWeight
 from aner_lang.runtime.model.linear import FrozenLinear
 from aner_lang.runtime.nf4 import host_tiled
-from aner_lang.runtime.nf4.backends import NF4Matmul, active_backend
+from aner_lang.runtime.nf4.backends import NF4Backend, NF4Matmul, active_backend
 
 STORAGE = "gguf"
 
@@ -39,10 +39,9 @@ class GGUFHostTiled:
         return f"aner.gguf.host_tiled/1;tile_bytes={self.tile_bytes};compute={compute}"
 
 
-def gguf_backend(device: torch.device) -> GGUFHostTiled:
-    """The GGUF path the enclosing run's NF4 backend stands for: its tile budget where it is
-    host_tiled, the default budget where `auto` picked fused (no fused GGUF kernels exist)."""
-    backend = active_backend(device)
+def gguf_backend(backend: NF4Backend) -> GGUFHostTiled:
+    """The GGUF path a run's NF4 backend stands for: its tile budget where it is host_tiled, the
+    default budget where `auto` picked fused (no fused GGUF kernels exist)."""
     return GGUFHostTiled(getattr(backend, "tile_bytes", host_tiled.DEFAULT_TILE_BYTES))
 
 
@@ -73,7 +72,9 @@ class GGUFLinear(FrozenLinear):
         return GGUFWeight(self.get_buffer("raw"), self.qtype, (self.out_features, self.in_features))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = NF4Matmul.apply(x, self.weight_gguf, gguf_backend(x.device))
+        out: torch.Tensor = NF4Matmul.apply(
+            x, self.weight_gguf, gguf_backend(active_backend(x.device))
+        )
         return out
 
     def dense_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -81,7 +82,9 @@ class GGUFLinear(FrozenLinear):
         return w.rows(0, w.shape[0]).to(dtype)
 
     def grad_input(self, grad_y: torch.Tensor) -> torch.Tensor:
-        return gguf_backend(grad_y.device).grad_input(grad_y.contiguous(), self.weight_gguf)
+        return gguf_backend(active_backend(grad_y.device)).grad_input(
+            grad_y.contiguous(), self.weight_gguf
+        )
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Embedding lookup: gathers the byte rows of `ids` and dequantizes only those."""
