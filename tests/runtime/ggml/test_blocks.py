@@ -28,7 +28,7 @@ def _reference(raw: np.ndarray, qtype: str) -> torch.Tensor:
 def _random_blocks(qtype: str, n: int, seed: int) -> np.ndarray:
     """`n` blocks of random bytes, whose fp16 scales are made finite (random bytes would also be
     NaN or inf there, which both sides turn into the same NaN; finite ones test the arithmetic)."""
-    size, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qtype]]
+    _, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qtype]]
     raw = np.random.default_rng(seed).integers(0, 256, (n, type_size), dtype=np.uint8)
     for at in FP16_FIELDS[qtype]:
         scales = np.random.default_rng(seed + 1).normal(0, 0.05, n).astype(np.float16)
