@@ -133,3 +133,35 @@ def test_storage_gguf_of_a_hugging_face_folder_is_a_clear_error(tmp_path) -> Non
     with pytest.raises(AnerRuntimeError) as e:
         load_model(folder, "gguf", "cpu")
     assert e.value.code == "E-GGUF-STORAGE" and "Hugging Face folder" in str(e.value)
+
+
+def test_kernel_fused_is_refused_for_a_gguf_base_and_auto_is_host_tiled() -> None:
+    from aner_lang.runtime.ggml.linear import gguf_backend, require_kernel
+    from aner_lang.runtime.nf4.backends import active_backend
+
+    for kernel in ("auto", "host_tiled"):
+        require_kernel(kernel)
+    with pytest.raises(AnerRuntimeError) as e:
+        require_kernel("fused")
+    assert e.value.code == "E-KERNEL-UNAVAILABLE" and "storage: gguf" in str(e.value)
+    outside = gguf_backend(active_backend(torch.device("cpu")))
+    with using_backend(HostTiled(4096)):
+        inside = gguf_backend(active_backend(torch.device("cpu")))
+    assert (outside.name, outside.tile_bytes, inside.tile_bytes) == ("host_tiled", 8 << 20, 4096)
+
+
+@pytest.mark.cuda
+def test_training_a_gguf_base_with_kernel_fused_is_refused_on_cuda(tmp_path) -> None:
+    from aner_lang.runtime.adapters import lora
+    from aner_lang.runtime.nf4.fused.availability import unavailable_reason
+    from aner_lang.runtime.tasks.data import from_texts
+    from aner_lang.runtime.train.profile import profile
+    from aner_lang.runtime.train.trainer import train
+
+    if not torch.cuda.is_available() or unavailable_reason() is not None:
+        pytest.skip("no CUDA GPU with the fused kernels' requirements")
+    path = write_fixture(tmp_path / "q4_0.gguf", "tiny", seed=3, tensor_type="q4_0")
+    adapter = lora(load_model(path, "gguf", "cuda"), rank=4, targets=["q_proj"])
+    with pytest.raises(AnerRuntimeError) as e:
+        train(adapter, from_texts(["a b c d e f"], 8), profile(kernel="fused"), steps=1)
+    assert e.value.code == "E-KERNEL-UNAVAILABLE" and "storage: gguf" in str(e.value)
