@@ -42,6 +42,12 @@ STORAGE = EnumDecl(
             "4-bit NormalFloat blocks of 64 with 8-bit double-quantized "
             "absmax (QLoRA's base format); norms stay fp32",
         ),
+        Member(
+            "gguf",
+            "a GGUF file's own tensors as they are in the file (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, "
+            "Q4_K, Q5_K, Q6_K blocks, F16/BF16/F32), matmul'd by dequantizing bounded tiles: "
+            "the base's memory is the file's tensor bytes; GGUF files only",
+        ),
     ),
     doc="How a model's frozen weights are stored in memory.",
     category=_CATEGORY,

@@ -1031,6 +1031,25 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         """,
     ),
     _code(
+        "E-GGUF-STORAGE",
+        Area.GGUF,
+        "storage: gguf cannot keep this model's tensors as they are",
+        _SCRIPT,
+        """
+        `storage: gguf` keeps a GGUF file's own tensors on the device: blocks of Q4_0, Q4_1,
+        Q5_0, Q5_1, Q8_0, Q4_K, Q5_K or Q6_K, and F16, BF16 or F32 tensors as they are. A Hugging
+        Face folder has no such blocks, and a tensor of another GGML type (Q2_K, Q3_K, the IQ
+        types, ...) has no block dequantizer in Aner (the message names the tensor and its type).
+        Load the model with `storage: float16`, `float32` or `nf4_double_quant`, which dequantize
+        every type the `gguf` package knows, or re-quantize the file to one of the kept types.
+        """,
+        """
+        # models/Qwen2.5-0.5B is a Hugging Face folder
+        let model = load_model("models/Qwen2.5-0.5B", storage: gguf)
+        print(model)
+        """,
+    ),
+    _code(
         "E-GGUF-ARCH",
         Area.GGUF,
         "the model architecture is not supported",
@@ -1202,7 +1221,7 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         "an unknown storage was asked of the model loader",
         _SITUATION,
         """
-        The loader knows the storages `float32`, `float16` and `nf4_double_quant`. In a script the
+        The loader knows the storages `float32`, `float16`, `nf4_double_quant` and `gguf`. In a script the
         `Storage` enum is checked before the run (a wrong member is `E-UNKNOWN-MEMBER`), so this
         code comes from Python code calling the runtime directly with another string.
         """,
@@ -1322,6 +1341,10 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         (`cuTensorMapEncodeTiled`, `cuLaunchKernelEx`): update the driver. Or use `kernel: auto`,
         which picks `fused` only where it can run, or `kernel: host_tiled`. `aner check` reports
         a literal `kernel: fused` on a machine without a CUDA GPU before the script runs.
+
+        A base loaded with `storage: gguf` has no fused kernels on any machine: its blocks are
+        multiplied by `host_tiled`, which `kernel: auto` picks for it, so `train` refuses
+        `kernel: fused` with such a base when it starts.
         """,
         """
         # on a machine without a CUDA GPU (`aner check` reports a literal `kernel: fused` there

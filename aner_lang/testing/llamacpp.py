@@ -41,3 +41,26 @@ def llama_server(
         yield str(server.listening_address)
     finally:
         del server
+
+
+def complete(url: str, prompt: str, tokens: int) -> str:
+    """The server's greedy completion of `prompt` (`tokens` at most), via /v1/completions."""
+    import json
+    import urllib.request
+
+    body = {"prompt": prompt, "max_tokens": tokens, "temperature": 0.0}
+    request = urllib.request.Request(
+        url + "/v1/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=300) as response:
+        return str(json.loads(response.read())["choices"][0]["text"])
+
+
+def served(
+    model: str | Path, prompts: Sequence[str], tokens: int, loras: Sequence[str | Path] = ()
+) -> list[str]:
+    """llama.cpp's greedy completions of `prompts` with `model` (and `loras` at scale 1)."""
+    with llama_server(model, loras=loras) as url:
+        return [complete(url, p, tokens) for p in prompts]

@@ -292,6 +292,19 @@ class GGUFFile:
             self._release(t)
         return out
 
+    def blocks(
+        self, name: str, shape: tuple[int, ...], device: torch.device | str = "cpu"
+    ) -> torch.Tensor:
+        """Tensor `name`'s bytes as they are in the file, a new `[rows, row_bytes]` uint8 tensor
+        on `device` (a row is whole blocks); its pages are released from this process after."""
+        t = self.info(name, shape)
+        rows = int(np.prod(t.shape[:-1], dtype=np.int64))
+        try:
+            src = torch.frombuffer(self._map, dtype=torch.uint8, count=t.nbytes, offset=t.offset)
+            return src.reshape(rows, t.nbytes // rows).to(device=device, copy=True)
+        finally:
+            self._release(t)
+
     def _dequantize(self, t: TensorInfo, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """A block-quantized tensor, dequantized on the host in bounded row chunks."""
         import gguf

@@ -95,6 +95,15 @@ class GGUFSource:
             t = unpermute_rows(t, int(getattr(config, weight.rope_heads))).contiguous()
         return t
 
+    def blocks(self, weight: Weight, config: Any, device: torch.device) -> tuple[torch.Tensor, str]:
+        """The tensor's bytes as in the file, `[out, row_bytes]` uint8 on `device` with rows in
+        Hugging Face order (a q/k weight's byte rows un-permuted: a row is whole blocks), and its
+        GGML type name."""
+        t = self.gguf.blocks(weight.gguf, expected_shape(weight, config), device)
+        if weight.rope_heads:
+            t = unpermute_rows(t, int(getattr(config, weight.rope_heads))).contiguous()
+        return t, self.gguf.tensor_type(weight.gguf)
+
 
 def read_json(path: Path, code: str) -> Any:
     """A JSON file of a model folder, read through `aner_lang.host.files` (a regular file of at most

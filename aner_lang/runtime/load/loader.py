@@ -16,6 +16,11 @@ so, float16 otherwise), as QLoRA keeps them in bitsandbytes, PEFT and Unsloth: t
 and written once per token rather than streamed through every layer, so NF4 saves little time
 there and costs accuracy (docs/models.md has the measured losses). `quantize_embeddings=True`
 stores them as NF4 too, for the smallest memory.
+
+`storage: gguf` (GGUF files only) keeps every weight matrix as the file's own bytes: block-quantized
+tensors as a `ggml.linear.GGUFLinear` over their blocks (q/k byte rows un-permuted, never a value
+changed), F32/F16/BF16 ones as a `DenseLinear` of that dtype; the embedding too, so the base's
+weight memory is the file's tensor bytes. Norms stay fp32 as everywhere.
 """
 
 from __future__ import annotations
@@ -31,7 +36,12 @@ from aner_lang.host.prechecks import PACKAGE_SCHEME
 from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.io.packages import packaged_model
 from aner_lang.runtime.io.progress import Progress
-from aner_lang.runtime.io.source import SafetensorsSource, TensorSource, open_source
+from aner_lang.runtime.io.source import (
+    GGUFSource,
+    SafetensorsSource,
+    TensorSource,
+    open_source,
+)
 from aner_lang.runtime.io.world import world
 from aner_lang.runtime.model.config import (
     ModelConfig,
@@ -39,7 +49,7 @@ from aner_lang.runtime.model.config import (
     config_from_hf,
     rope_freq_factors,
 )
-from aner_lang.runtime.model.linear import DenseLinear, FrozenLinear
+from aner_lang.runtime.model.linear import STORAGE_DTYPES, DenseLinear, FrozenLinear
 from aner_lang.runtime.model.loaded import LoadedModel
 from aner_lang.runtime.model.moe import MoeMLP
 from aner_lang.runtime.model.tokenizer import Tokenizer
@@ -56,7 +66,7 @@ from aner_lang.runtime.model.transformer import (
 if TYPE_CHECKING:
     from aner_lang.interp.context import ExecContext
 
-STORAGES = ("float32", "float16", "nf4_double_quant")
+STORAGES = ("float32", "float16", "nf4_double_quant", "gguf")
 DEVICES = ("cpu", "cuda", "auto")
 
 
@@ -111,15 +121,14 @@ def read_weights(
     out: dict[str, Any] = {}
     with torch.inference_mode(False), torch.no_grad():
         for w in weights:
+            if storage == "gguf" and w.kind is Kind.LINEAR:
+                out[w.name] = _gguf_linear(source, w, config, device)
+                progress.update(source.nbytes(w))
+                continue
             dtype = linear_dtype if w.kind is Kind.LINEAR else torch.float32
             t = source.read(w, config, dtype, device)
             if not bool(torch.isfinite(t).all()):  # NaN weights would make training skip forever
-                raise AnerRuntimeError(
-                    f"{source.path}: {w.kind.name.lower()} weight {w.hf} holds values that are "
-                    f"not finite{' in float16' if dtype == torch.float16 else ''}",
-                    code="E-MODEL-WEIGHTS",
-                    notes=("the file is damaged; download or convert it again",),
-                )
+                raise _not_finite(source, w, " in float16" if dtype == torch.float16 else "")
             if w.kind is Kind.LINEAR and sixteen_bit(w.name):
                 out[w.name] = DenseLinear(t, "bfloat16" if source.is_bfloat16(w) else "float16")
             elif w.kind is Kind.LINEAR:
@@ -132,6 +141,49 @@ def read_weights(
             progress.update(source.nbytes(w))
     progress.close()
     return out
+
+
+def _not_finite(source: TensorSource, w: Any, where: str = "") -> AnerRuntimeError:
+    return AnerRuntimeError(
+        f"{source.path}: {w.kind.name.lower()} weight {w.hf} holds values that are "
+        f"not finite{where}",
+        code="E-MODEL-WEIGHTS",
+        notes=("the file is damaged; download or convert it again",),
+    )
+
+
+_GGUF_DENSE = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+"""GGUF tensor types `storage: gguf` keeps as a `DenseLinear` of the same dtype (same bytes)."""
+
+
+def _gguf_linear(source: TensorSource, w: Any, config: ModelConfig, device: torch.device) -> Any:
+    """Weight `w` under `storage: gguf`: the file's own bytes, block-quantized types as a
+    `GGUFLinear`, F32/F16/BF16 as a `DenseLinear` of that dtype; checked finite."""
+    from aner_lang.runtime.ggml.blocks import DEQUANTIZERS
+    from aner_lang.runtime.ggml.linear import GGUFLinear
+    from aner_lang.runtime.ggml.weight import GGUFWeight
+
+    assert isinstance(source, GGUFSource)  # load_model refuses storage: gguf for a folder
+    qtype = source.gguf.tensor_type(w.gguf)
+    if qtype in _GGUF_DENSE:
+        dense = DenseLinear(
+            source.read(w, config, STORAGE_DTYPES[_GGUF_DENSE[qtype]], device), _GGUF_DENSE[qtype]
+        )
+        if not bool(torch.isfinite(dense.weight).all()):
+            raise _not_finite(source, w)
+        return dense
+    if qtype not in DEQUANTIZERS:
+        raise AnerRuntimeError(
+            f"{source.path}: tensor {w.gguf!r} is {qtype}, which storage: gguf cannot keep as "
+            f"blocks (it keeps {', '.join(sorted(DEQUANTIZERS))}, F16, BF16 and F32)",
+            code="E-GGUF-STORAGE",
+            notes=("load the model with storage: float16, float32 or nf4_double_quant",),
+        )
+    raw, qtype = source.blocks(w, config, device)
+    weight = GGUFWeight(raw, qtype, (raw.shape[0], int(getattr(config, w.shape[-1]))))
+    if not weight.finite():
+        raise _not_finite(source, w)
+    return GGUFLinear(weight)
 
 
 def assemble(
@@ -248,6 +300,13 @@ def load_model(
     dev = resolve_device(device)
     path = Path(path)
     source, config, tokenizer, metadata, rope = describe(path)
+    if storage == "gguf" and not isinstance(source, GGUFSource):
+        raise AnerRuntimeError(
+            f"{path}: storage: gguf keeps a GGUF file's quantized blocks, but this is a "
+            "Hugging Face folder",
+            code="E-GGUF-STORAGE",
+            notes=("load the folder with storage: float32, float16 or nf4_double_quant",),
+        )
     weights = read_weights(source, config, storage, dev, quantize_embeddings=quantize_embeddings)
     module = assemble(config, weights, rope)
     module.eval().to(dev)

@@ -52,7 +52,7 @@ class FrozenLinear(nn.Module):
         )
 
 
-_STORAGE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+STORAGE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _HALF = (torch.float16, torch.bfloat16)
 
 
@@ -68,13 +68,13 @@ class DenseLinear(FrozenLinear):
     """
 
     def __init__(self, weight: torch.Tensor, storage: str = "float32") -> None:
-        if storage not in _STORAGE_DTYPES:
-            raise ValueError(f"DenseLinear storage must be one of {sorted(_STORAGE_DTYPES)}")
+        if storage not in STORAGE_DTYPES:
+            raise ValueError(f"DenseLinear storage must be one of {sorted(STORAGE_DTYPES)}")
         out_features, in_features = weight.shape
         super().__init__(in_features, out_features)
         self.storage = storage
         self.weight = nn.Parameter(
-            weight.to(_STORAGE_DTYPES[storage]).contiguous(), requires_grad=False
+            weight.to(STORAGE_DTYPES[storage]).contiguous(), requires_grad=False
         )
 
     def _compute_dtype(self, x: torch.Tensor) -> torch.dtype:

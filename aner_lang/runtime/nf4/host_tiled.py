@@ -8,6 +8,7 @@ memory is one tile whatever the model. Pure torch: runs on CPU and on CUDA tenso
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from math import gcd
 
 import torch
@@ -16,6 +17,9 @@ from aner_lang.runtime.model.precision import compute_dtype, matmul
 from aner_lang.runtime.nf4.quant import NESTED_BLOCKSIZE, NF4Weight, dequantize_range, nf4_code
 
 DEFAULT_TILE_BYTES = 8 * 1024 * 1024
+
+Tiles = Iterable[tuple[int, int, torch.Tensor]]
+"""(first_row, last_row, dense tile [rows, in]) covering a weight, dequantized one at a time."""
 
 _scratch: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 
@@ -37,7 +41,7 @@ def tile_rows(w: NF4Weight, tile_bytes: int) -> int:
     return min(rows, n_out)
 
 
-def _tiles(w: NF4Weight, dtype: torch.dtype, tile_bytes: int):
+def _tiles(w: NF4Weight, dtype: torch.dtype, tile_bytes: int) -> Tiles:
     """Yield (first_row, last_row, dense tile [rows, in] in `dtype`) over the whole weight."""
     n_out, n_in = w.shape
     rows = tile_rows(w, tile_bytes)
@@ -56,24 +60,39 @@ def _tiles(w: NF4Weight, dtype: torch.dtype, tile_bytes: int):
 def linear(x: torch.Tensor, w: NF4Weight, tile_bytes: int = DEFAULT_TILE_BYTES) -> torch.Tensor:
     """y = x @ W^T for x [..., in] in the compute dtype (autocast's, else x's), returned in x's
     dtype; W is never materialized whole."""
-    dtype = compute_dtype(x)
-    x2 = x.reshape(-1, x.shape[-1]).to(dtype)
-    y = torch.empty(x2.shape[0], w.shape[0], device=x.device, dtype=x.dtype)
-    for r0, r1, tile in _tiles(w, dtype, tile_bytes):
-        y[:, r0:r1] = matmul(x2, tile.t(), x.dtype)
-    return y.reshape(*x.shape[:-1], w.shape[0])
+    return tiled_linear(x, w.shape, lambda dtype: _tiles(w, dtype, tile_bytes))
 
 
 def grad_input(
     grad_y: torch.Tensor, w: NF4Weight, tile_bytes: int = DEFAULT_TILE_BYTES
 ) -> torch.Tensor:
-    """dL/dx = grad_y @ W for grad_y [..., out], accumulated tile by tile in grad_y's dtype (the
-    autograd Function runs it outside autocast)."""
+    """dL/dx = grad_y @ W for grad_y [..., out] (see `tiled_grad_input`)."""
+    return tiled_grad_input(grad_y, w.shape, lambda dtype: _tiles(w, dtype, tile_bytes))
+
+
+def tiled_linear(
+    x: torch.Tensor, shape: tuple[int, int], tiles: Callable[[torch.dtype], Tiles]
+) -> torch.Tensor:
+    """y = x @ W^T for any packed W of `shape` (out, in) whose `tiles(dtype)` cover it: computed
+    in the compute dtype (autocast's, else x's), returned in x's dtype."""
+    dtype = compute_dtype(x)
+    x2 = x.reshape(-1, x.shape[-1]).to(dtype)
+    y = torch.empty(x2.shape[0], shape[0], device=x.device, dtype=x.dtype)
+    for r0, r1, tile in tiles(dtype):
+        y[:, r0:r1] = matmul(x2, tile.t(), x.dtype)
+    return y.reshape(*x.shape[:-1], shape[0])
+
+
+def tiled_grad_input(
+    grad_y: torch.Tensor, shape: tuple[int, int], tiles: Callable[[torch.dtype], Tiles]
+) -> torch.Tensor:
+    """dL/dx = grad_y @ W, accumulated tile by tile in grad_y's dtype (the autograd Function runs
+    it outside autocast)."""
     g2 = grad_y.reshape(-1, grad_y.shape[-1])
-    gx = torch.zeros(g2.shape[0], w.shape[1], device=grad_y.device, dtype=grad_y.dtype)
-    for r0, r1, tile in _tiles(w, grad_y.dtype, tile_bytes):
+    gx = torch.zeros(g2.shape[0], shape[1], device=grad_y.device, dtype=grad_y.dtype)
+    for r0, r1, tile in tiles(grad_y.dtype):
         gx.addmm_(g2[:, r0:r1], tile)
-    return gx.reshape(*grad_y.shape[:-1], w.shape[1])
+    return gx.reshape(*grad_y.shape[:-1], shape[1])
 
 
 def rows(w: NF4Weight, ids: torch.Tensor) -> torch.Tensor:

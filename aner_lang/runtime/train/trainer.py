@@ -51,6 +51,8 @@ import torch
 
 from aner_lang.host import files
 from aner_lang.problems.errors import AnerRuntimeError
+from aner_lang.runtime.ggml.linear import STORAGE as GGUF_STORAGE
+from aner_lang.runtime.ggml.linear import gguf_backend, require_kernel
 from aner_lang.runtime.io.process_clock import seconds_running
 from aner_lang.runtime.io.world import once, world
 from aner_lang.runtime.model import fused_ops
@@ -118,15 +120,17 @@ def _mean_loss(adapter: Any, data: Dataset, micro_batch: int, profile: Profile) 
 
 
 def run_identity(adapter: Any, profile: Profile, backend: NF4Backend) -> str:
-    """What a run's numbers depend on besides its inputs: the NF4 kernel's identity (or the dense
-    base's) and how an NF4 base stores its embedding and `lm_head`, torch, the device, fp32
+    """What a run's numbers depend on besides its inputs: the NF4 kernel's identity (or the GGUF
+    blocks' path, or the dense base's) and how an NF4 base stores its embedding and `lm_head`, torch, the device, fp32
     masters. Recorded in every state and checkpoint; continuing
     a state under a different identity would not be bit-identical, so `train` refuses it."""
     device = adapter.device
     base = adapter.base.module
     dtype = DTYPES[profile.precision]
     nf4 = any(getattr(m, "storage", None) == "nf4_double_quant" for m in base.modules())
-    if nf4:
+    if adapter.base.storage == GGUF_STORAGE:
+        kernel = gguf_backend(backend).identity(device, dtype)
+    elif nf4:
         kernel = f"{backend.identity(device, dtype)};embeddings={base.embed_tokens.storage}"
     else:
         kernel = f"aner.dense/1;compute={profile.precision}"
@@ -234,6 +238,8 @@ def train(
     )
     device = adapter.device
     profile.validate(device)
+    if adapter.base.storage == GGUF_STORAGE:
+        require_kernel(profile.kernel)
     set_deterministic(device)
     backend = profile.backend(device)
     options = {

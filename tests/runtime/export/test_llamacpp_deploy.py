@@ -5,9 +5,6 @@ llama.cpp and Aner, and its distance from the merged model is measured."""
 
 from __future__ import annotations
 
-import json
-import urllib.request
-
 import pytest
 import torch
 
@@ -20,6 +17,7 @@ from aner_lang.runtime.tasks.data import from_texts
 from aner_lang.runtime.tasks.generate import Sampling, generate_ids, generate_text
 from aner_lang.runtime.train.profile import profile
 from aner_lang.runtime.train.trainer import train
+from aner_lang.testing.llamacpp import served
 
 pytest.importorskip("xllamacpp")
 pytestmark = pytest.mark.slow
@@ -51,22 +49,8 @@ def expected(merged):
     return [generate_text(merged, p, Sampling(max_tokens=TOKENS)) for p in PROMPTS]
 
 
-def _complete(url: str, prompt: str) -> str:
-    body = {"prompt": prompt, "max_tokens": TOKENS, "temperature": 0.0}
-    request = urllib.request.Request(
-        url + "/v1/completions",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=300) as response:
-        return json.loads(response.read())["choices"][0]["text"]
-
-
 def _served(path, loras=()) -> list[str]:
-    from aner_lang.testing.llamacpp import llama_server
-
-    with llama_server(path, loras=loras) as url:
-        return [_complete(url, p) for p in PROMPTS]
+    return served(path, PROMPTS, TOKENS, loras)
 
 
 def test_the_trained_adapter_changes_what_the_model_says(real_model, expected) -> None:
