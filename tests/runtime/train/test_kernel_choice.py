@@ -66,7 +66,9 @@ def test_states_record_the_kernel_identity_and_resume_refuses_another(tiny_bytes
     adapter = _lora(_base(tiny_bytes_gguf), 3)
     run = _train(adapter, SMALL, 1, checkpoints=str(tmp_path / "ck"))
     ident = run.kernel_identity
-    assert ident.startswith("aner.nf4.host_tiled/1;tile_bytes=4096;compute=float32;torch=")
+    assert ident.startswith(
+        "aner.nf4.host_tiled/1;tile_bytes=4096;compute=float32;embeddings=float16;torch="
+    )
     assert adapter.state.meta["kernel_identity"] == ident
     resumed = resume(tmp_path / "ck")
     assert resumed.state.meta["kernel_identity"] == ident
