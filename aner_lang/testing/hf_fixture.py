@@ -9,11 +9,14 @@ tokenizer.json, tokenizer_config.json with a chat template) whose distinctive fe
 | ``mistral`` | `MistralForCausalLM` | untied output, GQA, Tekken pre-tokenizer, BOS |
 | ``qwen2`` | `Qwen2ForCausalLM` | q/k/v biases, tied embeddings, a padded vocabulary, Qwen2 split |
 | ``qwen3`` | `Qwen3ForCausalLM` | q/k RMSNorm, head size unlike hidden/heads, untied output |
+| ``gemma3`` | `Gemma3ForCausalLM` | sandwich norms (1 + w), q/k norms, GeGLU, scaled embedding, a |
+| | | 4-position sliding window on 5 of 6 layers with their own rope base, SentencePiece-style BPE |
 
 Every parameter is seeded noise (biases and norm weights included: transformers initialises those
 to 0 and 1, which would hide a missing bias or norm). The tokenizer is a byte-level BPE trained
 with the `tokenizers` library on a small corpus, with the family's own split regex as its
-tokenizer.json writes it. `write_gguf_from_hf` converts a folder to GGUF through Aner's exporter,
+tokenizer.json writes it (Gemma: SentencePiece-style BPE with byte fallback and scores, as
+`build_spm_tokenizer` says). `write_gguf_from_hf` converts a folder to GGUF through Aner's exporter,
 which writes llama.cpp's converter's layout (names, q/k permutation, rope_freqs, metadata).
 """
 
@@ -26,7 +29,7 @@ from typing import Any
 
 from aner_lang.runtime.model.tokenizer import HF_SPLIT_NAMES
 
-FAMILIES = ("llama3", "mistral", "qwen2", "qwen3")
+FAMILIES = ("llama3", "mistral", "qwen2", "qwen3", "gemma3")
 CORPUS = [
     "Aner is a small, statically typed scripting language for adapting language models.",
     "A user writes a script that declares a base model, adapters, a training profile and data.",
@@ -51,6 +54,8 @@ class Family:
     template: str
     ignore_merges: bool = False
     nfc: bool = False
+    spm: bool = False
+    """SentencePiece-style BPE (`build_spm_tokenizer`) instead of byte-level BPE."""
 
 
 _LLAMA3_TEMPLATE = (
@@ -75,6 +80,11 @@ _QWEN = Family(
     "<|im_end|>",
     _CHATML,
     nfc=True,
+)
+_GEMMA_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<start_of_turn>"
+    "{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n{{ m['content'] | trim }}"
+    "<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
 )
 FAMILY = {
     "llama3": Family(
@@ -103,6 +113,15 @@ FAMILY = {
     ),
     "qwen2": _QWEN,
     "qwen3": replace(_QWEN, model_type="qwen3"),
+    "gemma3": Family(
+        "gemma3_text",
+        "",
+        ("<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"),
+        "<bos>",
+        "<eos>",
+        _GEMMA_TEMPLATE,
+        spm=True,
+    ),
 }
 
 
@@ -148,6 +167,43 @@ def build_tokenizer(family: str, vocab_size: int = 320) -> Any:
     return tok
 
 
+def build_spm_tokenizer(family: str, vocab_size: int = 400) -> Any:
+    """A SentencePiece-style `tokenizers.Tokenizer` as Gemma's tokenizer.json is: the family's
+    special tokens first, then the 256 ``<0xXX>`` byte-fallback tokens, then pieces learnt by BPE
+    on `CORPUS` (spaces as "▁", no pre-tokenizer), each scored by when it was learnt, with every
+    split of a piece into two pieces a merge ranked by the piece's score (`spm_merges`, as
+    transformers' converter derives merges from SentencePiece scores)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, processors
+    from tokenizers import trainers
+
+    from aner_lang.runtime.model.tokenizer import spm_merges
+
+    f = FAMILY[family]
+    learner = Tokenizer(models.BPE())
+    learner.normalizer = normalizers.Replace(" ", "\u2581")
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False)
+    learner.train_from_iterator(CORPUS, trainer)
+    learnt = sorted(learner.get_vocab().items(), key=lambda kv: kv[1])
+    tokens = [*f.specials, *(f"<0x{b:02X}>" for b in range(256)), *(t for t, _ in learnt)]
+    scores = [0.0] * (len(tokens) - len(learnt)) + [-float(i) for i in range(len(learnt))]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    tok = Tokenizer(
+        models.BPE(
+            vocab, spm_merges(tokens, scores), unk_token="<unk>", fuse_unk=True, byte_fallback=True
+        )
+    )
+    tok.normalizer = normalizers.Replace(" ", "\u2581")
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+    )
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in f.specials])
+    assert f.bos is not None
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{f.bos} $A", pair=f"{f.bos} $A {f.bos} $B", special_tokens=[(f.bos, vocab[f.bos])]
+    )
+    return tok
+
+
 def _config(family: str, vocab: int) -> Any:
     import transformers
 
@@ -187,6 +243,21 @@ def _config(family: str, vocab: int) -> Any:
             tie_word_embeddings=True,
             rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
         )
+    if family == "gemma3":
+        return transformers.Gemma3TextConfig(
+            **{**common, "num_hidden_layers": 6, "num_key_value_heads": 1},
+            head_dim=24,
+            query_pre_attn_scalar=24,
+            sliding_window=4,
+            tie_word_embeddings=True,
+            rope_parameters={
+                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            },
+            pad_token_id=0,
+            eos_token_id=1,
+            bos_token_id=2,
+        )
     return transformers.Qwen3Config(**common, head_dim=24, tie_word_embeddings=False)
 
 
@@ -200,6 +271,7 @@ def build_hf_model(family: str, vocab: int, seed: int = 0) -> Any:
         "mistral": transformers.MistralForCausalLM,
         "qwen2": transformers.Qwen2ForCausalLM,
         "qwen3": transformers.Qwen3ForCausalLM,
+        "gemma3": transformers.Gemma3ForCausalLM,
     }
     model = classes[family](_config(family, vocab))
     gen = torch.Generator().manual_seed(seed)
@@ -222,7 +294,7 @@ def write_hf_model(folder: str | Path, family: str, seed: int = 0) -> Path:
     f = FAMILY[family]
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
-    tok = build_tokenizer(family)
+    tok = build_spm_tokenizer(family) if f.spm else build_tokenizer(family)
     size = tok.get_vocab_size()
     vocab = -(-size // 64) * 64 if family == "qwen2" else size  # Qwen pads its embedding
     model = build_hf_model(family, vocab, seed)

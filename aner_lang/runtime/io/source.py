@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import torch
 
 from aner_lang import files
-from aner_lang.architectures import Weight
+from aner_lang.architectures import ARCHITECTURES, Kind, Weight
 from aner_lang.errors import AnerRuntimeError
 from aner_lang.runtime.io.gguf import GGUFFile, unpermute_rows
 
@@ -189,6 +189,9 @@ class SafetensorsSource:
             t = f.get_tensor(weight.hf)
         if t.device != device:
             t = t.to(device)
+        offset = ARCHITECTURES[config.architecture].hf_norm_offset
+        if weight.kind is Kind.NORM and offset:  # Gemma stores w of the factor 1 + w
+            return t.to(torch.float32).add(offset).to(dtype)
         return t.to(dtype)
 
 

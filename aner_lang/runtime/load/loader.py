@@ -42,6 +42,8 @@ from aner_lang.runtime.model.linear import DenseLinear, FrozenLinear
 from aner_lang.runtime.model.loaded import LoadedModel
 from aner_lang.runtime.model.tokenizer import Tokenizer
 from aner_lang.runtime.model.transformer import (
+    GemmaDecoderLayer,
+    GemmaMLP,
     LlamaAttention,
     LlamaDecoderLayer,
     LlamaMLP,
@@ -72,6 +74,9 @@ def _frozen_linear(storage: str) -> Any:
         ) from None
     return lambda w: NF4Linear(quantize_nf4(w))
 
+
+MLPS = {"silu": LlamaMLP, "gelu_tanh": GemmaMLP}
+"""The feed-forward module of each `Architecture.activation`."""
 
 EMBEDDINGS = ("embed_tokens", "lm_head")
 """The weights (`Weight.name`) an NF4 base keeps 16-bit unless told to quantize them."""
@@ -146,13 +151,19 @@ def assemble(
             *(part(f"self_attn.{p}") for p in ("q_proj", "k_proj", "v_proj", "o_proj")),
             *(part(f"self_attn.{b}_bias") for b in ("q", "k", "v")),
             *(part(f"self_attn.{n}_norm") for n in ("q", "k")),
+            scale=scalar**-0.5 if (scalar := config.query_pre_attn_scalar) else None,
+            window=config.sliding_window if config.sliding(i) else None,
         )
-        mlp = LlamaMLP(*(part(f"mlp.{p}") for p in ("gate_proj", "up_proj", "down_proj")))
-        norms = (part(n.module) for n in arch.norms)
-        layers.append(LlamaDecoderLayer(attn, mlp, *norms))
+        mlp = MLPS[arch.activation](
+            *(part(f"mlp.{p}") for p in ("gate_proj", "up_proj", "down_proj"))
+        )
+        norms = {n.module: part(n.module) for n in arch.norms}
+        sandwich = any(n.after for n in arch.norms)
+        layers.append((GemmaDecoderLayer if sandwich else LlamaDecoderLayer)(attn, mlp, **norms))
     embed: FrozenLinear = parts["embed_tokens"]
     lm_head = embed if config.tie_word_embeddings else parts["lm_head"]
-    return LlamaModel(config, embed, layers, parts["norm"], lm_head, rope_freqs)
+    scale = config.hidden_size**0.5 if arch.scaled_embedding else None
+    return LlamaModel(config, embed, layers, parts["norm"], lm_head, rope_freqs, scale)
 
 
 def resolve_device(device: str) -> torch.device:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from aner_lang.architectures import ARCHITECTURES, for_gguf, for_hf
+from aner_lang.architectures import ARCHITECTURES, Architecture, for_gguf, for_hf
 from aner_lang.errors import AnerRuntimeError
 
 if TYPE_CHECKING:
@@ -25,6 +25,15 @@ if TYPE_CHECKING:
     from aner_lang.runtime.io.gguf import GGUFFile
 
 ROPE_SCALINGS = ("llama3", "linear")
+SLIDING, FULL = "sliding_attention", "full_attention"
+LOCAL_THETA = 10000.0
+"""The rope base of sliding layers that llama.cpp assumes when a GGUF does not say (Gemma 3's)."""
+
+
+def every_nth_full(layers: int, n: int) -> tuple[str, ...]:
+    """Layer types with every `n`-th layer full attention and the others sliding (HF's
+    ``sliding_window_pattern``)."""
+    return tuple(SLIDING if (i + 1) % n else FULL for i in range(layers))
 
 
 @dataclass(frozen=True)
@@ -57,6 +66,20 @@ class ModelConfig:
     architecture: str = "llama"
     """The key of this model's table in `aner_lang.architectures.ARCHITECTURES`."""
     rope_scaling: RopeScaling | None = None
+    """Scales the rope of full-attention layers only (Gemma 3 scales its global layers)."""
+    query_pre_attn_scalar: float | None = None
+    """Attention scores are divided by its square root (None: by the head size's)."""
+    sliding_window: int | None = None
+    """How many positions (the query's own included) a sliding-attention layer sees."""
+    layer_types: tuple[str, ...] = ()
+    """Per layer, ``sliding_attention`` or ``full_attention`` (empty: every layer full), HF's
+    names; sliding layers see `sliding_window` positions and use `rope_local_theta`."""
+    rope_local_theta: float | None = None
+    """The rope base of sliding layers, unscaled (None: `rope_theta`)."""
+
+    def sliding(self, layer: int) -> bool:
+        """Whether `layer` attends over a sliding window."""
+        return bool(self.layer_types) and self.layer_types[layer] == SLIDING
 
     @property
     def q_size(self) -> int:
@@ -132,6 +155,19 @@ def _check(source: str, code: str, c: ModelConfig) -> ModelConfig:
         v = float(getattr(c, field))
         if not math.isfinite(v) or v <= 0:
             raise bad(f"{field} is {v}; it must be a finite positive number")
+    if c.layer_types and (
+        len(c.layer_types) != c.num_hidden_layers or not set(c.layer_types) <= {SLIDING, FULL}
+    ):
+        raise bad(
+            f"layer_types {list(c.layer_types)} must name {c.num_hidden_layers} layers, each "
+            f"{SLIDING!r} or {FULL!r}"
+        )
+    if SLIDING in c.layer_types and (c.sliding_window is None or c.sliding_window <= 0):
+        raise bad(f"sliding_window is {c.sliding_window}; sliding layers need a positive window")
+    for field in ("query_pre_attn_scalar", "rope_local_theta"):
+        v = getattr(c, field)
+        if v is not None and (not math.isfinite(float(v)) or float(v) <= 0):
+            raise bad(f"{field} is {v}; it must be a finite positive number")
     s = c.rope_scaling
     if s is not None:
         values = (s.factor, s.low_freq_factor, s.high_freq_factor)
@@ -198,6 +234,7 @@ def config_from_gguf(gguf: GGUFFile) -> ModelConfig:
             code="E-GGUF-METADATA",
         )
     config = ModelConfig(
+        **_gguf_sliding(gguf, table, num),
         vocab_size=int(vocab),
         hidden_size=hidden,
         intermediate_size=int(num("feed_forward_length")),
@@ -215,18 +252,65 @@ def config_from_gguf(gguf: GGUFFile) -> ModelConfig:
     return _check(str(gguf.path), "E-GGUF-METADATA", config)
 
 
-def _hf_rope(source: str, cfg: dict[str, Any]) -> tuple[float, RopeScaling | None]:
-    """(rope_theta, scaling) from config.json: transformers 5's ``rope_parameters`` or the older
-    ``rope_theta`` + ``rope_scaling``."""
+def _gguf_sliding(gguf: GGUFFile, table: Architecture, num: Any) -> dict[str, Any]:
+    """The sliding-window fields of a GGUF as llama.cpp reads them: the window from
+    ``attention.sliding_window``, the layer pattern the architecture implies (or
+    ``attention.sliding_window_pattern``), the sliding layers' rope base (``rope.freq_base_swa``,
+    else 10000), and llama.cpp's softmax scale (1/sqrt(head size); 1/sqrt(hidden/heads) for
+    Gemma 3 27B, the 62-layer one)."""
+    if not table.sliding_pattern:
+        return {}
+    p = f"{gguf.architecture}."
+    keys = ("block_count", "embedding_length", "attention.head_count")
+    layers, hidden, heads = (max(int(num(k)), 1) for k in keys)
+    pattern = gguf.metadata.get(p + "attention.sliding_window_pattern", table.sliding_pattern)
+    if isinstance(pattern, list) and len(pattern) == layers:
+        types = tuple(SLIDING if bool(x) else FULL for x in pattern)
+    elif isinstance(pattern, int) and not isinstance(pattern, bool) and pattern > 0:
+        types = every_nth_full(layers, pattern)
+    else:
+        raise AnerRuntimeError(
+            f"{gguf.path}: metadata key {p}attention.sliding_window_pattern is {pattern!r}, "
+            f"not a positive count or {layers} flags",
+            code="E-GGUF-METADATA",
+        )
+    head_dim = int(num("attention.key_length", hidden // max(heads, 1)))
+    return {
+        "sliding_window": int(num("attention.sliding_window")),
+        "layer_types": types,
+        "rope_local_theta": float(num("rope.freq_base_swa", LOCAL_THETA)),
+        "query_pre_attn_scalar": float(hidden // heads if layers == 62 else head_dim),
+    }
+
+
+def _hf_rope(
+    source: str, cfg: dict[str, Any], local: bool = False
+) -> tuple[float, RopeScaling | None, float | None]:
+    """(rope_theta, scaling, sliding layers' rope_theta) from config.json: transformers 5's
+    ``rope_parameters`` (per layer type for Gemma 3: ``full_attention``/``sliding_attention``)
+    or the older ``rope_theta`` + ``rope_scaling`` (+ Gemma 3's ``rope_local_base_freq``).
+    `local`: the model has sliding layers, whose rope is never scaled."""
     params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     if not isinstance(params, dict):
         raise AnerRuntimeError(
             f"{source}: rope parameters {params!r} are not an object", code="E-HF-CONFIG"
         )
+    local_theta = None
+    if local:
+        by_type = params if FULL in params else {}
+        sliding = by_type.get(SLIDING) or {}
+        local_theta = float(
+            sliding.get("rope_theta", cfg.get("rope_local_base_freq", LOCAL_THETA))
+        )
+        if sliding.get("rope_type", "default") != "default":
+            raise AnerRuntimeError(
+                f"{source}: rope scaling of sliding layers is not implemented", code="E-HF-CONFIG"
+            )
+        params = by_type.get(FULL) or params
     theta = float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
     kind = params.get("rope_type", params.get("type", "default"))
     if kind == "default":
-        return theta, None
+        return theta, None, local_theta
     if kind not in ROPE_SCALINGS:
         raise AnerRuntimeError(
             f"{source}: rope scaling {kind!r} is not implemented "
@@ -238,7 +322,39 @@ def _hf_rope(source: str, cfg: dict[str, Any]) -> tuple[float, RopeScaling | Non
         for k in ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
         if k in params and kind == "llama3"
     }
-    return theta, RopeScaling(kind, float(params.get("factor", 1.0)), **fields)
+    return theta, RopeScaling(kind, float(params.get("factor", 1.0)), **fields), local_theta
+
+
+_HF_ACTIVATIONS = {"silu": "silu", "gelu_tanh": "gelu_pytorch_tanh"}
+"""HF's ``hidden_act``/``hidden_activation`` value of each `Architecture.activation`."""
+
+
+def _hf_sliding(source: str, cfg: dict[str, Any], table: Architecture) -> dict[str, Any]:
+    """The sliding-window fields of a config.json whose architecture has sliding layers:
+    ``layer_types`` (or ``sliding_window_pattern``), ``sliding_window``, the softmax scale."""
+    if not table.sliding_pattern:
+        return {}
+    layers = cfg.get("num_hidden_layers")
+    types = cfg.get("layer_types")
+    if types is None and isinstance(layers, int) and layers > 0:
+        pattern = cfg.get("sliding_window_pattern", table.sliding_pattern)
+        if not isinstance(pattern, int) or pattern <= 0:
+            raise AnerRuntimeError(
+                f"{source}: sliding_window_pattern is {pattern!r}, not a positive count",
+                code="E-HF-CONFIG",
+            )
+        types = every_nth_full(layers, pattern)
+    if not isinstance(types, (list, tuple)):
+        raise AnerRuntimeError(f"{source}: layer_types is {types!r}", code="E-HF-CONFIG")
+    window, scalar = cfg.get("sliding_window"), cfg.get("query_pre_attn_scalar")
+    for key, value in (("sliding_window", window), ("query_pre_attn_scalar", scalar)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise AnerRuntimeError(f"{source}: {key} is {value!r}, not a number", code="E-HF-CONFIG")
+    return {
+        "layer_types": tuple(str(t) for t in types),
+        "sliding_window": int(window) if window is not None else None,
+        "query_pre_attn_scalar": float(scalar) if scalar is not None else None,
+    }
 
 
 def config_from_hf(cfg: dict[str, Any], folder: Path) -> ModelConfig:
@@ -258,12 +374,17 @@ def config_from_hf(cfg: dict[str, Any], folder: Path) -> ModelConfig:
             )
         return value
 
+    activation = _HF_ACTIVATIONS[table.activation]
+    act_key = "hidden_activation" if cfg.get("hidden_activation") else "hidden_act"
     unsupported = [
         f"{key} = {cfg[key]!r}"
         for key, fine in (
-            ("hidden_act", cfg.get("hidden_act", "silu") == "silu"),
+            (act_key, cfg.get(act_key, activation) == activation),
             ("mlp_bias", not cfg.get("mlp_bias")),
             ("attention_bias", not cfg.get("attention_bias") or bool(table.biased)),
+            ("attn_logit_softcapping", cfg.get("attn_logit_softcapping") is None),
+            ("final_logit_softcapping", cfg.get("final_logit_softcapping") is None),
+            ("use_bidirectional_attention", not cfg.get("use_bidirectional_attention")),
         )
         if not fine
     ]
@@ -275,10 +396,14 @@ def config_from_hf(cfg: dict[str, Any], folder: Path) -> ModelConfig:
     hidden, heads = int(field("hidden_size")), int(field("num_attention_heads"))
     context = int(field("max_position_embeddings", 2048))
     window = cfg.get("sliding_window")
+    sliding = bool(table.sliding_pattern)
     if isinstance(window, int) and window > 0 and cfg.get("use_sliding_window", True):
-        context = min(context, window)  # beyond the window, attention would differ
-    theta, scaling = _hf_rope(source, cfg)
+        if not sliding:  # beyond the window, attention would differ
+            context = min(context, window)
+    theta, scaling, local_theta = _hf_rope(source, cfg, local=sliding)
     config = ModelConfig(
+        **_hf_sliding(source, cfg, table),
+        rope_local_theta=local_theta,
         vocab_size=int(field("vocab_size")),
         hidden_size=hidden,
         intermediate_size=int(field("intermediate_size")),
@@ -317,4 +442,35 @@ def gguf_hyperparameters(config: ModelConfig) -> dict[str, Any]:
     if config.rope_scaling is not None and config.rope_scaling.rope_type == "linear":
         keys[p + "rope.scaling.type"] = "linear"
         keys[p + "rope.scaling.factor"] = float(config.rope_scaling.factor)
+    table = ARCHITECTURES[config.architecture]
+    if table.sliding_pattern:
+        _check_llamacpp_sliding(config, table)
+        keys[p + "attention.sliding_window"] = config.sliding_window
     return keys
+
+
+def _check_llamacpp_sliding(config: ModelConfig, table: Architecture) -> None:
+    """Refuse a sliding-window layout that llama.cpp would read differently from a GGUF (it
+    assumes the architecture's layer pattern, sliding rope base and softmax scale)."""
+    layers = config.num_hidden_layers
+    llamacpp = ModelConfig(
+        **{
+            **config.__dict__,
+            "layer_types": every_nth_full(layers, table.sliding_pattern),
+            "rope_local_theta": LOCAL_THETA,
+            "query_pre_attn_scalar": float(
+                config.hidden_size // config.num_attention_heads if layers == 62 else config.head_dim
+            ),
+        }
+    )
+    differ = [
+        f"{f} {getattr(config, f)!r} (llama.cpp assumes {getattr(llamacpp, f)!r})"
+        for f in ("layer_types", "rope_local_theta", "query_pre_attn_scalar")
+        if getattr(config, f) != getattr(llamacpp, f)
+    ]
+    if differ:
+        raise AnerRuntimeError(
+            f"export_gguf: this {config.architecture} model's {'; '.join(differ)} cannot be "
+            "written to a GGUF file that llama.cpp reads the same way",
+            code="E-EXPORT",
+        )
