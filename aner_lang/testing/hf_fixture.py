@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from aner_lang.architectures import for_hf
 from aner_lang.runtime.model.tokenizer import HF_SPLIT_NAMES
 
 FAMILIES = ("llama3", "mistral", "qwen2", "qwen3", "gemma3")
@@ -274,12 +275,14 @@ def build_hf_model(family: str, vocab: int, seed: int = 0) -> Any:
         "gemma3": transformers.Gemma3ForCausalLM,
     }
     model = classes[family](_config(family, vocab))
+    # norm factors near 1 whether the file stores the factor or its offset from 1 (Gemma)
+    unit = 1.0 - for_hf(FAMILY[family].model_type).hf_norm_offset  # type: ignore[union-attr]
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             noise = torch.randn(p.shape, generator=gen)
             if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.1 * noise)
+                p.copy_(unit + 0.1 * noise)
             elif p.dim() == 1:
                 p.copy_(0.1 * noise)
             else:
