@@ -174,8 +174,15 @@ def build_spm_tokenizer(family: str, vocab_size: int = 400) -> Any:
     on `CORPUS` (spaces as "▁", no pre-tokenizer), each scored by when it was learnt, with every
     split of a piece into two pieces a merge ranked by the piece's score (`spm_merges`, as
     transformers' converter derives merges from SentencePiece scores)."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, processors
-    from tokenizers import trainers
+    from tokenizers import (
+        AddedToken,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        processors,
+        trainers,
+    )
 
     from aner_lang.runtime.model.tokenizer import spm_merges
 

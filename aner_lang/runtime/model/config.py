@@ -299,9 +299,7 @@ def _hf_rope(
     if local:
         by_type = params if FULL in params else {}
         sliding = by_type.get(SLIDING) or {}
-        local_theta = float(
-            sliding.get("rope_theta", cfg.get("rope_local_base_freq", LOCAL_THETA))
-        )
+        local_theta = float(sliding.get("rope_theta", cfg.get("rope_local_base_freq", LOCAL_THETA)))
         if sliding.get("rope_type", "default") != "default":
             raise AnerRuntimeError(
                 f"{source}: rope scaling of sliding layers is not implemented", code="E-HF-CONFIG"
@@ -349,7 +347,9 @@ def _hf_sliding(source: str, cfg: dict[str, Any], table: Architecture) -> dict[s
     window, scalar = cfg.get("sliding_window"), cfg.get("query_pre_attn_scalar")
     for key, value in (("sliding_window", window), ("query_pre_attn_scalar", scalar)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            raise AnerRuntimeError(f"{source}: {key} is {value!r}, not a number", code="E-HF-CONFIG")
+            raise AnerRuntimeError(
+                f"{source}: {key} is {value!r}, not a number", code="E-HF-CONFIG"
+            )
     return {
         "layer_types": tuple(str(t) for t in types),
         "sliding_window": int(window) if window is not None else None,
@@ -459,7 +459,9 @@ def _check_llamacpp_sliding(config: ModelConfig, table: Architecture) -> None:
             "layer_types": every_nth_full(layers, table.sliding_pattern),
             "rope_local_theta": LOCAL_THETA,
             "query_pre_attn_scalar": float(
-                config.hidden_size // config.num_attention_heads if layers == 62 else config.head_dim
+                config.hidden_size // config.num_attention_heads
+                if layers == 62
+                else config.head_dim
             ),
         }
     )

@@ -69,7 +69,7 @@ def test_every_gemma_feature_is_needed_to_match_transformers(tiny):
 
 
 def test_incremental_decoding_past_the_window_equals_the_full_forward(tiny):
-    folder, gguf, hf = tiny
+    _, gguf, hf = tiny
     model = load_model(gguf, device="cpu")
     ids = _ids(model)[:, :20]
     with torch.no_grad():
