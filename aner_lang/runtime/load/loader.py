@@ -149,8 +149,8 @@ def assemble(
         attn = LlamaAttention(
             config,
             *(part(f"self_attn.{p}") for p in ("q_proj", "k_proj", "v_proj", "o_proj")),
-            *(part(f"self_attn.{b}_bias") for b in ("q", "k", "v")),
-            *(part(f"self_attn.{n}_norm") for n in ("q", "k")),
+            **{f"{b}_bias": part(f"self_attn.{b}_bias") for b in ("q", "k", "v")},
+            **{f"{n}_norm": part(f"self_attn.{n}_norm") for n in ("q", "k")},
             scale=scalar**-0.5 if (scalar := config.query_pre_attn_scalar) else None,
             window=config.sliding_window if config.sliding(i) else None,
         )
