@@ -148,9 +148,15 @@ def assemble(
 
         attn = LlamaAttention(
             config,
-            *(part(f"self_attn.{p}") for p in ("q_proj", "k_proj", "v_proj", "o_proj")),
-            **{f"{b}_bias": part(f"self_attn.{b}_bias") for b in ("q", "k", "v")},
-            **{f"{n}_norm": part(f"self_attn.{n}_norm") for n in ("q", "k")},
+            part("self_attn.q_proj"),
+            part("self_attn.k_proj"),
+            part("self_attn.v_proj"),
+            part("self_attn.o_proj"),
+            q_bias=part("self_attn.q_bias"),
+            k_bias=part("self_attn.k_bias"),
+            v_bias=part("self_attn.v_bias"),
+            q_norm=part("self_attn.q_norm"),
+            k_norm=part("self_attn.k_norm"),
             scale=scalar**-0.5 if (scalar := config.query_pre_attn_scalar) else None,
             window=config.sliding_window if config.sliding(i) else None,
         )
