@@ -18,6 +18,17 @@ Rules:
   is HF's own split-half layout, so its rows are stored as they are.
 * The order of `projections` is the order adapters visit targets within a layer (attention,
   then MLP), which fixes the order their seeded initialisations are drawn in.
+* A checkpoint that stores projections fused (Phi-3's ``qkv_proj`` and ``gate_up_proj``) keeps
+  them fused: one `FrozenLinear` per stored matrix, targeted under its own name. Splitting them
+  would rename the modules PEFT addresses, so an adapter exported from Aner would not load onto
+  transformers' model, and a LoRA on a fused matrix is not a sum of LoRAs on its parts.
+* A mixture-of-experts architecture (`Architecture.experts`) replaces the MLP of its sparse layers
+  by a router (``layers.{i}.mlp.gate``) and per-expert SwiGLU MLPs whose projections keep the
+  dense MLP's target names (``layers.{i}.mlp.experts.{e}.gate_proj``): a ``gate_proj`` target
+  adapts every expert's gate projection, each with its own matrices. Our module names are the
+  same for every MoE family; the file names differ (Mixtral's ``block_sparse_moe.experts.{e}.w1``)
+  and are `Experts`' facts. Which layers are sparse and how many experts they hold is the
+  config's (`ModelConfig.experts_in`), passed to `weights` as ``experts_in``.
 * `Architecture.weights(...)` lists every tensor of a model in one place (its name in our module,
   in a Hugging Face safetensors file and in a GGUF file, its shape as config fields, its
   permutation): the loader reads this list, the GGUF exporter writes it, fixtures generate it.
@@ -25,6 +36,7 @@ Rules:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
@@ -99,6 +111,33 @@ class Weight:
 
 
 @dataclass(frozen=True)
+class Experts:
+    """The file names of a mixture-of-experts layer's tensors (our module names are fixed:
+    ``layers.{i}.mlp.gate`` for the router, ``layers.{i}.mlp.experts.{e}.{target}``)."""
+
+    hf_block: str
+    """The decoder layer's submodule holding router and experts in HF files (``block_sparse_moe``
+    for Mixtral, ``mlp`` for Qwen3-MoE)."""
+    hf_names: tuple[tuple[str, str], ...]
+    """(target, HF name of that projection inside an expert): Mixtral's w1/w3/w2."""
+    router_gguf: str = "ffn_gate_inp"
+    """The router's GGUF stem; the experts' are the dense stems + ``_exps`` (one 3-D tensor)."""
+
+    def hf_name(self, target: str) -> str:
+        return dict(self.hf_names)[target]
+
+
+def expert_shape(shape: tuple[str, str]) -> tuple[str, str]:
+    """An MLP projection's shape fields with the experts' own intermediate size."""
+    own = {"intermediate_size": "moe_intermediate_size"}
+    return own.get(shape[0], shape[0]), own.get(shape[1], shape[1])
+
+
+def _dense(_layer: int) -> int:
+    return 0
+
+
+@dataclass(frozen=True)
 class Architecture:
     """Everything the runtime needs to know about one family's tensors."""
 
@@ -132,6 +171,17 @@ class Architecture:
     output_norm: str = "output_norm.weight"
     rope_freqs: str = "rope_freqs.weight"
     """Llama 3 rope scaling factors, as llama.cpp stores them (optional)."""
+    rope_factors: tuple[str, str] = ("rope_factors_long.weight", "rope_factors_short.weight")
+    """LongRoPE's long and short per-frequency factors, as llama.cpp stores them (optional)."""
+
+    @property
+    def fused(self) -> bool:
+        """Whether q/k/v and gate/up are single stored matrices (``qkv_proj``,
+        ``gate_up_proj``), split by the decoder after projecting."""
+        return "qkv_proj" in self.targets
+
+    experts: Experts | None = None
+    """A mixture-of-experts family's expert tensor names (None: every MLP is dense)."""
 
     def projection(self, target: str) -> Projection:
         for p in self.projections:
@@ -152,10 +202,15 @@ class Architecture:
                 out += [p for p in self.projections if p.block == norm.block]
         return tuple(out)
 
-    def layer_weights(self, i: int) -> list[Weight]:
-        """Every tensor of decoder layer `i`, in file order."""
+    def layer_weights(self, i: int, experts: int = 0) -> list[Weight]:
+        """Every tensor of decoder layer `i`, in file order; `experts` > 0: its MLP is that many
+        experts behind a router (`Experts`)."""
         out: list[Weight] = []
         for part in self.layer_order():
+            if isinstance(part, Projection) and part.block == "mlp" and experts:
+                if part.target == self.projections[-1].target:
+                    out += self._expert_weights(i, experts)
+                continue
             if isinstance(part, Norm):
                 name = f"layers.{i}.{part.module}"
                 out.append(
@@ -204,9 +259,48 @@ class Architecture:
                 )
         return out
 
-    def weights(self, layers: int, tied: bool) -> list[Weight]:
+    def _expert_weights(self, i: int, experts: int) -> list[Weight]:
+        """The router and every expert's MLP projections of sparse layer `i`."""
+        if self.experts is None:
+            raise ValueError(f"{self.name} models have no experts")
+        hf = f"model.layers.{i}.{self.experts.hf_block}"
+        out = [
+            Weight(
+                f"layers.{i}.mlp.gate",
+                f"{hf}.gate.weight",
+                f"blk.{i}.{self.experts.router_gguf}.weight",
+                ("num_experts", "hidden_size"),
+                Kind.LINEAR,
+            )
+        ]
+        mlp = [p for p in self.projections if p.block == "mlp"]
+        for e in range(experts):
+            out += [
+                Weight(
+                    f"layers.{i}.mlp.experts.{e}.{p.target}",
+                    f"{hf}.experts.{e}.{self.experts.hf_name(p.target)}.weight",
+                    f"blk.{i}.{p.gguf}_exps.weight",
+                    expert_shape(p.shape),
+                    Kind.LINEAR,
+                )
+                for p in mlp
+            ]
+        return out
+
+    def target_modules(self, target: str, layer: int, experts: int) -> list[str]:
+        """Our module names adapted by `target` in `layer` (one per expert where the target is
+        an MLP projection of a layer of `experts` > 0 experts)."""
+        p = self.projection(target)
+        if p.block == "mlp" and experts:
+            return [f"layers.{layer}.mlp.experts.{e}.{target}" for e in range(experts)]
+        return [p.module(layer)]
+
+    def weights(
+        self, layers: int, tied: bool, experts_in: Callable[[int], int] = _dense
+    ) -> list[Weight]:
         """Every tensor of a model with `layers` decoder layers, in file order (the untied
-        `lm_head` last; with tied embeddings `lm_head` is the embedding and has no tensor)."""
+        `lm_head` last; with tied embeddings `lm_head` is the embedding and has no tensor);
+        `experts_in(i)`: the expert count of layer `i` (0: a dense MLP)."""
         out = [
             Weight(
                 "embed_tokens",
@@ -217,7 +311,7 @@ class Architecture:
             )
         ]
         for i in range(layers):
-            out += self.layer_weights(i)
+            out += self.layer_weights(i, experts_in(i))
         out.append(
             Weight("norm", "model.norm.weight", self.output_norm, ("hidden_size",), Kind.NORM)
         )
@@ -292,6 +386,32 @@ def _projections(permuted: bool) -> tuple[Projection, ...]:
     )
 
 
+def _fused_projections() -> tuple[Projection, ...]:
+    """Phi-3's four projections: q, k and v stored as one matrix (rows q, then k, then v), gate
+    and up as one (rows gate, then up); llama.cpp keeps both fused, rows unpermuted."""
+    o_proj, down_proj = (
+        p for p in _projections(permuted=False) if p.target in ("o_proj", "down_proj")
+    )
+    return (
+        Projection(
+            "qkv_proj",
+            "self_attn",
+            "attn_qkv",
+            ("qkv_size", "hidden_size"),
+            "the fused query, key and value projection of every layer (Phi-3, Phi-4)",
+        ),
+        o_proj,
+        Projection(
+            "gate_up_proj",
+            "mlp",
+            "ffn_up",
+            ("gate_up_size", "hidden_size"),
+            "the fused MLP gate and up projection of every layer (Phi-3, Phi-4)",
+        ),
+        down_proj,
+    )
+
+
 _NORMS = (
     Norm("input_layernorm", "attn_norm", "self_attn"),
     Norm("post_attention_layernorm", "ffn_norm", "mlp"),
@@ -326,6 +446,44 @@ QWEN3 = Architecture(
 )
 """Qwen3 (dense): per-head RMSNorm of queries and keys, no biases."""
 
+PHI3 = Architecture(
+    name="phi3",
+    gguf_architectures=("phi3",),
+    hf_model_types=("phi3",),
+    projections=_fused_projections(),
+    norms=_NORMS,
+)
+"""Phi-3, Phi-3.5 and Phi-4 (mini and 14B): fused qkv and gate/up matrices; LongRoPE and partial
+rotary dimensions where their configs have them."""
+
+MIXTRAL = Architecture(
+    name="mixtral",
+    gguf_architectures=("llama",),
+    hf_model_types=("mixtral",),
+    projections=_projections(permuted=True),
+    norms=_NORMS,
+    experts=Experts(
+        "block_sparse_moe", (("gate_proj", "w1"), ("up_proj", "w3"), ("down_proj", "w2"))
+    ),
+)
+"""Mixtral: every MLP is top-k of `num_local_experts` experts, the k weights renormalised.
+llama.cpp converts it as ``llama`` with expert tensors; Aner reads its HF folders."""
+
+QWEN3_MOE = Architecture(
+    name="qwen3_moe",
+    gguf_architectures=("qwen3moe",),
+    hf_model_types=("qwen3_moe",),
+    projections=_projections(permuted=False),
+    norms=_NORMS,
+    qk_norm=True,
+    experts=Experts(
+        "mlp", (("gate_proj", "gate_proj"), ("up_proj", "up_proj"), ("down_proj", "down_proj"))
+    ),
+)
+"""Qwen3-MoE: Qwen3's attention; the MLPs of the layers `decoder_sparse_step` picks (and
+`mlp_only_layers` leaves out) are top-k of `num_experts` experts, renormalised when
+`norm_topk_prob`."""
+
 GEMMA3 = Architecture(
     name="gemma3",
     gguf_architectures=("gemma3",),
@@ -347,13 +505,16 @@ GEMMA3 = Architecture(
 sliding-window layers with their own rope base (`ModelConfig.layer_types`). llama.cpp's rope for
 Gemma is HF's split-half layout, so no rows are permuted."""
 
-ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (LLAMA, QWEN2, QWEN3, GEMMA3)}
+ARCHITECTURES: dict[str, Architecture] = {
+    a.name: a for a in (LLAMA, QWEN2, QWEN3, PHI3, MIXTRAL, QWEN3_MOE, GEMMA3)
+}
 
 
 def for_gguf(general_architecture: str) -> Architecture | None:
-    """The table for a GGUF file's ``general.architecture``; None when Aner does not know it."""
+    """The table for a GGUF file's ``general.architecture``; None when Aner does not know it.
+    Mixture-of-experts tables are not read from GGUF yet (their experts are 3-D tensors)."""
     for arch in ARCHITECTURES.values():
-        if general_architecture in arch.gguf_architectures:
+        if general_architecture in arch.gguf_architectures and arch.experts is None:
             return arch
     return None
 

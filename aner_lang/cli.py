@@ -2,7 +2,8 @@
 the job commands submit, jobs, logs, cancel, resume.
 
 Exit codes: 0 success, 1 diagnostics (errors in a script, a failed run), 2 usage errors, 3 a run
-stopped on request (SIGTERM, SIGINT, `aner cancel`) after writing its checkpoint.
+stopped on request (SIGTERM, `aner cancel`; a training run after writing its checkpoint), 141 the
+output was closed by its reader (`aner plan f.aner | head`).
 Diagnostics go to stderr as `file:line:col: severity[code]: message` with a caret excerpt.
 Only `run` (through native builtins), `fixture` and `plan` (a GGUF header) may import torch;
 `check` never does.
@@ -20,8 +21,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from aner_lang.diagnostics import Diagnostic, file_error, render
-from aner_lang.errors import EXIT_STOPPED, RunStopped
+from aner_lang.problems import rank_errors
+from aner_lang.problems.diagnostics import Diagnostic, file_error, render
+from aner_lang.problems.errors import (
+    EXIT_OUTPUT_CLOSED,
+    EXIT_STOPPED,
+    AnerRuntimeError,
+    OutputClosed,
+    RunStopped,
+)
 
 if TYPE_CHECKING:
     from aner_lang.check import Analysis
@@ -37,8 +45,7 @@ def _print(diags: list[Diagnostic], source: str | None) -> None:
 
 def _read(path: str) -> str | None:
     """A script's text (bounded: `files.SCRIPT_LIMIT`), or None after printing why not."""
-    from aner_lang import files
-    from aner_lang.errors import AnerRuntimeError
+    from aner_lang.host import files
 
     try:
         return files.read_text(path, files.SCRIPT_LIMIT)
@@ -48,24 +55,23 @@ def _read(path: str) -> str | None:
 
 
 def _write(text: str, output: str) -> None:
-    """`text` to stdout (`-`) or to the file `output`, creating its directory."""
+    """`text` to stdout (`-`) or to the file `output` (replaced), creating its folder; a path of
+    the wrong kind is an `AnerRuntimeError` (`files.check_target`)."""
+    from aner_lang.host import files
+
     if output == "-":
         sys.stdout.write(text)
     else:
-        Path(output).parent.mkdir(parents=True, exist_ok=True)
-        Path(output).write_text(text, encoding="utf-8")
+        files.write_file(output, text.encode("utf-8"), overwrite=True)
 
 
 def _analyze(path: str, source: str, *, before_running: bool, printed: bool = True) -> Analysis:
-    """`analyze`, then the checks against the machine, the files the script reads and this
-    installation (`check.surroundings`: a missing package is an error before running, a warning
-    for `aner check`); every diagnostic is printed unless `printed` is False (the ranks other
+    """`check_before_run` (every check before a run: the text, the files and the machine, the
+    installed packages); every diagnostic is printed unless `printed` is False (the ranks other
     than 0 of a distributed run)."""
-    from aner_lang.check import analyze
-    from aner_lang.check.surroundings import surroundings
+    from aner_lang.check.before_run import check_before_run
 
-    analysis = analyze(source, path)
-    analysis.diagnostics += surroundings(analysis, before_running=before_running)
+    analysis = check_before_run(source, path, running=before_running)
     if printed:
         _print(analysis.diagnostics, source)
     return analysis
@@ -83,21 +89,26 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def _launch(file: str, nproc: int) -> int:
-    """`aner run FILE` on `nproc` ranks of this host, started by torchrun (docs/distributed.md).
-
-    A child process, so this command never imports torch itself."""
+    """`aner run FILE` on `nproc` ranks of this host (docs/distributed.md): the script is checked
+    here once, as `aner run` checks it, and only a script without errors starts the ranks, in a
+    child process (`aner_lang.runtime.io.launch`: torchrun's agent, one report of a failed rank),
+    so this command never imports torch itself."""
     if "WORLD_SIZE" in os.environ:
         print("aner run: --nproc inside a distributed run (WORLD_SIZE is set)", file=sys.stderr)
         return 2
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    cmd = [*torchrun, "--nproc-per-node", str(nproc), "-m", "aner_lang.cli", "run", file]
-    return subprocess.run(cmd, check=False).returncode and 1
+    source = _read(file)
+    if source is None or _analyze(file, source, before_running=True).errors:
+        return 1
+    cmd = [sys.executable, "-m", "aner_lang.runtime.io.launch", str(nproc), file]
+    return subprocess.run(cmd, check=False).returncode
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Check and run a script. Ctrl-C ends it with status 130 and no traceback (a training run
-    saves its checkpoint and says how to resume before it stops); a job's stop request (SIGTERM)
-    ends it with EXIT_STOPPED after the run checkpointed."""
+    saves its checkpoint and says how to resume before it stops); SIGTERM (a job's stop request,
+    `timeout`, CI) ends it with EXIT_STOPPED, a training run after it checkpointed
+    (`aner_lang.host.sigterm`)."""
+    from aner_lang.host.sigterm import stopping_on_sigterm
     from aner_lang.interp import AnerError, ExecContext, run
 
     if args.nproc < 1:
@@ -116,10 +127,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     with open(os.devnull, "w", encoding="utf-8") as devnull:
         out = sys.stdout if main_rank else devnull
         try:
-            run(analysis, ExecContext(path.parent, out, path, writes_files=main_rank))
+            with stopping_on_sigterm():
+                run(analysis, ExecContext(path.parent, out, path, writes_files=main_rank))
         except AnerError as e:
             d = e.diagnostic
-            _print([d], source if d.path == args.file else _read(d.path) if d.path else None)
+            text = render(d, source if d.path == args.file else _read(d.path) if d.path else None)
+            if not rank_errors.record(text):  # a rank of `aner run --nproc N` leaves it to it
+                print(text, file=sys.stderr)
             return 1
         except RunStopped as e:
             if main_rank:
@@ -134,13 +148,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_plot(args: argparse.Namespace) -> int:
     """Draw a run's loss curves from its event log (default picture: the log's name, .png)."""
-    from aner_lang.errors import AnerRuntimeError
-    from aner_lang.plot import plot
+    from aner_lang.datafiles.plot import plot
 
     log = Path(args.log)
     out = Path(args.output) if args.output else log.with_suffix(".png")
     try:
-        curves = plot(log, out)
+        curves = plot(log, out, overwrite=args.overwrite)
     except AnerRuntimeError as e:
         print(f"error[{e.code}]: {e.message}", file=sys.stderr)
         for note in e.notes:
@@ -154,7 +167,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_check_docs(args: argparse.Namespace) -> int:
-    from aner_lang.docs_check import check_markdown, markdown_files
+    from aner_lang.check.docs_check import check_markdown, markdown_files
 
     failed = False
     total = 0
@@ -180,9 +193,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
     Codes match exactly or in any letter case (`e-syntax`); an unknown code is a usage error (2)
     with the closest known code suggested."""
-    from aner_lang.diagnostics import did_you_mean
-    from aner_lang.error_codes import ERROR_CODES, lookup
-    from aner_lang.error_reference import explain, listing, render_markdown
+    from aner_lang.problems.diagnostics import did_you_mean
+    from aner_lang.problems.error_codes import ERROR_CODES, lookup
+    from aner_lang.problems.error_reference import explain, listing, render_markdown
 
     if args.markdown:
         if args.code is not None:
@@ -257,11 +270,46 @@ def _delegate(module: str, what: str, argv: list[str] | None) -> int:
     except ImportError as e:
         print(f"aner: {what} is not available: {e}", file=sys.stderr)
         return 2
-    result = mod.main(argv) if argv is not None else mod.main()
+    try:
+        result = mod.main(argv) if argv is not None else mod.main()
+    except SystemExit as e:  # its argparse's `--help` or usage error: the output is still flushed
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+            return 1
+        return e.code or 0
     return int(result or 0)
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one `aner` command; its exit status.
+
+    A closed output (`aner plan f.aner | head` once `head` has exited) ends any command quietly
+    with `EXIT_OUTPUT_CLOSED`, never a traceback: stdout is flushed here, inside the handler,
+    rather than at interpreter exit, and then pointed at the null device so that the exit's own
+    flush of what is left has nowhere to fail."""
+    try:
+        status = _command(argv)
+        sys.stdout.flush()
+    except (BrokenPipeError, OutputClosed):
+        _discard_stdout()
+        return EXIT_OUTPUT_CLOSED
+    return status
+
+
+def _discard_stdout() -> None:
+    """Point the process's stdout at the null device (a stand-in stdout without a file
+    descriptor, as under a test's capture, is left alone)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, fd)
+    os.close(null)
+
+
+def command_line() -> argparse.ArgumentParser:
+    """The `aner` command line: every subcommand, delegated ones included (by name only)."""
     parser = argparse.ArgumentParser(prog="aner", description="The Aner language.")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("check", help="type-check scripts without running them")
@@ -279,13 +327,17 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("plot", help="draw a run's training and validation loss from its log")
     p.add_argument("log", help="the JSON-lines event log train() wrote")
     p.add_argument("-o", "--output", help="a .png or .svg file (default: the log's name, .png)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing picture")
     p.set_defaults(fn=cmd_plot)
     p = sub.add_parser("check-docs", help="check the ```aner blocks of Markdown files or folders")
     p.add_argument("paths", nargs="+")
     p.set_defaults(fn=cmd_check_docs)
-    p = sub.add_parser("builtins", help="write the builtins reference generated from the registry")
+    p = sub.add_parser("builtins", help="print the builtins reference generated from the registry")
     p.add_argument(
-        "-o", "--output", default="docs/builtins.md", help="file to write, or - for stdout"
+        "-o",
+        "--output",
+        default="-",
+        help="file to write (docs/builtins.md in a checkout), or - for stdout (the default)",
     )
     p.set_defaults(fn=cmd_builtins)
     p = sub.add_parser("explain", help="explain an error code, or list them all")
@@ -303,17 +355,26 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(fn=lambda a: _delegate("aner_lsp.server", "the language server", None))
     for name, (_, _, what, _) in _DELEGATED.items():
         sub.add_parser(name, help=what, add_help=False)
+    return parser
+
+
+def _command(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] and argv[0] in _DELEGATED:  # everything after the name belongs to its module
         module, what, _, with_name = _DELEGATED[argv[0]]
         return _delegate(module, what, argv if with_name else argv[1:])
     try:
-        args = parser.parse_args(argv)
+        args = command_line().parse_args(argv)
     except SystemExit as e:
         return int(e.code or 0) and 2
     command: Command = args.fn
     try:
         return command(args)
+    except AnerRuntimeError as e:  # a file a command reads or writes: the path and why
+        print(f"error[{e.code}]: {e.message}", file=sys.stderr)
+        for note in e.notes:
+            print(f"  = note: {note}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:  # Ctrl-C: a line, not a traceback (checkpoints are atomic)
         print("aner: interrupted", file=sys.stderr)
         return 130

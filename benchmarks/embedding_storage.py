@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from aner_lang.records import Format
+from aner_lang.datafiles.records import Format
 from aner_lang.runtime import adapters as A
 from aner_lang.runtime.load.loader import load_model
 from aner_lang.runtime.model.linear import FrozenLinear

@@ -17,8 +17,9 @@ validates after its first update, as its `train` always does: extra work on its 
 
 Reported per side and repeat (`--repeats`, every side once per repeat, in turn): time from
 launch to the first update, training tokens/s between the first and last update (validation
-and checkpoint stalls included), the whole process's wall time, peak GPU memory of the process
-as `nvidia-smi` sees it (the same count for every side: CUDA context, allocator cache and all),
+and checkpoint stalls included), the whole process's wall time, peak GPU memory while the side
+runs as `nvidia-smi` sees the device, over what was in use before (the same count for every
+side: CUDA context, allocator cache and all),
 the final training loss and the last validation loss, and the achieved model TFLOP/s and MFU
 against this GPU's measured dense bf16 GEMM rate. Model FLOPs per token: 4 x the base's matmul
 parameters (forward and the input gradient; the frozen base has no weight gradient) + 6 x the
@@ -54,12 +55,14 @@ SIDES = ("aner", "unsloth", "peft")
 
 def make_data(shape: str, rows: int, path: Path, seed: int) -> None:
     """`rows` texts of the shape's context less one token (room for an EOS a side may add), in
-    the folder's word-level vocabulary (`<tN>`), drawn from a small first-order chain so that
-    the loss can fall."""
+    the folder's word-level vocabulary (`<tN>`), drawn from one small first-order chain (the
+    same for every seed, so held-out rows follow what training rows teach) so that the loss can
+    fall."""
     cfg = bench.SHAPES[shape]
-    rng = random.Random(seed)
     words = min(cfg["vocab_size"] - 3, 2000)
-    jump = [rng.randrange(words) for _ in range(words)]
+    chain = random.Random(0)
+    jump = [chain.randrange(words) for _ in range(words)]
+    rng = random.Random(seed)
     with path.open("w") as f:
         for _ in range(rows):
             tok, ids = rng.randrange(words), []
@@ -91,27 +94,36 @@ save_adapter(run.adapter, "{job["dir"]}/adapter", format: peft)
 
 
 class GpuMemory(threading.Thread):
-    """The largest GPU memory `nvidia-smi` reports for one process while it runs."""
+    """The most GPU memory in use while one side runs, over what was in use before it started,
+    as `nvidia-smi` reports the device (one side runs at a time; container PID namespaces hide
+    which process holds what)."""
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.pid, self.peak, self.done = pid, 0, threading.Event()
+        self.baseline = self._used() or 0
+        self.peak, self.done = 0, threading.Event()
 
-    def run(self) -> None:
+    @staticmethod
+    def _used() -> int | None:
         query = [
             "nvidia-smi",
-            "--query-compute-apps=pid,used_memory",
+            "--query-gpu=memory.used",
             "--format=csv,noheader,nounits",
+            "-i",
+            "0",
         ]
-        while not self.done.wait(0.25):
-            try:
-                out = subprocess.run(query, capture_output=True, text=True, timeout=5).stdout
-            except (OSError, subprocess.SubprocessError):
+        try:
+            out = subprocess.run(query, capture_output=True, text=True, timeout=5).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return int(out) * 2**20 if out.isdigit() else None
+
+    def run(self) -> None:
+        while not self.done.wait(0.2):
+            used = self._used()
+            if used is None:
                 return
-            for line in out.splitlines():
-                pid, _, mib = line.partition(",")
-                if pid.strip() == str(self.pid) and mib.strip().isdigit():
-                    self.peak = max(self.peak, int(mib) * 2**20)
+            self.peak = max(self.peak, used - self.baseline)
 
 
 def run_side(side: str, job: dict[str, Any], repeat: int) -> dict[str, Any]:
@@ -125,9 +137,9 @@ def run_side(side: str, job: dict[str, Any], repeat: int) -> dict[str, Any]:
         cmd = [sys.executable, "-m", "aner_lang.cli", "run", str(script)]
     else:
         cmd = [sys.executable, __file__, "--worker", side, "--job", json.dumps(job)]
+    memory = GpuMemory()
     launched = time.time()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    memory = GpuMemory(proc.pid)
     if job["device"] == "cuda":
         memory.start()
     try:

@@ -33,7 +33,7 @@ def _pairs() -> list[dict]:
 
 
 def aner_side(gguf: Path, updates: int, batch: int, device: str) -> dict:
-    from aner_lang.preference_records import PairFormat
+    from aner_lang.datafiles.preference_records import PairFormat
     from aner_lang.runtime import adapters as A
     from aner_lang.runtime.load.loader import load_model
     from aner_lang.runtime.tasks.data import from_file

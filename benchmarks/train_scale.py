@@ -17,7 +17,9 @@ activations, loss, optimizer, other, idle).
     python benchmarks/train_scale.py --dry-run          # CPU, tiny shape: the plumbing only
 
 Shapes: smollm2 (context 512), llama3.2-1b, llama3-8b-8 (8 of 32 layers), llama3-8b (context
-2048). Sides: aner, peft, peft-gc (gradient checkpointing), peft-liger, unsloth, unsloth-gc,
+2048), qwen3-30b-a3b-4 (Qwen3-30B-A3B's mixture of experts, 128 experts of 768 top-8, at 4 of
+48 layers; Aner's sides only, `MOE_SIDES`) and tiny-moe (its CPU-sized form).
+Sides: aner, peft, peft-gc (gradient checkpointing), peft-liger, unsloth, unsloth-gc,
 and aner-checkpoint / aner-offload (Aner under that `activations:`, whatever `--activations` says)
 and aner-checkpoint-eager (the same without CUDA graphs).
 The peers need `.peers/site` on PYTHONPATH (shared/device/peers-site.sh) and the offline
@@ -57,7 +59,22 @@ SHAPES: dict[str, dict[str, Any]] = {
     "llama3-8b": {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
                       "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
                       "tie_word_embeddings": False, "rope_theta": 500000.0, "context": 2048},
+    "tiny-moe": {"model_type": "qwen3_moe", "hidden_size": 64, "intermediate_size": 128,
+                     "moe_intermediate_size": 32, "num_experts": 8, "num_experts_per_tok": 2,
+                     "norm_topk_prob": True, "num_hidden_layers": 2, "num_attention_heads": 4,
+                     "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 512,
+                     "tie_word_embeddings": False, "rope_theta": 10000.0, "context": 32},
+    "qwen3-30b-a3b-4": {"model_type": "qwen3_moe", "hidden_size": 2048,
+                            "intermediate_size": 6144, "moe_intermediate_size": 768,
+                            "num_experts": 128, "num_experts_per_tok": 8, "norm_topk_prob": True,
+                            "num_hidden_layers": 4, "num_attention_heads": 32,
+                            "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 151936,
+                            "tie_word_embeddings": False, "rope_theta": 1000000.0,
+                            "context": 2048},
 }  # fmt: skip
+MOE_SIDES = ("aner", "aner-checkpoint", "aner-offload", "aner-checkpoint-eager")
+"""The sides of a mixture-of-experts shape: transformers keeps experts as 3-D parameters, which
+the peers' LoRA targets (`gate_proj`...) do not reach, so only Aner's runs are comparable."""
 SIDES = ("aner", "peft", "peft-gc", "peft-liger", "unsloth", "unsloth-gc")
 """The default sides; `aner-checkpoint` and `aner-offload` are Aner under those activations."""
 
@@ -70,15 +87,23 @@ def make_model(shape: str, folder: Path, device: str) -> None:
     has the model's size (the batches are token ids; Unsloth wants a tokenizer in the folder)."""
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import (
+        AutoModelForCausalLM,
+        LlamaConfig,
+        PreTrainedTokenizerFast,
+        Qwen3MoeConfig,
+    )
+
+    CONFIGS = {"llama": LlamaConfig, "qwen3_moe": Qwen3MoeConfig}
 
     cfg = {k: v for k, v in SHAPES[shape].items() if k != "context"}
-    config = LlamaConfig(**cfg, max_position_embeddings=max(8192, SHAPES[shape]["context"]),
-                         bos_token_id=1, eos_token_id=2, pad_token_id=0)  # fmt: skip
+    kind = cfg.pop("model_type", "llama")
+    config = CONFIGS[kind](**cfg, max_position_embeddings=max(8192, SHAPES[shape]["context"]),
+                           bos_token_id=1, eos_token_id=2, pad_token_id=0)  # fmt: skip
     torch.manual_seed(0)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     with torch.device(device):
-        model = LlamaForCausalLM(config).to(dtype)
+        model = AutoModelForCausalLM.from_config(config).to(dtype)
     model.save_pretrained(folder, safe_serialization=True)
     vocab = {f"<t{i}>": i for i in range(config.vocab_size)}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<t0>"))
@@ -95,6 +120,8 @@ def make_gguf(shape: str, path: Path) -> None:
     from aner_lang.testing.fixture import Shape, embedded_tokenizer, write_fixture
 
     c = SHAPES[shape]
+    if "model_type" in c:
+        raise SystemExit(f"{shape}: --gguf runs Llama shapes only (Aner reads MoE from folders)")
     fixture = Shape(layers=c["num_hidden_layers"], hidden=c["hidden_size"],
                     heads=c["num_attention_heads"], kv_heads=c["num_key_value_heads"],
                     ffn=c["intermediate_size"], context=max(8192, c["context"]),
@@ -199,13 +226,16 @@ def main(argv: list[str] | None = None) -> int:
         shapes, sides, device = ["tiny"], ["aner", "peft"], "cpu"
     report = []
     for shape in shapes:
+        sides_here = sides
+        if "model_type" in SHAPES[shape]:
+            sides_here = [s for s in sides if s in MOE_SIDES]
         if args.context:
             SHAPES[shape]["context"] = args.context
         work = Path(args.out) / shape
         work.mkdir(parents=True, exist_ok=True)
         if args.gguf:
             model = work / "model.gguf"
-            sides = ["aner"]
+            sides = sides_here = ["aner"]
             if not model.exists():
                 make_gguf(shape, model)
         else:
@@ -221,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
                "context": SHAPES[shape]["context"]}  # fmt: skip
         rows: list[dict[str, Any]] = []
         report.append({"shape": shape, "job": job, "rows": rows, "table": ""})
-        for side in sides:  # each side's result is shown and written as soon as it is in, so a
+        for side in sides_here:  # each side's result is shown and written as soon as it is in, so a
             rows.append(run_side(side, job))  # run stopped by a time limit keeps what it measured
             print(summary(shape, rows[-1]), flush=True)
             report[-1]["table"] = table(shape, rows, args.activations)

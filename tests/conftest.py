@@ -6,6 +6,7 @@ for a model run without torch being imported.
 
 from __future__ import annotations
 
+import os
 import signal
 from pathlib import Path
 
@@ -18,6 +19,10 @@ def pytest_configure(config: pytest.Config) -> None:
     to the default when a child starts."""
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    # Without an NVIDIA GPU, Triton kernels run in Triton's interpreter on CPU tensors
+    # (tests/runtime/model/test_triton_ops.py); Triton reads this when it is first imported.
+    if "TRITON_INTERPRET" not in os.environ and not Path("/proc/driver/nvidia").exists():
+        os.environ["TRITON_INTERPRET"] = "1"
 
 
 @pytest.fixture(scope="session")

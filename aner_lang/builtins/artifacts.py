@@ -61,7 +61,7 @@ _BUILTINS = (
     Builtin(
         "resume",
         (
-            Param("dir", "String", doc="a train(..., checkpoints: dir) directory"),
+            Param("dir", "String", doc="a train(..., checkpoints: dir) directory", path="reads"),
             Param(
                 "model",
                 "Model?",
@@ -97,7 +97,7 @@ _BUILTINS = (
     ),
     Builtin(
         "latest_checkpoint",
-        (Param("dir", "String", doc="a checkpoint directory"),),
+        (Param("dir", "String", doc="a checkpoint directory", path="reads"),),
         "Checkpoint?",
         "The verified latest checkpoint under dir, or none if there is none.",
         _RT + "train.checkpoint:latest_builtin",
@@ -111,7 +111,7 @@ _BUILTINS = (
         "save_adapter",
         (
             Param("adapter", "Adapter"),
-            Param("dir", "String", doc="output folder"),
+            Param("dir", "String", doc="output folder", path="writes_folder"),
             Param("format", "Format", "peft", keyword_only=True),
             Param(
                 "overwrite",
@@ -134,7 +134,7 @@ _BUILTINS = (
         "load_adapter",
         (
             Param("model", "Model", doc="the base to attach it to"),
-            Param("dir", "String", doc="written by save_adapter or by peft"),
+            Param("dir", "String", doc="written by save_adapter or by peft", path="reads"),
         ),
         "Adapter",
         "Read an adapter saved in either Format (PEFT LoRA/DoRA folders from other "
@@ -162,7 +162,7 @@ _BUILTINS = (
         "export_gguf",
         (
             Param("model", "Model"),
-            Param("path", "String", doc="output .gguf"),
+            Param("path", "String", doc="output .gguf", path="writes"),
             Param("dtype", "GGUFDtype", "f16", keyword_only=True),
             Param(
                 "overwrite",

@@ -184,19 +184,19 @@ BUILTINS = (
     ),
     Builtin(
         "read_text",
-        (Param("path", "String", doc="relative to the script's directory"),),
+        (Param("path", "String", doc="relative to the script's directory", path="reads"),),
         "String",
         "The contents of a UTF-8 text file.",
         _IMPL + "read_text",
         needs_context=True,
         category="files",
         examples=('read_text("notes.txt")',),
-        precheck="aner_lang.prechecks:read_text",
+        precheck="aner_lang.host.prechecks:read_text",
     ),
     Builtin(
         "write_json",
         (
-            Param("path", "String", doc="relative to the script's directory"),
+            Param("path", "String", doc="relative to the script's directory", path="writes"),
             Param("value", "Any", doc="records become objects, enums their member name"),
             Param(
                 "overwrite", "Bool", "false", doc="replace the file if it exists", keyword_only=True

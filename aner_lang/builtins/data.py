@@ -1,7 +1,7 @@
 """Declarations of the dataset builtins: reading data files in their formats, the dataset
 operations (shuffle, take, split, pack) and `inspect`. Implementations live in
 `aner_lang.runtime.tasks` and load only when first called; the file formats themselves are
-`aner_lang.records` (torch-free, so `aner check` reads the first rows of a literal path with the
+`aner_lang.datafiles.records` (torch-free, so `aner check` reads the first rows of a literal path with the
 same rules, through each reader's `precheck`).
 """
 
@@ -22,7 +22,7 @@ from aner_lang.builtins.spec import (
 _CATEGORY = "data"
 _DATA = "aner_lang.runtime.tasks.data:"
 _OPS = "aner_lang.runtime.tasks.dataset_ops:"
-_PRECHECK = "aner_lang.prechecks:"
+_PRECHECK = "aner_lang.host.prechecks:"
 
 DATA_FORMAT = EnumDecl(
     "DataFormat",
@@ -96,7 +96,11 @@ def _data(name: str, doc: str = "the dataset") -> Param:
     return Param(name, "Dataset", doc=doc)
 
 
-_CONTEXT_RULE = Constraint("context >= 2", "context must be at least 2 tokens")
+CONTEXT_RULE = Constraint("context >= 2", "context must be at least 2 tokens")
+"""Every data builtin's `context`: one token leaves nothing to score (a scored token is predicted
+from the tokens before it), so `context: 1` is refused where it is written, before any model
+loads. Whether a larger context leaves a scored token depends on the tokenizer and the rows;
+`train` checks that (E-TRAIN-DATA) once the model, and so its tokenizer, is loaded."""
 
 _BUILTINS = (
     Builtin(
@@ -115,13 +119,13 @@ _BUILTINS = (
         "A dataset of plain texts; every token is scored.",
         _DATA + "texts_builtin",
         examples=('let train_set = texts(["Aner makes adaptation explicit."], context: 32)',),
-        constraints=(_CONTEXT_RULE,),
+        constraints=(CONTEXT_RULE,),
         category=_CATEGORY,
     ),
     Builtin(
         "load_jsonl",
         (
-            Param("path", "String", doc="a JSON Lines file, one object a line"),
+            Param("path", "String", doc="a JSON Lines file, one object a line", path="reads"),
             Param(
                 "field",
                 "String",
@@ -153,7 +157,7 @@ _BUILTINS = (
             'let qa = load_jsonl("data/qa.jsonl", prompt_field: "question", '
             'completion_field: "answer")',
         ),
-        constraints=(_CONTEXT_RULE,),
+        constraints=(CONTEXT_RULE,),
         needs_context=True,
         category=_CATEGORY,
         precheck=_PRECHECK + "load_jsonl",
@@ -166,6 +170,7 @@ _BUILTINS = (
                 "String",
                 doc="a .jsonl, .txt (one example a line), .csv or .parquet file, relative to "
                 "the script",
+                path="reads",
             ),
             Param("format", "DataFormat", "auto", "how rows become examples", keyword_only=True),
             Param(
@@ -216,7 +221,7 @@ _BUILTINS = (
             'let chats = load_data("data/chats.jsonl", format: chat, context: 1024)',
             'let notes = load_data("data/notes.parquet", field: "body")',
         ),
-        constraints=(_CONTEXT_RULE,),
+        constraints=(CONTEXT_RULE,),
         native=True,
         requires=NATIVE,
         needs_context=True,

@@ -27,7 +27,7 @@ DECLARATIONS = Declarations(
             "export_lora_gguf",
             (
                 Param("adapter", "Adapter", doc="a lora, lora_fa or tinylora adapter"),
-                Param("path", "String", doc="output .gguf"),
+                Param("path", "String", doc="output .gguf", path="writes"),
                 Param(
                     "overwrite",
                     "Bool",
@@ -51,7 +51,7 @@ DECLARATIONS = Declarations(
             "export_hf",
             (
                 Param("model", "Model", doc="a base, or merge(adapter)"),
-                Param("dir", "String", doc="output folder"),
+                Param("dir", "String", doc="output folder", path="writes_folder"),
                 Param("dtype", "TensorDtype", "float32", keyword_only=True),
                 Param(
                     "overwrite",

@@ -38,7 +38,9 @@ DECLARATIONS = Declarations(
         Builtin(
             "submit",
             (
-                Param("script", "String", doc="an .aner file, relative to this script"),
+                Param(
+                    "script", "String", doc="an .aner file, relative to this script", path="reads"
+                ),
                 Param(
                     "checkpoint_every",
                     "Int",

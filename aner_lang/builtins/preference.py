@@ -96,7 +96,12 @@ def _loader(name: str, returns: str, doc: str, example: str) -> Builtin:
     return Builtin(
         name,
         (
-            Param("path", "String", doc="a .jsonl, .csv or .parquet file, relative to the script"),
+            Param(
+                "path",
+                "String",
+                doc="a .jsonl, .csv or .parquet file, relative to the script",
+                path="reads",
+            ),
             Param(
                 "context",
                 "Int",
@@ -116,12 +121,12 @@ def _loader(name: str, returns: str, doc: str, example: str) -> Builtin:
         doc,
         _DATA + f"{name}_builtin",
         examples=(example,),
-        constraints=(Constraint("context >= 2", "context must be at least 2 tokens"),),
+        constraints=(data.CONTEXT_RULE,),
         native=True,
         requires=_NATIVE,
         needs_context=True,
         category=_CATEGORY,
-        precheck=f"aner_lang.prechecks:{name}",
+        precheck=f"aner_lang.host.prechecks:{name}",
     )
 
 

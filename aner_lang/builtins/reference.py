@@ -40,7 +40,7 @@ def render_reference(reg: Registry) -> str:
     out = [
         "# Aner builtins reference",
         "",
-        "Generated from the registry by `aner builtins`; do not edit by hand.",
+        "Generated from the registry by `aner builtins -o docs/builtins.md`; do not edit by hand.",
         "",
     ]
     categories = sorted(

@@ -28,7 +28,7 @@ How the interpreter calls an implementation (the runtime's side of the contract)
   member -> its member name as a str (``"q_proj"``), an opaque value -> whatever Python object the
   runtime returned earlier. A builtin returning a declared type with fields returns an object whose
   attributes (or a Mapping whose keys) carry those fields.
-* A user-facing failure is raised as ``aner_lang.errors.AnerRuntimeError``; the interpreter adds
+* A user-facing failure is raised as ``aner_lang.problems.errors.AnerRuntimeError``; the interpreter adds
   the Aner source span and the Aner call stack. Any other exception escaping an implementation is
   a bug in Aner, and is reported as an internal error, still with the Aner span.
 * ``x.f(a)`` in a script means ``f(x, a)``: method syntax needs no extra declaration.
@@ -37,6 +37,11 @@ How the interpreter calls an implementation (the runtime's side of the contract)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
+
+PathUse = Literal["", "reads", "writes", "writes_folder"]
+"""What a call does with the file or folder a String parameter names (`Param.path`)."""
+WRITES: tuple[PathUse, ...] = ("writes", "writes_folder")
 
 NATIVE = ("torch", "gguf", "tokenizers")
 """The packages (of the `native` extra) most native builtins need: a builtin's `requires` names
@@ -60,6 +65,13 @@ class Param:
     default: str | None = None
     doc: str = ""
     keyword_only: bool = False
+    path: PathUse = ""
+    """For a path (relative to the script): the call "reads" that file or folder, "writes" a
+    file, or "writes_folder" (creates a folder, or adds to it). The checks before a run use it:
+    a path the script may write first is not known to be missing, and a write target is checked
+    like the call checks it (`aner_lang.check.environment`). A call with an `overwrite`
+    parameter refuses an existing target without it (`aner_lang.host.files`); the others write into
+    what is there (train's checkpoints resume and its logs append; plot redraws its picture)."""
 
     @property
     def required(self) -> bool:

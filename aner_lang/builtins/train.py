@@ -385,7 +385,7 @@ _BUILTINS = (
         native=True,
         requires=("torch",),
         category=_CATEGORY,
-        precheck="aner_lang.prechecks:profile",
+        precheck="aner_lang.host.prechecks:profile",
     ),
     Builtin(
         "train",
@@ -445,7 +445,14 @@ _BUILTINS = (
                 "stop after n validations without a new best (0: never)",
                 keyword_only=True,
             ),
-            Param("checkpoints", "String?", "none", "checkpoint directory", keyword_only=True),
+            Param(
+                "checkpoints",
+                "String?",
+                "none",
+                "checkpoint directory",
+                keyword_only=True,
+                path="writes_folder",
+            ),
             Param(
                 "checkpoint_every",
                 "Int",
@@ -459,6 +466,7 @@ _BUILTINS = (
                 "none",
                 "JSON-lines event log (default: <checkpoints>/events.jsonl)",
                 keyword_only=True,
+                path="writes",
             ),
             Param(
                 "log_dir",
@@ -466,6 +474,7 @@ _BUILTINS = (
                 "none",
                 "a folder for TensorBoard event files",
                 keyword_only=True,
+                path="writes_folder",
             ),
         ),
         "Run",
@@ -498,13 +507,20 @@ _BUILTINS = (
     Builtin(
         "plot",
         (
-            Param("log", "String", doc="the JSON-lines event log train() wrote"),
-            Param("to", "String", doc="the picture to write: a .png or .svg file"),
+            Param("log", "String", doc="the JSON-lines event log train() wrote", path="reads"),
+            Param("to", "String", doc="the picture to write: a .png or .svg file", path="writes"),
+            Param(
+                "overwrite",
+                "Bool",
+                "false",
+                doc="replace an existing picture",
+                keyword_only=True,
+            ),
         ),
         "String",
         "Draw a run's training and validation loss by update from its event log (what "
         "`aner plot` does); returns the path written. Paths are relative to the script.",
-        "aner_lang.plot:plot_builtin",
+        "aner_lang.datafiles.plot:plot_builtin",
         examples=('plot("runs/chat/events.jsonl", "runs/chat/loss.svg")',),
         native=True,
         requires=("matplotlib",),

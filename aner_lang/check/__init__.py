@@ -28,13 +28,13 @@ from __future__ import annotations
 import gc
 import os
 
-from aner_lang import files
 from aner_lang.builtins import registry
 from aner_lang.check.analysis import Analysis, CallInfo, Definition, Reference
 from aner_lang.check.checker import Resolver, analyze_module
-from aner_lang.diagnostics import Diagnostic, internal_error, out_of_memory
 from aner_lang.grammar import ast, parse
 from aner_lang.grammar.limits import ensure_recursion_limit
+from aner_lang.host import files
+from aner_lang.problems.diagnostics import Diagnostic, internal_error, out_of_memory
 
 
 def file_resolver(path: str, importer: str | None) -> tuple[str, str]:

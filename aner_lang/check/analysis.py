@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
 from aner_lang.builtins.reference import signature_text
-from aner_lang.diagnostics import Diagnostic
 from aner_lang.grammar import ast
 from aner_lang.grammar.ast import Span
+from aner_lang.problems.diagnostics import Diagnostic
 
 if TYPE_CHECKING:
     from aner_lang.builtins.spec import Builtin

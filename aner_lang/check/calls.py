@@ -22,7 +22,6 @@ Rules:
 
 from __future__ import annotations
 
-from aner_lang import diagnostics as msg
 from aner_lang.builtins.reference import signature
 from aner_lang.builtins.spec import Builtin
 from aner_lang.check import types as T
@@ -31,8 +30,9 @@ from aner_lang.check.constraints import constraint_failures
 from aner_lang.check.core import Param, registry_expr
 from aner_lang.check.expressions import ExpressionChecker
 from aner_lang.check.scopes import Scope
-from aner_lang.diagnostics import Diagnostic
 from aner_lang.grammar import ast
+from aner_lang.problems import diagnostics as msg
+from aner_lang.problems.diagnostics import Diagnostic
 
 Bound = dict[str, ast.Expr]
 """The argument expression bound to each parameter, by parameter name."""

@@ -20,16 +20,16 @@ defaults and constraints, parsed once: the interpreter evaluates them too).
 
 from __future__ import annotations
 
-from aner_lang import diagnostics as msg
 from aner_lang.builtins import Registry
 from aner_lang.check import types as T
 from aner_lang.check.analysis import Analysis
 from aner_lang.check.core import Param, Resolver, registry_expr
 from aner_lang.check.scopes import Scope
 from aner_lang.check.statements import StatementChecker
-from aner_lang.diagnostics import Diagnostic
-from aner_lang.errors import AnerRuntimeError
 from aner_lang.grammar import ast, parse
+from aner_lang.problems import diagnostics as msg
+from aner_lang.problems.diagnostics import Diagnostic
+from aner_lang.problems.errors import AnerRuntimeError
 
 __all__ = ["Checker", "Resolver", "analyze_module", "registry_expr"]
 

@@ -8,9 +8,9 @@ import operator
 from collections.abc import Mapping
 from typing import Any
 
-from aner_lang.errors import AnerRuntimeError
 from aner_lang.grammar import ast
 from aner_lang.grammar.limits import INT_MAX, INT_MIN, MAX_CHARS, MAX_ITEMS
+from aner_lang.problems.errors import AnerRuntimeError
 
 
 class NotConstant(Exception):

@@ -15,12 +15,12 @@ from __future__ import annotations
 from collections.abc import Container, Mapping, Sequence
 from typing import Any
 
-from aner_lang import diagnostics as msg
 from aner_lang.builtins.spec import Builtin
 from aner_lang.check.consteval import STATIC_FAILURES, evaluate
 from aner_lang.check.core import Param, registry_expr
-from aner_lang.diagnostics import Diagnostic
 from aner_lang.grammar import ast
+from aner_lang.problems import diagnostics as msg
+from aner_lang.problems.diagnostics import Diagnostic
 
 
 def constraint_failures(

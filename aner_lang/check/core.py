@@ -26,14 +26,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 
-from aner_lang import diagnostics as msg
 from aner_lang.builtins import Registry
 from aner_lang.check import types as T
 from aner_lang.check.analysis import Analysis, Definition, Reference
 from aner_lang.check.scopes import EnclosingFn, Scope
-from aner_lang.diagnostics import Diagnostic
 from aner_lang.grammar import ast, parse_expression
 from aner_lang.grammar.ast import Span
+from aner_lang.problems import diagnostics as msg
+from aner_lang.problems.diagnostics import Diagnostic
 
 Resolver = Callable[[str, "str | None"], "tuple[str, str]"]
 """resolver(import path as written, importing file) -> (resolved path, source); raises

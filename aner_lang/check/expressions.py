@@ -20,12 +20,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from aner_lang import diagnostics as msg
 from aner_lang.check import types as T
 from aner_lang.check.core import CheckerCore
 from aner_lang.check.scopes import Scope
-from aner_lang.diagnostics import Diagnostic
 from aner_lang.grammar import ast
+from aner_lang.problems import diagnostics as msg
+from aner_lang.problems.diagnostics import Diagnostic
 
 _COMPARE = ("<", "<=", ">", ">=")
 

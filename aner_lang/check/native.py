@@ -14,11 +14,11 @@ from __future__ import annotations
 import importlib.util
 from functools import cache
 
-from aner_lang import diagnostics as msg
 from aner_lang.builtins.spec import Builtin
 from aner_lang.check.analysis import Analysis
-from aner_lang.diagnostics import Diagnostic
 from aner_lang.grammar.ast import Span
+from aner_lang.problems import diagnostics as msg
+from aner_lang.problems.diagnostics import Diagnostic
 
 
 @cache

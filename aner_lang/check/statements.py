@@ -19,12 +19,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from aner_lang import diagnostics as msg
 from aner_lang.check import types as T
 from aner_lang.check.calls import CallChecker
 from aner_lang.check.scopes import EnclosingFn, Scope
 from aner_lang.grammar import ast
 from aner_lang.grammar.ast import Span
+from aner_lang.problems import diagnostics as msg
 
 NewDefinition = tuple[str, str, T.Type, Span, object]
 """A name a block defines on entry: name, kind, type, span of the name, declaring node."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 from aner_lang.check.analysis import Analysis
 from aner_lang.check.environment import environment_diagnostics
 from aner_lang.check.native import native_unavailable
-from aner_lang.diagnostics import Diagnostic
+from aner_lang.problems.diagnostics import Diagnostic
 
 
 def surroundings(analysis: Analysis, *, before_running: bool) -> list[Diagnostic]:

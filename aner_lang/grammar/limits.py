@@ -31,8 +31,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterable
 
-from aner_lang.files import TEXT_LIMIT
 from aner_lang.grammar import ast
+from aner_lang.host.files import TEXT_LIMIT
 
 MAX_NESTING = 200
 """Levels of nested expressions, blocks and types (each operator, call, index, list, block)."""

@@ -37,11 +37,18 @@ from lark.common import LexerConf
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
 from lark.lexer import Lexer
 
-from aner_lang import diagnostics as msg
-from aner_lang.diagnostics import Diagnostic
 from aner_lang.grammar import ast
 from aner_lang.grammar.ast import Span
-from aner_lang.grammar.limits import INT_MAX, MAX_NESTING, MAX_NUMBER_CHARS, too_deep
+from aner_lang.grammar.limits import (
+    INT_MAX,
+    MAX_NESTING,
+    MAX_NUMBER_CHARS,
+    ensure_recursion_limit,
+    too_deep,
+)
+from aner_lang.grammar.strings import interpolation_end, string_end
+from aner_lang.problems import diagnostics as msg
+from aner_lang.problems.diagnostics import Diagnostic
 
 BYTE_UNITS = {
     "B": 1,
@@ -115,6 +122,7 @@ class _State(threading.local):
     def __init__(self) -> None:
         self.shifts: list[Shift] = []
         self.diagnostics: list[Diagnostic] = []
+        self.interpolation_depth = 0
 
 
 _state = _State()
@@ -179,8 +187,15 @@ class _Lexer(Lexer):
                     text, pos, line, pos - line_start + 1
                 )
             kind = m.lastgroup or ""  # every alternative of the regex is a named group
-            value = m.group()
-            new_pos = m.end()
+            if kind == "STRING":  # the opening quote: the scanner finds the end
+                string_stop = string_end(text, pos)
+                if string_stop is None:
+                    raise UnexpectedCharacters(  # type: ignore[no-untyped-call]  # as above
+                        text, pos, line, pos - line_start + 1
+                    )
+                value, new_pos = text[pos:string_stop], string_stop
+            else:
+                value, new_pos = m.group(), m.end()
             if kind in ignore:
                 if "\n" in value:
                     line += value.count("\n")
@@ -290,7 +305,7 @@ def _nodes(items: Items) -> tuple[Any, ...]:
 
 
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", '"': '"', "\\": "\\", "$": "$", "0": "\0"}
-_INTERP = re.compile(r"\\(.)|\$\{([^}]*)\}?", re.S)
+_ESCAPE_OR_INTERPOLATION = re.compile(r"\\(.)|\$\{", re.S)
 
 
 class _ToAst(Transformer[_Token, object]):
@@ -526,39 +541,70 @@ def _short(tok: _Token) -> str:
 
 
 def _decode_plain(tok: _Token) -> str:
-    return _INTERP.sub(
-        lambda m: _ESCAPES.get(m.group(1), m.group(1)) if m.group(1) is not None else m.group(0),
-        str(tok)[1:-1],
+    """A string token's text with its escapes decoded and its interpolations kept verbatim."""
+    return "".join(
+        _ESCAPES.get(text, text)
+        if kind == "escape"
+        else "${" + text + "}"
+        if kind == "expr"
+        else text
+        for kind, text, _ in _pieces(str(tok)[1:-1])
     )
 
 
+def _pieces(raw: str) -> Iterator[tuple[Literal["text", "escape", "expr"], str, int]]:
+    """A string literal's body (without its quotes) as (kind, text, offset in `raw`): literal
+    text, an escape (the character after the backslash) and an interpolation (the expression
+    between `${` and its closing `}`, with the offset of the expression)."""
+    pos = 0
+    while (m := _ESCAPE_OR_INTERPOLATION.search(raw, pos)) is not None:
+        if m.start() > pos:
+            yield "text", raw[pos : m.start()], pos
+        if m.group(1) is not None:
+            yield "escape", m.group(1), m.start()
+            pos = m.end()
+            continue
+        close = interpolation_end(raw, m.end())
+        if close is None:
+            raise AssertionError(f"the lexer made a string with an open interpolation: {raw!r}")
+        yield "expr", raw[m.end() : close - 1], m.end()
+        pos = close
+    if pos < len(raw):
+        yield "text", raw[pos:], pos
+
+
 def _string_parts(tok: _Token) -> tuple[str | ast.Expr, ...]:
-    """Split a string token into text and `${expr}` parts, parsing each expression in place."""
-    raw = str(tok)[1:-1]
+    """Split a string token into text and `${expr}` parts, parsing each expression in place.
+    Each level of strings nested in interpolations is a nested parse, a few Python frames deep, so
+    interpolations inside more than `MAX_NESTING` strings are not parsed: the strings alone are
+    then nested past the bound, which `_bound_nesting` reports (`E-NESTING`)."""
     parts: list[str | ast.Expr] = []
     text: list[str] = []
-    pos = 0
-    for m in _INTERP.finditer(raw):
-        text.append(raw[pos : m.start()])
-        pos = m.end()
-        if m.group(1) is not None:
-            esc = m.group(1)
-            if esc not in _ESCAPES:
-                _state.diagnostics.append(msg.bad_literal(_tspan(tok), f"unknown escape `\\{esc}`"))
-            text.append(_ESCAPES.get(esc, esc))
+    for kind, piece, offset in _pieces(str(tok)[1:-1]):
+        if kind == "text":
+            text.append(piece)
             continue
-        if text and "".join(text):
+        if kind == "escape":
+            if piece not in _ESCAPES:
+                _state.diagnostics.append(
+                    msg.bad_literal(_tspan(tok), f"unknown escape `\\{piece}`")
+                )
+            text.append(_ESCAPES.get(piece, piece))
+            continue
+        if "".join(text):
             parts.append("".join(text))
         text = []
-        inner_start = tok.start_pos + 1 + m.start() + 2  # after the quote and `${`
-        if not m.group(0).endswith("}"):
-            _state.diagnostics.append(msg.bad_literal(_tspan(tok), "`${` without a closing `}`"))
-            continue
+        inner_start = tok.start_pos + 1 + offset  # after the quote and `${`
         col = tok.column + (inner_start - tok.start_pos)
-        expr = _parse_fragment(m.group(2), tok.line, col, inner_start)
+        if _state.interpolation_depth >= MAX_NESTING:
+            continue  # the strings around it nest past the bound: `_bound_nesting` reports them
+        _state.interpolation_depth += 1
+        try:
+            expr = _parse_fragment(piece, tok.line, col, inner_start)
+        finally:
+            _state.interpolation_depth -= 1
         if expr is not None:
             parts.append(expr)
-    text.append(raw[pos:])
     if "".join(text) or not parts:
         parts.append("".join(text))
     return tuple(parts)
@@ -717,7 +763,9 @@ def _error_diagnostic(err: UnexpectedInput, shift: Shift) -> Diagnostic:
     # Lark declares `pos_in_stream` None; the UnexpectedCharacters of `_Lexer.lex` sets it.
     pos = err.pos_in_stream + pos_off  # type: ignore[operator]
     char = err.char if isinstance(err, UnexpectedCharacters) else "?"
-    return msg.syntax_bad_char(Span(line, col, line, col + 1, pos, pos + 1), char)
+    span = Span(line, col, line, col + 1, pos, pos + 1)
+    # a quote always starts a string: one the lexer stopped at is a string left open
+    return msg.syntax_open_string(span) if char == '"' else msg.syntax_bad_char(span, char)
 
 
 def _display(terminal: str) -> str:
@@ -762,6 +810,7 @@ def _chunks(source: str) -> Iterator[tuple[int, int, str]]:
 def parse(source: str, path: str | None = None) -> tuple[ast.Module, list[Diagnostic]]:
     """Parse a whole file. Returns the module (with every statement that parsed) and the syntax
     diagnostics, each attributed to `path`."""
+    ensure_recursion_limit()  # strings nested in interpolations are parsed recursively
     outer = _state.diagnostics
     _state.diagnostics = []
     # The parse allocates ~10^5 small acyclic objects (tokens, spans, nodes) that all stay alive:

@@ -10,8 +10,8 @@ from collections.abc import Callable
 
 from aner_lang.builtins.spec import Builtin
 from aner_lang.check.types import EnumT, ListT, OptionalT, Type
-from aner_lang.errors import NativeBackendUnavailable
 from aner_lang.interp.values import EnumValue, Value
+from aner_lang.problems.errors import NativeBackendUnavailable
 
 Impl = Callable[..., object]
 """A builtin implementation: every parameter by keyword (after the `ExecContext` when the builtin

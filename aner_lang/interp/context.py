@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from aner_lang.files import check_name
+from aner_lang.host.files import check_name, resolve
 
 
 @dataclass
@@ -25,5 +25,4 @@ class ExecContext:
         """A script-relative path made absolute (absolute paths are kept); a path no file can
         have (a NUL character) is an error."""
         check_name(path)
-        p = Path(path).expanduser()
-        return p if p.is_absolute() else self.script_dir / p
+        return resolve(path, self.script_dir)

@@ -8,12 +8,12 @@ import math
 from collections.abc import Callable
 from typing import TypeVar
 
-from aner_lang import files
 from aner_lang.check.consteval import check_size, negate, overflow
-from aner_lang.errors import AnerRuntimeError
 from aner_lang.grammar.limits import INT_MAX, INT_MIN, MAX_CHARS, MAX_ITEMS
+from aner_lang.host import files
 from aner_lang.interp.context import ExecContext
 from aner_lang.interp.values import Value, show, to_plain
+from aner_lang.problems.errors import AnerRuntimeError, OutputClosed
 
 Number = TypeVar("Number", int, float)
 """Int or Float: `min`, `max` and `abs` have one overload for each, of the same type throughout."""
@@ -21,7 +21,11 @@ R = TypeVar("R")
 
 
 def print_(ctx: ExecContext, value: Value) -> None:
-    print(show(value), file=ctx.stdout)
+    """A closed output (its reader went away) stops the run quietly (`OutputClosed`)."""
+    try:
+        print(show(value), file=ctx.stdout)
+    except BrokenPipeError:
+        raise OutputClosed from None
 
 
 def len_(items: list[Value] | None = None, text: str | None = None) -> int:

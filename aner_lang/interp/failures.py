@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TypeAlias
 
-from aner_lang import diagnostics as msg
-from aner_lang.diagnostics import Diagnostic
-from aner_lang.errors import AnerRuntimeError
 from aner_lang.grammar.ast import Span
+from aner_lang.problems import diagnostics as msg
+from aner_lang.problems.diagnostics import Diagnostic
+from aner_lang.problems.errors import AnerRuntimeError
 
 _SHOWN_FRAMES = 12
 """A deeper stack shows its innermost and outermost calls only."""

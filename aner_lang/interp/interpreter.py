@@ -12,15 +12,14 @@ Every failure leaves as `AnerError` (`failures.py`), at an Aner span with the An
 
 from __future__ import annotations
 
-from aner_lang import diagnostics as msg
-from aner_lang.builtins.spec import Builtin
+from aner_lang.builtins.spec import WRITES, Builtin
 from aner_lang.check import Analysis
 from aner_lang.check.checker import registry_expr
 from aner_lang.check.consteval import apply_binary, evaluate, negate, size_error
-from aner_lang.errors import AnerRuntimeError
 from aner_lang.grammar import ast
 from aner_lang.grammar.ast import Span
 from aner_lang.grammar.limits import MAX_CHARS, ensure_recursion_limit
+from aner_lang.host import files, prechecks
 from aner_lang.interp.binding import BuiltinPlan, CallPlan, RecordPlan, plan_call
 from aner_lang.interp.boundary import from_native, load_impl, to_native
 from aner_lang.interp.context import ExecContext
@@ -28,6 +27,8 @@ from aner_lang.interp.defaults import BuiltinCall, Constant
 from aner_lang.interp.env import Env, Module
 from aner_lang.interp.failures import AnerError, Frame, failure
 from aner_lang.interp.values import EnumValue, RecordValue, Value, show
+from aner_lang.problems import diagnostics as msg
+from aner_lang.problems.errors import AnerRuntimeError
 
 
 class _Return(Exception):
@@ -48,6 +49,8 @@ class Interpreter:
         self.plans: dict[int, CallPlan] = {}
         """id(Call) -> its plan."""
         self.last_span: Span | None = None
+        self.outputs: dict[int, tuple[tuple[str, bool], ...]] = {}
+        """id(Builtin) -> (parameter, is a folder) of each path it writes (`Param.path`)."""
 
     def fail(self, a: Analysis, span: Span | None, exc: BaseException) -> AnerError:
         return failure(a.path, span, exc, self.stack)
@@ -257,6 +260,7 @@ class Interpreter:
         """Check `b`'s constraints on `values` and call its implementation (in native form)."""
         if b.constraints:
             self.check_constraints(a, span, b, values)
+        self.check_outputs(a, span, b, values)
         self.stack.append((b.name, span, a.path))
         try:
             fn = load_impl(b)
@@ -269,6 +273,23 @@ class Interpreter:
             raise self.fail(a, span, exc) from None
         self.stack.pop()
         return result
+
+    def check_outputs(self, a: Analysis, span: Span, b: Builtin, values: dict[str, Value]) -> None:
+        """The paths `b` writes, checked before it runs by the rule the checks before a run use
+        (`prechecks.output`): a train() whose checkpoint folder is a file fails before it trains,
+        not when it saves."""
+        outputs = self.outputs.get(id(b))
+        if outputs is None:
+            outputs = self.outputs[id(b)] = tuple(
+                (p.name, p.path == "writes_folder") for p in b.params if p.path in WRITES
+            )
+        for name, folder in outputs:
+            value = values.get(name)
+            if isinstance(value, str):
+                target = files.resolve(value, self.ctx.script_dir)
+                e = prechecks.output(target, folder=folder, overwrite=values.get("overwrite"))
+                if e is not None:
+                    raise self.fail(a, span, e)
 
     def check_constraints(
         self, a: Analysis, span: Span, b: Builtin, values: dict[str, Value]

@@ -9,7 +9,8 @@ particular form.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, fields
 from typing import TypeAlias
 
 Value: TypeAlias = object
@@ -41,8 +42,21 @@ class RecordValue:
         raise KeyError(name)
 
     def __str__(self) -> str:
-        inner = ", ".join(f"{k}: {show(v, quote=True)}" for k, v in self.fields)
-        return f"{self.type_name}({inner})"
+        return record_fields(self.type_name, self.fields)
+
+
+def record_text(value: object) -> str:
+    """A record-like value a native builtin returned (a dataclass: `ModelInfo`, `Evaluation`,
+    `Split`) in the text form of a user record, `Name(field: value, ...)` with each value as Aner
+    shows it, never Python's repr (`name='x'`): such classes define `__str__` with this."""
+    pairs = [(f.name, getattr(value, f.name)) for f in fields(value)]  # type: ignore[arg-type]
+    return record_fields(type(value).__name__, pairs)
+
+
+def record_fields(type_name: str, pairs: Iterable[tuple[str, Value]]) -> str:
+    """`type_name(name: value, ...)`: the text form of a record, each value as Aner shows it."""
+    inner = ", ".join(f"{k}: {show(v, quote=True)}" for k, v in pairs)
+    return f"{type_name}({inner})"
 
 
 def show(value: Value, quote: bool = False) -> str:

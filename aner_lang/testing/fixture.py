@@ -10,7 +10,7 @@ exact dimensions, for benchmarks that must not depend on the model package.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from aner_lang.architectures import ARCHITECTURES, Norm
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.io.gguf import permute_rows
 from aner_lang.runtime.io.packages import package_file
 from aner_lang.runtime.model.config import ModelConfig
@@ -260,6 +260,43 @@ def write_fixture(
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def rewrite_gguf(
+    src: str | Path,
+    dst: str | Path,
+    *,
+    metadata: dict[str, tuple[Any, Any]] | None = None,
+    tensors: Callable[[dict[str, np.ndarray]], None] | None = None,
+) -> Path:
+    """Copy a GGUF through gguf's reader and writer with edits: `metadata` maps a key to the
+    (value, `gguf.GGUFValueType`) it gets, whatever its type was; `tensors` may edit the dict of
+    tensors (name -> array). For tests of damaged or oddly typed files."""
+    import gguf
+
+    r = gguf.GGUFReader(str(src))
+    arrays = {t.name: np.array(t.data) for t in r.tensors}
+    if tensors is not None:
+        tensors(arrays)
+    w = gguf.GGUFWriter(str(dst), "llama")
+    edits = dict(metadata or {})
+    for key, field in r.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        value, vtype = edits.pop(key, (field.contents(), field.types[0]))
+        if vtype == gguf.GGUFValueType.ARRAY:
+            w.add_array(key, value)
+        else:
+            w.add_key_value(key, value, vtype)
+    for key, (value, vtype) in edits.items():
+        w.add_key_value(key, value, vtype)
+    for name, data in arrays.items():
+        w.add_tensor(name, data)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(dst)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

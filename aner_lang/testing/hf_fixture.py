@@ -11,6 +11,13 @@ tokenizer.json, tokenizer_config.json with a chat template) whose distinctive fe
 | ``qwen3`` | `Qwen3ForCausalLM` | q/k RMSNorm, head size unlike hidden/heads, untied output |
 | ``gemma3`` | `Gemma3ForCausalLM` | sandwich norms (1 + w), q/k norms, GeGLU, scaled embedding, a |
 | | | 4-position sliding window on 5 of 6 layers with their own rope base, SentencePiece-style BPE |
+| ``phi3`` | `Phi3ForCausalLM` | fused qkv and gate/up matrices, GQA, untied output (Phi-3, Phi-4) |
+| ``phi4mini`` | `Phi3ForCausalLM` | as ``phi3``, plus LongRoPE and partial rotary dims, tied (Phi-4-mini) |
+| ``mixtral`` | `MixtralForCausalLM` | 4 experts, top 2 (renormalised), untied output, GQA |
+| ``qwen3_moe`` | `Qwen3MoeForCausalLM` | 4 experts of their own size, top 2 unnormalised, a dense layer |
+
+The mixture-of-experts families (`MOE_FAMILIES`) have no GGUF form in Aner yet, so `FAMILIES`,
+whose every member converts to GGUF, leaves them out.
 
 Every parameter is seeded noise (biases and norm weights included: transformers initialises those
 to 0 and 1, which would hide a missing bias or norm). The tokenizer is a byte-level BPE trained
@@ -30,7 +37,8 @@ from typing import Any
 from aner_lang.architectures import for_hf
 from aner_lang.runtime.model.tokenizer import HF_SPLIT_NAMES
 
-FAMILIES = ("llama3", "mistral", "qwen2", "qwen3", "gemma3")
+FAMILIES = ("llama3", "mistral", "qwen2", "qwen3", "gemma3", "phi3", "phi4mini")
+MOE_FAMILIES = ("mixtral", "qwen3_moe")
 CORPUS = [
     "Aner is a small, statically typed scripting language for adapting language models.",
     "A user writes a script that declares a base model, adapters, a training profile and data.",
@@ -87,6 +95,20 @@ _GEMMA_TEMPLATE = (
     "{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n{{ m['content'] | trim }}"
     "<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
 )
+_PHI3_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% else %}{{ eos_token }}{% endif %}"
+)
+_PHI3 = Family(
+    "phi3",
+    "llama-bpe",  # Phi-4's byte-level BPE splits as GPT-4 does, Llama 3's regex
+    ("<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"),
+    None,
+    "<|end|>",
+    _PHI3_TEMPLATE,
+)
+LONGROPE_ORIGINAL = 64
+"""The ``phi4mini`` fixture's pretraining context: longer sequences use the long factors."""
 FAMILY = {
     "llama3": Family(
         "llama",
@@ -123,7 +145,11 @@ FAMILY = {
         _GEMMA_TEMPLATE,
         spm=True,
     ),
+    "phi3": _PHI3,
+    "phi4mini": _PHI3,
+    "qwen3_moe": replace(_QWEN, model_type="qwen3_moe"),
 }
+FAMILY["mixtral"] = replace(FAMILY["mistral"], model_type="mixtral")
 
 
 def build_tokenizer(family: str, vocab_size: int = 320) -> Any:
@@ -266,7 +292,56 @@ def _config(family: str, vocab: int) -> Any:
             eos_token_id=1,
             bos_token_id=2,
         )
+    if family in ("phi3", "phi4mini"):
+        return _phi3_config(family, common)
+    if family == "mixtral":
+        return transformers.MixtralConfig(
+            **common,
+            tie_word_embeddings=False,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        )
+    if family == "qwen3_moe":  # layer 1 dense: mlp_only_layers; norm_topk_prob off (HF default)
+        common["head_dim"] = 24  # a keyword Qwen3MoeConfig takes through its **kwargs
+        return transformers.Qwen3MoeConfig(
+            **common,
+            tie_word_embeddings=False,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=40,
+            norm_topk_prob=False,
+            mlp_only_layers=[1],
+        )
     return transformers.Qwen3Config(**common, head_dim=24, tie_word_embeddings=False)
+
+
+def _phi3_config(family: str, common: dict[str, Any]) -> Any:
+    """Phi-3 (untied, full rotary) or Phi-4-mini's features (LongRoPE with distinct short and
+    long factors, rope over 3/4 of each 16-dimension head, tied embeddings)."""
+    import transformers
+
+    ids: dict[str, Any] = {
+        "pad_token_id": 0,
+        "bos_token_id": None,
+        "eos_token_id": 4,
+        "sliding_window": None,
+    }
+    if family == "phi3":
+        return transformers.Phi3Config(**common, **ids, tie_word_embeddings=False)
+    return transformers.Phi3Config(
+        **common,
+        **ids,
+        tie_word_embeddings=True,
+        original_max_position_embeddings=LONGROPE_ORIGINAL,
+        rope_parameters={
+            "rope_type": "longrope",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.75,
+            "short_factor": [1.0, 1.05, 1.2, 1.5, 2.0, 2.5],
+            "long_factor": [1.0, 1.5, 3.0, 6.0, 12.0, 24.0],
+        },
+    )
 
 
 def build_hf_model(family: str, vocab: int, seed: int = 0) -> Any:
@@ -280,6 +355,10 @@ def build_hf_model(family: str, vocab: int, seed: int = 0) -> Any:
         "qwen2": transformers.Qwen2ForCausalLM,
         "qwen3": transformers.Qwen3ForCausalLM,
         "gemma3": transformers.Gemma3ForCausalLM,
+        "phi3": transformers.Phi3ForCausalLM,
+        "phi4mini": transformers.Phi3ForCausalLM,
+        "mixtral": transformers.MixtralForCausalLM,
+        "qwen3_moe": transformers.Qwen3MoeForCausalLM,
     }
     model = classes[family](_config(family, vocab))
     # norm factors near 1 whether the file stores the factor or its offset from 1 (Gemma)
@@ -300,7 +379,8 @@ def build_hf_model(family: str, vocab: int, seed: int = 0) -> Any:
 def write_hf_model(folder: str | Path, family: str, seed: int = 0) -> Path:
     """Write the family's tiny model as a Hugging Face folder and return it."""
     if family not in FAMILY:
-        raise ValueError(f"unknown family {family!r}; choose from {', '.join(FAMILIES)}")
+        known = ", ".join(FAMILIES + MOE_FAMILIES)
+        raise ValueError(f"unknown family {family!r}; choose from {known}")
     f = FAMILY[family]
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)

@@ -38,9 +38,9 @@ server must keep answering. `aner check` checks longer files (up to `files.SCRIP
 
 def _too_large(path: str | None, source: str) -> Analysis:
     from aner_lang.check import Analysis
-    from aner_lang.diagnostics import Diagnostic
     from aner_lang.grammar import ast
     from aner_lang.grammar.ast import Span
+    from aner_lang.problems.diagnostics import Diagnostic
 
     d = Diagnostic(
         "E-FILE-TOO-LARGE",
@@ -146,6 +146,6 @@ class AnerServer(BoundedServer):
         doc = self.workspace.text_documents.get(uri)
         if doc is not None:
             return LineIndex(doc.source)
-        from aner_lang import files
+        from aner_lang.host import files
 
         return LineIndex(files.read_text(path, files.SCRIPT_LIMIT))

@@ -30,7 +30,7 @@ from aner_lsp.transport import failure_message
 
 if TYPE_CHECKING:
     from aner_lang.check.analysis import Analysis
-    from aner_lang.diagnostics import Diagnostic
+    from aner_lang.problems.diagnostics import Diagnostic
     from aner_lsp.documents import AnerServer, Snapshot
 
 log = logging.getLogger(__name__)

@@ -3,8 +3,10 @@
 pygls reads `Content-Length` frames and dispatches them; three things around it are Aner's:
 
 * Framing is resynchronised: a header is found at the end of a line even after garbage (a body
-  shorter or longer than its `Content-Length` leaves bytes in front of the next header), and a
-  body that is not JSON is logged and skipped. The server keeps answering the frames after it.
+  shorter or longer than its `Content-Length` leaves bytes in front of the next header). A body
+  is parsed by `aner_lang.host.json_text.loads` (nesting and integer digits bounded); one that is not
+  JSON or is past those bounds gets JSON-RPC's Parse error reply (without an id: it cannot be read)
+  and a line in the log. The server keeps answering the frames after it.
 * A header line is read at most `MAX_LINE_BYTES` at a time, so garbage without a newline costs
   no memory.
 * A frame longer than `MAX_MESSAGE_BYTES` is never read into memory: the server logs a line and
@@ -23,7 +25,6 @@ pygls reads `Content-Length` frames and dispatches them; three things around it 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import re
@@ -38,10 +39,13 @@ from pygls.exceptions import (
     JsonRpcException,
     JsonRpcInternalError,
     JsonRpcInvalidParams,
+    JsonRpcParseError,
 )
 from pygls.io_ import StdinAsyncReader
 from pygls.lsp.server import LanguageServer
 from pygls.protocol import LanguageServerProtocol
+
+from aner_lang.host import json_text
 
 if TYPE_CHECKING:
     from pygls.io_ import AsyncReader
@@ -135,7 +139,12 @@ async def serve(
             return True  # the input ended inside the frame
         length = None
         try:
-            message = json.loads(body, object_hook=protocol.structure_message)
+            message = json_text.loads(body, object_hook=protocol.structure_message)
+        except ValueError as exc:  # not JSON, or past json_text's bounds
+            log.error("a message that is not JSON: %s", exc)
+            error = JsonRpcParseError(message=f"the message is not JSON: {exc}")
+            protocol._send_response(None, None, error.to_response_error())  # type: ignore[arg-type]
+            continue
         except Exception:
             log.exception("skipped a message that is not JSON-RPC")
             continue

@@ -42,6 +42,26 @@ def test_garbage_and_bad_frames_are_skipped_and_the_next_request_answered(wire, 
     assert "x" in str(wire.reply(1)["result"])
 
 
+@pytest.mark.parametrize(
+    "params",
+    [
+        b'{"deep": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",  # past the recursion limit
+        b'{"big": ' + b"9" * 5000 + b"}",  # an integer too long to convert
+        b'{"not json"',
+    ],
+    ids=["deep", "long-integer", "truncated"],
+)
+def test_a_body_that_is_no_bounded_json_gets_a_parse_error_reply(wire, tmp_path, params):
+    body = b'{"jsonrpc": "2.0", "id": 3, "method": "textDocument/hover", "params": ' + params + b"}"
+    wire.send(b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    error = wire.reply(None)
+    assert error["error"]["code"] == -32700 and "not JSON" in error["error"]["message"]
+    uri = (tmp_path / "a.aner").as_uri()
+    _open(wire, uri, "let x = 1\nprint(x)\n")
+    wire.send(_hover(8, uri))  # the server goes on
+    assert "x" in str(wire.reply(8)["result"])
+
+
 def test_malformed_parameters_get_an_error_reply(wire, tmp_path):
     wire.send(frame(request(2, "textDocument/hover", {"textDocument": 5, "position": "x"})))
     error = wire.reply(2)["error"]

@@ -76,8 +76,9 @@ class Wire:
         self.proc.stdin.write(data)
         self.proc.stdin.flush()
 
-    def reply(self, msg_id: int, timeout: float = 60) -> dict[str, Any]:
-        """The reply to request `msg_id` (notifications and other replies are skipped)."""
+    def reply(self, msg_id: int | None, timeout: float = 60) -> dict[str, Any]:
+        """The reply to request `msg_id` (notifications and other replies are skipped); None:
+        the reply to a message whose id could not be read."""
         while True:
             try:
                 message = self.replies.get(timeout=timeout)

@@ -149,7 +149,7 @@ def _gguf_strategy(workdir: Path):  # type: ignore[no-untyped-def]
 
 def _gguf_check(workdir: Path) -> Callable[[bytes], str]:
     def check(blob: bytes) -> str:
-        from aner_lang.errors import AnerRuntimeError
+        from aner_lang.problems.errors import AnerRuntimeError
         from aner_lang.runtime.load.loader import load_model
 
         path = workdir / "mutated.gguf"
@@ -232,7 +232,7 @@ def _checkpoint_check(workdir: Path) -> Callable[[tuple], str]:  # type: ignore[
         import hashlib
         import shutil
 
-        from aner_lang.errors import AnerRuntimeError
+        from aner_lang.problems.errors import AnerRuntimeError
         from aner_lang.runtime.adapters import adapter_from_state
         from aner_lang.runtime.load.loader import load_model
         from aner_lang.runtime.train import checkpoint

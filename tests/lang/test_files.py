@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from aner_lang import files
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.host import files
+from aner_lang.problems.errors import AnerRuntimeError
 
 
 def _code(fn, *args, **kw) -> str:

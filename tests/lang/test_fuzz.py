@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aner_lang.check import analyze
-from aner_lang.diagnostics import Diagnostic, render
 from aner_lang.interp import AnerError, ExecContext, run
+from aner_lang.problems.diagnostics import Diagnostic, render
 
 CASES = [
     p.read_text(encoding="utf-8") for p in sorted((Path(__file__).parent / "cases").glob("*.aner"))

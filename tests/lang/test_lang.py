@@ -15,12 +15,12 @@ from aner_lang.builtins import registry
 from aner_lang.builtins.reference import render_reference
 from aner_lang.builtins.spec import Builtin
 from aner_lang.check import analyze
+from aner_lang.check.docs_check import check_markdown
 from aner_lang.cli import main
-from aner_lang.docs_check import check_markdown
-from aner_lang.errors import NativeBackendUnavailable
 from aner_lang.grammar import ast, parse
 from aner_lang.interp import AnerError, ExecContext, run
 from aner_lang.interp.boundary import load_impl
+from aner_lang.problems.errors import NativeBackendUnavailable
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -207,7 +207,7 @@ def test_cli_exit_codes(tmp_path: Path, capsys) -> None:
 def test_builtins_reference_is_up_to_date() -> None:
     committed = (ROOT / "docs" / "builtins.md").read_text(encoding="utf-8")
     assert committed == render_reference(registry()), (
-        "docs/builtins.md is stale: run `aner builtins`"
+        "docs/builtins.md is stale: run `aner builtins -o docs/builtins.md`"
     )
 
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from aner_lang import diagnostics
 from aner_lang.check import analyze
 from aner_lang.grammar.limits import MAX_NESTING
 from aner_lang.interp import AnerError, ExecContext, run
+from aner_lang.problems import diagnostics
 
 
 def _diagnostic(source: str, tmp_path: Path) -> diagnostics.Diagnostic:
@@ -92,8 +92,8 @@ def test_hostile_values_are_errors_naming_the_bound(
 
 def test_non_finite_floats_have_no_integer_and_no_json(tmp_path: Path) -> None:
     """NaN reaches a script only from a model's numbers; the builtins refuse it, located."""
-    from aner_lang.errors import AnerRuntimeError
     from aner_lang.interp import corelib
+    from aner_lang.problems.errors import AnerRuntimeError
 
     with pytest.raises(AnerRuntimeError, match="no integer value") as info:
         corelib.int_(math.nan)

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from aner_lang.cli import main
-from aner_lang.errors import AnerRuntimeError
-from aner_lang.plot import plot, read_curves
+from aner_lang.datafiles.plot import plot, read_curves
+from aner_lang.problems.errors import AnerRuntimeError
 
 pytest.importorskip("matplotlib")
 
@@ -74,3 +74,32 @@ def test_bad_logs_and_outputs(tmp_path, capsys):
         read_curves(broken)
     assert main(["plot", str(empty), "-o", str(tmp_path / "x.png")]) == 1
     assert "error[E-PLOT]" in capsys.readouterr().err and not (tmp_path / "x.png").exists()
+
+
+def test_an_existing_picture_is_replaced_only_on_request(tmp_path, capsys):
+    log = _log(tmp_path, RESUMED)
+    mine = tmp_path / "loss.svg"
+    mine.write_text("the user's own picture")
+    with pytest.raises(AnerRuntimeError, match="already exists") as e:
+        plot(log, mine)
+    assert e.value.code == "E-FILE-EXISTS" and mine.read_text() == "the user's own picture"
+    assert main(["plot", str(log), "-o", str(mine)]) == 1
+    assert "error[E-FILE-EXISTS]" in capsys.readouterr().err
+    assert mine.read_text() == "the user's own picture"
+    assert main(["plot", str(log), "-o", str(mine), "--overwrite"]) == 0
+    assert "<svg" in mine.read_text()
+    plot(log, mine, overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["events.jsonl", "loss.svg"]  # no temp
+
+
+def test_a_script_plot_over_an_existing_picture_needs_overwrite(tmp_path, capsys):
+    _log(tmp_path, RESUMED)
+    (tmp_path / "loss.png").write_bytes(b"mine")
+    script = tmp_path / "p.aner"
+    script.write_text('print(plot("events.jsonl", "loss.png"))\n')
+    assert main(["run", str(script)]) == 1
+    assert "E-FILE-EXISTS" in capsys.readouterr().err
+    assert (tmp_path / "loss.png").read_bytes() == b"mine"
+    script.write_text('print(plot("events.jsonl", "loss.png", overwrite: true))\n')
+    assert main(["run", str(script)]) == 0
+    assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

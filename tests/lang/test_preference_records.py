@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from aner_lang.errors import AnerRuntimeError
-from aner_lang.prechecks import load_feedback, load_pairs
-from aner_lang.preference_records import FeedbackFormat, FeedbackRecord, PairFormat
-from aner_lang.records import ChatRecord, Row, TextRecord, records
+from aner_lang.datafiles.preference_records import FeedbackFormat, FeedbackRecord, PairFormat
+from aner_lang.datafiles.records import ChatRecord, Row, TextRecord, records
+from aner_lang.host.prechecks import load_feedback, load_pairs
+from aner_lang.problems.errors import AnerRuntimeError
 
 USER = {"role": "user", "content": "Name a colour."}
 BLUE = {"role": "assistant", "content": "Blue."}

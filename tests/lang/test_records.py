@@ -1,4 +1,4 @@
-"""Data files as records (`aner_lang.records`, torch-free): every file type and format, good rows
+"""Data files as records (`aner_lang.datafiles.records`, torch-free): every file type and format, good rows
 and bad ones (each error names the file and line), text exactly as in the file, bounded reading."""
 
 from __future__ import annotations
@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from aner_lang.errors import AnerRuntimeError
-from aner_lang.records import (
+from aner_lang.datafiles.records import (
     ALPACA_NO_INPUT,
     ALPACA_WITH_INPUT,
     ChatRecord,
@@ -18,6 +17,7 @@ from aner_lang.records import (
     TextRecord,
     records,
 )
+from aner_lang.problems.errors import AnerRuntimeError
 
 
 def _jsonl(path: Path, rows: list[object]) -> Path:

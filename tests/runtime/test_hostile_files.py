@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime import adapters
 from aner_lang.runtime.adapters.files import load_adapter, save_adapter
 from aner_lang.runtime.export.gguf import export_gguf
@@ -235,7 +235,7 @@ def test_jsonl_keeps_a_line_separator_inside_its_string(tmp_path):
 
 
 def test_jsonl_line_length_is_bounded(tmp_path, monkeypatch):
-    from aner_lang import files
+    from aner_lang.host import files
 
     monkeypatch.setattr(files, "LINE_LIMIT", 1000)
     monkeypatch.setattr(files.lines, "__defaults__", (files.DATA_LIMIT, 1000))

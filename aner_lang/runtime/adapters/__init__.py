@@ -11,8 +11,8 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from aner_lang.errors import AnerRuntimeError
 from aner_lang.grammar.limits import INT_MAX, INT_MIN
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.adapters.base import Adapter
 from aner_lang.runtime.adapters.full import Full
 from aner_lang.runtime.adapters.lora import DoRA, LoRA, LoRAFA

@@ -17,28 +17,39 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.io.host_copy import host_copies
 from aner_lang.runtime.model.linear import FrozenLinear
 from aner_lang.runtime.model.sections import section
 
+_FUSED_NOTE = (
+    "this architecture stores q, k and v as one matrix (qkv_proj) and the MLP gate and up as "
+    "one (gate_up_proj); an adapter targets those, as PEFT does on it",
+)
+
 
 def target_modules(model: Any, targets: list[str]) -> list[tuple[str, FrozenLinear]]:
     """`(name, FrozenLinear)` of every targeted projection, in model order (layer, then the
-    architecture table's projection order). Target names are the model's architecture's."""
-    arch = model.architecture
+    architecture table's projection order, then expert). Target names are the model's
+    architecture's: the script checker cannot know the model a file holds, so a target the loaded
+    architecture lacks (``q_proj`` on Phi-3) fails here, naming the ones it has; an MLP target of
+    a mixture-of-experts layer names every expert's projection (never the router, which stays
+    frozen)."""
+    arch, config = model.architecture, model.config
     unknown = [t for t in targets if t not in arch.targets]
     if unknown or not targets:
         raise AnerRuntimeError(
             f"unknown adapter target(s) {unknown or '[]'} for a {arch.name} model; expected some "
             f"of {', '.join(arch.targets)}",
             code="E-ADAPTER-TARGET",
+            notes=_FUSED_NOTE if arch.fused else (),
         )
     return [
-        (p.module(i), cast(FrozenLinear, model.module.get_submodule(p.module(i))))
-        for i in range(model.config.num_hidden_layers)
+        (name, cast(FrozenLinear, model.module.get_submodule(name)))
+        for i in range(config.num_hidden_layers)
         for p in arch.projections
         if p.target in targets
+        for name in arch.target_modules(p.target, i, config.experts_in(i))
     ]
 
 
@@ -88,9 +99,11 @@ class Adapter:
         targets: torch.Tensor,
         positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Summed next-token cross-entropy (`LlamaModel.loss`) with this adapter active."""
+        """Summed next-token cross-entropy (`LlamaModel.loss`) with this adapter active; while
+        training, a mixture-of-experts model's load-balancing loss is added where its config asks
+        for it (`router_aux_loss_coef`), as transformers adds it in training."""
         with self.active():
-            return self.model.module.loss(input_ids, targets, positions)
+            return self.model.module.loss(input_ids, targets, positions, self.training)
 
     __call__ = forward
 

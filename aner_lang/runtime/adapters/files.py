@@ -23,8 +23,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from aner_lang import files
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.host import files, json_text
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.io.fingerprint import fingerprint
 from aner_lang.runtime.io.world import once
 
@@ -75,6 +75,14 @@ def _peft_parts(adapter: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
                 "path) for a standalone model",
             ),
         )
+    experts = [name for name, _ in adapter.targets if ".experts." in name]
+    if experts:
+        raise AnerRuntimeError(
+            f"the {method} adapter adapts mixture-of-experts experts ({experts[0]}, ...), which "
+            "Aner cannot export to PEFT yet (transformers stores experts as 3-D parameters)",
+            code="E-EXPORT",
+            notes=("use format: safetensors, or target only the attention projections for PEFT",),
+        )
     tensors = {}
     for key, t in ours.items():
         module, kind = key.rsplit(".", 1)
@@ -93,7 +101,7 @@ def _peft_parts(adapter: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         "init_lora_weights": True,
         "inference_mode": True,
         "modules_to_save": None,
-        "base_model_name_or_path": adapter.base.name,
+        "base_model_name_or_path": adapter.base.reference,
     }
     return tensors, config
 
@@ -114,7 +122,7 @@ def save_adapter(
     The files are written into a temporary sibling folder and moved into place together, so the
     folder never holds half an adapter. A folder that holds anything is written only with
     `overwrite` (and then only the adapter's own files are replaced); the base model's own
-    folder or file never (`aner_lang.files`)."""
+    folder or file never (`aner_lang.host.files`)."""
     if format not in FORMATS:
         raise AnerRuntimeError(
             f"unknown adapter format {format!r}; expected one of {', '.join(FORMATS)}",
@@ -160,16 +168,16 @@ WEIGHTS_LIMIT = files.DATA_LIMIT
 
 
 def _file_error(directory: Path, name: str, e: AnerRuntimeError) -> AnerRuntimeError:
-    """A refused read of the adapter file `name` (`aner_lang.files`), keeping its code."""
+    """A refused read of the adapter file `name` (`aner_lang.host.files`), keeping its code."""
     return _fail(directory, f"{name}: {e.message.removeprefix(f'{directory / name}: ')}", e.code)
 
 
 def _read_json(directory: Path, name: str) -> dict[str, Any]:
     try:
-        obj = json.loads(files.read_text(directory / name, JSON_LIMIT))
+        obj = json_text.loads(files.read_text(directory / name, JSON_LIMIT))
     except AnerRuntimeError as e:
         raise _file_error(directory, name, e) from None
-    except (ValueError, RecursionError) as e:
+    except ValueError as e:
         raise _fail(directory, f"{name} is not valid JSON ({e})") from None
     if not isinstance(obj, dict):
         raise _fail(directory, f"{name} is not a JSON object")

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 
 import torch
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.adapters.base import Adapter
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.model.linear import DenseLinear, FrozenLinear
 
 

@@ -26,7 +26,9 @@ def _unquantized_weights(model, targets) -> list[torch.Tensor]:
 
     source, _ = open_source(model.path)
     c = model.config
-    weights = {w.name: w for w in model.architecture.weights(c.num_hidden_layers, True)}
+    weights = {
+        w.name: w for w in model.architecture.weights(c.num_hidden_layers, True, c.experts_in)
+    }
     cpu = torch.device("cpu")
     return [source.read(weights[name], c, torch.float32, cpu) for name, _ in targets]
 

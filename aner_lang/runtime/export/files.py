@@ -1,5 +1,5 @@
 """What every exporter shares: refusing an adapter where a model is needed, and writing its
-output under the rules of `aner_lang.files` (an existing file or non-empty folder replaced only
+output under the rules of `aner_lang.host.files` (an existing file or non-empty folder replaced only
 with `overwrite`, never the model's own files, a temporary name published only once complete, so
 an interrupted export never leaves a file that looks finished)."""
 
@@ -10,8 +10,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from aner_lang import files
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.host import files
+from aner_lang.problems.errors import AnerRuntimeError
 
 
 def require_model(model: Any, builtin: str) -> None:
@@ -20,6 +20,19 @@ def require_model(model: Any, builtin: str) -> None:
         raise AnerRuntimeError(
             f"{builtin} needs a model; merge the adapter first: {builtin}(merge(adapter), ...)",
             code="E-EXPORT",
+        )
+
+
+def refuse_experts(config: Any, builtin: str) -> None:
+    """Refuse a mixture-of-experts model given to `builtin`, a model file writer: llama.cpp
+    stores experts as 3-D tensors, which Aner neither reads nor writes yet, and a Hugging Face
+    folder of one needs its family's own config keys and tensor names (Mixtral's w1/w2/w3)."""
+    if config.num_experts:
+        raise AnerRuntimeError(
+            f"{builtin}: the model is a mixture of experts ({config.architecture}); Aner does "
+            "not write mixture-of-experts model files yet",
+            code="E-EXPORT",
+            notes=("save_adapter(adapter, dir, format: safetensors) keeps a trained adapter",),
         )
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 
 F32, F16, Q8_0, Q5_0, Q4_K, Q6_K = "F32", "F16", "Q8_0", "Q5_0", "Q4_K", "Q6_K"
 BLOCK = {F32: 1, F16: 1, Q8_0: 32, Q5_0: 32, Q4_K: 256, Q6_K: 256}

@@ -2,12 +2,13 @@
 
 `export_gguf(model, path, dtype)` writes llama.cpp's layout for the model's architecture (the
 one it came from: a Qwen2 model is written as ``qwen2``): GGUF tensor names, q/k rows permuted
-back to interleaved-pair RoPE order where llama.cpp permutes them, norms, biases and Llama 3's
-``rope_freqs`` in f32. Metadata (tokenizer, chat template, hyper-parameters) is copied from a
-source GGUF; a model read from a Hugging Face folder is described as llama.cpp's converter would
-describe it. llama.cpp, HF transformers and our loader all read the result. `dtype` is a file
-type of `filetypes` (f32, f16, or llama.cpp's quantized q8_0 and q4_k_m mixes); Q8_0 and Q5_0
-blocks are written by `gguf.quants`, Q4_K and Q6_K by `kquants`.
+back to interleaved-pair RoPE order where llama.cpp permutes them, norms, biases, and Llama 3's
+``rope_freqs`` and LongRoPE's ``rope_factors_long``/``rope_factors_short`` in f32. Metadata
+(tokenizer, chat template, hyper-parameters) is copied from a source GGUF; a model read from a
+Hugging Face folder is described as llama.cpp's converter would describe it. llama.cpp, HF
+transformers and our loader all read the result. `dtype` is a file type of `filetypes` (f32,
+f16, or llama.cpp's quantized q8_0 and q4_k_m mixes); Q8_0 and Q5_0 blocks are written by
+`gguf.quants`, Q4_K and Q6_K by `kquants`.
 """
 
 from __future__ import annotations
@@ -20,12 +21,12 @@ import numpy as np
 import torch
 
 from aner_lang.architectures import Kind
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.export import filetypes, kquants
-from aner_lang.runtime.export.files import gguf_writer, require_model
+from aner_lang.runtime.export.files import gguf_writer, refuse_experts, require_model
 from aner_lang.runtime.io.gguf import GGUFFile, permute_rows
 from aner_lang.runtime.io.world import once
-from aner_lang.runtime.model.config import gguf_hyperparameters
+from aner_lang.runtime.model.config import gguf_hyperparameters, longrope_tensors
 
 _SKIPPED_KEYS = ("GGUF.", "general.file_type", "general.quantization_version")
 
@@ -46,6 +47,7 @@ def _gguf_tensors(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
         yield w.gguf, t
     if model.rope_freqs is not None:
         yield model.architecture.rope_freqs, model.rope_freqs
+    yield from longrope_tensors(c).items()
 
 
 def _copy_metadata(writer: Any, source: Path) -> None:
@@ -127,11 +129,12 @@ def export_gguf(
     model: Any, path: str | Path, dtype: str = "f16", *, overwrite: bool = False
 ) -> Path:
     """Write `model` (a base or a merged adapter) as a GGUF file of file type `dtype`: an existing
-    file only with `overwrite`, and never the model's own source file (`aner_lang.files`)."""
+    file only with `overwrite`, and never the model's own source file (`aner_lang.host.files`)."""
     import gguf
 
     ft = filetypes.file_type(dtype)
     require_model(model, "export_gguf")
+    refuse_experts(model.config, "export_gguf")
     arch = model.architecture
     output = arch.embedding if model.module.lm_head is model.module.embed_tokens else arch.output
     layers = model.config.num_hidden_layers

@@ -11,9 +11,9 @@ Names: the runtime's module tree uses HF's module names (docs/internals.md), so 
 saved as ``model.<module>.weight`` (``lm_head.weight`` for an untied output), for every
 architecture of `aner_lang.architectures`. An architecture's table name is HF's ``model_type``
 and its class is ``<Name>ForCausalLM`` (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
-Qwen3ForCausalLM), which is how `transformers` chooses the model class; Gemma 3 is written as
-``gemma3_text``/``Gemma3ForCausalLM`` with its sliding-window fields, its norm weights as the
-offsets from 1 its files store.
+Qwen3ForCausalLM, Phi3ForCausalLM), which is how `transformers` chooses the model class; Gemma 3
+is written as ``gemma3_text``/``Gemma3ForCausalLM`` with its sliding-window fields, its norm
+weights as the offsets from 1 its files store.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import processors
 
-from aner_lang import files
-from aner_lang.errors import AnerRuntimeError
-from aner_lang.runtime.export.files import require_model
+from aner_lang.host import files
+from aner_lang.problems.errors import AnerRuntimeError
+from aner_lang.runtime.export.files import refuse_experts, require_model
 from aner_lang.runtime.io.world import once
 from aner_lang.runtime.model.linear import FrozenLinear
 from aner_lang.runtime.model.transformer import RMSNorm
@@ -104,6 +104,16 @@ def _config(model: Any, dtype: str) -> dict[str, Any]:
     if model.architecture.sliding_pattern:
         fields.pop("rope_scaling")
         sliding = _sliding_config(c)
+    s = c.rope_scaling
+    if s is not None and s.rope_type == "longrope":  # as Phi-3's own configs write it
+        fields["original_max_position_embeddings"] = s.original_max_position_embeddings
+        fields["rope_scaling"] = {
+            "rope_type": "longrope",
+            "short_factor": list(s.short_factor),
+            "long_factor": list(s.long_factor),
+            "factor": s.factor,
+            "attention_factor": s.attention_factor,
+        }
     return {
         "architectures": [f"{arch.capitalize()}ForCausalLM"],
         "model_type": arch,
@@ -149,9 +159,13 @@ def _tokenizer_config(model: Any) -> dict[str, Any]:
 
 
 def _scaled_rope(model: Any) -> bool:
-    """Whether the model's rotary frequencies differ from plain ``theta ** (-2i / d)``."""
+    """Whether the model's rotary frequencies differ from plain ``theta ** (-2i / d)`` in a way
+    config.json cannot say (LongRoPE's factors are config fields, `_config`)."""
     c = model.config
-    plain = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2).float() / c.head_dim))
+    if c.rope_scaling is not None and c.rope_scaling.rope_type == "longrope":
+        return False
+    d = c.rotary_dim
+    plain = 1.0 / (c.rope_theta ** (torch.arange(0, d, 2).float() / d))
     if model.architecture.sliding_pattern and c.rope_scaling is not None:  # in rope_parameters
         plain = plain / c.rope_scaling.factor
     used = model.module.rotary.get_buffer("inv_freq").float().cpu()
@@ -163,6 +177,7 @@ def export_hf(
 ) -> Path:
     """Write `model` as a Hugging Face folder (see the module docstring); returns the folder."""
     require_model(model, "export_hf")
+    refuse_experts(model.config, "export_hf")
     if dtype not in DTYPES:
         raise AnerRuntimeError(
             f"export_hf: unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}",

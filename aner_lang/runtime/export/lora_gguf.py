@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.adapters.merge import effective_weights
-from aner_lang.runtime.export.files import gguf_writer
+from aner_lang.runtime.export.files import gguf_writer, refuse_experts
 from aner_lang.runtime.io.gguf import permute_rows
 from aner_lang.runtime.io.world import once
 
@@ -59,6 +59,7 @@ def export_lora_gguf(adapter: Any, path: str | Path, *, overwrite: bool = False)
         )
     base = adapter.base
     arch, config = base.architecture, base.config
+    refuse_experts(config, "export_lora_gguf")
     weights = effective_weights(adapter)
     by_module = {
         p.module(i): (p, i) for i in range(config.num_hidden_layers) for p in arch.projections

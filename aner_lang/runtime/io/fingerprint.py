@@ -19,8 +19,8 @@ import os
 import tempfile
 from pathlib import Path
 
-from aner_lang import files
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.host import files, json_text
+from aner_lang.problems.errors import AnerRuntimeError
 
 _CACHE_NAME = "fingerprints.json"
 _CHUNK = 8 * 1024 * 1024
@@ -45,8 +45,8 @@ def sha256_file(path: Path) -> str:
 
 def _read_cache(file: Path) -> dict[str, dict[str, object]]:
     try:
-        data = json.loads(files.read_text(file, files.SCRIPT_LIMIT))
-    except (AnerRuntimeError, ValueError, RecursionError):
+        data = json_text.loads(files.read_text(file, files.SCRIPT_LIMIT))
+    except (AnerRuntimeError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
 

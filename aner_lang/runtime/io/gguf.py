@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 
 GGUF_MAGIC = b"GGUF"
 T = TypeVar("T", torch.Tensor, np.ndarray)
@@ -206,9 +206,9 @@ class GGUFFile:
                 raise ValueError(f"tensor {name!r} has {n_dims} dimensions")
             dims = tuple(cur.u64() for _ in range(n_dims))
             raw.append((name, dims, cur.u32(), cur.u64()))
-        alignment = int(self.metadata.get("general.alignment", _DEFAULT_ALIGNMENT))
-        if alignment <= 0 or alignment & (alignment - 1):
-            raise ValueError(f"general.alignment {alignment} is not a power of two")
+        alignment = self.metadata.get("general.alignment", _DEFAULT_ALIGNMENT)
+        if type(alignment) is not int or alignment <= 0 or alignment & (alignment - 1):
+            raise ValueError(f"general.alignment {alignment!r} is not a power of two")
         data_start = -(-cur.pos // alignment) * alignment
         for name, dims, type_id, offset in raw:
             try:

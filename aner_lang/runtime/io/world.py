@@ -9,18 +9,25 @@ Rules:
 * The process group is created on first use (`process_group()`): NCCL when CUDA is available,
   gloo otherwise. A rank's GPU is `cuda:LOCAL_RANK` (`load.loader.resolve_device`), made the current device
   before any tensor is placed on it, so ranks of one host never share a GPU.
+* The process group is destroyed when the interpreter exits (`atexit`, while the interpreter
+  is still whole). Left to interpreter finalization, a gloo worker thread that still holds the
+  last collective's tensors releases them there, takes the GIL from a finalizing interpreter,
+  is ended by it with `pthread_exit`, and the unwinding through a C++ destructor aborts the
+  process ("terminate called without an active exception", exit status 1 after a successful
+  run).
 * Only rank 0 writes files (checkpoints, adapters, exports, event logs): `once(write)` runs
   `write` there and then waits at a barrier, so after the call every rank can read the result.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 
 T = TypeVar("T")
 
@@ -80,7 +87,16 @@ def process_group() -> World:
             dist.init_process_group("nccl", device_id=torch.device("cuda", w.local_rank))
         else:
             dist.init_process_group("gloo")
+        atexit.register(_destroy)
     return w
+
+
+def _destroy() -> None:
+    """Destroy the default process group if it still exists (the module docstring says why)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def barrier() -> None:

@@ -19,8 +19,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from aner_lang.diagnostics import render
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.diagnostics import render
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.jobs import events, manage
 from aner_lang.runtime.jobs.store import JobRecord, JobStore
 
@@ -105,10 +105,8 @@ def _jobs(store: JobStore, args: argparse.Namespace) -> int:
 def _logs(store: JobStore, args: argparse.Namespace) -> int:
     job = store.get(args.id)
     folder = Path(job.folder)
-    if args.follow:
-        stream = events.follow(folder, lambda: not store.get(args.id).active)
-    else:
-        stream = iter(events.read(folder)[0])
+    finished = (lambda: not store.get(args.id).active) if args.follow else (lambda: True)
+    stream = events.follow(folder, finished)
     for event in stream:
         print(json.dumps(event) if args.json else events.describe(event), flush=True)
     return 0

@@ -15,6 +15,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
 
+from aner_lang.host import json_text
+
 EVENTS = "events.jsonl"
 
 
@@ -36,19 +38,33 @@ class EventLog:
         self._file.close()
 
 
+PIECE_LIMIT = 64 << 10
+"""The most characters of one line of the script's output (or of one trainer event) that the
+supervisor reads at a time: a longer output line is logged as several `output` events (a longer
+trainer event, which the trainer never writes, is no JSON and skipped)."""
+READ_LIMIT = 1 << 20
+"""The most bytes one `read` takes, so a reader's memory stays bounded however long the log
+grows. No event the supervisor writes is longer (a `PIECE_LIMIT` piece JSON-escaped is at most
+6 bytes a character); a longer line is skipped."""
+
+
 def read(folder: Path, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
-    """The complete events from byte `offset` on, and the offset after the last complete line."""
+    """The complete events in the `READ_LIMIT` bytes from byte `offset` on, and the offset after
+    the last complete line; when those bytes end no line, they are part of a line too long to be
+    an event, and the offset is past them (the rest of that line is then no JSON: skipped)."""
     try:
         with open(folder / EVENTS, "rb") as f:
             f.seek(offset)
-            data = f.read()
+            data = f.read(READ_LIMIT)
     except FileNotFoundError:
         return [], offset
     end = data.rfind(b"\n") + 1
+    if end == 0 and len(data) == READ_LIMIT:
+        return [], offset + len(data)
     events = []
     for line in data[:end].splitlines():
         try:
-            event = json.loads(line)
+            event = json_text.loads(line)
         except ValueError:
             continue
         if isinstance(event, dict):
@@ -58,16 +74,19 @@ def read(folder: Path, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
 
 def follow(folder: Path, finished: Any, poll: float = 0.2) -> Iterator[dict[str, Any]]:
     """Every event, then new ones as they come, until `finished()` is true and the log has been
-    read to its end after that."""
+    read to its end after that (`finished` always true: the events logged so far), read
+    `READ_LIMIT` bytes at a time."""
     offset = 0
     while True:
         done = finished()
+        before = offset
         events, offset = read(folder, offset)
         yield from events
+        if offset != before:  # more may follow at once
+            continue
         if done:
             return
-        if not events:
-            time.sleep(poll)
+        time.sleep(poll)
 
 
 def describe(event: dict[str, Any]) -> str:

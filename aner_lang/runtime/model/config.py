@@ -4,27 +4,30 @@ folder's config.json and checked before any tensor is read.
 Both file kinds give the one `ModelConfig`; what differs between architectures (biases, q/k
 norms, GGUF permutations) is a fact of its table in `aner_lang.architectures`, named by
 `ModelConfig.architecture`, not a field here. The checks make a bad file fail with its path and
-the offending value before any large allocation: positive sizes, a head count the key/value head
-count divides, an even head size (rope rotates pairs), finite positive epsilon and rope
-parameters, a rope scaling Aner implements.
+the offending value before any large allocation: sizes and counts that are positive integers in
+the file itself (`_Fields`), a head count the key/value head count divides, an even head size
+(rope rotates pairs), finite positive epsilon and rope parameters, a rope scaling Aner
+implements.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from aner_lang.architectures import ARCHITECTURES, Architecture, for_gguf, for_hf
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.grammar.limits import INT_MAX
+from aner_lang.problems.errors import AnerRuntimeError
 
 if TYPE_CHECKING:
     import torch
 
     from aner_lang.runtime.io.gguf import GGUFFile
 
-ROPE_SCALINGS = ("llama3", "linear")
+ROPE_SCALINGS = ("llama3", "linear", "longrope")
 SLIDING, FULL = "sliding_attention", "full_attention"
 LOCAL_THETA = 10000.0
 """The rope base of sliding layers that llama.cpp assumes when a GGUF does not say (Gemma 3's)."""
@@ -39,13 +42,26 @@ def every_nth_full(layers: int, n: int) -> tuple[str, ...]:
 @dataclass(frozen=True)
 class RopeScaling:
     """Rope frequency scaling (HF ``rope_scaling``/``rope_parameters``): ``llama3`` (Llama 3.1 and
-    later: low frequencies slowed by `factor`, a smooth ramp between) or ``linear``."""
+    later: low frequencies slowed by `factor`, a smooth ramp between), ``linear``, or
+    ``longrope`` (Phi-3 128k, Phi-3.5, Phi-4-mini: every frequency divided by its own factor,
+    `short_factor` while a sequence fits `original_max_position_embeddings` and `long_factor`
+    beyond, and cos/sin multiplied by `attention_factor`)."""
 
     rope_type: str
     factor: float
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    short_factor: tuple[float, ...] = ()
+    long_factor: tuple[float, ...] = ()
+    attention_factor: float = 1.0
+
+
+def longrope_attention_factor(factor: float, original: int) -> float:
+    """LongRoPE's default cos/sin scale for a context `factor` times the pretraining one
+    (`original` positions), as transformers' `_compute_longrope_parameters` and llama.cpp's
+    converter compute it: ``sqrt(1 + ln(factor) / ln(original))``, 1 when not extended."""
+    return math.sqrt(1 + math.log(factor) / math.log(original)) if factor > 1.0 else 1.0
 
 
 @dataclass(frozen=True)
@@ -81,6 +97,41 @@ class ModelConfig:
         """Whether `layer` attends over a sliding window."""
         return bool(self.layer_types) and self.layer_types[layer] == SLIDING
 
+    partial_rotary_factor: float = 1.0
+    """The fraction of each head's dimensions rope rotates (the first `rotary_dim`; Phi-4-mini:
+    0.75); the rest pass through unrotated."""
+
+    @property
+    def rotary_dim(self) -> int:
+        """Dimensions of a head that rope rotates, as transformers computes them."""
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def qkv_size(self) -> int:
+        """Rows of a fused q/k/v matrix (`aner_lang.architectures.PHI3`)."""
+        return self.q_size + 2 * self.kv_size
+
+    @property
+    def gate_up_size(self) -> int:
+        """Rows of a fused gate/up matrix."""
+        return 2 * self.intermediate_size
+
+    num_experts: int = 0
+    """Experts of each sparse MLP (0: a dense model); HF Mixtral's ``num_local_experts``."""
+    num_experts_per_tok: int = 0
+    """How many experts each token is routed to (top-k)."""
+    moe_intermediate_size: int = 0
+    """An expert's intermediate size (Mixtral's experts have the dense `intermediate_size`)."""
+    norm_topk_prob: bool = True
+    """Whether the k routing weights are renormalised to sum to 1 (always, for Mixtral)."""
+    mlp_only_layers: tuple[int, ...] = ()
+    """Layers of a mixture-of-experts model whose MLP is dense (Qwen3-MoE)."""
+    decoder_sparse_step: int = 1
+    """Layer i is sparse when (i + 1) is a multiple of this (Qwen3-MoE; 1: every layer)."""
+    router_aux_loss_coef: float = 0.0
+    """The weight of the load-balancing loss added to the training loss (0: none; HF adds it
+    only when ``output_router_logits`` is true, and so does Aner)."""
+
     @property
     def q_size(self) -> int:
         return self.num_attention_heads * self.head_dim
@@ -88,6 +139,11 @@ class ModelConfig:
     @property
     def kv_size(self) -> int:
         return self.num_key_value_heads * self.head_dim
+
+    def experts_in(self, layer: int) -> int:
+        """How many experts layer `layer`'s MLP holds (0: a dense MLP)."""
+        sparse = layer not in self.mlp_only_layers and (layer + 1) % self.decoder_sparse_step == 0
+        return self.num_experts if sparse else 0
 
     def dims(self, fields: tuple[str, ...]) -> tuple[int, ...]:
         """A weight's shape (HF layout) from the config fields an architecture table names."""
@@ -105,7 +161,7 @@ def rope_freq_factors(config: ModelConfig) -> torch.Tensor | None:
     import torch
 
     s = config.rope_scaling
-    if s is None:
+    if s is None or s.rope_type == "longrope":  # LongRoPE's factors live in the config
         return None
     half = config.head_dim // 2
     if s.rope_type == "linear":
@@ -128,22 +184,54 @@ def rope_freq_factors(config: ModelConfig) -> torch.Tensor | None:
     return torch.tensor(factors, dtype=torch.float32)
 
 
+@dataclass(frozen=True)
+class _Fields:
+    """A file's hyper-parameters (GGUF metadata under `prefix`, or config.json's keys), each read
+    with the type its meaning needs, from the file's own types:
+
+    * A size or a count is an exact integer (a GGUF integer type, a JSON integer) from 1 to the
+      largest `Int` (`model_info` shows it to scripts). Anything else (1.5, or 2.0, for a layer
+      count; a string; an array; a boolean; a negative count) is refused, never rounded.
+    * A real number may be written as an integer or a float, and must be finite.
+
+    An error names the file and the key (`code`: E-GGUF-METADATA or E-HF-CONFIG)."""
+
+    source: str
+    code: str
+    values: Mapping[str, Any]
+    prefix: str = ""
+
+    def _value(self, key: str, default: Any) -> tuple[str, Any]:
+        name = self.prefix + key
+        if name in self.values and self.values[name] is not None:
+            return name, self.values[name]
+        if default is None:
+            raise AnerRuntimeError(f"{self.source}: missing key {name!r}", code=self.code)
+        return name, default
+
+    def integer(self, key: str, default: int | None = None) -> int:
+        name, value = self._value(key, default)
+        if type(value) is not int or not 1 <= value <= INT_MAX:
+            raise AnerRuntimeError(
+                f"{self.source}: {name} is {value!r}, not a positive integer",
+                code=self.code,
+                notes=(f"a size or a count is a whole number from 1 to {INT_MAX:,}",),
+            )
+        return value
+
+    def real(self, key: str, default: float | None = None) -> float:
+        name, value = self._value(key, default)
+        if type(value) not in (int, float) or not math.isfinite(value):
+            raise AnerRuntimeError(
+                f"{self.source}: {name} is {value!r}, not a finite number", code=self.code
+            )
+        return float(value)
+
+
 def _check(source: str, code: str, c: ModelConfig) -> ModelConfig:
     def bad(what: str) -> AnerRuntimeError:
         return AnerRuntimeError(f"{source}: {what}", code=code)
 
-    for field in (
-        "vocab_size",
-        "hidden_size",
-        "intermediate_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "num_key_value_heads",
-        "head_dim",
-        "max_position_embeddings",
-    ):
-        if int(getattr(c, field)) <= 0:
-            raise bad(f"{field} is {getattr(c, field)}; it must be positive")
     if c.num_attention_heads % c.num_key_value_heads:
         raise bad(
             f"inconsistent attention shape: {c.num_attention_heads} heads, "
@@ -151,6 +239,11 @@ def _check(source: str, code: str, c: ModelConfig) -> ModelConfig:
         )
     if c.head_dim % 2:
         raise bad(f"head size {c.head_dim} is odd; rope rotates pairs of dimensions")
+    if not 0 < c.rotary_dim <= c.head_dim or c.rotary_dim % 2:
+        raise bad(
+            f"rope covers {c.rotary_dim} of the {c.head_dim} dimensions of a head; it must be "
+            "an even number of them, at least 2"
+        )
     for field in ("rms_norm_eps", "rope_theta"):
         v = float(getattr(c, field))
         if not math.isfinite(v) or v <= 0:
@@ -168,6 +261,13 @@ def _check(source: str, code: str, c: ModelConfig) -> ModelConfig:
         v = getattr(c, field)
         if v is not None and (not math.isfinite(float(v)) or float(v) <= 0):
             raise bad(f"{field} is {v}; it must be a finite positive number")
+    if c.num_experts and not 1 <= c.num_experts_per_tok <= c.num_experts:
+        raise bad(
+            f"{c.num_experts_per_tok} experts per token of {c.num_experts}: a token is routed "
+            "to from 1 to all of the experts"
+        )
+    if not (math.isfinite(c.router_aux_loss_coef) and c.router_aux_loss_coef >= 0):
+        raise bad(f"router_aux_loss_coef is {c.router_aux_loss_coef}; it must be finite and >= 0")
     s = c.rope_scaling
     if s is not None:
         values = (s.factor, s.low_freq_factor, s.high_freq_factor)
@@ -177,7 +277,26 @@ def _check(source: str, code: str, c: ModelConfig) -> ModelConfig:
             s.high_freq_factor <= s.low_freq_factor or s.original_max_position_embeddings <= 0
         ):
             raise bad(f"llama3 rope scaling {s} needs high_freq_factor > low_freq_factor")
+        if s.rope_type == "longrope":
+            _check_longrope(bad, s, c.rotary_dim)
     return c
+
+
+def _check_longrope(bad: Any, s: RopeScaling, rotary_dim: int) -> None:
+    """One finite positive factor per rotated frequency pair, in both lists."""
+    for name in ("short_factor", "long_factor"):
+        values = getattr(s, name)
+        if len(values) != rotary_dim // 2:
+            raise bad(
+                f"longrope {name} has {len(values)} values; the {rotary_dim} rotated dimensions "
+                f"of a head need {rotary_dim // 2}"
+            )
+        if not all(math.isfinite(v) and v > 0 for v in values):
+            raise bad(f"longrope {name} holds a value that is not a finite positive number")
+    if s.original_max_position_embeddings <= 0 or not (
+        math.isfinite(s.attention_factor) and s.attention_factor > 0
+    ):
+        raise bad("longrope scaling needs a positive original context and attention factor")
 
 
 def _unknown_architecture(source: str, code: str, what: str, known: list[str]) -> AnerRuntimeError:
@@ -198,35 +317,31 @@ def config_from_gguf(gguf: GGUFFile) -> ModelConfig:
         raise _unknown_architecture(
             str(gguf.path), "E-GGUF-ARCH", arch, [f"{k} GGUF files" for k in known]
         )
-    p = f"{arch}."
     meta = gguf.metadata
-
-    def num(key: str, default: Any = None) -> Any:
-        value = gguf.require(p + key) if default is None else meta.get(p + key, default)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise AnerRuntimeError(
-                f"{gguf.path}: metadata key {p + key!r} is {value!r}, not a number",
-                code="E-GGUF-METADATA",
-            )
-        return value
-
-    hidden = int(num("embedding_length"))
-    heads = int(num("attention.head_count"))
-    vocab = meta.get(p + "vocab_size")
-    if vocab is None:
-        vocab = len(gguf.require("tokenizer.ggml.tokens"))
-    head_dim = int(num("attention.key_length", hidden // max(heads, 1)))
-    rotary = int(num("rope.dimension_count", head_dim))
-    if rotary != head_dim:
+    if meta.get(f"{arch}.expert_count"):
         raise AnerRuntimeError(
-            f"{gguf.path}: rope covers {rotary} of the {head_dim} dimensions of a head; "
-            "Aner implements rope over whole heads",
-            code="E-GGUF-METADATA",
+            f"{gguf.path}: a mixture-of-experts GGUF ({meta[f'{arch}.expert_count']} experts); "
+            "Aner reads mixture-of-experts models from Hugging Face folders only for now",
+            code="E-GGUF-ARCH",
+            notes=("docs/models.md lists the supported architectures and file kinds",),
         )
+    f = _Fields(str(gguf.path), "E-GGUF-METADATA", meta, f"{arch}.")
+    hidden = f.integer("embedding_length")
+    heads = f.integer("attention.head_count")
+    tokens = meta.get("tokenizer.ggml.tokens")
+    vocab = f.integer("vocab_size", len(tokens) if isinstance(tokens, list) else None)
+    head_dim = f.integer("attention.key_length", max(hidden // heads, 1))
+    rotary = f.integer("rope.dimension_count", head_dim)
+    context = f.integer("context_length", 2048)
+    window = (
+        f.integer("attention.sliding_window") if meta.get(f"{arch}.attention.sliding_window") else 0
+    )
     scaling = None
-    kind = str(meta.get(p + "rope.scaling.type", "none"))
-    if kind == "linear":
-        scaling = RopeScaling("linear", float(num("rope.scaling.factor")))
+    kind = str(meta.get(f"{arch}.rope.scaling.type", "none"))
+    if gguf.has_tensor(table.rope_factors[0]):  # llama.cpp writes LongRoPE as factor tensors
+        scaling = _gguf_longrope(gguf, table.rope_factors, rotary, context)
+    elif kind == "linear":
+        scaling = RopeScaling("linear", f.real("rope.scaling.factor"))
     elif kind != "none":
         raise AnerRuntimeError(
             f"{gguf.path}: rope scaling {kind!r} is not implemented "
@@ -234,25 +349,28 @@ def config_from_gguf(gguf: GGUFFile) -> ModelConfig:
             code="E-GGUF-METADATA",
         )
     config = ModelConfig(
-        **_gguf_sliding(gguf, table, num),
-        vocab_size=int(vocab),
+        **_gguf_sliding(gguf, table, f),
+        vocab_size=vocab,
         hidden_size=hidden,
-        intermediate_size=int(num("feed_forward_length")),
-        num_hidden_layers=int(num("block_count")),
+        intermediate_size=f.integer("feed_forward_length"),
+        num_hidden_layers=f.integer("block_count"),
         num_attention_heads=heads,
-        num_key_value_heads=int(num("attention.head_count_kv", heads)),
+        num_key_value_heads=f.integer("attention.head_count_kv", heads),
         head_dim=head_dim,
-        rms_norm_eps=float(num("attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_theta=float(num("rope.freq_base", 10000.0)),
-        max_position_embeddings=int(num("context_length", 2048)),
+        rms_norm_eps=f.real("attention.layer_norm_rms_epsilon", 1e-5),
+        rope_theta=f.real("rope.freq_base", 10000.0),
+        max_position_embeddings=(
+            min(context, window) if window > 0 and not table.sliding_pattern else context
+        ),
         tie_word_embeddings=not gguf.has_tensor(table.output),
         architecture=table.name,
         rope_scaling=scaling,
+        partial_rotary_factor=rotary / head_dim if head_dim > 0 else 1.0,
     )
     return _check(str(gguf.path), "E-GGUF-METADATA", config)
 
 
-def _gguf_sliding(gguf: GGUFFile, table: Architecture, num: Any) -> dict[str, Any]:
+def _gguf_sliding(gguf: GGUFFile, table: Architecture, f: _Fields) -> dict[str, Any]:
     """The sliding-window fields of a GGUF as llama.cpp reads them: the window from
     ``attention.sliding_window``, the layer pattern the architecture implies (or
     ``attention.sliding_window_pattern``), the sliding layers' rope base (``rope.freq_base_swa``,
@@ -261,8 +379,8 @@ def _gguf_sliding(gguf: GGUFFile, table: Architecture, num: Any) -> dict[str, An
     if not table.sliding_pattern:
         return {}
     p = f"{gguf.architecture}."
-    keys = ("block_count", "embedding_length", "attention.head_count")
-    layers, hidden, heads = (max(int(num(k)), 1) for k in keys)
+    layers, hidden = f.integer("block_count"), f.integer("embedding_length")
+    heads = f.integer("attention.head_count")
     pattern = gguf.metadata.get(p + "attention.sliding_window_pattern", table.sliding_pattern)
     if isinstance(pattern, list) and len(pattern) == layers:
         types = tuple(SLIDING if bool(x) else FULL for x in pattern)
@@ -274,13 +392,44 @@ def _gguf_sliding(gguf: GGUFFile, table: Architecture, num: Any) -> dict[str, An
             f"not a positive count or {layers} flags",
             code="E-GGUF-METADATA",
         )
-    head_dim = int(num("attention.key_length", hidden // max(heads, 1)))
+    head_dim = f.integer("attention.key_length", max(hidden // heads, 1))
     return {
-        "sliding_window": int(num("attention.sliding_window")),
+        "sliding_window": f.integer("attention.sliding_window"),
         "layer_types": types,
-        "rope_local_theta": float(num("rope.freq_base_swa", LOCAL_THETA)),
+        "rope_local_theta": f.real("rope.freq_base_swa", LOCAL_THETA),
         "query_pre_attn_scalar": float(hidden // heads if layers == 62 else head_dim),
     }
+
+
+def _gguf_longrope(
+    gguf: GGUFFile, tensors: tuple[str, str], rotary: int, context: int
+) -> RopeScaling:
+    """LongRoPE as llama.cpp's converter stores it: the long and short factors as f32 tensors of
+    `rotary / 2` values, the pretraining context and the cos/sin scale as metadata (the scale
+    defaults to `longrope_attention_factor`, as the converter computes it)."""
+    p = f"{gguf.architecture}.rope.scaling."
+    original = gguf.metadata.get(p + "original_context_length", context)
+    scale = gguf.metadata.get(p + "attn_factor")
+    if not _positive_int(original):
+        raise AnerRuntimeError(
+            f"{gguf.path}: metadata key {p}original_context_length is {original!r}, "
+            "not a positive integer",
+            code="E-GGUF-METADATA",
+        )
+    if scale is None:
+        scale = longrope_attention_factor(context / original, original)
+    long, short = (
+        tuple(float(v) for v in gguf.tensor(name, (max(rotary, 0) // 2,)).tolist())
+        for name in tensors
+    )
+    return RopeScaling(
+        "longrope",
+        context / original,
+        original_max_position_embeddings=original,
+        short_factor=short,
+        long_factor=long,
+        attention_factor=float(scale),
+    )
 
 
 def _hf_rope(
@@ -295,32 +444,51 @@ def _hf_rope(
         raise AnerRuntimeError(
             f"{source}: rope parameters {params!r} are not an object", code="E-HF-CONFIG"
         )
+    where = "rope_parameters." if cfg.get("rope_parameters") else "rope_scaling."
+    top = _Fields(source, "E-HF-CONFIG", cfg)
     local_theta = None
     if local:
         by_type = params if FULL in params else {}
         sliding = by_type.get(SLIDING) or {}
-        local_theta = float(sliding.get("rope_theta", cfg.get("rope_local_base_freq", LOCAL_THETA)))
+        full = by_type.get(FULL) or params
+        if not isinstance(sliding, dict) or not isinstance(full, dict):
+            raise AnerRuntimeError(
+                f"{source}: rope parameters {params!r} are not objects per layer type",
+                code="E-HF-CONFIG",
+            )
+        own = _Fields(source, "E-HF-CONFIG", sliding, f"{where}{SLIDING}.")
+        local_theta = own.real("rope_theta", top.real("rope_local_base_freq", LOCAL_THETA))
         if sliding.get("rope_type", "default") != "default":
             raise AnerRuntimeError(
                 f"{source}: rope scaling of sliding layers is not implemented", code="E-HF-CONFIG"
             )
-        params = by_type.get(FULL) or params
-    theta = float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+        if FULL in by_type:
+            where += f"{FULL}."
+        params = full
+    f = _Fields(source, "E-HF-CONFIG", {where + k: v for k, v in params.items()}, where)
+    theta = f.real("rope_theta", top.real("rope_theta", 10000.0))
     kind = params.get("rope_type", params.get("type", "default"))
+    kind = "longrope" if kind == "su" else kind  # Phi-3's first configs' name for it
     if kind == "default":
         return theta, None, local_theta
+    if kind == "longrope":
+        return theta, _hf_longrope(source, cfg, params), local_theta
     if kind not in ROPE_SCALINGS:
         raise AnerRuntimeError(
             f"{source}: rope scaling {kind!r} is not implemented "
             f"(Aner implements {', '.join(ROPE_SCALINGS)})",
             code="E-HF-CONFIG",
         )
-    fields = {
-        k: params[k]
-        for k in ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-        if k in params and kind == "llama3"
-    }
-    return theta, RopeScaling(kind, float(params.get("factor", 1.0)), **fields), local_theta
+    if kind == "linear":
+        return theta, RopeScaling(kind, f.real("factor", 1.0)), local_theta
+    scaling = RopeScaling(
+        kind,
+        f.real("factor", 1.0),
+        f.real("low_freq_factor", 1.0),
+        f.real("high_freq_factor", 4.0),
+        f.integer("original_max_position_embeddings", 8192),
+    )
+    return theta, scaling, local_theta
 
 
 _HF_ACTIVATIONS = {"silu": "silu", "gelu_tanh": "gelu_pytorch_tanh"}
@@ -332,50 +500,80 @@ def _hf_sliding(source: str, cfg: dict[str, Any], table: Architecture) -> dict[s
     ``layer_types`` (or ``sliding_window_pattern``), ``sliding_window``, the softmax scale."""
     if not table.sliding_pattern:
         return {}
-    layers = cfg.get("num_hidden_layers")
+    f = _Fields(source, "E-HF-CONFIG", cfg)
     types = cfg.get("layer_types")
-    if types is None and isinstance(layers, int) and layers > 0:
-        pattern = cfg.get("sliding_window_pattern", table.sliding_pattern)
-        if not isinstance(pattern, int) or pattern <= 0:
-            raise AnerRuntimeError(
-                f"{source}: sliding_window_pattern is {pattern!r}, not a positive count",
-                code="E-HF-CONFIG",
-            )
-        types = every_nth_full(layers, pattern)
+    if types is None:
+        pattern = f.integer("sliding_window_pattern", table.sliding_pattern)
+        types = every_nth_full(f.integer("num_hidden_layers"), pattern)
     if not isinstance(types, (list, tuple)):
         raise AnerRuntimeError(f"{source}: layer_types is {types!r}", code="E-HF-CONFIG")
-    window, scalar = cfg.get("sliding_window"), cfg.get("query_pre_attn_scalar")
-    for key, value in (("sliding_window", window), ("query_pre_attn_scalar", scalar)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            raise AnerRuntimeError(
-                f"{source}: {key} is {value!r}, not a number", code="E-HF-CONFIG"
-            )
+    given = {key: cfg.get(key) is not None for key in ("sliding_window", "query_pre_attn_scalar")}
     return {
         "layer_types": tuple(str(t) for t in types),
-        "sliding_window": int(window) if window is not None else None,
-        "query_pre_attn_scalar": float(scalar) if scalar is not None else None,
+        "sliding_window": f.integer("sliding_window") if given["sliding_window"] else None,
+        "query_pre_attn_scalar": (
+            f.real("query_pre_attn_scalar") if given["query_pre_attn_scalar"] else None
+        ),
     }
 
 
-def config_from_hf(cfg: dict[str, Any], folder: Path) -> ModelConfig:
+def _hf_longrope(source: str, cfg: dict[str, Any], params: dict[str, Any]) -> RopeScaling:
+    """LongRoPE from config.json as transformers reads it: a top-level
+    ``original_max_position_embeddings`` takes priority over the rope parameters' (Phi-3's
+    configs keep it there); `factor` defaults to the context over that; `attention_factor` to
+    `longrope_attention_factor`."""
+    factors = {}
+    for name in ("short_factor", "long_factor"):
+        values = params.get(name)
+        if not isinstance(values, list) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in values
+        ):
+            raise AnerRuntimeError(
+                f"{source}: longrope {name} is {values!r}, not a list of numbers",
+                code="E-HF-CONFIG",
+            )
+        factors[name] = tuple(float(v) for v in values)
+    original = cfg.get("original_max_position_embeddings")
+    original = params.get("original_max_position_embeddings") if original is None else original
+    context = cfg.get("max_position_embeddings")
+    if not (_positive_int(original) and _positive_int(context)):
+        raise AnerRuntimeError(
+            f"{source}: longrope needs positive integers original_max_position_embeddings and "
+            f"max_position_embeddings, not {original!r} and {context!r}",
+            code="E-HF-CONFIG",
+        )
+    factor = float(params.get("factor") or context / original)
+    scale = params.get("attention_factor")
+    return RopeScaling(
+        "longrope",
+        factor,
+        original_max_position_embeddings=original,
+        short_factor=factors["short_factor"],
+        long_factor=factors["long_factor"],
+        attention_factor=float(
+            longrope_attention_factor(factor, original) if scale is None else scale
+        ),
+    )
+
+
+def _positive_int(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def config_from_hf(cfg: Any, folder: Path) -> ModelConfig:
     """The model's hyper-parameters from a Hugging Face config.json, checked."""
     source = str(folder / "config.json")
+    if not isinstance(cfg, dict):
+        raise AnerRuntimeError(f"{source}: not a JSON object", code="E-HF-CONFIG")
     model_type = str(cfg.get("model_type", ""))
     table = for_hf(model_type)
     if table is None:
         known = [f"{m} folders" for t in ARCHITECTURES.values() for m in t.hf_model_types]
         raise _unknown_architecture(source, "E-HF-CONFIG", model_type, known)
 
-    def field(key: str, default: Any = None) -> Any:
-        value = cfg.get(key, default)
-        if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise AnerRuntimeError(
-                f"{source}: {key} is {value!r}, not a number", code="E-HF-CONFIG"
-            )
-        return value
-
     activation = _HF_ACTIVATIONS[table.activation]
     act_key = "hidden_activation" if cfg.get("hidden_activation") else "hidden_act"
+    f = _Fields(source, "E-HF-CONFIG", cfg)
     unsupported = [
         f"{key} = {cfg[key]!r}"
         for key, fine in (
@@ -393,32 +591,84 @@ def config_from_hf(cfg: dict[str, Any], folder: Path) -> ModelConfig:
             f"{source}: {', '.join(unsupported)} is not implemented for {model_type} models",
             code="E-HF-CONFIG",
         )
-    hidden, heads = int(field("hidden_size")), int(field("num_attention_heads"))
-    context = int(field("max_position_embeddings", 2048))
-    window = cfg.get("sliding_window")
-    sliding = bool(table.sliding_pattern)
-    if isinstance(window, int) and window > 0 and cfg.get("use_sliding_window", True):
-        if not sliding:  # beyond the window, attention would differ
-            context = min(context, window)
+    hidden, heads = f.integer("hidden_size"), f.integer("num_attention_heads")
+    context = f.integer("max_position_embeddings", 2048)
+    sliding = bool(table.sliding_pattern)  # Gemma's window belongs to its sliding layers only
+    if (
+        cfg.get("sliding_window") is not None
+        and cfg.get("use_sliding_window", True)
+        and not sliding
+    ):
+        # beyond the window, attention would differ
+        context = min(context, f.integer("sliding_window"))
     theta, scaling, local_theta = _hf_rope(source, cfg, local=sliding)
+    moe = _hf_experts(source, cfg, table.name) if table.experts is not None else {}
     config = ModelConfig(
         **_hf_sliding(source, cfg, table),
         rope_local_theta=local_theta,
-        vocab_size=int(field("vocab_size")),
+        vocab_size=f.integer("vocab_size"),
         hidden_size=hidden,
-        intermediate_size=int(field("intermediate_size")),
-        num_hidden_layers=int(field("num_hidden_layers")),
+        intermediate_size=f.integer("intermediate_size"),
+        num_hidden_layers=f.integer("num_hidden_layers"),
         num_attention_heads=heads,
-        num_key_value_heads=int(field("num_key_value_heads", heads)),
-        head_dim=int(cfg.get("head_dim") or hidden // max(heads, 1)),
-        rms_norm_eps=float(field("rms_norm_eps", 1e-6)),
+        num_key_value_heads=f.integer("num_key_value_heads", heads),
+        head_dim=f.integer("head_dim", max(hidden // heads, 1)),
+        rms_norm_eps=f.real("rms_norm_eps", 1e-6),
         rope_theta=theta,
         max_position_embeddings=context,
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         architecture=table.name,
         rope_scaling=scaling,
+        partial_rotary_factor=float(_partial_rotary_factor(source, cfg)),
+        **moe,
     )
     return _check(source, "E-HF-CONFIG", config)
+
+
+def _partial_rotary_factor(source: str, cfg: dict[str, Any]) -> float:
+    """config.json's ``partial_rotary_factor``, at the top level or among the rope parameters."""
+    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    value = cfg.get("partial_rotary_factor", params.get("partial_rotary_factor", 1.0))
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise AnerRuntimeError(
+            f"{source}: partial_rotary_factor is {value!r}, not a number in (0, 1]",
+            code="E-HF-CONFIG",
+        )
+    return float(value)
+
+
+def _hf_experts(source: str, cfg: dict[str, Any], architecture: str) -> dict[str, Any]:
+    """The mixture-of-experts fields of a Mixtral or Qwen3-MoE config.json, with HF's defaults
+    (Mixtral: `num_local_experts`, the dense intermediate size, always renormalised; Qwen3-MoE:
+    `num_experts` (or `num_local_experts`), `moe_intermediate_size`, `norm_topk_prob`, sparse layers every
+    `decoder_sparse_step` outside `mlp_only_layers`)."""
+    f = _Fields(source, "E-HF-CONFIG", cfg)
+    coef = f.real("router_aux_loss_coef", 0.001) if cfg.get("output_router_logits") else 0.0
+    common = {
+        "num_experts_per_tok": f.integer("num_experts_per_tok", 2),
+        "router_aux_loss_coef": coef,
+    }
+    if architecture == "mixtral":
+        return {
+            **common,
+            "num_experts": f.integer("num_local_experts", 8),
+            "moe_intermediate_size": f.integer("intermediate_size"),
+        }
+    only = cfg.get("mlp_only_layers") or []
+    if not isinstance(only, list) or not all(type(i) is int for i in only):
+        raise AnerRuntimeError(
+            f"{source}: mlp_only_layers is {str(only)[:40]!r}, not a list of layer numbers",
+            code="E-HF-CONFIG",
+        )
+    return {
+        **common,
+        # the released configs write num_experts; transformers 5 saves it as num_local_experts
+        "num_experts": f.integer("num_experts", cfg.get("num_local_experts")),
+        "moe_intermediate_size": f.integer("moe_intermediate_size"),
+        "norm_topk_prob": bool(cfg.get("norm_topk_prob", False)),
+        "mlp_only_layers": tuple(only),
+        "decoder_sparse_step": f.integer("decoder_sparse_step", 1),
+    }
 
 
 def gguf_hyperparameters(config: ModelConfig) -> dict[str, Any]:
@@ -436,12 +686,16 @@ def gguf_hyperparameters(config: ModelConfig) -> dict[str, Any]:
         p + "attention.value_length": config.head_dim,
         p + "attention.layer_norm_rms_epsilon": float(config.rms_norm_eps),
         p + "rope.freq_base": float(config.rope_theta),
-        p + "rope.dimension_count": config.head_dim,
+        p + "rope.dimension_count": config.rotary_dim,
         p + "vocab_size": config.vocab_size,
     }
-    if config.rope_scaling is not None and config.rope_scaling.rope_type == "linear":
+    s = config.rope_scaling
+    if s is not None and s.rope_type == "linear":
         keys[p + "rope.scaling.type"] = "linear"
-        keys[p + "rope.scaling.factor"] = float(config.rope_scaling.factor)
+        keys[p + "rope.scaling.factor"] = float(s.factor)
+    if s is not None and s.rope_type == "longrope":  # the factors travel as tensors
+        keys[p + "rope.scaling.original_context_length"] = s.original_max_position_embeddings
+        keys[p + "rope.scaling.attn_factor"] = float(s.attention_factor)
     table = ARCHITECTURES[config.architecture]
     if table.sliding_pattern:
         _check_llamacpp_sliding(config, table)
@@ -476,3 +730,17 @@ def _check_llamacpp_sliding(config: ModelConfig, table: Architecture) -> None:
             "written to a GGUF file that llama.cpp reads the same way",
             code="E-EXPORT",
         )
+
+
+def longrope_tensors(config: ModelConfig) -> dict[str, torch.Tensor]:
+    """LongRoPE's factors as the f32 tensors llama.cpp's converter writes (none without it)."""
+    import torch
+
+    s = config.rope_scaling
+    if s is None or s.rope_type != "longrope":
+        return {}
+    long, short = ARCHITECTURES[config.architecture].rope_factors
+    return {
+        long: torch.tensor(s.long_factor, dtype=torch.float32),
+        short: torch.tensor(s.short_factor, dtype=torch.float32),
+    }

@@ -11,7 +11,8 @@ The result is the same on every run: each row's sums run in one fixed order.
 Why a kernel of our own and not Liger's cross-entropy: Liger's entry point reads the number of
 scored rows back to the host on every call (a step could no longer be recorded in a CUDA graph)
 and keeps each row's loss in the logits' 16-bit dtype; its Triton kernel itself is internal API.
-Triton is there wherever this runs: it comes with torch's CUDA builds and with liger-kernel.
+Triton is there wherever this runs: it comes with torch's CUDA builds. Compiled kernels are kept
+in Aner's persistent Triton cache (`triton_cache`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import functools
 from typing import Any
 
 import torch
+
+from aner_lang.runtime.model.triton_cache import use_persistent_cache
 
 BLOCK = 8192
 """Logits per step of the row loops (a power of two)."""
@@ -33,6 +36,7 @@ def _kernel() -> Any:
         import triton.language as tl
     except ImportError:
         return None
+    use_persistent_cache(triton.__version__)
 
     @triton.jit
     def rows(logits, stride, targets, losses, vocab, ignore, block: tl.constexpr):

@@ -12,29 +12,30 @@ result once; the gradients are the analytic ones, not autograd's decomposition, 
 from it in the last bits. They run only under half precision: float32 keeps the decomposed ops
 (`transformer.RMSNorm`, `LlamaMLP`), the reference arithmetic.
 
-On CUDA with `liger-kernel` installed (the `cuda` extra) the same two functions run as Liger's
-Triton kernels, one kernel per direction instead of a dozen elementwise passes over fp32 copies:
-the same arithmetic (fp32 statistics, the normalised input rounded to the input's dtype before the
-weight as HF's Llama does, `silu` rounded before the product) and the same saved tensors; Triton's
-fp32 exponential and summation order differ from torch's in the last fp32 bits, which can show
-after rounding to the half dtype. Which implementation ran is part of the run's identity (`implementation()`), since
-the two differ in the last bits.
+On CUDA with Triton (it comes with torch's CUDA builds) the same two functions, and the rotary
+position embedding of queries and keys, run as Aner's Triton kernels (`triton_ops`): one kernel
+per direction instead of a dozen elementwise passes over fp32 copies, with the same arithmetic
+(fp32 statistics, the normalised input rounded to the input's dtype before the weight as HF's
+Llama does, `silu` rounded before the product) and the same saved tensors. Triton's fp32
+exponential and summation order differ from torch's in the last fp32 bits, which can show after
+rounding to the half dtype, so which implementation ran is part of the run's identity
+(`implementation()`).
 
-RoPE (`rope`) is Liger's kernel on CUDA under half precision and None elsewhere (the caller then
-rotates with plain ops, `transformer.apply_rope`). Liger rotates in the angles' dtype, fp32 here,
-and rounds once, where the plain ops round the angles to the half dtype and every product: the
-two agree up to the half-precision rounding of the result. Liger rotates its inputs in place, so
-it is given copies: what produced the queries and keys may have saved them for its backward.
+RoPE (`rope`) is the Triton kernel on CUDA under half precision and None elsewhere (the caller
+then rotates with plain ops, `transformer.apply_rope`). The kernel rotates in the angles' dtype,
+fp32 here, and rounds once, where the plain ops round the angles to the half dtype and every
+product: the two agree up to the half-precision rounding of the result.
 """
 
 from __future__ import annotations
 
-import functools
 import importlib.metadata
 from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
+
+from aner_lang.runtime.model import triton_ops
 
 
 class _RMSNorm(torch.autograd.Function):
@@ -82,49 +83,35 @@ class _SwiGLU(torch.autograd.Function):
         return grad_gate, grad_up
 
 
-@functools.cache
-def _liger() -> tuple[Any, Any, Any] | None:
-    """Liger's RMSNorm, SiLU-times-up and RoPE autograd functions, or None where it is not
-    installed."""
-    try:
-        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
-        from liger_kernel.ops.rope import LigerRopeFunction
-        from liger_kernel.ops.swiglu import LigerSiLUMulFunction
-    except ImportError:
-        return None
-    return LigerRMSNormFunction, LigerSiLUMulFunction, LigerRopeFunction
+def _triton(x: torch.Tensor) -> bool:
+    """Whether `x`'s functions run as the Triton kernels: on CUDA, where Triton is installed."""
+    return x.is_cuda and triton_ops.kernels() is not None
 
 
 def implementation(device: torch.device) -> str:
     """Which implementation the half-precision functions take on `device`:
-    `liger-<version>:rms_norm,swiglu,rope` or `torch` (the functions are named, so a run that
-    used fewer of Liger's kernels has another identity)."""
-    if device.type == "cuda" and _liger() is not None:
-        return "liger-" + importlib.metadata.version("liger-kernel") + ":rms_norm,swiglu,rope"
+    `triton-<version>:rms_norm,swiglu,rope` (Aner's kernels, compiled by that Triton) or `torch`
+    (the functions are named, so a run that used fewer of the kernels has another identity)."""
+    if device.type == "cuda" and triton_ops.kernels() is not None:
+        return "triton-" + importlib.metadata.version("triton") + ":rms_norm,swiglu,rope"
     return "torch"
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    kernels = _liger() if x.is_cuda else None
-    if kernels is not None:  # in_place=False: the incoming gradient may be read elsewhere
-        return cast(torch.Tensor, kernels[0].apply(x, weight, eps, 0.0, "llama", False))
-    return cast(torch.Tensor, _RMSNorm.apply(x, weight, eps))
+    norm = triton_ops.RMSNorm if _triton(x) else _RMSNorm
+    return cast(torch.Tensor, norm.apply(x, weight, eps))
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    kernels = _liger() if gate.is_cuda else None
-    if kernels is not None:
-        return cast(torch.Tensor, kernels[1].apply(gate, up))
-    return cast(torch.Tensor, _SwiGLU.apply(gate, up))
+    function = triton_ops.SwiGLU if _triton(gate) else _SwiGLU
+    return cast(torch.Tensor, function.apply(gate, up))
 
 
 def rope(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """`[B, H, T, D]` queries and keys rotated by the fp32 angles (`[T, D]`, or `[B, 1, T, D]`)
-    in one kernel per direction: on CUDA with Liger under half precision; None elsewhere."""
-    kernels = _liger() if q.is_cuda and q.dtype != torch.float32 else None
-    if kernels is None:
+    in one kernel per direction: on CUDA with Triton under half precision; None elsewhere."""
+    if q.dtype == torch.float32 or not _triton(q):
         return None
-    rotated = kernels[2].apply(q.clone(), k.clone(), cos, sin)
-    return cast(tuple[torch.Tensor, torch.Tensor], rotated)
+    return triton_ops.rope(q, k, cos, sin)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from aner_lang.interp.values import record_text
 from aner_lang.runtime.model.loaded import LoadedModel
 
 
@@ -28,6 +29,9 @@ class ModelInfo:
     tied_embeddings: bool
     storage: str
     device: str
+
+    def __str__(self) -> str:
+        return record_text(self)
 
 
 def model_info(model: Any) -> ModelInfo:

@@ -53,15 +53,18 @@ class FrozenLinear(nn.Module):
 
 
 _STORAGE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_HALF = (torch.float16, torch.bfloat16)
 
 
 class DenseLinear(FrozenLinear):
     """A plain float32, float16 or bfloat16 weight.
 
     The weight is an `nn.Parameter` with `requires_grad=False`, so the `full` method can make it
-    trainable in place. Inputs are computed in the input's dtype; a 16-bit weight used with an
-    input of another dtype is converted per call (16-bit storage halves memory, not the precision
-    of activations).
+    trainable in place. A float32 input meets a 16-bit weight converted to float32 per call
+    (16-bit storage halves memory, not the precision of activations). Between the two 16-bit
+    types the input is converted instead and the result converted back: a float16 `lm_head`
+    under bfloat16 compute would otherwise copy the whole table (1 GiB at a 128k vocabulary) on
+    every call, and float16 holds a bfloat16 value's bits where the range allows.
     """
 
     def __init__(self, weight: torch.Tensor, storage: str = "float32") -> None:
@@ -74,15 +77,22 @@ class DenseLinear(FrozenLinear):
             weight.to(_STORAGE_DTYPES[storage]).contiguous(), requires_grad=False
         )
 
+    def _compute_dtype(self, x: torch.Tensor) -> torch.dtype:
+        """The dtype `x` meets this weight in (see the class docstring)."""
+        w = self.weight.dtype
+        return w if x.dtype in _HALF and w in _HALF else x.dtype
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.weight if self.weight.dtype == x.dtype else self.weight.to(x.dtype)
-        return torch.nn.functional.linear(x, w)
+        dtype = self._compute_dtype(x)
+        w = self.weight if self.weight.dtype == dtype else self.weight.to(dtype)
+        return torch.nn.functional.linear(x.to(dtype), w).to(x.dtype)
 
     def dense_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return self.weight.detach().to(dtype=dtype, copy=True)
 
     def grad_input(self, grad_y: torch.Tensor) -> torch.Tensor:
-        return grad_y @ self.weight.detach().to(grad_y.dtype)
+        dtype = self._compute_dtype(grad_y)
+        return (grad_y.to(dtype) @ self.weight.detach().to(dtype)).to(grad_y.dtype)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.embedding(ids, self.weight)

@@ -9,10 +9,18 @@ from typing import Any
 import torch
 
 from aner_lang.architectures import ARCHITECTURES, Architecture
+from aner_lang.host.model_paths import hub_repo
 from aner_lang.runtime.model.config import ModelConfig
 from aner_lang.runtime.model.linear import FrozenLinear
 from aner_lang.runtime.model.tokenizer import Tokenizer
 from aner_lang.runtime.model.transformer import KVCache, LlamaModel, RMSNorm
+
+_SOURCE_KEYS = (
+    "general.source.repo_url",
+    "general.source.url",
+    "general.source.huggingface.repository",
+)
+"""GGUF metadata naming the repository a model was converted from, most specific first."""
 
 
 @dataclass
@@ -68,6 +76,24 @@ class LoadedModel:
         return self.path.name if self.path.is_dir() else self.path.stem
 
     @property
+    def reference(self) -> str:
+        """What another tool loads this model by (a PEFT export's `base_model_name_or_path`).
+
+        A GGUF whose metadata names the Hugging Face repository it was converted from
+        (`general.source.repo_url`, `general.source.url`, or the older
+        `general.source.huggingface.repository`) is referred to by that repository's id, which
+        transformers and PEFT load. Otherwise the absolute path of the file or folder it was
+        loaded from: a folder loads in transformers, a GGUF in Aner, llama.cpp and transformers
+        (with `gguf_file=`). Never `general.base_model.*`: that names the model this one was
+        fine-tuned from, not this one; nor `general.name`, a display name no tool loads."""
+        if not self.path.is_dir():
+            for key in _SOURCE_KEYS:
+                repo = hub_repo(self.metadata.get(key))
+                if repo is not None:
+                    return repo
+        return str(self.path.absolute())
+
+    @property
     def source_architecture(self) -> str:
         """The architecture the file names: GGUF ``general.architecture`` or a folder's
         ``model_type`` (``mistral`` is read with the ``llama`` table)."""
@@ -88,4 +114,4 @@ class LoadedModel:
         return total
 
     def __repr__(self) -> str:
-        return f"Model({self.name!r}, {self.config.num_hidden_layers} layers, {self.storage})"
+        return f'Model("{self.name}", {self.config.num_hidden_layers} layers, {self.storage})'

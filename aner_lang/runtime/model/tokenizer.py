@@ -32,11 +32,11 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
+from tokenizers import AddedToken, Encoding, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
-from aner_lang import files
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.host import files, json_text
+from aner_lang.problems.errors import AnerRuntimeError
 
 if TYPE_CHECKING:
     from aner_lang.runtime.io.gguf import GGUFFile
@@ -157,6 +157,13 @@ def spm_merges(tokens: Sequence[str], scores: Sequence[float]) -> list[tuple[str
 
 
 MAX_TOKEN_CHARS = 1024
+HEAD_MARGIN = 64
+"""Tokens encoded past a `limit` (`Tokenizer._head`), so those kept are far from the cut."""
+HEAD_CHARS_PER_TOKEN = 8
+"""Characters per token of the first prefix `Tokenizer._head` tries (text averages about 4)."""
+HEAD_WORD_WINDOW = 1024
+"""How far back from a prefix's planned end a word's end is looked for; in a longer word, the
+prefix ends inside it."""
 """The longest vocabulary token: deriving SentencePiece merges costs the square of a token's
 length, and real vocabularies stay far below (their longest tokens are runs of a few dozen
 spaces)."""
@@ -164,7 +171,8 @@ spaces)."""
 
 def _check_vocabulary(meta: dict[str, Any], source: str) -> None:
     """The tokenizer metadata's shape, before any of it is used: lists of the right item types
-    and lengths, tokens no longer than `MAX_TOKEN_CHARS`, finite scores."""
+    and lengths, tokens no longer than `MAX_TOKEN_CHARS`, finite scores, token ids that are
+    integers in range, flags that are booleans."""
 
     def bad(what: str) -> AnerRuntimeError:
         return AnerRuntimeError(f"{source}: {what}", code="E-TOKENIZER")
@@ -197,6 +205,10 @@ def _check_vocabulary(meta: dict[str, Any], source: str) -> None:
         value = meta.get(f"tokenizer.ggml.{key}")
         if value is not None and (type(value) is not int or not 0 <= value < len(tokens)):
             raise bad(f"tokenizer.ggml.{key} is {value!r}, not a token id")
+    for key in ("add_bos_token", "add_space_prefix"):
+        value = meta.get(f"tokenizer.ggml.{key}")
+        if value is not None and type(value) is not bool:
+            raise bad(f"tokenizer.ggml.{key} is {value!r}, not true or false")
 
 
 def _build_backend(meta: dict[str, Any], source: str) -> HFTokenizer:
@@ -433,7 +445,7 @@ class Tokenizer:
                 f"{path}: not a tokenizer the tokenizers library can read ({exc})",
                 code="E-TOKENIZER",
             ) from None
-        vocabulary = _gguf_vocabulary(json.loads(backend.to_str()))
+        vocabulary = _gguf_vocabulary(json_text.loads(backend.to_str()))
         tc = _read_json(folder / "tokenizer_config.json")
         config = _read_json(folder / "config.json")
         generation = _read_json(folder / "generation_config.json")
@@ -479,11 +491,19 @@ class Tokenizer:
         except AnerRuntimeError as e:
             raise AnerRuntimeError(f"{folder}: {e.message}", code=e.code) from None
 
-    def encode(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+    def encode(
+        self,
+        text: str,
+        add_special: bool = True,
+        parse_special: bool = True,
+        limit: int | None = None,
+    ) -> list[int]:
         """Token ids of `text`; `add_special` prepends BOS when the vocabulary asks for it,
-        `parse_special` matches special-token text such as ``<|im_start|>`` as one token."""
+        `parse_special` matches special-token text such as ``<|im_start|>`` as one token. With
+        `limit`, only the first `limit` + 1 ids are kept, and of a long text only its start is
+        tokenized (`_head`)."""
         self.backend.encode_special_tokens = not parse_special
-        ids = self.backend.encode(text, add_special_tokens=False).ids
+        ids = self._head(text, limit).ids[: _kept(limit)]
         if add_special and self.add_bos and self.bos_id is not None:
             ids = [self.bos_id] + ids
         return ids
@@ -526,12 +546,36 @@ class Tokenizer:
     def token_text(self, token_id: int) -> str:
         return self.backend.id_to_token(token_id) or ""
 
-    def encode_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    def encode_offsets(
+        self, text: str, limit: int | None = None
+    ) -> tuple[list[int], list[tuple[int, int]]]:
         """Token ids of `text` as a chat template renders it (special-token text matched, no BOS
-        added: the template writes its own) and each token's character span in `text`."""
+        added: the template writes its own) and each token's character span in `text`; `limit`
+        as for `encode`."""
         self.backend.encode_special_tokens = False
-        enc = self.backend.encode(text, add_special_tokens=False)
-        return list(enc.ids), [(int(a), int(b)) for a, b in enc.offsets]
+        enc = self._head(text, limit)
+        kept = _kept(limit)
+        return list(enc.ids[:kept]), [(int(a), int(b)) for a, b in enc.offsets[:kept]]
+
+    def _head(self, text: str, limit: int | None) -> Encoding:
+        """The encoding of `text`, or with `limit` possibly of a prefix of it that starts with
+        the same tokens and has more than `limit` of them.
+
+        A training example keeps the first `context` tokens of its text, so a text of millions of
+        characters need not become millions of tokens (hundreds of bytes each in the `tokenizers`
+        library: a 4 MB line cost 350-500 MB). Prefixes of about four times the length of the
+        last are tried, starting at `HEAD_CHARS_PER_TOKEN` characters per token wanted, each cut
+        just before a whitespace that follows a word (where the pre-tokenizers of every
+        supported vocabulary split), until one has `HEAD_MARGIN` tokens more than `limit`: a
+        cut can change only the tokens of the text just before it, far past those kept."""
+        if limit is not None:
+            chars = (limit + HEAD_MARGIN) * HEAD_CHARS_PER_TOKEN
+            while chars < len(text):
+                enc = self.backend.encode(text[: _word_end(text, chars)], add_special_tokens=False)
+                if len(enc.ids) > limit + HEAD_MARGIN:
+                    return enc
+                chars *= 4
+        return self.backend.encode(text, add_special_tokens=False)
 
     def apply_chat_template(
         self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
@@ -688,3 +732,17 @@ def _render_bounded(template: Any, out: list[str], **variables: Any) -> None:
             out.append(chunk)
     finally:
         sys.settrace(previous)
+
+
+def _kept(limit: int | None) -> int | None:
+    """How many leading tokens an encoding with `limit` keeps (all without one)."""
+    return None if limit is None else limit + 1
+
+
+def _word_end(text: str, at: int) -> int:
+    """The last position at most `at`, and within `HEAD_WORD_WINDOW` of it, of a whitespace
+    character after a non-whitespace one; `at` when there is none."""
+    for i in range(at, max(at - HEAD_WORD_WINDOW, 1) - 1, -1):
+        if text[i].isspace() and not text[i - 1].isspace():
+            return i
+    return at

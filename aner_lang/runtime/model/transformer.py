@@ -18,12 +18,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.model.activations import recomputing, run_layer
 from aner_lang.runtime.model.config import ModelConfig
 from aner_lang.runtime.model.fused_ops import rms_norm, rope, swiglu
 from aner_lang.runtime.model.linear import FrozenLinear
-from aner_lang.runtime.model.loss import head_loss_sum, logits_loss_sum
+from aner_lang.runtime.model.loss import IGNORE, head_loss_sum, logits_loss_sum
+from aner_lang.runtime.model.moe import collecting_router_logits, load_balancing_loss
 from aner_lang.runtime.model.sections import section
 
 
@@ -70,24 +71,51 @@ class KVCache:
 
 
 class RotaryEmbedding(nn.Module):
-    """HF-style split-half rotary position embedding (cos/sin computed in fp32)."""
+    """HF-style split-half rotary position embedding (cos/sin computed in fp32) over the first
+    `config.rotary_dim` dimensions of a head.
+
+    LongRoPE (`RopeScaling` ``longrope``) divides each frequency by its own factor and scales
+    cos/sin by the attention factor. As in transformers, one forward uses the long factors for
+    every position when its longest sequence (the largest position + 1) exceeds the pretraining
+    context, the short ones otherwise; keys already cached keep the angles they were computed
+    with. (llama.cpp instead chooses once, by the context size it was started with.)"""
 
     def __init__(self, config: ModelConfig, freq_factors: torch.Tensor | None = None) -> None:
         super().__init__()
-        d = config.head_dim
-        inv_freq = 1.0 / (
-            config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).to(torch.float32) / d)
+        d = config.rotary_dim
+        powers = config.rope_theta ** (
+            torch.arange(0, d, 2, dtype=torch.int64).to(torch.float32) / d
         )
+        inv_freq = 1.0 / powers
         if freq_factors is not None:  # Llama 3 rope scaling, stored by llama.cpp as rope_freqs
             inv_freq = inv_freq / freq_factors.to(torch.float32)
+        s = config.rope_scaling
+        self.longrope = s if s is not None and s.rope_type == "longrope" else None
+        self.scale = 1.0
+        if self.longrope is not None:  # transformers' arithmetic: 1 / (factor * theta^(2i/d))
+            self.scale = self.longrope.attention_factor
+            inv_freq = 1.0 / (torch.tensor(self.longrope.short_factor) * powers)
+            long = 1.0 / (torch.tensor(self.longrope.long_factor) * powers)
+            self.register_buffer("long_inv_freq", long, persistent=False)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
-    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Angles `[T, D]` of positions `[T]`, or `[B, 1, T, D]` of per-row positions `[B, T]`."""
-        freqs = positions.to(torch.float32)[..., None] * self.get_buffer("inv_freq")
+    def forward(
+        self, positions: torch.Tensor, length: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Angles `[T, D]` of positions `[T]`, or `[B, 1, T, D]` of per-row positions `[B, T]`.
+        `length`: the longest sequence these positions belong to (default: the largest + 1),
+        which chooses LongRoPE's factors."""
+        inv_freq = self.get_buffer("inv_freq")
+        if self.longrope is not None:
+            longest = int(positions.max()) + 1 if length is None else length
+            if longest > self.longrope.original_max_position_embeddings:
+                inv_freq = self.get_buffer("long_inv_freq")
+        freqs = positions.to(torch.float32)[..., None] * inv_freq
         emb = torch.cat([freqs, freqs], dim=-1)
         if positions.dim() == 2:
             emb = emb[:, None]
+        if self.scale != 1.0:
+            return emb.cos() * self.scale, emb.sin() * self.scale
         return emb.cos(), emb.sin()
 
 
@@ -178,6 +206,12 @@ class LlamaAttention(nn.Module):
             y = y + bias.to(y.dtype)
         return y.view(*x.shape[:2], heads, self.head_dim)
 
+    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys and values `[B, T, heads, head_dim]` of `[B, T, hidden]` inputs."""
+        q = self._project(self.q_proj, self.q_bias, x, self.num_heads)
+        k = self._project(self.k_proj, self.k_bias, x, self.num_kv_heads)
+        return q, k, self._project(self.v_proj, self.v_bias, x, self.num_kv_heads)
+
     def forward(
         self,
         x: torch.Tensor,
@@ -187,9 +221,8 @@ class LlamaAttention(nn.Module):
         cache: KVCache | None,
         mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        q = self._project(self.q_proj, self.q_bias, x, self.num_heads)
-        k = self._project(self.k_proj, self.k_bias, x, self.num_kv_heads)
-        v = self._project(self.v_proj, self.v_bias, x, self.num_kv_heads).transpose(1, 2)
+        q, k, v = self._qkv(x)
+        v = v.transpose(1, 2)
         with section("attention"):
             if self.q_norm is not None and self.k_norm is not None:
                 q, k = self.q_norm(q), self.k_norm(k)
@@ -220,7 +253,7 @@ class LlamaAttention(nn.Module):
         `[B, heads, T, head_dim]`. `mask` (`[B, 1, T, T]`, True where a query may see a key)
         replaces the causal rule: packed rows (no cache)."""
         t = q.shape[2]
-        q, k = rope(q, k, cos, sin) or (apply_rope(q, cos, sin), apply_rope(k, cos, sin))
+        q, k = _rotate(q, k, cos, sin)
         past = 0
         if cache is not None:
             past = cache.length
@@ -252,6 +285,40 @@ class LlamaAttention(nn.Module):
         return out
 
 
+def _rotate(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Queries and keys rotated over their first `cos.shape[-1]` dimensions (all of them, or
+    a partial rotary fraction), the rest passed through, as transformers does."""
+    d = cos.shape[-1]
+    if d == q.shape[-1]:
+        return rope(q, k, cos, sin) or (apply_rope(q, cos, sin), apply_rope(k, cos, sin))
+    qr, kr = _rotate(q[..., :d], k[..., :d], cos, sin)
+    return torch.cat([qr, q[..., d:]], dim=-1), torch.cat([kr, k[..., d:]], dim=-1)
+
+
+class FusedQKVAttention(LlamaAttention):
+    """Attention over one stored q/k/v matrix (`qkv_proj`, Phi-3): its output rows are the
+    queries, then the keys, then the values; everything after the projection (`_qkv`) is the
+    Llama attention's."""
+
+    def __init__(self, config: ModelConfig, qkv_proj: FrozenLinear, o_proj: FrozenLinear) -> None:
+        nn.Module.__init__(self)
+        self.scale, self.window = None, None
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.qkv_proj, self.o_proj = qkv_proj, o_proj
+        self.sizes = (config.q_size, config.kv_size, config.kv_size)
+        self.q_norm = self.k_norm = None
+        self.q_bias = self.k_bias = self.v_bias = None
+
+    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
+        shape = (*x.shape[:2], -1, self.head_dim)
+        return q.view(shape), k.view(shape), v.view(shape)
+
+
 class LlamaMLP(nn.Module):
     """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
 
@@ -261,8 +328,11 @@ class LlamaMLP(nn.Module):
         super().__init__()
         self.gate_proj, self.up_proj, self.down_proj = gate_proj, up_proj, down_proj
 
+    def _gate_up(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.gate_proj(x), self.up_proj(x)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_proj(x), self.up_proj(x)
+        gate, up = self._gate_up(x)
         with section("norms_activations"):
             h = self.activation(gate, up)
         with recomputing(h, lambda: self.activation(gate, up)):  # an adapter on down_proj
@@ -270,7 +340,7 @@ class LlamaMLP(nn.Module):
 
     @staticmethod
     def activation(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-        """silu(gate) * up (Liger's kernel on CUDA in half precision)."""
+        """silu(gate) * up (a Triton kernel on CUDA in half precision)."""
         return F.silu(gate) * up if gate.dtype == torch.float32 else swiglu(gate, up)
 
 
@@ -282,13 +352,29 @@ class GemmaMLP(LlamaMLP):
         return F.gelu(gate, approximate="tanh") * up
 
 
+class FusedGateUpMLP(LlamaMLP):
+    """SwiGLU over one stored gate/up matrix (`gate_up_proj`, Phi-3): the first half of its
+    output rows is the gate, the second the up projection."""
+
+    def __init__(self, gate_up_proj: FrozenLinear, down_proj: FrozenLinear) -> None:
+        nn.Module.__init__(self)
+        self.gate_up_proj, self.down_proj = gate_up_proj, down_proj
+
+    def _gate_up(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        if gate.is_cuda:  # Liger's kernel indexes both halves with one row stride
+            return gate.contiguous(), up.contiguous()
+        return gate, up
+
+
 class LlamaDecoderLayer(nn.Module):
-    """Pre-norm attention and MLP blocks with residual connections."""
+    """Pre-norm attention and MLP blocks with residual connections; the MLP is a `LlamaMLP` or,
+    in a mixture-of-experts layer, a `moe.MoeMLP`."""
 
     def __init__(
         self,
         self_attn: LlamaAttention,
-        mlp: LlamaMLP,
+        mlp: nn.Module,
         input_layernorm: RMSNorm,
         post_attention_layernorm: RMSNorm,
     ) -> None:
@@ -322,7 +408,7 @@ class GemmaDecoderLayer(LlamaDecoderLayer):
     def __init__(
         self,
         self_attn: LlamaAttention,
-        mlp: LlamaMLP,
+        mlp: nn.Module,
         input_layernorm: RMSNorm,
         post_attention_layernorm: RMSNorm,
         pre_feedforward_layernorm: RMSNorm,
@@ -406,13 +492,13 @@ class LlamaModel(nn.Module):
                 f"{self.config.max_position_embeddings}",
                 code="E-CONTEXT",
             )
-        mask = None
+        mask, length = None, None
         if positions is None:
-            positions = torch.arange(past, past + t, device=input_ids.device)
+            positions, length = torch.arange(past, past + t, device=input_ids.device), past + t
         else:
             mask = segment_mask(positions)
-        cos, sin = self.rotary(positions)
-        local = None if self.local_rotary is None else self.local_rotary(positions)
+        cos, sin = self.rotary(positions, length)
+        local = None if self.local_rotary is None else self.local_rotary(positions, length)
         dev = input_ids.device.type
         dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else torch.float32
         h = self.embed_tokens.rows(input_ids).to(dtype)
@@ -435,15 +521,36 @@ class LlamaModel(nn.Module):
         input_ids: torch.Tensor,
         targets: torch.Tensor,
         positions: torch.Tensor | None = None,
+        router_aux: bool = False,
     ) -> torch.Tensor:
         """Summed next-token cross-entropy over `targets` (`IGNORE` where unscored), fp32, of
         plain rows or of packed rows with their `positions` (`hidden_states`).
 
         In half precision with a frozen head, through `head_loss_sum` (no full logits held);
-        otherwise from the logits, the reference arithmetic (`forward`'s logits, bit for bit)."""
+        otherwise from the logits, the reference arithmetic (`forward`'s logits, bit for bit).
+        `router_aux` on a mixture-of-experts model whose `router_aux_loss_coef` is positive adds
+        that coefficient times the load-balancing loss per scored token (`moe_aux_loss`)."""
+        if router_aux and self.config.router_aux_loss_coef > 0:
+            return moe_aux_loss(self, input_ids, targets, positions)
         hidden = self.hidden_states(input_ids, positions=positions)
         frozen = not any(p.requires_grad for p in self.lm_head.parameters())
         with section("loss"):
             if hidden.dtype != torch.float32 and frozen:
                 return head_loss_sum(hidden, self.lm_head, targets)
             return logits_loss_sum(self.lm_head(hidden).to(torch.float32), targets)
+
+
+def moe_aux_loss(
+    model: LlamaModel,
+    input_ids: torch.Tensor,
+    targets: torch.Tensor,
+    positions: torch.Tensor | None,
+) -> torch.Tensor:
+    """The summed loss plus `router_aux_loss_coef` * load-balancing loss * scored tokens, so the
+    trainer's division by the scored tokens gives transformers' mean loss + coef * aux."""
+    c = model.config
+    with collecting_router_logits() as logits:
+        loss = model.loss(input_ids, targets, positions)
+    scored = (targets != IGNORE).sum()
+    aux = load_balancing_loss(logits, c.num_experts, c.num_experts_per_tok)
+    return loss + c.router_aux_loss_coef * aux * scored

@@ -24,7 +24,7 @@ from typing import Any, Protocol, cast
 import torch
 
 from aner_lang.builtins import members
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.model.sections import section
 from aner_lang.runtime.nf4 import host_tiled
 from aner_lang.runtime.nf4.quant import NF4Weight

@@ -19,7 +19,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.host import json_text
+from aner_lang.problems.errors import AnerRuntimeError
 
 _RETRIED_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 _QUOTED = 300
@@ -146,7 +147,7 @@ class Client:
 
     def _decode(self, endpoint: str, raw: bytes) -> Any:
         try:
-            return json.loads(raw)
+            return json_text.loads(raw)
         except ValueError:
             shown = self._masked(raw[:80].decode("utf-8", errors="replace"))
             raise _fail(

@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.services.http import field_of
 from aner_lang.runtime.services.service import Service
 from aner_lang.runtime.tasks.data import Dataset, Example

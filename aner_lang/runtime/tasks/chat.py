@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 
 if TYPE_CHECKING:
     from aner_lang.runtime.model.tokenizer import Tokenizer
@@ -38,11 +38,13 @@ def chat_tokens(
     loss_on: str,
     where: str,
     scored_from: int = 0,
+    limit: int | None = None,
 ) -> tuple[list[int], list[bool]]:
     """(token ids, scored flags) of a conversation; `loss_on` is ``responses`` (the assistant's
-    turns from message `scored_from` on) or ``all``."""
+    turns from message `scored_from` on) or ``all``. With `limit`, only the first `limit` + 1
+    tokens (`Tokenizer.encode_offsets`)."""
     text, marked = tokenizer.render_chat(messages, add_generation_prompt=False)
-    ids, offsets = tokenizer.encode_offsets(text)
+    ids, offsets = tokenizer.encode_offsets(text, limit)
     if loss_on == "all":
         return ids, [True] * len(ids)
     if marked:
@@ -54,7 +56,13 @@ def chat_tokens(
         return ids, _covered(offsets, [(s, e) for s, e in marked if e > start])
     spans = _assistant_spans(tokenizer, messages, text, where, scored_from)
     scored = _covered(offsets, spans)
+    # Where the ids stop short of the text, a turn running past them may have its last
+    # end-of-turn token in the text not tokenized: found there by its text.
+    tokenized = offsets[-1][1] if limit is not None and len(ids) > limit else len(text)
+    stop_texts = [tokenizer.token_text(i) for i in tokenizer.stop_ids]
     for start, end in spans:  # the turn ends at its last end-of-turn token
+        if end > tokenized and any(t and text.find(t, tokenized, end) >= 0 for t in stop_texts):
+            continue
         inside = [i for i, (a, b) in enumerate(offsets) if b > start and a < end]
         stops = [i for i in inside if ids[i] in tokenizer.stop_ids]
         for i in inside:

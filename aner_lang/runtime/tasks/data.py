@@ -31,9 +31,8 @@ from dataclasses import field as dc_field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from aner_lang.errors import AnerRuntimeError
-from aner_lang.preference_records import FeedbackRecord, PairRecord
-from aner_lang.records import (
+from aner_lang.datafiles.preference_records import FeedbackRecord, PairRecord
+from aner_lang.datafiles.records import (
     ChatRecord,
     Format,
     Record,
@@ -42,6 +41,7 @@ from aner_lang.records import (
     jsonl_format,
     records,
 )
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.tasks.chat import chat_tokens
 
 if TYPE_CHECKING:
@@ -170,7 +170,7 @@ def _tokenize(data: Dataset, tokenizer: Tokenizer) -> Tokenized:
     examples: list[Example] = []
     truncated = dropped = 0
     for record in data.records:
-        fitted = [_fit(data, *_record_tokens(tokenizer, r, data.loss_on)) for r in _parts(record)]
+        fitted = [_fit(data, *_record_tokens(tokenizer, r, data)) for r in _parts(record)]
         if any(f is None for f in fitted):
             dropped += 1
             continue
@@ -211,28 +211,38 @@ def _whole(record: AnyRecord, parts: list[Example]) -> Example:
 
 
 def _record_tokens(
-    tokenizer: Tokenizer, record: Record | TokenRecord, loss_on: str
+    tokenizer: Tokenizer, record: Record | TokenRecord, data: Dataset
 ) -> tuple[list[int], list[bool]]:
+    """A record's tokens, enough of them for `data`'s context: a text longer than the context is
+    tokenized only as far as the example keeps it (`Tokenizer.encode`'s `limit`)."""
     if isinstance(record, TokenRecord):
         return list(record.ids), list(record.scored)
     if isinstance(record, ChatRecord):
-        return chat_tokens(tokenizer, record.messages, loss_on, record.where, record.scored_from)
-    return _text_tokens(tokenizer, record, loss_on)
+        return chat_tokens(
+            tokenizer,
+            record.messages,
+            data.loss_on,
+            record.where,
+            record.scored_from,
+            limit=data.context,
+        )
+    return _text_tokens(tokenizer, record, data.loss_on, data.context)
 
 
 def _text_tokens(
-    tokenizer: Tokenizer, record: TextRecord, loss_on: str
+    tokenizer: Tokenizer, record: TextRecord, loss_on: str, limit: int
 ) -> tuple[list[int], list[bool]]:
-    """Prompt (unscored unless `loss_on` is all) then completion and EOS.
+    """Prompt (unscored unless `loss_on` is all) then completion and EOS, each part at most
+    `limit` + 1 tokens (enough to know the example is cut at a context of `limit`).
 
     The completion is tokenized on its own so the prompt/completion boundary is exact; an EOS
     closes every example so the model learns where a completion ends."""
     prompt_ids = (
-        tokenizer.encode(record.prompt, add_special=True)
+        tokenizer.encode(record.prompt, add_special=True, limit=limit)
         if record.prompt
         else ([tokenizer.bos_id] if tokenizer.add_bos and tokenizer.bos_id is not None else [])
     )
-    completion_ids = tokenizer.encode(record.completion, add_special=False)
+    completion_ids = tokenizer.encode(record.completion, add_special=False, limit=limit)
     if tokenizer.eos_id is not None:
         completion_ids.append(tokenizer.eos_id)
     prompt_scored = loss_on == "all"
@@ -294,7 +304,7 @@ def from_file(
     loss_on: str = "responses",
     too_long: str = "truncate",
 ) -> Dataset:
-    """The records of a data file (`aner_lang.records`) as a dataset."""
+    """The records of a data file (`aner_lang.datafiles.records`) as a dataset."""
     _check_context(context)
     return Dataset(tuple(records(path, fmt)), context, str(path), loss_on, too_long)
 

@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.interp.values import record_text
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.tasks.data import Dataset, Example
 
 SCORED_OPEN, SCORED_CLOSE = "⟦", "⟧"
@@ -41,6 +42,9 @@ class Split:
 
     train: Dataset
     held_out: Dataset
+
+    def __str__(self) -> str:
+        return record_text(self)
 
 
 def split(data: Dataset, fraction: float, seed: int) -> Split:

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """The preference data builtins: `load_pairs` (chosen/rejected pairs for DPO and ORPO) and
-`load_feedback` (labeled completions for KTO). The row shapes are `aner_lang.preference_records`;
+`load_feedback` (labeled completions for KTO). The row shapes are `aner_lang.datafiles.preference_records`;
 the datasets are ordinary `Dataset`s of pair or feedback records, so shuffle, take, split and
 inspect work on them, and their examples carry the rejected response or the label
 (`data.Example`)."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from aner_lang.preference_records import FeedbackFormat, PairFormat
+from aner_lang.datafiles.preference_records import FeedbackFormat, PairFormat
 from aner_lang.runtime.tasks.data import Dataset, from_file
 
 if TYPE_CHECKING:

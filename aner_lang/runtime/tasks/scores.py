@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.interp.values import record_text
+from aner_lang.problems.errors import AnerRuntimeError
 
 
 @dataclass(frozen=True)
@@ -15,6 +16,9 @@ class Evaluation:
     loss: float
     perplexity: float
     scored_tokens: int
+
+    def __str__(self) -> str:
+        return record_text(self)
 
 
 def evaluation(total: float, count: int) -> Evaluation:

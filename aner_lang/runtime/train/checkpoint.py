@@ -16,7 +16,7 @@ a truncated or altered file, a different base model (GGUF sha256, see `fingerpri
 different profile or a different kernel identity.
 
 Nothing in a checkpoint directory is trusted (docs/security.md): every file is read through
-`aner_lang.files` (regular files only, bounded: the manifest states each file's size, and no more
+`aner_lang.host.files` (regular files only, bounded: the manifest states each file's size, and no more
 is read), the pointer and the manifest are checked against a schema before any of their values
 is used, hashes are compared whole (never a prefix), the base model's fingerprint is required,
 and the tensors must be finite. A forged checkpoint with recomputed hashes therefore still has to
@@ -47,8 +47,8 @@ from typing import Any, Protocol
 import torch
 from safetensors.torch import load as st_load
 
-from aner_lang import files
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.host import files, json_text
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.adapters import adapter_from_state
 from aner_lang.runtime.io.fingerprint import fingerprint
 from aner_lang.runtime.io.tensor_file import TensorFile
@@ -201,8 +201,7 @@ def save(
     one is published). Never writes the frozen base: only what `state.to_tensors()` holds. The
     tensors file is read back and hashed before the folder is renamed into place.
     """
-    root = Path(directory)
-    root.mkdir(parents=True, exist_ok=True)
+    root = files.make_folder(directory)
     contents = _contents(state, base_path)
 
     def fill(tmp: Path) -> None:
@@ -223,8 +222,7 @@ def publish_copy(directory: str | Path, folder: Path) -> Path:
     system) the latest and only checkpoint of `directory`, through hard links to its files: the
     same bytes under a second name, not a second copy. Where the file system refuses a link the
     files are copied. Returns the new folder."""
-    root = Path(directory)
-    root.mkdir(parents=True, exist_ok=True)
+    root = files.make_folder(directory)
     manifest_sha = hashlib.sha256(files.read_bytes(folder / MANIFEST, JSON_LIMIT)).hexdigest()
 
     def fill(tmp: Path) -> None:
@@ -291,7 +289,7 @@ def _written_here(folder: Path) -> bool:
 
 def _read_json(directory: Path, path: Path, data: bytes | None = None) -> dict[str, Any]:
     try:
-        obj = json.loads(data if data is not None else files.read_bytes(path, JSON_LIMIT))
+        obj = json_text.loads(data if data is not None else files.read_bytes(path, JSON_LIMIT))
     except AnerRuntimeError as e:
         if e.code == "E-FILE-MISSING":
             raise _fail(
@@ -301,7 +299,7 @@ def _read_json(directory: Path, path: Path, data: bytes | None = None) -> dict[s
                 "is this a directory written by train(..., checkpoints: dir)?",
             ) from None
         raise _fail(directory, e.message, e.code) from None
-    except (ValueError, RecursionError) as e:
+    except ValueError as e:
         raise _fail(directory, f"{path.name} is not valid JSON ({e})", "E-CKPT-CORRUPT") from None
     if not isinstance(obj, dict):
         raise _fail(directory, f"{path.name} is not a JSON object", "E-CKPT-CORRUPT")

@@ -34,7 +34,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
-from aner_lang.errors import AnerRuntimeError, RunStopped
+from aner_lang.problems.errors import AnerRuntimeError, RunStopped
 from aner_lang.runtime.io.world import world
 from aner_lang.runtime.train import checkpoint
 from aner_lang.runtime.train.job_env import (

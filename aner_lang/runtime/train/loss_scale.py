@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from aner_lang.interp.values import record_fields
+
 
 @dataclass
 class LossScaleState:
@@ -28,6 +30,17 @@ class LossScaleState:
     max_retries: int = 0
     overflows: int = 0
     growths: int = 0
+
+    def __str__(self) -> str:
+        """The Aner `LossScale` it is, with a dynamic scaler's settings (not its counters)."""
+        pairs: list[tuple[str, object]] = [("kind", self.kind), ("scale", self.scale)]
+        if self.kind == "dynamic":
+            pairs += [
+                ("growth_interval", self.growth_interval),
+                ("growth_factor", self.growth_factor),
+                ("backoff_factor", self.backoff_factor),
+            ]
+        return record_fields("LossScale", pairs)
 
 
 class LossScaler:

@@ -10,7 +10,7 @@ categories follow the reference qualification report so the figures compare one 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import torch
@@ -25,24 +25,54 @@ from aner_lang.runtime.train.footprint import (
 )
 
 
+def _in(section: str) -> Any:
+    """A report field shown under `section` when the report is printed."""
+    return field(metadata={"section": section})
+
+
 @dataclass(frozen=True)
 class MemoryReport:
-    """Byte counts per category (the fields of the Aner `MemoryReport` type)."""
+    """Byte counts per category (the fields of the Aner `MemoryReport` type).
 
-    weights: int
-    floating_base: int
-    packed_base: int
-    gpu_packed_base: int
-    adapters: int
-    frozen_adapter: int
-    trainable: int
-    optimizer: int
-    managed_optimizer: int
-    prefetch_window: int
-    dequant_tile: int
+    Printed (`print(memory(a))`, `str`, interpolation) as a table a person reads: the fields by
+    section, each under its Aner field name with its size in binary units."""
+
+    weights: int = _in("base model")
+    floating_base: int = _in("base model")
+    packed_base: int = _in("base model")
+    gpu_packed_base: int = _in("base model")
+    adapters: int = _in("adapter")
+    frozen_adapter: int = _in("adapter")
+    trainable: int = _in("adapter")
+    optimizer: int = _in("optimizer")
+    managed_optimizer: int = _in("optimizer")
+    prefetch_window: int = _in("optimizer")
+    dequant_tile: int = _in("kernel buffers")
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
+
+    def __str__(self) -> str:
+        lines = ["memory report (bytes Aner holds, each buffer counted once)"]
+        section = None
+        for f in fields(self):
+            if f.metadata["section"] != section:
+                section = f.metadata["section"]
+                lines.append(f"  {section}")
+            lines.append(f"    {f.name:<20} {human_bytes(getattr(self, f.name)):>10}")
+        return "\n".join(lines)
+
+
+def human_bytes(n: int) -> str:
+    """A byte count in the largest binary unit it reaches (B, KiB, MiB, GiB), as the plan and the
+    memory report print sizes: whole bytes, one decimal of KiB and MiB, two of GiB."""
+    if n < 1 << 10:
+        return f"{n} B"
+    if n < 1 << 20:
+        return f"{n / (1 << 10):.1f} KiB"
+    if n < 1 << 30:
+        return f"{n / (1 << 20):.1f} MiB"
+    return f"{n / (1 << 30):.2f} GiB"
 
 
 def _nbytes(t: torch.Tensor) -> int:

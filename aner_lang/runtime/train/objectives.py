@@ -32,7 +32,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.interp.values import record_fields, record_text
+from aner_lang.problems.errors import AnerRuntimeError
 
 DPO_LOSSES = ("sigmoid", "ipo", "hinge")
 
@@ -46,6 +47,9 @@ class DPO:
     paired = True
     reference = True
 
+    def __str__(self) -> str:
+        return record_text(self)
+
 
 @dataclass(frozen=True)
 class ORPO:
@@ -53,6 +57,9 @@ class ORPO:
     name = "orpo"
     paired = True
     reference = False
+
+    def __str__(self) -> str:
+        return record_fields("ORPO", [("lambda", self.lam)])  # the parameter's Aner name
 
 
 @dataclass(frozen=True)
@@ -63,6 +70,9 @@ class KTO:
     name = "kto"
     paired = False
     reference = True
+
+    def __str__(self) -> str:
+        return record_text(self)
 
 
 Objective = DPO | ORPO | KTO

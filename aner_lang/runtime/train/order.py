@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 
 
 def epoch_order(n: int, seed: int, epoch: int) -> list[int]:

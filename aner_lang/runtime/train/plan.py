@@ -8,20 +8,18 @@ header is read by the runtime's parser, which imports it).
 
 Per call the plan prints the peak by category (`footprint` holds the counting rules, shared with
 `memory()`), the tokens per update and the number of updates, and whether the peak fits the GPU:
-the one named by `--gpu-memory`, or the first CUDA GPU the driver reports (`aner_lang.gpus`). An
+the one named by `--gpu-memory`, or the first CUDA GPU the driver reports (`aner_lang.host.gpus`). An
 argument that is not a constant expression is assumed at its default, and the plan says so.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aner_lang import files, gpus
 from aner_lang.builtins import registry
 from aner_lang.builtins.spec import Builtin
 from aner_lang.check import Analysis, analyze
@@ -29,10 +27,12 @@ from aner_lang.check.analysis import CallInfo
 from aner_lang.check.consteval import STATIC_FAILURES, evaluate
 from aner_lang.check.core import registry_expr
 from aner_lang.check.environment import written_arguments
-from aner_lang.diagnostics import render
-from aner_lang.errors import AnerRuntimeError
 from aner_lang.grammar import ast
-from aner_lang.prechecks import PACKAGE_SCHEME
+from aner_lang.host import files, gpus, json_text
+from aner_lang.host.model_paths import missing_model
+from aner_lang.host.prechecks import PACKAGE_SCHEME
+from aner_lang.problems.diagnostics import render
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.io.packages import packaged_model
 from aner_lang.runtime.model.chunking import CHUNK_BYTES, row_slices
 from aner_lang.runtime.model.config import ModelConfig
@@ -43,6 +43,7 @@ from aner_lang.runtime.train.plan_trace import Frame, NotKnown, Tracer
 _ADAPTERS = ("lora", "lora_fa", "dora")
 _READ = frozenset(
     ("micro_batch", "accumulation", "steps", "epochs", "rank", "targets", "path", "storage")
+    + ("quantize_embeddings",)
     + ("device", "context", "precision", "activations", "optimizer", "kernel", "page_bytes")
 )
 """The parameters the plan reads; a non-literal one among them is reported as assumed."""
@@ -116,12 +117,12 @@ def model_config(path: str, script_dir: Path) -> ModelConfig:
 
         text = files.read_text(file / "config.json", files.TEXT_LIMIT)
         try:
-            cfg = json.loads(text)
+            cfg = json_text.loads(text)
         except ValueError as e:
             raise AnerRuntimeError(f"{file}/config.json: {e}", code="E-HF-CONFIG") from None
         return config_from_hf(cfg, file)
     if not file.exists():
-        raise AnerRuntimeError(f"{file}: no such model file or folder", code="E-GGUF-NOT-FOUND")
+        raise missing_model(path, file)
     from aner_lang.runtime.io.gguf import GGUFFile
     from aner_lang.runtime.model.config import config_from_gguf
 
@@ -163,15 +164,19 @@ def plan(
     accumulation: int,
     updates: int | None,
     cuda: bool = True,
+    quantize_embeddings: bool = False,
 ) -> Plan:
-    """The predicted peak GPU memory of a LoRA-family run on a model of config `c`."""
+    """The predicted peak GPU memory of a LoRA-family run on a model of config `c`; an NF4
+    base keeps its embedding and `lm_head` 16-bit unless `quantize_embeddings`."""
     dims = _target_dims(c)
     layers, vocab, h = c.num_hidden_layers, c.vocab_size, c.hidden_size
-    matrices = [i * o for i, o in dims.values()] * layers + [vocab * h]
-    if not c.tie_word_embeddings:
-        matrices.append(vocab * h)
+    tables = [vocab * h] * (1 if c.tie_word_embeddings else 2)
+    table_storage = storage
+    if storage == "nf4_double_quant" and not quantize_embeddings:
+        table_storage = "float16"
     norms = 4 * h * (2 * layers + 1)
-    weights = sum(_weight_bytes(n, storage) for n in matrices) + norms
+    weights = sum(_weight_bytes(i * o, storage) for i, o in dims.values()) * layers
+    weights += sum(_weight_bytes(n, table_storage) for n in tables) + norms
     a_sizes = [rank * dims[t][0] for t in targets] * layers
     b_sizes = [rank * dims[t][1] for t in targets] * layers
     trainable_sizes = (a_sizes if method != "lora_fa" else []) + b_sizes
@@ -214,7 +219,7 @@ def plan(
         tile = fp.dequant_tile_bytes(1, fused, DEFAULT_TILE_BYTES)
     else:
         tile = 0
-    shapes = [(o, i) for i, o in dims.values()] + [(vocab, h)]
+    shapes = [(o, i) for i, o in dims.values()] + ([(vocab, h)] if table_storage == storage else [])
     largest = max(row_slices(o, i)[0][1] * i for o, i in shapes)  # first slice: (0, most rows)
     dequant = largest * act if packed and fused else tile
     categories = {
@@ -338,6 +343,7 @@ def plan_call(tracer: Tracer, info: CallInfo, frame: Frame | None, script_dir: P
         accumulation=int(str(train.args["accumulation"])),
         updates=_updates(train, data.examples),
         cuda=cuda,
+        quantize_embeddings=model.args.get("quantize_embeddings") is True,
     )
     through = f" (through {', '.join(reversed(data.path))})" if data.path else ""
     out = [

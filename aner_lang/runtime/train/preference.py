@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.model.precision import autocast
 from aner_lang.runtime.tasks.batches import collate
 from aner_lang.runtime.tasks.data import Dataset, Example

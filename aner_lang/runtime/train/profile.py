@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from aner_lang.builtins import members
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.model.precision import DTYPES
 from aner_lang.runtime.nf4.backends import (
     KERNELS,

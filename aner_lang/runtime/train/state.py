@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 
 STATE_FORMAT = "aner.train-state/1"
 

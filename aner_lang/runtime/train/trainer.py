@@ -25,9 +25,10 @@ its rewards, margins, accuracy and log-probabilities, and validation reports its
 held-out preference accuracy. Everything else (epochs, schedule, checkpoints, resume, early
 stopping on the validation loss) is the same.
 
-Ctrl-C (SIGINT) during training lets the current update finish, writes the state (and a
-checkpoint when checkpoints are on), and ends the script with one line saying how to resume; a
-second Ctrl-C abandons the update at once.
+Ctrl-C (SIGINT) or SIGTERM during training lets the current update finish, writes the state (and
+a checkpoint when checkpoints are on), and ends the script (Ctrl-C: with one line saying how to
+resume; SIGTERM: `RunStopped`); a second Ctrl-C abandons the update at once. A stop asked during
+the last update still ends the script: the request is for the run, not for this `train` call.
 
 On several ranks every micro-step draws `micro_batch` examples per rank, rank 0 alone logs, shows
 progress and writes checkpoints, and `distributed.Parallel` says what else differs
@@ -48,7 +49,8 @@ from typing import Any
 
 import torch
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.host import files
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.io.process_clock import seconds_running
 from aner_lang.runtime.io.world import once, world
 from aner_lang.runtime.model import fused_ops
@@ -256,7 +258,7 @@ def train(
     identity = run_identity(adapter, profile, backend)
     loop = _Loop(parallel.trained, data, profile, options, identity, parallel, objective)
     main = parallel.world.main  # only rank 0 logs, shows progress and writes
-    log_path = _log_path(log, checkpoints)
+    log_path = _outputs(log, checkpoints, log_dir)
     events = EventLog(log_path, log_dir) if main else EventLog(None, None)
     progress = Progress(total, loop.counters.updates) if main else None
     start = time.perf_counter()
@@ -282,8 +284,9 @@ def train(
                     if patience and loop.validations_since_best() >= patience:
                         loop.counters.stopped_early = True
                         stop = "early_stopping"
-                if parallel.any_rank(run_control.stop_requested) and not done and stop == "done":
-                    stop = "interrupted"
+                if parallel.any_rank(run_control.stop_requested):  # every rank stops together
+                    run_control.stop_requested = True
+                    stop = "interrupted" if stop == "done" and not done else stop
                 events.add(event)
                 run_control.emit({**event, "steps": total})
                 if progress is not None:
@@ -314,7 +317,7 @@ def train(
         if progress is not None:
             progress.close(loop.summary(stop, time.perf_counter() - start))
     saved = writer.last.folder if writer.last is not None else None
-    if stop == "interrupted":  # Ctrl-C: exit 130 with how to continue; SIGTERM: RunStopped
+    if run_control.stop_requested:  # even after the last update: the script stops too
         if run_control.stop_signal == signal.SIGINT:
             raise KeyboardInterrupt(_resume_hint(loop.counters.updates, total, saved, checkpoints))
         raise run_control.stopped(loop.counters.updates, total, saved)
@@ -412,6 +415,8 @@ class _Loop:
             profile.graphs,
             options["micro_batch"] * data.context,
         )
+        if adapter.base.config.num_experts and not off:  # group sizes are read on the host
+            off = "a mixture-of-experts model sizes its expert groups on the host"
         if objective is not None:
             off = f"the {objective.name} objective runs its steps eagerly"
         self.steps = GraphSteps(self._forward_backward, [p for _, p in self.params], off)
@@ -685,11 +690,17 @@ class _Loop:
         )
 
 
-def _log_path(log: str | None, checkpoints: str | None) -> str | None:
-    """Where the JSON events go: `log:` if given, else `<checkpoints>/events.jsonl`."""
+def _outputs(log: str | None, checkpoints: str | None, log_dir: str | None) -> str | None:
+    """Where the JSON events go: `log:` if given, else `<checkpoints>/events.jsonl`. The folders
+    of the run's outputs are made before the first update, so that a path of the wrong kind (a
+    file named as `checkpoints:`) is an error naming it before any training, not at the first
+    checkpoint (`files.make_folder`)."""
+    for folder in (checkpoints, log_dir):
+        if folder:
+            files.make_folder(folder)
     path = log or (str(Path(checkpoints) / "events.jsonl") if checkpoints else None)
     if path:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        files.make_parent(files.check_target(path, overwrite=True))
     return path
 
 

@@ -23,7 +23,7 @@ from typing import Any, TextIO
 
 import torch
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 
 PROGRESS_SECONDS = 10.0
 """Seconds between progress lines when stderr is not a terminal."""

@@ -28,8 +28,8 @@ from aner_lsp.documents import AnerServer, Snapshot
 
 if TYPE_CHECKING:
     from aner_lang.check.analysis import Analysis
-    from aner_lang.diagnostics import Diagnostic
     from aner_lang.grammar.ast import Span
+    from aner_lang.problems.diagnostics import Diagnostic
     from aner_lsp.positions import LineIndex
 
 DEBOUNCE_S = 0.15

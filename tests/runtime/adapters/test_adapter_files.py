@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime import adapters
 from aner_lang.runtime.adapters.files import load_adapter, save_adapter
 
@@ -94,3 +95,53 @@ def test_safetensors_adapter_refuses_another_base(tiny_model, tmp_path):
     with pytest.raises(AnerRuntimeError, match="different base model") as e:
         load_adapter(other, out)
     assert e.value.code == "E-ADAPTER-BASE"
+
+
+def _recorded_base(adapter, out) -> str:
+    save_adapter(adapter, out, format="peft")
+    return json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"]
+
+
+def test_peft_export_names_a_base_that_loads(tiny_gguf, hf_tiny, tmp_path):
+    """A GGUF base is recorded by its path, which Aner and transformers (`gguf_file=`) load, never
+    by its display name (`general.name`)."""
+    from aner_lang.runtime.load.loader import load_model
+
+    model = load_model(tiny_gguf, "float32", "cpu")
+    recorded = _recorded_base(_MAKERS["lora"](model), tmp_path / "a")
+    assert recorded == str(tiny_gguf.absolute()) != model.name
+    assert torch.equal(load_model(recorded, "float32", "cpu").forward(IDS), model.forward(IDS))
+    transformers = pytest.importorskip("transformers")
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(
+        str(Path(recorded).parent), gguf_file=Path(recorded).name, dtype=torch.float32
+    ).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(IDS).logits, hf_tiny(IDS).logits)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "recorded"),
+    [
+        (
+            "general.source.repo_url",
+            "https://huggingface.co/Org/Tiny-Instruct",
+            "Org/Tiny-Instruct",
+        ),
+        ("general.source.url", "https://hf.co/Org/Tiny-Instruct/tree/main", "Org/Tiny-Instruct"),
+        ("general.source.huggingface.repository", "Org/Tiny-Instruct", "Org/Tiny-Instruct"),
+        ("general.source.url", "https://example.com/Org/Tiny", None),
+        ("general.source.repo_url", "https://huggingface.co/datasets/Org/Data", None),
+        ("general.base_model.0.repo_url", "https://huggingface.co/Org/Tiny", None),
+    ],
+)
+def test_peft_export_names_the_hub_repo_a_gguf_was_converted_from(
+    tiny_gguf, tmp_path, key, value, recorded
+):
+    """The repository in `general.source.*` is this model's own; `general.base_model.*` names
+    the model it was fine-tuned from, so it is never recorded (the path is)."""
+    from aner_lang.runtime.load.loader import load_model
+
+    model = load_model(tiny_gguf, "float32", "cpu")
+    model.metadata[key] = value
+    got = _recorded_base(_MAKERS["lora"](model), tmp_path / "a")
+    assert got == (recorded or str(tiny_gguf.absolute()))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.adapters.full import Full
 from aner_lang.runtime.adapters.lora import DoRA, LoRA
 from aner_lang.runtime.adapters.merge import merge

@@ -9,7 +9,7 @@ import gguf
 import pytest
 import torch
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.adapters import dora, full, lora, tinylora
 from aner_lang.runtime.adapters.merge import merge
 from aner_lang.runtime.export.hf import export_hf

@@ -6,11 +6,17 @@ import numpy as np
 import pytest
 import torch
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.io.gguf import GGUFFile, permute_rows, unpermute_rows
 from aner_lang.runtime.load.loader import load_model
 from aner_lang.runtime.model.config import config_from_gguf
-from aner_lang.testing.fixture import SHAPES, embedded_tokenizer, hf_tensors, write_fixture
+from aner_lang.testing.fixture import (
+    SHAPES,
+    embedded_tokenizer,
+    hf_tensors,
+    rewrite_gguf,
+    write_fixture,
+)
 
 SMALL_VOCAB = embedded_tokenizer()
 
@@ -144,41 +150,20 @@ def test_non_llama_architecture(small_gguf, tmp_path):
     assert err.code == "E-GGUF-ARCH" and "'gemma'" in err.message
 
 
-def _rewrite(src, dst, mutate):
-    """Copy a GGUF through gguf's reader/writer, letting `mutate` edit the tensor dict."""
-    import gguf
-
-    r = gguf.GGUFReader(str(src))
-    tensors = {t.name: np.array(t.data) for t in r.tensors}
-    mutate(tensors)
-    w = gguf.GGUFWriter(str(dst), "llama")
-    for key, field in r.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture":
-            continue
-        value = field.contents()
-        vtype = field.types[0]
-        if vtype == gguf.GGUFValueType.ARRAY:
-            w.add_array(key, value)
-        else:
-            w.add_key_value(key, value, vtype)
-    for name, data in tensors.items():
-        w.add_tensor(name, data)
-    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
-    return dst
-
-
 def test_tensor_shape_mismatch(small_gguf, tmp_path):
-    bad = _rewrite(
+    bad = rewrite_gguf(
         small_gguf,
         tmp_path / "shape.gguf",
-        lambda t: t.__setitem__("blk.1.ffn_up.weight", t["blk.1.ffn_up.weight"][:100]),
+        tensors=lambda t: t.__setitem__("blk.1.ffn_up.weight", t["blk.1.ffn_up.weight"][:100]),
     )
     err = _error(bad)
     assert err.code == "E-GGUF-SHAPE" and "blk.1.ffn_up.weight" in err.message
 
 
 def test_missing_tensor(small_gguf, tmp_path):
-    bad = _rewrite(small_gguf, tmp_path / "missing.gguf", lambda t: t.pop("blk.0.attn_v.weight"))
+    bad = rewrite_gguf(
+        small_gguf, tmp_path / "missing.gguf", tensors=lambda t: t.pop("blk.0.attn_v.weight")
+    )
     err = _error(bad)
     assert err.code == "E-GGUF-TENSOR" and "blk.0.attn_v.weight" in err.message
 

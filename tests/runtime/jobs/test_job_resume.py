@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from aner_lang.errors import EXIT_STOPPED
+from aner_lang.problems.errors import EXIT_STOPPED
 from aner_lang.runtime.jobs.store import CANCELLED, FINISHED, INTERRUPTED, JobStore
 from aner_lang.runtime.train import checkpoint
 

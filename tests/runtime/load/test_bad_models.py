@@ -10,7 +10,7 @@ import shutil
 import numpy as np
 import pytest
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.load.loader import load_model
 from aner_lang.testing.fixture import embedded_tokenizer, write_fixture
 

@@ -18,7 +18,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from aner_lang.errors import AnerRuntimeError  # noqa: E402
+from aner_lang.problems.errors import AnerRuntimeError  # noqa: E402
 from aner_lang.runtime import adapters  # noqa: E402
 from aner_lang.runtime.export.gguf import export_gguf  # noqa: E402
 from aner_lang.runtime.export.hf import export_hf  # noqa: E402
@@ -66,6 +66,17 @@ def test_every_gemma_feature_is_needed_to_match_transformers(tiny):
         for layer in range(6):  # one kind per layer: 5 sliding, then global
             model = load_model(folder, device="cpu")
             assert (model.module.layers[layer].self_attn.window is None) == (layer == 5)
+
+
+def test_the_sliding_layers_window_does_not_cap_the_context(tiny):
+    """A window that only some layers have is no context limit (unlike Mistral's or Phi-3's,
+    where every layer's window caps `max_position_embeddings`), from a folder and from a GGUF."""
+    folder, gguf, hf = tiny
+    assert hf.config.max_position_embeddings > hf.config.sliding_window
+    for path in (folder, gguf):
+        config = load_model(path, device="cpu").config
+        assert config.max_position_embeddings == hf.config.max_position_embeddings
+        assert config.sliding_window == hf.config.sliding_window
 
 
 def test_incremental_decoding_past_the_window_equals_the_full_forward(tiny):

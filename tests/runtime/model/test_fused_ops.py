@@ -1,5 +1,6 @@
 """The half-precision RMSNorm and SwiGLU functions: the forward of the plain ops, their
-analytic gradients, and less kept for backward; on CUDA, Liger's kernels for them and for RoPE."""
+analytic gradients, and less kept for backward; on CUDA, Aner's Triton kernels for them and for
+RoPE, checked against the torch functions and against Liger's kernels (which they replaced)."""
 
 from __future__ import annotations
 
@@ -66,15 +67,15 @@ def test_swiglu_gradients_match_autograd_and_keep_only_the_inputs():
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_liger_kernels_on_cuda_agree_with_the_torch_functions(dtype):
-    """On CUDA with liger-kernel installed the half-precision functions are Liger's Triton
-    kernels: forward and gradients equal the torch functions' up to the half-precision rounding
-    of the result (Triton's fp32 exponential and the mean's summation order differ in the last
-    fp32 bits, which a rounding to fp16 can show)."""
+def test_triton_kernels_on_cuda_agree_with_the_torch_functions(dtype):
+    """On CUDA the half-precision functions are Aner's Triton kernels: forward and gradients
+    equal the torch functions' up to the half-precision rounding of the result (Triton's fp32
+    exponential and the mean's summation order differ in the last fp32 bits, which a rounding to
+    fp16 can show)."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     if fused_ops.implementation(torch.device("cuda")) == "torch":
-        pytest.skip("liger-kernel is not installed")
+        pytest.skip("Triton is not installed")
     gen = torch.Generator(device="cuda").manual_seed(3)
     x = (torch.randn(4, 33, 512, generator=gen, device="cuda") * 3).to(dtype).requires_grad_(True)
     w = 1 + 0.1 * torch.randn(512, generator=gen, device="cuda")
@@ -94,7 +95,7 @@ def test_liger_kernels_on_cuda_agree_with_the_torch_functions(dtype):
     ref = fused_ops._SwiGLU.apply(gate2, up2)
     assert torch.allclose(ours.float(), ref.float(), rtol=1e-2, atol=1e-3)
     theirs = torch.autograd.grad(ref, (gate2, up2), gc)
-    mine = torch.autograd.grad(ours, (gate, up), gc)  # Liger writes these over its saved inputs
+    mine = torch.autograd.grad(ours, (gate, up), gc)
     for a, b in zip(mine, theirs):
         assert torch.allclose(a.float(), b.float(), rtol=2e-2, atol=2e-2)
 
@@ -110,14 +111,14 @@ def test_rope_is_left_to_the_plain_ops_off_cuda_and_under_float32():
 @pytest.mark.cuda
 @pytest.mark.parametrize("per_row", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_liger_rope_agrees_with_the_plain_ops_and_leaves_its_inputs(dtype, per_row):
-    """Liger's RoPE rotates queries and keys (GQA: fewer key heads; angles per position or per
+def test_triton_rope_agrees_with_the_plain_ops_and_leaves_its_inputs(dtype, per_row):
+    """The Triton RoPE rotates queries and keys (GQA: fewer key heads; angles per position or per
     row of a packed batch) as the plain ops do, up to the half-precision rounding of the result,
-    and its gradients likewise; the tensors it was given are not changed (it works on copies)."""
+    and its gradients likewise; the tensors it was given are not changed."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     if fused_ops.implementation(torch.device("cuda")) == "torch":
-        pytest.skip("liger-kernel is not installed")
+        pytest.skip("Triton is not installed")
     gen = torch.Generator(device="cuda").manual_seed(4)
     b, t, d = 2, 37, 64
     # [B, T, H, D] projections seen as [B, H, T, D], as the attention makes them
@@ -145,3 +146,63 @@ def test_liger_rope_agrees_with_the_plain_ops_and_leaves_its_inputs(dtype, per_r
     theirs = torch.autograd.grad(plain, (q_ref, k_ref), (gq, gk))
     for a, r in zip(mine, theirs):
         assert torch.allclose(a.float(), r.float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_triton_kernels_match_liger_which_they_replaced(dtype):
+    """Against liger-kernel 0.8.5 (llama casting mode, the previous path): the same arithmetic, so
+    results within one unit of the half dtype's last place (rsqrt, exp and the sums' order may
+    differ in the last fp32 bit), gradients included."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    liger_norm = pytest.importorskip("liger_kernel.ops.rms_norm").LigerRMSNormFunction
+    liger_swiglu = pytest.importorskip("liger_kernel.ops.swiglu").LigerSiLUMulFunction
+    liger_rope = pytest.importorskip("liger_kernel.ops.rope").LigerRopeFunction
+    unit = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}[dtype]
+
+    def close(a, b):
+        torch.testing.assert_close(a.float(), b.float(), rtol=unit, atol=unit * 1e-2)
+
+    def pair(*shape, scale=1.0):
+        t = (torch.randn(*shape, generator=gen, device="cuda") * scale).to(dtype)
+        return t.clone().requires_grad_(True), t.clone().requires_grad_(True)
+
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    x, x_l = pair(4, 97, 2048, scale=3)
+    w = 1 + 0.1 * torch.randn(2048, generator=gen, device="cuda")
+    g = torch.randn(4, 97, 2048, generator=gen, device="cuda").to(dtype)
+    ours, theirs = (
+        fused_ops.rms_norm(x, w, 1e-5),
+        liger_norm.apply(x_l, w, 1e-5, 0.0, "llama", False),
+    )
+    close(ours, theirs)
+    close(torch.autograd.grad(ours, x, g)[0], torch.autograd.grad(theirs, x_l, g)[0])
+
+    (gate, gate_l), (up, up_l) = pair(300, 5632, scale=2), pair(300, 5632)
+    gc = torch.randn(300, 5632, generator=gen, device="cuda").to(dtype)
+    ours, theirs = fused_ops.swiglu(gate, up), liger_swiglu.apply(gate_l, up_l)
+    close(ours, theirs)
+    for a, b in zip(
+        torch.autograd.grad(ours, (gate, up), gc), torch.autograd.grad(theirs, (gate_l, up_l), gc)
+    ):
+        close(a, b)
+
+    b, t, d = 2, 129, 128
+    (q, q_l), (k, k_l) = pair(b, t, 32, d), pair(b, t, 8, d)
+    q, q_l, k, k_l = (v.transpose(1, 2) for v in (q, q_l, k, k_l))
+    inv = 1.0 / 10000 ** (torch.arange(0, d, 2, device="cuda").float() / d)
+    emb = torch.arange(t, device="cuda").float()[:, None] * inv
+    emb = torch.cat([emb, emb], dim=-1)
+    cos, sin = emb.cos(), emb.sin()
+    ours = fused_ops.rope(q, k, cos, sin)
+    assert ours is not None
+    theirs = liger_rope.apply(q_l.clone(), k_l.clone(), cos, sin)
+    for a, r in zip(ours, theirs):
+        close(a, r)
+    gq = torch.randn(q.shape, generator=gen, device="cuda").to(dtype)
+    gk = torch.randn(k.shape, generator=gen, device="cuda").to(dtype)
+    mine = torch.autograd.grad(ours, (q, k), (gq, gk))
+    ref = torch.autograd.grad(theirs, (q_l, k_l), (gq.clone(), gk.clone()))
+    for a, r in zip(mine, ref):
+        close(a, r)

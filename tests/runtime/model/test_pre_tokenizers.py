@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.model.tokenizer import PRE_TOKENIZERS, Tokenizer
 
 REFERENCE = json.loads(

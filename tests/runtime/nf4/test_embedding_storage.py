@@ -68,3 +68,18 @@ def test_dense_storages_ignore_nothing(bf16_folder: Path) -> None:
     for storage, dtype in (("float32", torch.float32), ("float16", torch.float16)):
         m = load_model(bf16_folder, storage=storage, device="cpu").module
         assert m.embed_tokens.weight.dtype == dtype and m.lm_head.weight.dtype == dtype
+
+
+def test_a_16_bit_table_meets_the_other_16_bit_type_in_its_own() -> None:
+    """A float16 table under bfloat16 compute converts the activations, not the table, and gives
+    the caller its own dtype back; float32 compute widens the table."""
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(64, 16, generator=gen)
+    table = DenseLinear(w, "float16")
+    x = torch.randn(3, 16, generator=gen).to(torch.bfloat16)
+    want = torch.nn.functional.linear(x.half(), w.half()).bfloat16()
+    assert torch.equal(table(x), want) and table(x).dtype == torch.bfloat16
+    g = torch.randn(3, 64, generator=gen).to(torch.bfloat16)
+    assert torch.equal(table.grad_input(g), (g.half() @ w.half()).bfloat16())
+    x32 = x.float()
+    assert torch.equal(table(x32), torch.nn.functional.linear(x32, w.half().float()))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.nf4 import host_tiled
 from aner_lang.runtime.nf4.backends import HostTiled, nf4_matmul, resolve_kernel, using_backend
 from aner_lang.runtime.nf4.linear import NF4Linear

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.tasks.chat import chat_tokens
 
 CONVERSATION = [

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.model.loss import IGNORE
 from aner_lang.runtime.tasks.batches import collate
 from aner_lang.runtime.tasks.data import from_jsonl, from_texts

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from aner_lang.records import Format
+from aner_lang.datafiles.records import Format
 from aner_lang.runtime.model.loss import IGNORE
 from aner_lang.runtime.tasks.batches import collate
 from aner_lang.runtime.tasks.data import Dataset, from_file, from_texts, pack_examples

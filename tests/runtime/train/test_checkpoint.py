@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.io import fingerprint
 from aner_lang.runtime.train import checkpoint
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import save as st_save
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime import adapters as A
 from aner_lang.runtime.io.tensor_file import _DTYPES, TensorFile
 from aner_lang.runtime.tasks.data import from_texts

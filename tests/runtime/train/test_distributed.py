@@ -341,7 +341,7 @@ def test_a_ranks_rows_are_fsdp2s_chunk(rows, size):
     "env", [{"RANK": "2", "WORLD_SIZE": "2"}, {"RANK": "x", "WORLD_SIZE": "2"}]
 )
 def test_a_rank_outside_its_world_is_a_clear_error(monkeypatch, env):
-    from aner_lang.errors import AnerRuntimeError
+    from aner_lang.problems.errors import AnerRuntimeError
     from aner_lang.runtime.io.world import world
 
     for k, v in env.items():
@@ -425,7 +425,7 @@ def test_a_sharded_base_gathers_a_layer_only_around_its_use(tiny_bytes_gguf, tmp
 
 
 def test_sharding_a_floating_point_base_is_refused(tiny_bytes_gguf):
-    from aner_lang.errors import AnerRuntimeError
+    from aner_lang.problems.errors import AnerRuntimeError
     from aner_lang.runtime.io.world import World
     from aner_lang.runtime.load.loader import load_model
     from aner_lang.runtime.train.distributed.base_shards import ShardedBase

@@ -105,7 +105,8 @@ def test_every_file_with_aner_rows_is_classified() -> None:
 
 
 def _predict(tmp_path: Path, shape: str, precision: str, activations: str, context: int,
-             graphs: bool) -> int:  # fmt: skip
+             graphs: bool, quantize_embeddings: bool = True) -> int:  # fmt: skip
+    """The plan's peak for one measured row (the rows were measured with NF4 tables)."""
     bench = _train_scale()
     sizes = dict(bench.SHAPES[shape])
     sizes.pop("context")
@@ -113,7 +114,8 @@ def _predict(tmp_path: Path, shape: str, precision: str, activations: str, conte
     script = _script(
         tmp_path,
         {**sizes, "model_type": "llama", "max_position_embeddings": 8192},
-        f"""let base = load_model("model", storage: nf4_double_quant, device: cuda)
+        f"""let base = load_model("model", storage: nf4_double_quant, device: cuda,
+                      quantize_embeddings: {str(quantize_embeddings).lower()})
 let data = texts(["a"], context: {context})
 let a = lora(base, rank: {bench.RANK}, alpha: {bench.ALPHA}, targets: [{targets}])
 let p = profile(precision: {precision}, activations: {activations}, graphs: {str(graphs).lower()})
@@ -126,6 +128,22 @@ let _run = train(a, data, p, steps: 10, micro_batch: 1)
     (planned,) = plan_calls(analysis, info, tmp_path)
     assert planned.peak is not None, planned.lines
     return planned.peak
+
+
+def test_plan_counts_16_bit_tables_unless_they_are_quantized(tmp_path: Path) -> None:
+    from aner_lang.runtime.train.footprint import nf4_bytes
+
+    c = _train_scale().SHAPES["llama3-8b"]
+    table = c["vocab_size"] * c["hidden_size"]  # untied: the embedding and lm_head
+    args = ("llama3-8b", "bfloat16", "keep", 2048, True)
+    packed = _predict(tmp_path / "a", *args, quantize_embeddings=True)
+    sixteen = _predict(tmp_path / "b", *args, quantize_embeddings=False)
+    # the tables' bytes, less the head's dequantization buffer a 16-bit head does not need
+    assert (
+        2 * (2 * table - nf4_bytes(table)) - 2 * table
+        < sixteen - packed
+        < 2 * (2 * table - nf4_bytes(table))
+    )
 
 
 def test_plan_is_within_its_stated_band_of_every_current_row(tmp_path: Path) -> None:

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from aner_lang.errors import AnerRuntimeError
-from aner_lang.preference_records import FeedbackFormat, PairFormat
-from aner_lang.records import Row
+from aner_lang.datafiles.preference_records import FeedbackFormat, PairFormat
+from aner_lang.datafiles.records import Row
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime import adapters
 from aner_lang.runtime.tasks.data import Dataset, from_texts
 from aner_lang.runtime.tasks.dataset_ops import inspect

@@ -25,8 +25,8 @@ peft = pytest.importorskip("peft")
 transformers = pytest.importorskip("transformers")
 datasets = pytest.importorskip("datasets")
 
-from aner_lang.preference_records import FeedbackFormat, PairFormat  # noqa: E402
-from aner_lang.records import Row  # noqa: E402
+from aner_lang.datafiles.preference_records import FeedbackFormat, PairFormat  # noqa: E402
+from aner_lang.datafiles.records import Row  # noqa: E402
 from aner_lang.runtime import adapters  # noqa: E402
 from aner_lang.runtime.adapters.files import save_adapter  # noqa: E402
 from aner_lang.runtime.load.loader import load_model  # noqa: E402

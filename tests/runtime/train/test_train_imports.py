@@ -6,6 +6,7 @@ seconds of start-up: dynamo and inductor 2.5 s, peft with transformers and bitsa
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -79,3 +80,31 @@ def test_a_training_run_imports_nothing_it_does_not_use(tiny_gguf, tmp_path, pre
         printed, loaded = _run(tmp_path)
         assert f"updates {steps}" in printed
         assert loaded == [], f"a {precision} run of {steps} updates imported {loaded}"
+
+
+_KERNELS_CHILD = """\
+import json, sys, torch
+from aner_lang.runtime.model import triton_ops
+assert triton_ops.kernels() is not None
+x = torch.randn(2, 3, 32).bfloat16().requires_grad_(True)
+triton_ops.RMSNorm.apply(x, torch.ones(32), 1e-5).sum().backward()
+gate, up = torch.randn(2, 64).bfloat16(), torch.randn(2, 64).bfloat16()
+triton_ops.SwiGLU.apply(gate, up)
+print(json.dumps(sorted(m for m in {unused!r} if m in sys.modules)))
+"""
+
+
+def test_the_half_precision_kernels_load_none_of_the_heavy_libraries():
+    """The GPU's half-precision kernels (run here by Triton's interpreter) load Triton and nothing
+    that Liger's kernels pulled in: peft, transformers, bitsandbytes."""
+    pytest.importorskip("triton")
+    heavy = ("transformers", "peft", "bitsandbytes", "liger_kernel", "torch._dynamo")
+    proc = subprocess.run(
+        [sys.executable, "-c", _KERNELS_CHILD.format(unused=heavy)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == []

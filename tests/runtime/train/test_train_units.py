@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime import adapters as A
 from aner_lang.runtime.tasks.data import from_texts
 from aner_lang.runtime.train.loss_scale import LossScaler

@@ -11,7 +11,7 @@ from datetime import datetime
 import pytest
 import torch
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime import adapters as A
 from aner_lang.runtime.tasks.data import from_texts
 from aner_lang.runtime.tasks.dataset_ops import pack

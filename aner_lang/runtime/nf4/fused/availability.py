@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib.util
 from functools import lru_cache
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 
 
 @lru_cache(maxsize=1)

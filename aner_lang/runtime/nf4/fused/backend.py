@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.model.precision import compute_dtype
 from aner_lang.runtime.nf4.fused import compiler, ops
 from aner_lang.runtime.nf4.fused.availability import require_fused

@@ -4,8 +4,10 @@ A compiled module is identified by its *kernel identity string*: the sha256 of t
 the NVRTC options, the target architecture and the precision profile. Profiles and checkpoints
 record it, so a result can be traced to the exact machine code that produced it. Modules are
 cached twice: per process (a dict, so a second layer costs nothing) and on disk (a cubin named by
-the sha256 of the identity, so a second process skips NVRTC). Writes to the disk cache are atomic
-(temporary file + rename), so concurrent processes never read half a cubin.
+the sha256 of the module's identity, so a second process skips NVRTC; that identity also names
+the NVRTC version, since another compiler makes other machine code from the same source). Writes
+to the disk cache are atomic (temporary file + rename), so concurrent processes never read half
+a cubin.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
+from aner_lang.runtime.io.fingerprint import cache_dir as aner_cache_dir
 
 SOURCE_NAME = "nf4.cu"
 # No --use_fast_math: the dequantized weights must be the exact fp32 products host_tiled computes.
@@ -35,9 +38,20 @@ def source_sha256() -> str:
     return hashlib.sha256(source_text().encode("utf-8")).hexdigest()
 
 
-def module_identity(arch: str) -> str:
-    """What the compiled module depends on: source, options and architecture (``sm_90``)."""
-    return f"nf4-fused src=sha256:{source_sha256()} opts={' '.join(OPTIONS)} arch={arch}"
+def nvrtc_version() -> str:
+    """The version of the NVRTC that compiles here (``13.0``)."""
+    from cupy_backends.cuda.libs import nvrtc
+
+    major, minor = nvrtc.getVersion()
+    return f"{major}.{minor}"
+
+
+def module_identity(arch: str, nvrtc: str) -> str:
+    """What the compiled module depends on: source, options, architecture (``sm_90``) and the
+    NVRTC version."""
+    return (
+        f"nf4-fused src=sha256:{source_sha256()} opts={' '.join(OPTIONS)} arch={arch} nvrtc={nvrtc}"
+    )
 
 
 def kernel_identity(arch: str, precision: str) -> str:
@@ -57,9 +71,10 @@ def kernel_identity(arch: str, precision: str) -> str:
 
 
 def cache_dir() -> Path:
-    """Where cubins are kept across processes (``ANER_KERNEL_CACHE`` overrides)."""
+    """Where cubins are kept across processes: ``kernels`` in Aner's cache folder
+    (``ANER_KERNEL_CACHE`` overrides)."""
     env = os.environ.get("ANER_KERNEL_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "aner" / "kernels"
+    return Path(env) if env else aner_cache_dir() / "kernels"
 
 
 def compile_cubin(arch: str) -> bytes:
@@ -91,7 +106,7 @@ def target_arch(capability: str) -> str:
 
 def cubin_path(arch: str) -> Path:
     """The on-disk cubin for ``arch``, compiled and written now if it is not there yet."""
-    ident = module_identity(arch)
+    ident = module_identity(arch, nvrtc_version())
     path = cache_dir() / f"{hashlib.sha256(ident.encode()).hexdigest()}.cubin"
     if not path.exists():
         cubin = compile_cubin(arch)
@@ -143,6 +158,10 @@ def load(device_index: int) -> CompiledModule:
             arch = target_arch(cupy.cuda.Device(device_index).compute_capability)  # e.g. "sm_90a"
             path = cubin_path(arch)
             mod = _MODULES[device_index] = CompiledModule(
-                arch, module_identity(arch), path, cupy.RawModule(path=str(path)), {}
+                arch,
+                module_identity(arch, nvrtc_version()),
+                path,
+                cupy.RawModule(path=str(path)),
+                {},
             )
     return mod

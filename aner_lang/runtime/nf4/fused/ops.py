@@ -52,7 +52,7 @@ from functools import cache
 import numpy as np
 import torch
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.model.chunking import row_slices
 from aner_lang.runtime.model.precision import matmul, matmul_into
 from aner_lang.runtime.nf4.fused import compiler, programmatic, tensor_map

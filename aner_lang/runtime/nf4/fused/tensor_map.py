@@ -14,7 +14,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.nf4.fused import driver
 
 # cuda.h enumerators

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.io.world import process_group
 from aner_lang.runtime.train.distributed.parallel import DataParallel, Parallel
 

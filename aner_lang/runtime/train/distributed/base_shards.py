@@ -39,7 +39,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.io.world import World
 from aner_lang.runtime.nf4.linear import NF4Linear
 from aner_lang.runtime.train.distributed.parallel import CollectiveDataParallel

@@ -46,7 +46,7 @@ from torch.distributed.fsdp import (
 )
 from torch.distributed.tensor import DTensor, Shard
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.io.world import World
 from aner_lang.runtime.model.precision import DTYPES
 from aner_lang.runtime.model.transformer import LlamaModel

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.train.footprint import PAGE_MIN_ELEMENTS
 from aner_lang.runtime.train.optim.adamw import AdamW
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.nf4.fused import compiler
 
 torch = pytest.importorskip("torch")
@@ -27,6 +27,37 @@ def test_identity_names_source_options_arch_and_precision() -> None:
     assert compiler.kernel_identity("sm_90", "float32") != ident
     with pytest.raises(AnerRuntimeError, match="no precision profile 'tf32'"):
         compiler.kernel_identity("sm_90", "tf32")
+
+
+def test_disk_cache_keys_name_the_nvrtc_version_and_live_in_aners_cache(
+    tmp_path, monkeypatch
+) -> None:
+    """A cubin is found again only for the same source, architecture and NVRTC version: another
+    NVRTC (a CUDA upgrade) or another architecture compiles anew into another file. The cache
+    lives in `kernels` under Aner's cache folder unless ANER_KERNEL_CACHE names one."""
+    monkeypatch.delenv("ANER_KERNEL_CACHE", raising=False)
+    monkeypatch.setenv("ANER_CACHE_DIR", str(tmp_path))
+    compiled: list[tuple[str, str]] = []
+    version = ["13.0"]
+    monkeypatch.setattr(compiler, "nvrtc_version", lambda: version[0])
+
+    def fake_compile(arch: str) -> bytes:
+        compiled.append((arch, version[0]))
+        return f"cubin {arch} {version[0]}".encode()
+
+    monkeypatch.setattr(compiler, "compile_cubin", fake_compile)
+    first = compiler.cubin_path("sm_90a")
+    assert first.parent == tmp_path / "kernels" and compiler.cubin_path("sm_90a") == first
+    version[0] = "13.1"
+    upgraded = compiler.cubin_path("sm_90a")
+    other_arch = compiler.cubin_path("sm_80")
+    assert len({first, upgraded, other_arch}) == 3
+    assert compiled == [("sm_90a", "13.0"), ("sm_90a", "13.1"), ("sm_80", "13.1")]
+    assert (
+        upgraded.read_bytes() == b"cubin sm_90a 13.1" and first.read_bytes() == b"cubin sm_90a 13.0"
+    )
+    monkeypatch.setenv("ANER_KERNEL_CACHE", str(tmp_path / "mine"))
+    assert compiler.cubin_path("sm_80").parent == tmp_path / "mine"
 
 
 @pytest.mark.skipif(importlib.util.find_spec("cupy_backends") is None, reason="needs CuPy's NVRTC")

@@ -13,7 +13,8 @@ everywhere:
   bytes are an error naming the file, line and column.
 
 Every write of a file a user names goes through here too (`write_json`, `save_adapter`,
-`export_gguf` and the other exporters), under one rule:
+`export_gguf` and the other exporters, `train`'s checkpoints folder and event log), under one
+rule:
 
 * An existing file, or a folder that holds anything, is never replaced unless the call says
   `overwrite: true`; and a protected path (the model's own base file or folder, and anything
@@ -21,6 +22,13 @@ Every write of a file a user names goes through here too (`write_json`, `save_ad
 * A file appears whole or not at all: it is written to a temporary sibling, flushed to disk, and
   then linked into place (which fails if the name was taken meanwhile) or, with `overwrite`,
   renamed over the old one. The temporary file is removed if anything fails.
+* Every file written gets the permissions a new file gets from the process's umask (0644 under
+  the usual 022), and every folder those of a new folder (0755), whichever library wrote it: some
+  write theirs private (safetensors writes 0600), which would leave one file of an exported
+  folder unreadable to the people its siblings are readable to.
+* A path is written as the kind it already is: a folder never replaces a file nor goes inside
+  one, a file never replaces a folder (E-FILE-KIND naming the path in the way, before anything
+  is written).
 
 The limits are the bounds `docs/security.md` states; each caller passes the one for its kind of
 file. This module imports nothing heavy, so the front end uses it too.
@@ -37,7 +45,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.problems.errors import AnerRuntimeError
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 SCRIPT_LIMIT = 8 * MiB
@@ -58,6 +66,13 @@ def check_name(path: str | Path) -> None:
     """A path no file can have (one with a NUL character) is an error, not a Python exception."""
     if "\0" in str(path):
         raise _fail(repr(str(path)), "a path cannot contain a NUL character", "E-FILE-NAME")
+
+
+def resolve(path: str, base: Path) -> Path:
+    """A path as a script names it, made absolute: relative to the script's folder `base`
+    (absolute paths and `~` as the user's home are kept), the same for a run and its checks."""
+    p = Path(path).expanduser()
+    return p if p.is_absolute() else base / p
 
 
 def regular_size(path: str | Path, limit: int | None = None) -> int:
@@ -242,17 +257,61 @@ def replacing(
         if folder:
             tmp.mkdir()
         yield tmp
+        settle_modes(tmp)
         publish(tmp, out, overwrite=overwrite)
 
 
-def make_parent(out: Path) -> None:
-    """Create the folder `out` goes in (and its parents): an error naming it if that fails."""
+def settle_modes(path: Path) -> None:
+    """Give the file `path`, or the folder `path` and everything in it, the permissions of a new
+    file or folder under the umask (the rule of the module docstring). Links are left alone."""
+    mask = _umask()
+    found = [(str(path), path.is_dir())]
+    for root, dirs, names in os.walk(path):  # nothing when `path` is a file
+        found += [(os.path.join(root, d), True) for d in dirs]
+        found += [(os.path.join(root, n), False) for n in names]
+    for item, is_folder in found:
+        if not os.path.islink(item):
+            os.chmod(item, (0o777 if is_folder else 0o666) & ~mask)
+
+
+def _umask() -> int:
+    """The process's umask: read from /proc where Linux shows it (setting it to read it back
+    would briefly change it for every thread), else set and restored at once."""
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f.read(1 << 16).splitlines():
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def make_parent(out: Path) -> None:
+    """Create the folder `out` goes in (and its parents), under `make_folder`'s rule."""
+    make_folder(out.parent)
+
+
+def make_folder(folder: str | Path) -> Path:
+    """Create the folder `folder` to write into, and the folders above it: E-FILE-KIND naming
+    the path in the way when it or a folder above it exists as something else (a file), an
+    error naming it if creating fails otherwise. Returns it as a Path."""
+    check_name(folder)
+    out = Path(folder)
+    for p in (out, *out.parents):
+        if not os.path.lexists(p):
+            continue
+        if not p.is_dir():
+            inside = "" if p == out else f" ({out} would be created inside it)"
+            raise _fail(p, f"is a file, not a folder{inside}", "E-FILE-KIND")
+        break
+    try:
+        out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise _fail(
-            out.parent, f"cannot be created as a folder: {exc.strerror or exc}", "E-IO"
-        ) from None
+        raise _fail(out, f"cannot be created as a folder: {exc.strerror or exc}", "E-IO") from None
+    return out
 
 
 @contextmanager

@@ -25,8 +25,8 @@ A format turns a row into a record (`TextRecord` or `ChatRecord`):
   line, input) and an assistant turn, through the model's chat template.
 * ``auto``: the first of chat, alpaca, prompt_completion, text whose fields the row has.
 
-Everything here is torch-free: `aner check` reads the first rows of a literal data path with the
-same rules the run uses. A bad row is an error naming the file and line.
+Everything here is torch-free: `aner check` reads every row of a literal data path with the
+same rules the run uses (`check_records`). A bad row is an error naming the file and line.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from aner_lang import files
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.host import files, json_text
+from aner_lang.problems.errors import AnerRuntimeError
 
 ROLES = ("system", "user", "assistant", "tool")
 SHAREGPT_ROLES = {
@@ -261,7 +261,7 @@ def _jsonl_rows(path: Path) -> Iterator[Row]:
         if not line.strip():
             continue
         try:
-            value = json.loads(line)
+            value = json_text.loads(line)
         except json.JSONDecodeError as exc:
             raise AnerRuntimeError(
                 f"{path}:{n}: not valid JSON ({exc.msg}, column {exc.colno})", code="E-DATA-JSON"
@@ -324,5 +324,21 @@ def records(path: Path, fmt: RowFormat[R], limit: int | None = None) -> list[R]:
     """The records of a data file; E-DATA-EMPTY when it has none."""
     out = [fmt.record(row) for row in rows(path, limit)]
     if not out:
-        raise AnerRuntimeError(f"{path}: the file has no examples", code="E-DATA-EMPTY")
+        raise _empty(path)
     return out
+
+
+def check_records(path: Path, fmt: RowFormat[object]) -> int:
+    """The number of records of a data file, every row checked as `records` checks it (the same
+    errors, E-DATA-EMPTY included) but none kept: memory is bounded by a row, not the file."""
+    count = 0
+    for row in rows(path):
+        fmt.record(row)
+        count += 1
+    if not count:
+        raise _empty(path)
+    return count
+
+
+def _empty(path: Path) -> AnerRuntimeError:
+    return AnerRuntimeError(f"{path}: the file has no examples", code="E-DATA-EMPTY")

@@ -12,7 +12,7 @@ class AnerRuntimeError(Exception):
     """A user-facing failure raised by a builtin implementation.
 
     `code` is a stable error code (e.g. ``"E-GGUF-TRUNCATED"``), registered with its explanation in
-    `aner_lang.error_codes`; it has no default, so that every failure names a registered code.
+    `aner_lang.problems.error_codes`; it has no default, so that every failure names a registered code.
     `notes` are extra lines shown under the message (what was expected, how to fix it).
     """
 
@@ -50,3 +50,17 @@ class RunStopped(BaseException):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+
+
+class OutputClosed(BaseException):
+    """The reader of a run's output went away (`aner run s.aner | head` after `head` exits).
+
+    Not a failure of the script: the run stops where it printed, as a Unix filter stops on
+    SIGPIPE. A `BaseException`, like `RunStopped`, so that it travels straight to the `aner`
+    command, which ends quietly with `EXIT_OUTPUT_CLOSED`.
+    """
+
+
+EXIT_OUTPUT_CLOSED = 141
+"""The `aner` command's exit status when its output was closed: 128 + SIGPIPE, the status a shell
+reports for a filter that SIGPIPE ended (`set -o pipefail` sees it as such)."""

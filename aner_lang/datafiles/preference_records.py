@@ -1,7 +1,7 @@
 """Preference data files as records: pairs (a prompt, a chosen and a rejected response) for DPO
 and ORPO, and unpaired feedback (a prompt, a completion, a desirable/undesirable label) for KTO.
 
-Rows are read by `aner_lang.records.rows` (JSONL, CSV, Parquet), so errors name the file and line
+Rows are read by `aner_lang.datafiles.records.rows` (JSONL, CSV, Parquet), so errors name the file and line
 the same way. A pair row has ``chosen`` and ``rejected`` and, in most shapes, a ``prompt``:
 
 * Strings with a string prompt: plain text, the prompt unscored, each response followed by EOS
@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from aner_lang.records import ChatRecord, Record, Row, TextRecord, _field_error, _message
+from aner_lang.datafiles.records import ChatRecord, Record, Row, TextRecord, _field_error, _message
 
 HH_TURN = re.compile(r"\n\n(Human|Assistant): ")
 """A turn marker of the Anthropic HH format; the text between markers is the turn's content."""

@@ -1,7 +1,9 @@
 """`aner check-docs`: type-check the ```aner fenced blocks of Markdown files.
 
-Fence info strings: ``aner`` (must check without errors), ``aner error`` (must report at least one
-error: it documents a mistake), ``aner skip`` (not checked). Diagnostics are reported at the
+Fence info strings: ``aner`` (must type-check without errors; the files it names need not
+exist), ``aner error`` (must report at least one error as `aner check` reports them, the
+machine's and the files' checks included: it documents a mistake, some only `aner check`'s
+prechecks see, such as a model path that names nothing), ``aner skip`` (not checked). Diagnostics are reported at the
 Markdown file's own line and column (`docs/language.md:42:9`). Each block is checked on its own,
 with imports relative to the Markdown file's directory.
 """
@@ -12,12 +14,13 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
-from aner_lang import diagnostics as msg
-from aner_lang import files
 from aner_lang.check import analyze
-from aner_lang.diagnostics import Diagnostic
-from aner_lang.errors import AnerRuntimeError
+from aner_lang.check.before_run import check_before_run
 from aner_lang.grammar.ast import Span
+from aner_lang.host import files
+from aner_lang.problems import diagnostics as msg
+from aner_lang.problems.diagnostics import Diagnostic
+from aner_lang.problems.errors import AnerRuntimeError
 
 _FENCE = re.compile(r"^(\s*)(```+|~~~+)\s*aner\b\s*([A-Za-z-]*)\s*$")
 
@@ -67,17 +70,16 @@ def check_markdown(path: Path) -> tuple[list[Diagnostic], int]:
         if mode == "skip":
             continue
         checked += 1
-        analysis = analyze(code, str(path.parent / "<doc-block>.aner"))
-        errors = analysis.errors
+        script = str(path.parent / "<doc-block>.aner")
         if mode == "error":
-            if not errors:
+            if not check_before_run(code, script).errors:
                 found.append(
                     msg.doc_block_should_fail(Span(first_line - 1, 1, first_line - 1, 4, 0, 0)).at(
                         str(path)
                     )
                 )
             continue
-        found += [_shift(d, first_line, str(path)) for d in errors]
+        found += [_shift(d, first_line, str(path)) for d in analyze(code, script).errors]
     return found, checked
 
 

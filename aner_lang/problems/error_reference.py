@@ -1,4 +1,4 @@
-"""Render the error-code registry (`aner_lang.error_codes`): one entry for `aner explain CODE`, the
+"""Render the error-code registry (`aner_lang.problems.error_codes`): one entry for `aner explain CODE`, the
 list for `aner explain`, and `docs/errors.md` for `aner explain --markdown`.
 
 An entry reads the same in a terminal and in the docs (Markdown, as `rustc --explain` prints it).
@@ -9,7 +9,7 @@ fail only when run; a situation is prose.
 
 from __future__ import annotations
 
-from aner_lang.error_codes import ERROR_CODES, Area, ErrorCode, ExampleKind
+from aner_lang.problems.error_codes import ERROR_CODES, Area, ErrorCode, ExampleKind
 
 _INTRO = {
     ExampleKind.CHECK: "`aner check` reports `{code}` for this script:",
@@ -58,7 +58,7 @@ def render_markdown() -> str:
     out = [
         "# Aner error codes",
         "",
-        "Generated from the registry in `aner_lang/error_codes.py` by",
+        "Generated from the registry in `aner_lang/problems/error_codes.py` by",
         "`aner explain --markdown -o docs/errors.md`; do not edit by hand. `aner explain CODE`",
         "prints one entry in a terminal. Codes starting with `W-` are warnings; all others are",
         "errors.",
