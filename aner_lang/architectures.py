@@ -73,7 +73,9 @@ class Norm:
     """Its Hugging Face name inside the layer (``input_layernorm``)."""
     gguf: str
     block: str
-    """The block it normalises the input of (``self_attn`` or ``mlp``)."""
+    """The block it normalises the input of (``self_attn`` or ``mlp``), or the output of."""
+    after: bool = False
+    """Whether it normalises the block's output before the residual add (Gemma's post-norms)."""
 
     def gguf_tensor(self, layer: int) -> str:
         return f"blk.{layer}.{self.gguf}.weight"
@@ -149,7 +151,20 @@ class Architecture:
     biased: tuple[str, ...] = ()
     """Projections that carry a bias (Qwen2's q, k and v)."""
     qk_norm: bool = False
-    """Whether queries and keys are RMS-normalised per head before rope (Qwen3)."""
+    """Whether queries and keys are RMS-normalised per head before rope (Qwen3, Gemma 3)."""
+    activation: str = "silu"
+    """The MLP gate's activation: ``silu`` (SwiGLU) or ``gelu_tanh`` (Gemma's GeGLU, HF's
+    ``gelu_pytorch_tanh``)."""
+    scaled_embedding: bool = False
+    """Whether the embedding rows are multiplied by sqrt(hidden_size), rounded to the compute
+    dtype (Gemma)."""
+    sliding_pattern: int = 0
+    """Every n-th layer attends globally, the others over a sliding window, as llama.cpp assumes
+    for the architecture's GGUF files (Gemma 3: 6); 0: every layer global."""
+    hf_norm_offset: float = 0.0
+    """What Hugging Face files leave out of every RMSNorm weight: Gemma stores ``w`` and scales by
+    ``1 + w``. GGUF files and Aner's modules hold the whole factor (llama.cpp's converter adds
+    the 1), so reading a folder adds it and writing one subtracts it."""
     embedding: str = "token_embd.weight"
     output: str = "output.weight"
     """The untied ``lm_head``; absent from the file when embeddings are tied."""
@@ -183,7 +198,8 @@ class Architecture:
         out: list[Norm | Projection] = []
         for norm in self.norms:
             out.append(norm)
-            out += [p for p in self.projections if p.block == norm.block]
+            if not norm.after:
+                out += [p for p in self.projections if p.block == norm.block]
         return tuple(out)
 
     def layer_weights(self, i: int, experts: int = 0) -> list[Weight]:
@@ -468,8 +484,29 @@ QWEN3_MOE = Architecture(
 `mlp_only_layers` leaves out) are top-k of `num_experts` experts, renormalised when
 `norm_topk_prob`."""
 
+GEMMA3 = Architecture(
+    name="gemma3",
+    gguf_architectures=("gemma3",),
+    hf_model_types=("gemma3_text",),
+    projections=_projections(permuted=False),
+    norms=(
+        Norm("input_layernorm", "attn_norm", "self_attn"),
+        Norm("post_attention_layernorm", "post_attention_norm", "self_attn", after=True),
+        Norm("pre_feedforward_layernorm", "ffn_norm", "mlp"),
+        Norm("post_feedforward_layernorm", "post_ffw_norm", "mlp", after=True),
+    ),
+    qk_norm=True,
+    activation="gelu_tanh",
+    scaled_embedding=True,
+    sliding_pattern=6,
+    hf_norm_offset=1.0,
+)
+"""Gemma 3 (text): a norm before and after each block, q/k norms, GeGLU, a scaled embedding,
+sliding-window layers with their own rope base (`ModelConfig.layer_types`). llama.cpp's rope for
+Gemma is HF's split-half layout, so no rows are permuted."""
+
 ARCHITECTURES: dict[str, Architecture] = {
-    a.name: a for a in (LLAMA, QWEN2, QWEN3, PHI3, MIXTRAL, QWEN3_MOE)
+    a.name: a for a in (LLAMA, QWEN2, QWEN3, PHI3, MIXTRAL, QWEN3_MOE, GEMMA3)
 }
 
 

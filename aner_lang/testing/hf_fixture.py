@@ -9,6 +9,8 @@ tokenizer.json, tokenizer_config.json with a chat template) whose distinctive fe
 | ``mistral`` | `MistralForCausalLM` | untied output, GQA, Tekken pre-tokenizer, BOS |
 | ``qwen2`` | `Qwen2ForCausalLM` | q/k/v biases, tied embeddings, a padded vocabulary, Qwen2 split |
 | ``qwen3`` | `Qwen3ForCausalLM` | q/k RMSNorm, head size unlike hidden/heads, untied output |
+| ``gemma3`` | `Gemma3ForCausalLM` | sandwich norms (1 + w), q/k norms, GeGLU, scaled embedding, a |
+| | | 4-position sliding window on 5 of 6 layers with their own rope base, SentencePiece-style BPE |
 | ``phi3`` | `Phi3ForCausalLM` | fused qkv and gate/up matrices, GQA, untied output (Phi-3, Phi-4) |
 | ``phi4mini`` | `Phi3ForCausalLM` | as ``phi3``, plus LongRoPE and partial rotary dims, tied (Phi-4-mini) |
 | ``mixtral`` | `MixtralForCausalLM` | 4 experts, top 2 (renormalised), untied output, GQA |
@@ -20,7 +22,8 @@ whose every member converts to GGUF, leaves them out.
 Every parameter is seeded noise (biases and norm weights included: transformers initialises those
 to 0 and 1, which would hide a missing bias or norm). The tokenizer is a byte-level BPE trained
 with the `tokenizers` library on a small corpus, with the family's own split regex as its
-tokenizer.json writes it. `write_gguf_from_hf` converts a folder to GGUF through Aner's exporter,
+tokenizer.json writes it (Gemma: SentencePiece-style BPE with byte fallback and scores, as
+`build_spm_tokenizer` says). `write_gguf_from_hf` converts a folder to GGUF through Aner's exporter,
 which writes llama.cpp's converter's layout (names, q/k permutation, rope_freqs, metadata).
 """
 
@@ -31,9 +34,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from aner_lang.architectures import for_hf
 from aner_lang.runtime.model.tokenizer import HF_SPLIT_NAMES
 
-FAMILIES = ("llama3", "mistral", "qwen2", "qwen3", "phi3", "phi4mini")
+FAMILIES = ("llama3", "mistral", "qwen2", "qwen3", "gemma3", "phi3", "phi4mini")
 MOE_FAMILIES = ("mixtral", "qwen3_moe")
 CORPUS = [
     "Aner is a small, statically typed scripting language for adapting language models.",
@@ -59,6 +63,8 @@ class Family:
     template: str
     ignore_merges: bool = False
     nfc: bool = False
+    spm: bool = False
+    """SentencePiece-style BPE (`build_spm_tokenizer`) instead of byte-level BPE."""
 
 
 _LLAMA3_TEMPLATE = (
@@ -83,6 +89,11 @@ _QWEN = Family(
     "<|im_end|>",
     _CHATML,
     nfc=True,
+)
+_GEMMA_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<start_of_turn>"
+    "{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n{{ m['content'] | trim }}"
+    "<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
 )
 _PHI3_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
@@ -125,6 +136,15 @@ FAMILY = {
     ),
     "qwen2": _QWEN,
     "qwen3": replace(_QWEN, model_type="qwen3"),
+    "gemma3": Family(
+        "gemma3_text",
+        "",
+        ("<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"),
+        "<bos>",
+        "<eos>",
+        _GEMMA_TEMPLATE,
+        spm=True,
+    ),
     "phi3": _PHI3,
     "phi4mini": _PHI3,
     "qwen3_moe": replace(_QWEN, model_type="qwen3_moe"),
@@ -174,6 +194,50 @@ def build_tokenizer(family: str, vocab_size: int = 320) -> Any:
     return tok
 
 
+def build_spm_tokenizer(family: str, vocab_size: int = 400) -> Any:
+    """A SentencePiece-style `tokenizers.Tokenizer` as Gemma's tokenizer.json is: the family's
+    special tokens first, then the 256 ``<0xXX>`` byte-fallback tokens, then pieces learnt by BPE
+    on `CORPUS` (spaces as "▁", no pre-tokenizer), each scored by when it was learnt, with every
+    split of a piece into two pieces a merge ranked by the piece's score (`spm_merges`, as
+    transformers' converter derives merges from SentencePiece scores)."""
+    from tokenizers import (
+        AddedToken,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        processors,
+        trainers,
+    )
+
+    from aner_lang.runtime.model.tokenizer import spm_merges
+
+    f = FAMILY[family]
+    learner = Tokenizer(models.BPE())
+    learner.normalizer = normalizers.Replace(" ", "\u2581")
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False)
+    learner.train_from_iterator(CORPUS, trainer)
+    learnt = sorted(learner.get_vocab().items(), key=lambda kv: kv[1])
+    tokens = [*f.specials, *(f"<0x{b:02X}>" for b in range(256)), *(t for t, _ in learnt)]
+    scores = [0.0] * (len(tokens) - len(learnt)) + [-float(i) for i in range(len(learnt))]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    tok = Tokenizer(
+        models.BPE(
+            vocab, spm_merges(tokens, scores), unk_token="<unk>", fuse_unk=True, byte_fallback=True
+        )
+    )
+    tok.normalizer = normalizers.Replace(" ", "\u2581")
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+    )
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in f.specials])
+    assert f.bos is not None
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{f.bos} $A", pair=f"{f.bos} $A {f.bos} $B", special_tokens=[(f.bos, vocab[f.bos])]
+    )
+    return tok
+
+
 def _config(family: str, vocab: int) -> Any:
     import transformers
 
@@ -212,6 +276,21 @@ def _config(family: str, vocab: int) -> Any:
             **common,
             tie_word_embeddings=True,
             rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        )
+    if family == "gemma3":
+        return transformers.Gemma3TextConfig(
+            **{**common, "num_hidden_layers": 6, "num_key_value_heads": 1},
+            head_dim=24,
+            query_pre_attn_scalar=24,
+            sliding_window=4,
+            tie_word_embeddings=True,
+            rope_parameters={
+                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            },
+            pad_token_id=0,
+            eos_token_id=1,
+            bos_token_id=2,
         )
     if family in ("phi3", "phi4mini"):
         return _phi3_config(family, common)
@@ -275,18 +354,21 @@ def build_hf_model(family: str, vocab: int, seed: int = 0) -> Any:
         "mistral": transformers.MistralForCausalLM,
         "qwen2": transformers.Qwen2ForCausalLM,
         "qwen3": transformers.Qwen3ForCausalLM,
+        "gemma3": transformers.Gemma3ForCausalLM,
         "phi3": transformers.Phi3ForCausalLM,
         "phi4mini": transformers.Phi3ForCausalLM,
         "mixtral": transformers.MixtralForCausalLM,
         "qwen3_moe": transformers.Qwen3MoeForCausalLM,
     }
     model = classes[family](_config(family, vocab))
+    # norm factors near 1 whether the file stores the factor or its offset from 1 (Gemma)
+    unit = 1.0 - for_hf(FAMILY[family].model_type).hf_norm_offset  # type: ignore[union-attr]
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             noise = torch.randn(p.shape, generator=gen)
             if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.1 * noise)
+                p.copy_(unit + 0.1 * noise)
             elif p.dim() == 1:
                 p.copy_(0.1 * noise)
             else:
@@ -302,7 +384,7 @@ def write_hf_model(folder: str | Path, family: str, seed: int = 0) -> Path:
     f = FAMILY[family]
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
-    tok = build_tokenizer(family)
+    tok = build_spm_tokenizer(family) if f.spm else build_tokenizer(family)
     size = tok.get_vocab_size()
     vocab = -(-size // 64) * 64 if family == "qwen2" else size  # Qwen pads its embedding
     model = build_hf_model(family, vocab, seed)

@@ -11,7 +11,9 @@ Names: the runtime's module tree uses HF's module names (docs/internals.md), so 
 saved as ``model.<module>.weight`` (``lm_head.weight`` for an untied output), for every
 architecture of `aner_lang.architectures`. An architecture's table name is HF's ``model_type``
 and its class is ``<Name>ForCausalLM`` (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
-Qwen3ForCausalLM, Phi3ForCausalLM), which is how `transformers` chooses the model class.
+Qwen3ForCausalLM, Phi3ForCausalLM), which is how `transformers` chooses the model class; Gemma 3
+is written as ``gemma3_text``/``Gemma3ForCausalLM`` with its sliding-window fields, its norm
+weights as the offsets from 1 its files store.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.export.files import refuse_experts, require_model
 from aner_lang.runtime.io.world import once
 from aner_lang.runtime.model.linear import FrozenLinear
+from aner_lang.runtime.model.transformer import RMSNorm
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 WEIGHTS = "model.safetensors"
@@ -51,17 +54,56 @@ def _hf_tensors(model: Any, dtype: torch.dtype) -> dict[str, torch.Tensor]:
             bias = getattr(sub, "bias", None)
             if isinstance(bias, torch.Tensor):
                 out[f"model.{name}.bias"] = bias.detach().to(dtype).contiguous().cpu()
+    offset = model.architecture.hf_norm_offset  # Gemma's files store factor - 1
     for name, p in module.named_parameters():
         owner = name.rsplit(".", 1)[0]
         if owner not in inside_linear:
-            out[f"model.{name}"] = p.detach().to(dtype).contiguous().cpu()
+            t = p.detach()
+            if offset and isinstance(module.get_submodule(owner), RMSNorm):
+                t = t.float() - offset
+            out[f"model.{name}"] = t.to(dtype).contiguous().cpu()
     return out
+
+
+_SLIDING_FIELDS = ("query_pre_attn_scalar", "sliding_window", "layer_types", "rope_local_theta")
+
+
+def _sliding_config(c: Any) -> dict[str, Any]:
+    """A sliding-window model's config.json fields as transformers 5 names them (Gemma 3):
+    ``layer_types``, ``sliding_window``, ``query_pre_attn_scalar`` and ``rope_parameters`` per
+    layer type (only global layers' rope scaled)."""
+    full: dict[str, Any] = {"rope_type": "default", "rope_theta": c.rope_theta}
+    scalar = c.query_pre_attn_scalar or c.head_dim  # transformers' config takes an int
+    if c.rope_scaling is not None:
+        full = {**full, "rope_type": c.rope_scaling.rope_type, "factor": c.rope_scaling.factor}
+    return {
+        "architectures": ["Gemma3ForCausalLM"],
+        "model_type": "gemma3_text",
+        "hidden_activation": "gelu_pytorch_tanh",
+        "hidden_act": "gelu_pytorch_tanh",
+        "layer_types": list(c.layer_types),
+        "sliding_window": c.sliding_window,
+        "query_pre_attn_scalar": int(scalar) if float(scalar).is_integer() else scalar,
+        "rope_parameters": {
+            "full_attention": full,
+            "sliding_attention": {
+                "rope_type": "default",
+                "rope_theta": c.rope_local_theta or c.rope_theta,
+            },
+        },
+    }
 
 
 def _config(model: Any, dtype: str) -> dict[str, Any]:
     c, tok = model.config, model.tokenizer
     fields = asdict(c)
     arch = fields.pop("architecture")
+    for key in _SLIDING_FIELDS:
+        fields.pop(key)
+    sliding: dict[str, Any] = {}
+    if model.architecture.sliding_pattern:
+        fields.pop("rope_scaling")
+        sliding = _sliding_config(c)
     s = c.rope_scaling
     if s is not None and s.rope_type == "longrope":  # as Phi-3's own configs write it
         fields["original_max_position_embeddings"] = s.original_max_position_embeddings
@@ -77,6 +119,7 @@ def _config(model: Any, dtype: str) -> dict[str, Any]:
         "model_type": arch,
         **fields,
         "hidden_act": "silu",
+        **sliding,
         "bos_token_id": tok.bos_id,
         "eos_token_id": tok.eos_id,
         "pad_token_id": tok.pad_id,
@@ -123,6 +166,8 @@ def _scaled_rope(model: Any) -> bool:
         return False
     d = c.rotary_dim
     plain = 1.0 / (c.rope_theta ** (torch.arange(0, d, 2).float() / d))
+    if model.architecture.sliding_pattern and c.rope_scaling is not None:  # in rope_parameters
+        plain = plain / c.rope_scaling.factor
     used = model.module.rotary.get_buffer("inv_freq").float().cpu()
     return not torch.allclose(used, plain, rtol=1e-6, atol=0.0)
 

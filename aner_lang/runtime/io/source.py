@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 import torch
 
-from aner_lang.architectures import Weight
+from aner_lang.architectures import ARCHITECTURES, Kind, Weight
 from aner_lang.host import files, json_text
 from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.io.gguf import GGUFFile, unpermute_rows
@@ -198,6 +198,9 @@ class SafetensorsSource:
             t = f.get_tensor(weight.hf)
         if t.device != device:
             t = t.to(device)
+        offset = ARCHITECTURES[config.architecture].hf_norm_offset
+        if weight.kind is Kind.NORM and offset:  # Gemma stores w of the factor 1 + w
+            return t.to(torch.float32).add(offset).to(dtype)
         return t.to(dtype)
 
 

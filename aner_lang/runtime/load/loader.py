@@ -56,6 +56,8 @@ from aner_lang.runtime.model.tokenizer import Tokenizer
 from aner_lang.runtime.model.transformer import (
     FusedGateUpMLP,
     FusedQKVAttention,
+    GemmaDecoderLayer,
+    GemmaMLP,
     LlamaAttention,
     LlamaDecoderLayer,
     LlamaMLP,
@@ -86,6 +88,9 @@ def _frozen_linear(storage: str) -> Any:
         ) from None
     return lambda w: NF4Linear(quantize_nf4(w))
 
+
+MLPS = {"silu": LlamaMLP, "gelu_tanh": GemmaMLP}
+"""The feed-forward module of each `Architecture.activation`."""
 
 EMBEDDINGS = ("embed_tokens", "lm_head")
 """The weights (`Weight.name`) an NF4 base keeps 16-bit unless told to quantize them."""
@@ -205,26 +210,38 @@ def assemble(
         else:
             attn = LlamaAttention(
                 config,
-                *(part(f"self_attn.{p}") for p in ("q_proj", "k_proj", "v_proj", "o_proj")),
-                *(part(f"self_attn.{b}_bias") for b in ("q", "k", "v")),
-                *(part(f"self_attn.{n}_norm") for n in ("q", "k")),
+                part("self_attn.q_proj"),
+                part("self_attn.k_proj"),
+                part("self_attn.v_proj"),
+                part("self_attn.o_proj"),
+                q_bias=part("self_attn.q_bias"),
+                k_bias=part("self_attn.k_bias"),
+                v_bias=part("self_attn.v_bias"),
+                q_norm=part("self_attn.q_norm"),
+                k_norm=part("self_attn.k_norm"),
+                scale=scalar**-0.5 if (scalar := config.query_pre_attn_scalar) else None,
+                window=config.sliding_window if config.sliding(i) else None,
             )
             mlp = _mlp(config, part, config.experts_in(i))
-        norms = (part(n.module) for n in arch.norms)
-        layers.append(LlamaDecoderLayer(attn, mlp, *norms))
+        norms = {n.module: part(n.module) for n in arch.norms}
+        sandwich = any(n.after for n in arch.norms)
+        layers.append((GemmaDecoderLayer if sandwich else LlamaDecoderLayer)(attn, mlp, **norms))
     embed: FrozenLinear = parts["embed_tokens"]
     lm_head = embed if config.tie_word_embeddings else parts["lm_head"]
-    return LlamaModel(config, embed, layers, parts["norm"], lm_head, rope_freqs)
+    scale = config.hidden_size**0.5 if arch.scaled_embedding else None
+    return LlamaModel(config, embed, layers, parts["norm"], lm_head, rope_freqs, scale)
 
 
 def _mlp(config: ModelConfig, part: Any, experts: int) -> LlamaMLP | MoeMLP:
-    """A layer's dense MLP, or its router and `experts` expert MLPs."""
+    """A layer's dense MLP, or its router and `experts` expert MLPs (each gated by the
+    architecture's activation, `MLPS`)."""
     targets = ("gate_proj", "up_proj", "down_proj")
+    kind = MLPS[ARCHITECTURES[config.architecture].activation]
     if not experts:
-        return LlamaMLP(*(part(f"mlp.{p}") for p in targets))
+        return kind(*(part(f"mlp.{p}") for p in targets))
     return MoeMLP(
         part("mlp.gate"),
-        [LlamaMLP(*(part(f"mlp.experts.{e}.{p}") for p in targets)) for e in range(experts)],
+        [kind(*(part(f"mlp.experts.{e}.{p}") for p in targets)) for e in range(experts)],
         config.num_experts_per_tok,
         config.norm_topk_prob,
     )

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeGuard
 
-from aner_lang.architectures import ARCHITECTURES, for_gguf, for_hf
+from aner_lang.architectures import ARCHITECTURES, Architecture, for_gguf, for_hf
 from aner_lang.grammar.limits import INT_MAX
 from aner_lang.problems.errors import AnerRuntimeError
 
@@ -28,6 +28,15 @@ if TYPE_CHECKING:
     from aner_lang.runtime.io.gguf import GGUFFile
 
 ROPE_SCALINGS = ("llama3", "linear", "longrope")
+SLIDING, FULL = "sliding_attention", "full_attention"
+LOCAL_THETA = 10000.0
+"""The rope base of sliding layers that llama.cpp assumes when a GGUF does not say (Gemma 3's)."""
+
+
+def every_nth_full(layers: int, n: int) -> tuple[str, ...]:
+    """Layer types with every `n`-th layer full attention and the others sliding (HF's
+    ``sliding_window_pattern``)."""
+    return tuple(SLIDING if (i + 1) % n else FULL for i in range(layers))
 
 
 @dataclass(frozen=True)
@@ -73,6 +82,21 @@ class ModelConfig:
     architecture: str = "llama"
     """The key of this model's table in `aner_lang.architectures.ARCHITECTURES`."""
     rope_scaling: RopeScaling | None = None
+    """Scales the rope of full-attention layers only (Gemma 3 scales its global layers)."""
+    query_pre_attn_scalar: float | None = None
+    """Attention scores are divided by its square root (None: by the head size's)."""
+    sliding_window: int | None = None
+    """How many positions (the query's own included) a sliding-attention layer sees."""
+    layer_types: tuple[str, ...] = ()
+    """Per layer, ``sliding_attention`` or ``full_attention`` (empty: every layer full), HF's
+    names; sliding layers see `sliding_window` positions and use `rope_local_theta`."""
+    rope_local_theta: float | None = None
+    """The rope base of sliding layers, unscaled (None: `rope_theta`)."""
+
+    def sliding(self, layer: int) -> bool:
+        """Whether `layer` attends over a sliding window."""
+        return bool(self.layer_types) and self.layer_types[layer] == SLIDING
+
     partial_rotary_factor: float = 1.0
     """The fraction of each head's dimensions rope rotates (the first `rotary_dim`; Phi-4-mini:
     0.75); the rest pass through unrotated."""
@@ -224,6 +248,19 @@ def _check(source: str, code: str, c: ModelConfig) -> ModelConfig:
         v = float(getattr(c, field))
         if not math.isfinite(v) or v <= 0:
             raise bad(f"{field} is {v}; it must be a finite positive number")
+    if c.layer_types and (
+        len(c.layer_types) != c.num_hidden_layers or not set(c.layer_types) <= {SLIDING, FULL}
+    ):
+        raise bad(
+            f"layer_types {list(c.layer_types)} must name {c.num_hidden_layers} layers, each "
+            f"{SLIDING!r} or {FULL!r}"
+        )
+    if SLIDING in c.layer_types and (c.sliding_window is None or c.sliding_window <= 0):
+        raise bad(f"sliding_window is {c.sliding_window}; sliding layers need a positive window")
+    for field in ("query_pre_attn_scalar", "rope_local_theta"):
+        v = getattr(c, field)
+        if v is not None and (not math.isfinite(float(v)) or float(v) <= 0):
+            raise bad(f"{field} is {v}; it must be a finite positive number")
     if c.num_experts and not 1 <= c.num_experts_per_tok <= c.num_experts:
         raise bad(
             f"{c.num_experts_per_tok} experts per token of {c.num_experts}: a token is routed "
@@ -312,6 +349,7 @@ def config_from_gguf(gguf: GGUFFile) -> ModelConfig:
             code="E-GGUF-METADATA",
         )
     config = ModelConfig(
+        **_gguf_sliding(gguf, table, f),
         vocab_size=vocab,
         hidden_size=hidden,
         intermediate_size=f.integer("feed_forward_length"),
@@ -321,13 +359,46 @@ def config_from_gguf(gguf: GGUFFile) -> ModelConfig:
         head_dim=head_dim,
         rms_norm_eps=f.real("attention.layer_norm_rms_epsilon", 1e-5),
         rope_theta=f.real("rope.freq_base", 10000.0),
-        max_position_embeddings=min(context, window) if window > 0 else context,
+        max_position_embeddings=(
+            min(context, window) if window > 0 and not table.sliding_pattern else context
+        ),
         tie_word_embeddings=not gguf.has_tensor(table.output),
         architecture=table.name,
         rope_scaling=scaling,
         partial_rotary_factor=rotary / head_dim if head_dim > 0 else 1.0,
     )
     return _check(str(gguf.path), "E-GGUF-METADATA", config)
+
+
+def _gguf_sliding(gguf: GGUFFile, table: Architecture, f: _Fields) -> dict[str, Any]:
+    """The sliding-window fields of a GGUF as llama.cpp reads them: the window from
+    ``attention.sliding_window``, the layer pattern the architecture implies (or
+    ``attention.sliding_window_pattern``), the sliding layers' rope base (``rope.freq_base_swa``,
+    else 10000), and llama.cpp's softmax scale (1/sqrt(head size); 1/sqrt(hidden/heads) for
+    Gemma 3 27B, the 62-layer one)."""
+    if not table.sliding_pattern:
+        return {}
+    p = f"{gguf.architecture}."
+    layers, hidden = f.integer("block_count"), f.integer("embedding_length")
+    heads = f.integer("attention.head_count")
+    pattern = gguf.metadata.get(p + "attention.sliding_window_pattern", table.sliding_pattern)
+    if isinstance(pattern, list) and len(pattern) == layers:
+        types = tuple(SLIDING if bool(x) else FULL for x in pattern)
+    elif isinstance(pattern, int) and not isinstance(pattern, bool) and pattern > 0:
+        types = every_nth_full(layers, pattern)
+    else:
+        raise AnerRuntimeError(
+            f"{gguf.path}: metadata key {p}attention.sliding_window_pattern is {pattern!r}, "
+            f"not a positive count or {layers} flags",
+            code="E-GGUF-METADATA",
+        )
+    head_dim = f.integer("attention.key_length", max(hidden // heads, 1))
+    return {
+        "sliding_window": f.integer("attention.sliding_window"),
+        "layer_types": types,
+        "rope_local_theta": f.real("rope.freq_base_swa", LOCAL_THETA),
+        "query_pre_attn_scalar": float(hidden // heads if layers == 62 else head_dim),
+    }
 
 
 def _gguf_longrope(
@@ -361,23 +432,47 @@ def _gguf_longrope(
     )
 
 
-def _hf_rope(source: str, cfg: dict[str, Any]) -> tuple[float, RopeScaling | None]:
-    """(rope_theta, scaling) from config.json: transformers 5's ``rope_parameters`` or the older
-    ``rope_theta`` + ``rope_scaling``."""
+def _hf_rope(
+    source: str, cfg: dict[str, Any], local: bool = False
+) -> tuple[float, RopeScaling | None, float | None]:
+    """(rope_theta, scaling, sliding layers' rope_theta) from config.json: transformers 5's
+    ``rope_parameters`` (per layer type for Gemma 3: ``full_attention``/``sliding_attention``)
+    or the older ``rope_theta`` + ``rope_scaling`` (+ Gemma 3's ``rope_local_base_freq``).
+    `local`: the model has sliding layers, whose rope is never scaled."""
     params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     if not isinstance(params, dict):
         raise AnerRuntimeError(
             f"{source}: rope parameters {params!r} are not an object", code="E-HF-CONFIG"
         )
     where = "rope_parameters." if cfg.get("rope_parameters") else "rope_scaling."
+    top = _Fields(source, "E-HF-CONFIG", cfg)
+    local_theta = None
+    if local:
+        by_type = params if FULL in params else {}
+        sliding = by_type.get(SLIDING) or {}
+        full = by_type.get(FULL) or params
+        if not isinstance(sliding, dict) or not isinstance(full, dict):
+            raise AnerRuntimeError(
+                f"{source}: rope parameters {params!r} are not objects per layer type",
+                code="E-HF-CONFIG",
+            )
+        own = _Fields(source, "E-HF-CONFIG", sliding, f"{where}{SLIDING}.")
+        local_theta = own.real("rope_theta", top.real("rope_local_base_freq", LOCAL_THETA))
+        if sliding.get("rope_type", "default") != "default":
+            raise AnerRuntimeError(
+                f"{source}: rope scaling of sliding layers is not implemented", code="E-HF-CONFIG"
+            )
+        if FULL in by_type:
+            where += f"{FULL}."
+        params = full
     f = _Fields(source, "E-HF-CONFIG", {where + k: v for k, v in params.items()}, where)
-    theta = f.real("rope_theta", _Fields(source, "E-HF-CONFIG", cfg).real("rope_theta", 10000.0))
+    theta = f.real("rope_theta", top.real("rope_theta", 10000.0))
     kind = params.get("rope_type", params.get("type", "default"))
     kind = "longrope" if kind == "su" else kind  # Phi-3's first configs' name for it
     if kind == "default":
-        return theta, None
+        return theta, None, local_theta
     if kind == "longrope":
-        return theta, _hf_longrope(source, cfg, params)
+        return theta, _hf_longrope(source, cfg, params), local_theta
     if kind not in ROPE_SCALINGS:
         raise AnerRuntimeError(
             f"{source}: rope scaling {kind!r} is not implemented "
@@ -385,14 +480,41 @@ def _hf_rope(source: str, cfg: dict[str, Any]) -> tuple[float, RopeScaling | Non
             code="E-HF-CONFIG",
         )
     if kind == "linear":
-        return theta, RopeScaling(kind, f.real("factor", 1.0))
-    return theta, RopeScaling(
+        return theta, RopeScaling(kind, f.real("factor", 1.0)), local_theta
+    scaling = RopeScaling(
         kind,
         f.real("factor", 1.0),
         f.real("low_freq_factor", 1.0),
         f.real("high_freq_factor", 4.0),
         f.integer("original_max_position_embeddings", 8192),
     )
+    return theta, scaling, local_theta
+
+
+_HF_ACTIVATIONS = {"silu": "silu", "gelu_tanh": "gelu_pytorch_tanh"}
+"""HF's ``hidden_act``/``hidden_activation`` value of each `Architecture.activation`."""
+
+
+def _hf_sliding(source: str, cfg: dict[str, Any], table: Architecture) -> dict[str, Any]:
+    """The sliding-window fields of a config.json whose architecture has sliding layers:
+    ``layer_types`` (or ``sliding_window_pattern``), ``sliding_window``, the softmax scale."""
+    if not table.sliding_pattern:
+        return {}
+    f = _Fields(source, "E-HF-CONFIG", cfg)
+    types = cfg.get("layer_types")
+    if types is None:
+        pattern = f.integer("sliding_window_pattern", table.sliding_pattern)
+        types = every_nth_full(f.integer("num_hidden_layers"), pattern)
+    if not isinstance(types, (list, tuple)):
+        raise AnerRuntimeError(f"{source}: layer_types is {types!r}", code="E-HF-CONFIG")
+    given = {key: cfg.get(key) is not None for key in ("sliding_window", "query_pre_attn_scalar")}
+    return {
+        "layer_types": tuple(str(t) for t in types),
+        "sliding_window": f.integer("sliding_window") if given["sliding_window"] else None,
+        "query_pre_attn_scalar": (
+            f.real("query_pre_attn_scalar") if given["query_pre_attn_scalar"] else None
+        ),
+    }
 
 
 def _hf_longrope(source: str, cfg: dict[str, Any], params: dict[str, Any]) -> RopeScaling:
@@ -449,13 +571,18 @@ def config_from_hf(cfg: Any, folder: Path) -> ModelConfig:
         known = [f"{m} folders" for t in ARCHITECTURES.values() for m in t.hf_model_types]
         raise _unknown_architecture(source, "E-HF-CONFIG", model_type, known)
 
+    activation = _HF_ACTIVATIONS[table.activation]
+    act_key = "hidden_activation" if cfg.get("hidden_activation") else "hidden_act"
     f = _Fields(source, "E-HF-CONFIG", cfg)
     unsupported = [
         f"{key} = {cfg[key]!r}"
         for key, fine in (
-            ("hidden_act", cfg.get("hidden_act", "silu") == "silu"),
+            (act_key, cfg.get(act_key, activation) == activation),
             ("mlp_bias", not cfg.get("mlp_bias")),
             ("attention_bias", not cfg.get("attention_bias") or bool(table.biased)),
+            ("attn_logit_softcapping", cfg.get("attn_logit_softcapping") is None),
+            ("final_logit_softcapping", cfg.get("final_logit_softcapping") is None),
+            ("use_bidirectional_attention", not cfg.get("use_bidirectional_attention")),
         )
         if not fine
     ]
@@ -466,13 +593,19 @@ def config_from_hf(cfg: Any, folder: Path) -> ModelConfig:
         )
     hidden, heads = f.integer("hidden_size"), f.integer("num_attention_heads")
     context = f.integer("max_position_embeddings", 2048)
-    if cfg.get("sliding_window") is not None and cfg.get("use_sliding_window", True):
-        context = min(
-            context, f.integer("sliding_window")
-        )  # beyond the window, attention would differ
-    theta, scaling = _hf_rope(source, cfg)
+    sliding = bool(table.sliding_pattern)  # Gemma's window belongs to its sliding layers only
+    if (
+        cfg.get("sliding_window") is not None
+        and cfg.get("use_sliding_window", True)
+        and not sliding
+    ):
+        # beyond the window, attention would differ
+        context = min(context, f.integer("sliding_window"))
+    theta, scaling, local_theta = _hf_rope(source, cfg, local=sliding)
     moe = _hf_experts(source, cfg, table.name) if table.experts is not None else {}
     config = ModelConfig(
+        **_hf_sliding(source, cfg, table),
+        rope_local_theta=local_theta,
         vocab_size=f.integer("vocab_size"),
         hidden_size=hidden,
         intermediate_size=f.integer("intermediate_size"),
@@ -563,7 +696,40 @@ def gguf_hyperparameters(config: ModelConfig) -> dict[str, Any]:
     if s is not None and s.rope_type == "longrope":  # the factors travel as tensors
         keys[p + "rope.scaling.original_context_length"] = s.original_max_position_embeddings
         keys[p + "rope.scaling.attn_factor"] = float(s.attention_factor)
+    table = ARCHITECTURES[config.architecture]
+    if table.sliding_pattern:
+        _check_llamacpp_sliding(config, table)
+        keys[p + "attention.sliding_window"] = config.sliding_window
     return keys
+
+
+def _check_llamacpp_sliding(config: ModelConfig, table: Architecture) -> None:
+    """Refuse a sliding-window layout that llama.cpp would read differently from a GGUF (it
+    assumes the architecture's layer pattern, sliding rope base and softmax scale)."""
+    layers = config.num_hidden_layers
+    llamacpp = ModelConfig(
+        **{
+            **config.__dict__,
+            "layer_types": every_nth_full(layers, table.sliding_pattern),
+            "rope_local_theta": LOCAL_THETA,
+            "query_pre_attn_scalar": float(
+                config.hidden_size // config.num_attention_heads
+                if layers == 62
+                else config.head_dim
+            ),
+        }
+    )
+    differ = [
+        f"{f} {getattr(config, f)!r} (llama.cpp assumes {getattr(llamacpp, f)!r})"
+        for f in ("layer_types", "rope_local_theta", "query_pre_attn_scalar")
+        if getattr(config, f) != getattr(llamacpp, f)
+    ]
+    if differ:
+        raise AnerRuntimeError(
+            f"export_gguf: this {config.architecture} model's {'; '.join(differ)} cannot be "
+            "written to a GGUF file that llama.cpp reads the same way",
+            code="E-EXPORT",
+        )
 
 
 def longrope_tensors(config: ModelConfig) -> dict[str, torch.Tensor]:

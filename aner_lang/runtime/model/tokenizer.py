@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -70,7 +71,8 @@ HF_SPLIT_NAMES = {
     r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
     r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+": "tekken",
 }
-TOKEN_TYPE_NORMAL, TOKEN_TYPE_UNUSED = 1, 5
+TOKEN_TYPE_NORMAL, TOKEN_TYPE_UNUSED, TOKEN_TYPE_BYTE = 1, 5, 6
+_BYTE_TOKEN = re.compile(r"<0x[0-9A-F]{2}>")
 
 
 @dataclass(frozen=True)
@@ -260,13 +262,68 @@ def _build_backend(meta: dict[str, Any], source: str) -> HFTokenizer:
     return tok
 
 
-def _gguf_vocabulary(spec: dict[str, Any]) -> dict[str, Any] | None:
-    """A byte-level BPE tokenizer.json as GGUF ``tokenizer.ggml.*`` vocabulary keys, as llama.cpp's
-    converter writes them; None when it is another kind (its pre-tokenizer unknown to llama.cpp,
-    SentencePiece-style byte fallback, ...)."""
-    model, pre = spec.get("model") or {}, spec.get("pre_tokenizer") or {}
-    if model.get("type") != "BPE" or model.get("byte_fallback"):
+def _tokens_by_id(spec: dict[str, Any], normal: int) -> list[tuple[str, int]]:
+    """(text, GGUF token type) of every id of a tokenizer.json: vocabulary entries `normal`,
+    added tokens control (special) or user-defined, holes ``[PAD{id}]`` unused."""
+    by_id: dict[int, tuple[str, int]] = {
+        i: (t, normal) for t, i in (spec.get("model") or {}).get("vocab", {}).items()
+    }
+    for added in spec.get("added_tokens", []):
+        kind = TOKEN_TYPE_CONTROL if added.get("special") else TOKEN_TYPE_USER_DEFINED
+        by_id[int(added["id"])] = (added["content"], kind)
+    count = max(by_id) + 1 if by_id else 0
+    return [by_id.get(i, (f"[PAD{i}]", TOKEN_TYPE_UNUSED)) for i in range(count)]
+
+
+def _spm_vocabulary(spec: dict[str, Any]) -> dict[str, Any] | None:
+    """A SentencePiece-style tokenizer.json (BPE with byte fallback, spaces replaced by "▁",
+    optionally a "▁" prepended, no pre-tokenizer: Gemma's) as GGUF ``llama`` vocabulary keys;
+    None when it is not of that form. A token's score is minus the rank of the first merge that
+    makes it (tokens no merge makes score below all), so `spm_merges` ranks the merges in the
+    tokenizer.json's order; ``<0xXX>`` tokens are byte tokens."""
+    model, norm = spec.get("model") or {}, spec.get("normalizer") or {}
+    if spec.get("pre_tokenizer") is not None or not model.get("byte_fallback"):
         return None
+    steps = norm.get("normalizers", [norm]) if norm.get("type") == "Sequence" else [norm]
+    replace = {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}
+    prepend = {"type": "Prepend", "prepend": "\u2581"}
+    if steps not in ([replace], [prepend, replace]):
+        return None
+    tokens = _tokens_by_id(spec, TOKEN_TYPE_NORMAL)
+    rank: dict[str, int] = {}
+    for r, m in enumerate(model.get("merges", [])):
+        left, right = m.split(" ", 1) if isinstance(m, str) else m
+        rank.setdefault(left + right, r)
+    unmade = len(rank)
+    types = [
+        TOKEN_TYPE_BYTE if k == TOKEN_TYPE_NORMAL and _BYTE_TOKEN.fullmatch(t) else k
+        for t, k in tokens
+    ]
+    unk = model.get("unk_token")
+    ids = {t: i for i, (t, _) in enumerate(tokens)}
+    return {
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.pre": "default",
+        "tokenizer.ggml.tokens": [t for t, _ in tokens],
+        "tokenizer.ggml.scores": [
+            -float(rank[t]) if t in rank else -float(unmade + i) for i, (t, _) in enumerate(tokens)
+        ],
+        "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.add_space_prefix": len(steps) == 2,
+        **({"tokenizer.ggml.unknown_token_id": ids[unk]} if unk in ids else {}),
+    }
+
+
+def _gguf_vocabulary(spec: dict[str, Any]) -> dict[str, Any] | None:
+    """A tokenizer.json as GGUF ``tokenizer.ggml.*`` vocabulary keys, as llama.cpp's converter
+    writes them: byte-level BPE as ``gpt2``, SentencePiece-style BPE as ``llama``
+    (`_spm_vocabulary`); None when it is another kind (a pre-tokenizer unknown to llama.cpp,
+    ...)."""
+    model, pre = spec.get("model") or {}, spec.get("pre_tokenizer") or {}
+    if model.get("type") != "BPE":
+        return None
+    if model.get("byte_fallback"):
+        return _spm_vocabulary(spec)
     steps = pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
     kinds = [step.get("type") for step in steps]
     if kinds == ["ByteLevel"] and steps[0].get("use_regex", True):
@@ -277,14 +334,7 @@ def _gguf_vocabulary(spec: dict[str, Any]) -> dict[str, Any] | None:
         name = None
     if name is None:
         return None
-    by_id: dict[int, tuple[str, int]] = {
-        i: (t, TOKEN_TYPE_NORMAL) for t, i in model.get("vocab", {}).items()
-    }
-    for added in spec.get("added_tokens", []):
-        kind = TOKEN_TYPE_CONTROL if added.get("special") else TOKEN_TYPE_USER_DEFINED
-        by_id[int(added["id"])] = (added["content"], kind)
-    count = max(by_id) + 1 if by_id else 0
-    tokens = [by_id.get(i, (f"[PAD{i}]", TOKEN_TYPE_UNUSED)) for i in range(count)]
+    tokens = _tokens_by_id(spec, TOKEN_TYPE_NORMAL)
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
     return {
         "tokenizer.ggml.model": "gpt2",

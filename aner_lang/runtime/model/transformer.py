@@ -12,6 +12,8 @@ angles, the loss (`loss`), and the trainable masters (owned by adapters).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -138,13 +140,32 @@ def segment_mask(positions: torch.Tensor) -> torch.Tensor:
     return ((segment[:, :, None] == segment[:, None, :]) & causal)[:, None]
 
 
+def window_mask(
+    t: int,
+    past: int,
+    window: int | None,
+    device: torch.device,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`[t, past + t]` (or `mask`'s shape): query i (absolute position past+i) sees key j when
+    j <= past+i and, with a `window`, past+i - j < window; and where `mask` allows it."""
+    keys = torch.arange(past + t, device=device)[None, :]
+    queries = (past + torch.arange(t, device=device))[:, None]
+    band = keys <= queries
+    if window is not None:
+        band = band & (keys > queries - window)
+    return band if mask is None else mask & band
+
+
 class LlamaAttention(nn.Module):
     """Grouped-query self-attention over `q_proj`, `k_proj`, `v_proj`, `o_proj`.
 
     Architecture options (their tables in `aner_lang.architectures` say which model has which):
     `q_bias`/`k_bias`/`v_bias` are added to the projections' outputs (Qwen2), after any adapter's
     delta, as HF adds a Linear's bias; `q_norm`/`k_norm` RMS-normalise every head of the queries
-    and keys before rope (Qwen3).
+    and keys before rope (Qwen3, Gemma 3). `scale` replaces the softmax scale 1/sqrt(head size)
+    (Gemma's 1/sqrt(query_pre_attn_scalar)); `window` limits each query to the last `window`
+    positions, its own included (Gemma 3's sliding layers).
     """
 
     def __init__(
@@ -159,8 +180,11 @@ class LlamaAttention(nn.Module):
         v_bias: torch.Tensor | None = None,
         q_norm: RMSNorm | None = None,
         k_norm: RMSNorm | None = None,
+        scale: float | None = None,
+        window: int | None = None,
     ) -> None:
         super().__init__()
+        self.scale, self.window = scale, window
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
@@ -234,6 +258,8 @@ class LlamaAttention(nn.Module):
         if cache is not None:
             past = cache.length
             k, v = cache.update(layer, k, v)
+        if self.window is not None and past + t > self.window:
+            mask = window_mask(t, past, self.window, q.device, mask)
         groups = self.num_heads // self.num_kv_heads
         # fp32 keeps the reference arithmetic (its key/value gradients differ in the last bits);
         # half precision lets attention share each key/value head instead of copying it.
@@ -241,15 +267,21 @@ class LlamaAttention(nn.Module):
         if groups > 1 and not shared:
             k = k.repeat_interleave(groups, dim=1)
             v = v.repeat_interleave(groups, dim=1)
+        scale = self.scale
         if mask is not None:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=shared)
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, enable_gqa=shared, scale=scale
+            )
         elif past == 0 or t == 1:  # causal from scratch, or one new token that sees every key
             causal = past == 0 and t > 1
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=shared)
+            out = F.scaled_dot_product_attention(
+                q, k, v, is_causal=causal, enable_gqa=shared, scale=scale
+            )
         else:  # query i (absolute position past+i) sees keys 0..past+i
-            keys = torch.arange(past + t, device=q.device)
-            mask = keys[None, :] <= (past + torch.arange(t, device=q.device))[:, None]
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=shared)
+            mask = window_mask(t, past, None, q.device)
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, enable_gqa=shared, scale=scale
+            )
         return out
 
 
@@ -272,6 +304,7 @@ class FusedQKVAttention(LlamaAttention):
 
     def __init__(self, config: ModelConfig, qkv_proj: FrozenLinear, o_proj: FrozenLinear) -> None:
         nn.Module.__init__(self)
+        self.scale, self.window = None, None
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
@@ -309,6 +342,14 @@ class LlamaMLP(nn.Module):
     def activation(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up (a Triton kernel on CUDA in half precision)."""
         return F.silu(gate) * up if gate.dtype == torch.float32 else swiglu(gate, up)
+
+
+class GemmaMLP(LlamaMLP):
+    """GeGLU feed-forward: down(gelu_tanh(gate(x)) * up(x)) (HF's ``gelu_pytorch_tanh``)."""
+
+    @staticmethod
+    def activation(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        return F.gelu(gate, approximate="tanh") * up
 
 
 class FusedGateUpMLP(LlamaMLP):
@@ -361,11 +402,49 @@ class LlamaDecoderLayer(nn.Module):
             return mid + self.mlp(normed)
 
 
+class GemmaDecoderLayer(LlamaDecoderLayer):
+    """Gemma's sandwich: each block's input and output are normed, then added to the residual."""
+
+    def __init__(
+        self,
+        self_attn: LlamaAttention,
+        mlp: nn.Module,
+        input_layernorm: RMSNorm,
+        post_attention_layernorm: RMSNorm,
+        pre_feedforward_layernorm: RMSNorm,
+        post_feedforward_layernorm: RMSNorm,
+    ) -> None:
+        super().__init__(self_attn, mlp, input_layernorm, post_attention_layernorm)
+        self.pre_feedforward_layernorm = pre_feedforward_layernorm
+        self.post_feedforward_layernorm = post_feedforward_layernorm
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        layer: int,
+        cache: KVCache | None,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        normed = self.input_layernorm(x)
+        with recomputing(normed, lambda: self.input_layernorm(x)):
+            attn = self.self_attn(normed, cos, sin, layer, cache, mask)
+        mid = x + self.post_attention_layernorm(attn)
+        normed = self.pre_feedforward_layernorm(mid)
+        with recomputing(normed, lambda: self.pre_feedforward_layernorm(mid)):
+            out = self.mlp(normed)
+        return mid + self.post_feedforward_layernorm(out)
+
+
 class LlamaModel(nn.Module):
     """The whole causal LM: `embed_tokens`, `layers`, `norm`, `lm_head` (HF names, flat).
 
     With tied embeddings `lm_head is embed_tokens`. `forward` returns fp32 logits; batches may be
     right-padded (causal attention keeps padding from influencing earlier positions).
+    `embed_scale` multiplies the embedding rows, rounded to the compute dtype as HF rounds it to
+    the weights' (Gemma's sqrt(hidden)). Sliding layers (`ModelConfig.sliding`) rotate by the
+    unscaled rope of `rope_local_theta` when the config has one.
     """
 
     def __init__(
@@ -376,14 +455,20 @@ class LlamaModel(nn.Module):
         norm: RMSNorm,
         lm_head: FrozenLinear,
         rope_freq_factors: torch.Tensor | None = None,
+        embed_scale: float | None = None,
     ) -> None:
         super().__init__()
         self.config = config
+        self.embed_scale = embed_scale
         self.embed_tokens = embed_tokens
         self.layers = nn.ModuleList(layers)
         self.norm = norm
         self.lm_head = lm_head
         self.rotary = RotaryEmbedding(config, rope_freq_factors)
+        self.local_rotary = None
+        if config.rope_local_theta is not None:
+            local = replace(config, rope_theta=config.rope_local_theta, rope_scaling=None)
+            self.local_rotary = RotaryEmbedding(local)
 
     def new_cache(self) -> KVCache:
         return KVCache(self.config.num_hidden_layers)
@@ -413,11 +498,17 @@ class LlamaModel(nn.Module):
         else:
             mask = segment_mask(positions)
         cos, sin = self.rotary(positions, length)
+        local = None if self.local_rotary is None else self.local_rotary(positions, length)
         dev = input_ids.device.type
         dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else torch.float32
         h = self.embed_tokens.rows(input_ids).to(dtype)
+        if self.embed_scale is not None:
+            h = h * torch.tensor(self.embed_scale, dtype=dtype)
         for i, layer in enumerate(self.layers):
-            h = run_layer(layer, h, cos, sin, i, cache, mask)
+            if local is not None and self.config.sliding(i):
+                h = run_layer(layer, h, *local, i, cache, mask)
+            else:
+                h = run_layer(layer, h, cos, sin, i, cache, mask)
         if cache is not None:
             cache.length += t
         return self.norm(h)
