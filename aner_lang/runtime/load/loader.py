@@ -355,7 +355,7 @@ def model_file(ctx: ExecContext, path: str) -> Path:
 
 
 def load_model_builtin(
-    ctx: ExecContext, path: str, storage: str, device: str, quantize_embeddings: bool
+    ctx: ExecContext, path: str, storage: str, device: str, quantize_embeddings: bool = False
 ) -> LoadedModel:
     """Builtin `load_model(path, storage:, device:, quantize_embeddings:)`."""
     return load_model(model_file(ctx, path), storage, device, quantize_embeddings)

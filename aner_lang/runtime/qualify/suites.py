@@ -31,7 +31,13 @@ SUITES = (
     ("jobs", "tests/runtime/jobs"),
     ("services", "tests/runtime/services"),
     ("qualify", "tests/runtime/qualify"),
+    ("gguf blocks", "tests/runtime/ggml"),
     ("hostile files", "tests/runtime/test_hostile_files.py"),
+    ("hostile JSON", "tests/runtime/test_hostile_json.py"),
+    ("output kinds", "tests/runtime/test_output_kinds.py"),
+    ("printed values", "tests/runtime/test_printed_values.py"),
+    ("run prechecks", "tests/runtime/test_run_prechecks.py"),
+    ("benchmarks", "tests/benchmarks"),
     ("adversarial", "tests/adversarial"),
     ("lsp", "lsp/tests"),
 )

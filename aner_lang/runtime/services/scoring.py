@@ -76,12 +76,15 @@ class ServiceTokenizer:
         ids = self.encode(text, add_special=False)
         return ids[0] if len(ids) == 1 else None
 
-    def encode(self, text: str, add_special: bool = True) -> list[int]:
+    def encode(self, text: str, add_special: bool = True, limit: int | None = None) -> list[int]:
+        """The server's token ids of `text`; with `limit`, the first `limit` + 1 of them, as
+        `Tokenizer.encode` keeps."""
         body = {"content": text, "add_special": add_special, "parse_special": True}
         tokens = field_of(
             self.service.url + "/tokenize", self.service.client.post("/tokenize", body), "tokens"
         )
-        return [int(t["id"]) if isinstance(t, dict) else int(t) for t in tokens]
+        ids = [int(t["id"]) if isinstance(t, dict) else int(t) for t in tokens]
+        return ids if limit is None else ids[: limit + 1]
 
 
 def _generated(service: Service, body: dict[str, Any], targets: list[int]) -> list[float]:

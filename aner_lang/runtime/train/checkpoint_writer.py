@@ -94,6 +94,13 @@ class CheckpointWriter:
                 self.last = outcome
             self._on_written(outcome)
 
+    def poll(self) -> None:
+        """Report a write that has finished (see `wait`), without waiting for one in flight:
+        called every update, so a job's supervisor learns of a checkpoint while the run goes on,
+        not only at the next one (a run killed in between resumes from it)."""
+        if self._thread is not None and not self._thread.is_alive():
+            self.wait()
+
     def close(self) -> None:
         """Wait for the write in flight (see `wait`)."""
         self.wait()

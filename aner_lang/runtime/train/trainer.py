@@ -293,6 +293,7 @@ def train(
                 if parallel.any_rank(run_control.stop_requested):  # every rank stops together
                     run_control.stop_requested = True
                     stop = "interrupted" if stop == "done" and not done else stop
+                writer.poll()
                 events.add(event)
                 run_control.emit({**event, "steps": total})
                 if progress is not None:

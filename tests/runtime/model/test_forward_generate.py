@@ -140,9 +140,12 @@ def test_nf4_storage_quantizes_or_says_it_is_unavailable(tiny_bytes_gguf):
     tiny_model = load_model(tiny_bytes_gguf, device="cpu")
     nf4 = load_model(tiny_bytes_gguf, storage="nf4_double_quant", device="cpu")
     m = nf4.module
+    # every projection NF4; the tied embedding and lm_head kept 16-bit, as QLoRA keeps them
     assert {mod.storage for mod in m.modules() if isinstance(mod, FrozenLinear)} == {
-        "nf4_double_quant"
+        "nf4_double_quant",
+        "float16",
     }
+    assert m.embed_tokens.storage == "float16"
     assert m.lm_head is m.embed_tokens and m.norm.weight.dtype == torch.float32
     assert nf4.parameter_count() == tiny_model.parameter_count()
     ids = _ids(tiny_model)

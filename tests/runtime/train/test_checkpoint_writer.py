@@ -112,18 +112,24 @@ def test_best_is_a_second_name_for_its_checkpoint_files(tiny_model, tmp_path, ev
     assert (run.best_update == 4) == (every == 1)
 
 
-def test_a_failed_write_is_an_aner_error_and_no_thread_is_left(tiny_model, tmp_path):
-    blocker = tmp_path / "a-file"
-    blocker.write_text("not a folder")
+def test_a_failed_write_is_an_aner_error_and_no_thread_is_left(tiny_model, tmp_path, monkeypatch):
+    """A write that fails in the background (a full disk) surfaces as E-IO in the training
+    thread; a target of the wrong kind is refused before training (test_output_kinds)."""
+    from aner_lang.runtime.train import checkpoint
+
+    def full_disk(directory, state, keep=2):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint, "save", full_disk)
     with pytest.raises(AnerRuntimeError) as failed:
         train(
             _adapter(tiny_model),
             from_texts(TEXTS, 16),
             Profile(),
             steps=3,
-            checkpoints=str(blocker / "c"),
+            checkpoints=str(tmp_path / "c"),
             checkpoint_every=1,
             log=str(tmp_path / "e.jsonl"),
         )
-    assert failed.value.code == "E-IO" and str(blocker / "c") in failed.value.message
+    assert failed.value.code == "E-IO" and str(tmp_path / "c") in failed.value.message
     assert not _writer_threads()

@@ -69,7 +69,8 @@ print(run(resume("one/full_first", model: m), 2, 1, "two/full_from_one", 0.001))
 let again = full(m)
 print(run(again, 1, 1, "two/full_again", 0.001))
 print(run(again, 2, 1, "two/full_again", 0.001))
-print(memory(full(m), p))
+let full_memory = memory(full(m), p)
+print("memory: trainable=${full_memory.trainable} optimizer=${full_memory.optimizer}")
 print(epoch(low_rank(), 1, "two/lora_epoch", 0.01))
 print(epoch(full(m), 1, "two/full_epoch", 0.0001))
 """
@@ -85,7 +86,8 @@ print(train(a, data, c, steps: 2, micro_batch: 1, accumulation: 2, learning_rate
             checkpoint_every: 1))
 print(epoch(lora(q, rank: 2, alpha: 4.0, seed: 3), 1, "shard/qlora_epoch", 0.01))
 print("after: ${evaluate(a, data).loss}")
-print(memory(lora(q, rank: 2, alpha: 4.0, seed: 3), p))
+let lora_memory = memory(lora(q, rank: 2, alpha: 4.0, seed: 3), p)
+print("memory: packed_base=${lora_memory.packed_base}")
 """
 AFTER = """
 print(run(resume("two/lora_first", model: m), 2, 2, "one/lora_from_two", 0.01))
@@ -242,8 +244,8 @@ def test_memory_reports_rank_zeros_share_of_a_sharded_full(runs, tiny_bytes_gguf
     whole = full(load_model(tiny_bytes_gguf, storage="float32", device="cpu"))  # shapes only
     share = sum(-(-t.shape[0] // 2) * t[0].numel() for t in whole.params.values())
     assert share < whole.trainable_count
-    line = next(x for x in stdout.splitlines() if x.startswith("MemoryReport("))
-    assert f"trainable={4 * share}," in line and f"optimizer={8 * share}," in line, line
+    line = next(x for x in stdout.splitlines() if x.startswith("memory: "))
+    assert line == f"memory: trainable={4 * share} optimizer={8 * share}", line
 
 
 @pytest.mark.slow
@@ -277,8 +279,8 @@ def test_memory_reports_rank_zeros_share_of_a_sharded_nf4_base(runs, sharded, ti
     whole = base_bytes(module)[1]
     share = whole - bytes_not_held(module, World(0, 2))
     assert share < whole * 0.6
-    line = next(x for x in sharded.splitlines() if x.startswith("MemoryReport("))
-    assert f"packed_base={share}," in line, line
+    line = next(x for x in sharded.splitlines() if x.startswith("memory: "))
+    assert line == f"memory: packed_base={share}", line
     assert any(x.startswith("after: ") for x in sharded.splitlines())
 
 
