@@ -710,13 +710,14 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         "a file cannot be written",
         _RUN,
         """
-        Writing a file failed: its folder cannot be created (a part of the path is a file, or
-        the folder is not writable), the disk is full, or the system refused for another reason,
-        which the message gives. Nothing is left half-written: Aner writes to a temporary file
-        and moves it into place only when it is complete. Choose a writable location.
+        Writing a file failed: its folder is not writable, the disk is full, or the file system
+        refused for another reason, which the message gives (the example writes into `/proc`,
+        which holds no files of anyone's; a part of the path that is a file is E-FILE-KIND).
+        Nothing is left half-written: Aner writes to a temporary file and moves it into place
+        only when it is complete. Choose a writable location.
         """,
         """
-        write_json("/dev/null/result.json", [1, 2, 3])
+        write_json("/proc/result.json", [1, 2, 3])
         """,
     ),
     _code(

@@ -153,7 +153,10 @@ FAMILY["mixtral"] = replace(FAMILY["mistral"], model_type="mixtral")
 
 
 def build_tokenizer(family: str, vocab_size: int = 320) -> Any:
-    """A byte-level BPE `tokenizers.Tokenizer` of the family's kind, trained on `CORPUS`."""
+    """The family's `tokenizers.Tokenizer`, trained on `CORPUS`: byte-level BPE, or for a
+    SentencePiece family `build_spm_tokenizer`'s (at its own vocabulary size)."""
+    if FAMILY[family].spm:
+        return build_spm_tokenizer(family)
     from tokenizers import (
         Regex,
         Tokenizer,
@@ -384,7 +387,7 @@ def write_hf_model(folder: str | Path, family: str, seed: int = 0) -> Path:
     f = FAMILY[family]
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
-    tok = build_spm_tokenizer(family) if f.spm else build_tokenizer(family)
+    tok = build_tokenizer(family)
     size = tok.get_vocab_size()
     vocab = -(-size // 64) * 64 if family == "qwen2" else size  # Qwen pads its embedding
     model = build_hf_model(family, vocab, seed)
