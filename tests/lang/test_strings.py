@@ -110,12 +110,19 @@ def test_nesting_past_the_bound_is_one_located_error() -> None:
 
 
 @given(_EXPRS, st.data())
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=100,
+    deadline=None,  # the pieces below are filtered to string literals without `#`
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
 def test_a_string_left_open_at_any_depth_is_located(piece: Piece, data: st.DataObject) -> None:
     source = piece[0]
     # any quote but the outermost opening one (without it, the text would be code, not a string)
     quotes = [i for i, c in enumerate(source) if i and c == '"' and source[i - 1] != "\\"]
-    assume(quotes)  # a `join(...)` of no strings has no quote to take away
+    # a string literal with no `#` (a `+` of pieces, or a `join` of none, can lose a quote and
+    # stay valid, and so can code whose lost quote turns a `#` into a comment: `("") + "#"`
+    # without its last-but-one quote is `("") + #"`)
+    assume(source.startswith('"') and "#" not in source and quotes)
     cut = data.draw(st.sampled_from(quotes))
     program = f"let s = {source[:cut] + source[cut + 1 :]}\nprint(1)\n"
     _, diagnostics = parse(program)
