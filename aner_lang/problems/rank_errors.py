@@ -7,7 +7,10 @@ folder in `FOLDER_VARIABLE`, and a rank that fails writes its rendered diagnosti
 (the errors of later ranks may be consequences of it: a peer gone from a collective, the stop the
 launcher sent), once, with a note naming the rank unless rank 0 failed with the same error and no
 rank with another (the launcher stops the other ranks at the first failure, often before they
-write theirs).
+write theirs). A rank other than 0 that fails waits a few seconds for rank 0's error before it ends
+(`MAIN_RANK_WAIT`): the ranks run the same statements, so rank 0 usually meets the same error a
+moment later, and the user then sees everything rank 0 printed before it, as in a run of one
+process, instead of losing it to the stop the launcher sends at the first failure.
 
 A rank started some other way (torchrun by hand, one process) finds no folder and prints its error
 itself. Nothing here imports torch: the ranks' side runs in `aner run`.
@@ -16,6 +19,7 @@ itself. Nothing here imports torch: the ranks' side runs in `aner run`.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +30,9 @@ FOLDER_VARIABLE = "ANER_RANK_ERRORS"
 """The environment variable naming the folder the launcher reads the ranks' errors from."""
 ERROR_LIMIT = 1024 * 1024
 """The most bytes of a rank's error the launcher reads (a diagnostic is a few lines)."""
+MAIN_RANK_WAIT = 10.0
+"""The most seconds a failed rank other than 0 waits for rank 0's error before it ends (rank 0
+may be behind by its start-up; a rank 0 that fails otherwise or not at all is not waited longer)."""
 
 
 def record(text: str) -> bool:
@@ -36,6 +43,10 @@ def record(text: str) -> bool:
         return False
     rank = os.environ.get("RANK", "0")
     files.write_file(Path(folder) / f"rank-{rank}.txt", text.encode("utf-8"), overwrite=True)
+    main = Path(folder) / "rank-0.txt"
+    deadline = time.monotonic() + MAIN_RANK_WAIT
+    while rank != "0" and not main.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
     return True
 
 

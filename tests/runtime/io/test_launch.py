@@ -4,6 +4,7 @@ failure at run time is reported once as that rank's own error, never torchrun's 
 from __future__ import annotations
 
 import os
+import time
 import subprocess
 import sys
 from pathlib import Path
@@ -113,7 +114,19 @@ def test_a_rank_outside_a_launch_prints_its_own_error(monkeypatch, tmp_path):
     assert not rank_errors.record("error")
     monkeypatch.setenv(rank_errors.FOLDER_VARIABLE, str(tmp_path))
     monkeypatch.setenv("RANK", "1")
+    monkeypatch.setattr(rank_errors, "MAIN_RANK_WAIT", 0.2)
+    start = time.monotonic()
     assert rank_errors.record("error") and (tmp_path / "rank-1.txt").read_text() == "error"
+    assert time.monotonic() - start >= 0.2  # it waited for rank 0's error, which never came
+
+
+def test_a_failed_rank_ends_once_rank_0_has_failed_too(monkeypatch, tmp_path):
+    monkeypatch.setenv(rank_errors.FOLDER_VARIABLE, str(tmp_path))
+    monkeypatch.setenv("RANK", "1")
+    (tmp_path / "rank-0.txt").write_text("error")
+    start = time.monotonic()
+    assert rank_errors.record("error")
+    assert time.monotonic() - start < rank_errors.MAIN_RANK_WAIT / 2
 
 
 @pytest.mark.parametrize(
