@@ -5,8 +5,8 @@ Exit codes: 0 success, 1 diagnostics (errors in a script, a failed run), 2 usage
 stopped on request (SIGTERM, `aner cancel`; a training run after writing its checkpoint), 141 the
 output was closed by its reader (`aner plan f.aner | head`).
 Diagnostics go to stderr as `file:line:col: severity[code]: message` with a caret excerpt.
-Only `run` (through native builtins), `fixture` and `plan` (a GGUF header) may import torch;
-`check` never does.
+Only `run` (through native builtins), `fixture` and `plan` (a GGUF header) may import the
+runtime; `check` never does.
 Subcommands with arguments of their own are delegated to the module that implements them.
 """
 
@@ -36,6 +36,9 @@ if TYPE_CHECKING:
 
 Command = Callable[[argparse.Namespace], int]
 """A subcommand: the parsed arguments -> the exit code."""
+DATA_PRECHECK = "aner_lang.runtime.train.data_precheck"
+"""The check before a run that reads the model's tokenizer (training data without a scored
+token): `aner run` and its launcher run it after the other checks, `aner check` does not."""
 
 
 def _print(diags: list[Diagnostic], source: str | None) -> None:
@@ -77,6 +80,20 @@ def _analyze(path: str, source: str, *, before_running: bool, printed: bool = Tr
     return analysis
 
 
+def _scoreless_data(analysis: Analysis, source: str, *, printed: bool) -> bool:
+    """Whether a `train` call certainly meets data without a scored token (printing the errors):
+    the check before a run that needs the model's tokenizer (`DATA_PRECHECK`), skipped where the
+    runtime's packages are not installed (the run then says what is missing)."""
+    try:
+        module = importlib.import_module(DATA_PRECHECK)
+    except ImportError:
+        return False
+    found: list[Diagnostic] = module.scoreless_data(analysis)
+    if printed:
+        _print(found, source)
+    return bool(found)
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     failed = False
     for path in args.files:
@@ -97,7 +114,10 @@ def _launch(file: str, nproc: int) -> int:
         print("aner run: --nproc inside a distributed run (WORLD_SIZE is set)", file=sys.stderr)
         return 2
     source = _read(file)
-    if source is None or _analyze(file, source, before_running=True).errors:
+    if source is None:
+        return 1
+    analysis = _analyze(file, source, before_running=True)
+    if analysis.errors or _scoreless_data(analysis, source, printed=True):
         return 1
     cmd = [sys.executable, "-m", "aner_lang.runtime.io.launch", str(nproc), file]
     return subprocess.run(cmd, check=False).returncode
@@ -121,7 +141,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 1
     main_rank = os.environ.get("RANK", "0") == "0"  # torchrun's; only rank 0 prints
     analysis = _analyze(args.file, source, before_running=True, printed=main_rank)
-    if analysis.errors:
+    if analysis.errors or _scoreless_data(analysis, source, printed=main_rank):
         return 1
     path = Path(args.file).resolve()
     with open(os.devnull, "w", encoding="utf-8") as devnull:

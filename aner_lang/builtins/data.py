@@ -99,8 +99,9 @@ def _data(name: str, doc: str = "the dataset") -> Param:
 CONTEXT_RULE = Constraint("context >= 2", "context must be at least 2 tokens")
 """Every data builtin's `context`: one token leaves nothing to score (a scored token is predicted
 from the tokens before it), so `context: 1` is refused where it is written, before any model
-loads. Whether a larger context leaves a scored token depends on the tokenizer and the rows;
-`train` checks that (E-TRAIN-DATA) once the model, and so its tokenizer, is loaded."""
+loads. Whether a larger context leaves a scored token depends on the tokenizer and the rows
+(E-TRAIN-DATA): `aner run` checks it before the script runs where the model and the data are
+known (`aner_lang.runtime.train.data_precheck`), `train` where they are not."""
 
 _BUILTINS = (
     Builtin(

@@ -82,6 +82,13 @@ def environment_diagnostics(analysis: Analysis) -> list[Diagnostic]:
     return found
 
 
+def may_be_written_before(analysis: Analysis, path: Path, start: int) -> bool:
+    """Whether the script of `analysis` (or a file it imports) may write `path` before a call of
+    that file at offset `start` runs (`Write.may_come_before`)."""
+    writes = [w for a in _files(analysis) for w in _writes(a, reach(a.module))]
+    return any(w.may_come_before(path, analysis.path, start) for w in writes)
+
+
 def _files(analysis: Analysis) -> list[Analysis]:
     """The script's analysis and those of the files it imports, each once."""
     out: list[Analysis] = []

@@ -1807,10 +1807,12 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         first, and the completion tokens of a prompt/completion example. A set with none gives
         nothing to learn from (or to validate on): it is empty, its examples are one token long, or
         every prompt fills the whole `context:` so that its completion is cut off. Raise
-        `context:`, shorten the prompts, or check the fields read from the file. It is found when
-        `train` starts, after the model loaded: which tokens are scored depends on its tokenizer
-        (only `context: 1`, which scores nothing with any tokenizer, is refused before, as
-        E-CONSTRAINT).
+        `context:`, shorten the prompts, or check the fields read from the file. Which tokens are
+        scored depends on the model's tokenizer, so `aner check` cannot tell (only `context: 1`,
+        which scores nothing with any tokenizer, is refused there, as E-CONSTRAINT); `aner run`
+        reads the tokenizer (not the weights) before the script runs and refuses a `train` call
+        that certainly runs with a model and data known before the run, and `train` itself
+        refuses the rest when it starts.
         """,
         """
         # every question in qa.jsonl is longer than 8 tokens

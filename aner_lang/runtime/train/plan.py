@@ -27,18 +27,15 @@ from aner_lang.check.analysis import CallInfo
 from aner_lang.check.consteval import STATIC_FAILURES, evaluate
 from aner_lang.check.core import registry_expr
 from aner_lang.check.environment import written_arguments
-from aner_lang.grammar import ast
-from aner_lang.host import files, gpus, json_text
-from aner_lang.host.model_paths import missing_model
-from aner_lang.host.prechecks import PACKAGE_SCHEME
+from aner_lang.host import files, gpus
 from aner_lang.problems.diagnostics import render
 from aner_lang.problems.errors import AnerRuntimeError
-from aner_lang.runtime.io.packages import packaged_model
+from aner_lang.runtime.load.model_header import model_config
 from aner_lang.runtime.model.chunking import CHUNK_BYTES, row_slices
 from aner_lang.runtime.model.config import ModelConfig
 from aner_lang.runtime.train import accuracy
 from aner_lang.runtime.train import footprint as fp
-from aner_lang.runtime.train.plan_trace import Frame, NotKnown, Tracer
+from aner_lang.runtime.train.plan_trace import Frame, NotKnown, Tracer, argument
 
 _ADAPTERS = ("lora", "lora_fa", "dora")
 _READ = frozenset(
@@ -92,10 +89,6 @@ def _call(tracer: Tracer, info: CallInfo, frame: Frame | None) -> Call:
     return Call(info.name, {**_defaults(info.builtin), **known}, [n for n in unknown if n in _READ])
 
 
-def _argument(info: CallInfo, name: str) -> ast.Expr | None:
-    return dict(info.bound).get(name)
-
-
 def parse_bytes(text: str) -> int:
     """`24GB`, `80 GiB`, `1.5e9` -> bytes."""
     t = text.strip().upper().replace(" ", "")
@@ -104,29 +97,6 @@ def parse_bytes(text: str) -> int:
     if unit not in _UNITS or not number:
         raise ValueError(f"{text!r} is not a size such as 24GB or 80GiB")
     return int(float(number) * _UNITS[unit])
-
-
-def model_config(path: str, script_dir: Path) -> ModelConfig:
-    """The hyper-parameters of the model at `path` (as `load_model` resolves it), header only."""
-    if path.startswith(PACKAGE_SCHEME):
-        file = packaged_model(path)
-    else:
-        file = script_dir / Path(path).expanduser()
-    if file.is_dir():
-        from aner_lang.runtime.model.config import config_from_hf
-
-        text = files.read_text(file / "config.json", files.TEXT_LIMIT)
-        try:
-            cfg = json_text.loads(text)
-        except ValueError as e:
-            raise AnerRuntimeError(f"{file}/config.json: {e}", code="E-HF-CONFIG") from None
-        return config_from_hf(cfg, file)
-    if not file.exists():
-        raise missing_model(path, file)
-    from aner_lang.runtime.io.gguf import GGUFFile
-    from aner_lang.runtime.model.config import config_from_gguf
-
-    return config_from_gguf(GGUFFile(file))
 
 
 def _target_dims(c: ModelConfig) -> dict[str, tuple[int, int]]:
@@ -283,7 +253,7 @@ def plan_call(tracer: Tracer, info: CallInfo, frame: Frame | None, script_dir: P
         head += f" (called from line {frame.line})"
     train = _call(tracer, info, frame)
     try:
-        adapter_info, adapter_frame = tracer.builtin(_argument(info, "adapter"), frame)
+        adapter_info, adapter_frame = tracer.builtin(argument(info, "adapter"), frame)
     except NotKnown:
         return PlannedCall([f"{head}: cannot plan: the adapter is not known before the run"], None)
     if adapter_info.name not in _ADAPTERS:
@@ -296,7 +266,7 @@ def plan_call(tracer: Tracer, info: CallInfo, frame: Frame | None, script_dir: P
         )
     adapter = _call(tracer, adapter_info, adapter_frame)
     try:
-        model_info, model_frame = tracer.builtin(_argument(adapter_info, "model"), adapter_frame)
+        model_info, model_frame = tracer.builtin(argument(adapter_info, "model"), adapter_frame)
     except NotKnown:
         model_info = None
     if model_info is None or model_info.name != "load_model":
@@ -308,15 +278,15 @@ def plan_call(tracer: Tracer, info: CallInfo, frame: Frame | None, script_dir: P
         return PlannedCall(
             [f"{head}: cannot plan: the model path is not known before the run"], None
         )
-    data = tracer.dataset(_argument(info, "data"), frame)
+    data = tracer.dataset(argument(info, "data"), frame)
     profile_builtin = registry().functions["profile"][0]
     notes: list[str] = []
     try:
-        profile_info, profile_frame = tracer.builtin(_argument(info, "profile"), frame)
+        profile_info, profile_frame = tracer.builtin(argument(info, "profile"), frame)
         profile: Call | None = _call(tracer, profile_info, profile_frame)
     except NotKnown:
         profile = None
-        if id(_argument(info, "profile")) in written_arguments(info):
+        if id(argument(info, "profile")) in written_arguments(info):
             notes.append("the profile is not known before the run; assumed profile()'s defaults")
     profile_args = profile.args if profile else _defaults(profile_builtin)
     config = model_config(str(model.args["path"]), script_dir)

@@ -26,9 +26,14 @@ from aner_lang.check.consteval import STATIC_FAILURES, evaluate
 from aner_lang.check.environment import written_arguments
 from aner_lang.grammar import ast
 
-_DEPTH = 64
+DEPTH = 64
 """Links followed at most from one expression (a longer chain is taken as not known)."""
 _DATASETS = frozenset(("Dataset", "Pairs", "Feedback"))
+
+
+def argument(info: CallInfo, name: str) -> ast.Expr | None:
+    """The expression bound to parameter `name` of the call (its argument or its default)."""
+    return next((e for n, e in info.bound if n == name), None)
 
 
 class NotKnown(Exception):
@@ -81,7 +86,7 @@ class Tracer:
         if fn is None:
             yield None
             return
-        if depth > _DEPTH:
+        if depth > DEPTH:
             return
         for call in self.analysis.calls.values():
             if call.kind != "fn" or call.definition is None or call.definition.node is not fn:
@@ -107,7 +112,7 @@ class Tracer:
     def follow(self, expr: ast.Expr | None, frame: Frame | None) -> tuple[ast.Expr, Frame | None]:
         """The expression `expr` stands for: through lets, parameters, user functions and a
         split's parts; raises NotKnown where the script's run decides."""
-        for _ in range(_DEPTH):
+        for _ in range(DEPTH):
             if expr is None:
                 raise NotKnown
             if isinstance(expr, ast.Name):
@@ -192,7 +197,7 @@ class Tracer:
         """The context, packing and size of the dataset `expr` stands for."""
         packed, path = False, list[str]()
         examples_cap: int | None = None
-        for _ in range(_DEPTH):
+        for _ in range(DEPTH):
             try:
                 info, frame = self.builtin(expr, frame)
             except NotKnown:

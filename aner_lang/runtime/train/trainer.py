@@ -61,7 +61,7 @@ from aner_lang.runtime.model.precision import DTYPES, autocast
 from aner_lang.runtime.model.sections import section
 from aner_lang.runtime.nf4.backends import NF4Backend, using_backend
 from aner_lang.runtime.tasks.batches import collate
-from aner_lang.runtime.tasks.data import Dataset
+from aner_lang.runtime.tasks.data import Dataset, no_scored_tokens
 from aner_lang.runtime.train import control
 from aner_lang.runtime.train.checkpoint_writer import CheckpointWriter, Written
 from aner_lang.runtime.train.distributed import Parallel, for_run
@@ -180,7 +180,7 @@ def _validate_options(
     patience: int,
 ) -> None:
     if len(data.examples(tokenizer)) == 0 or data.scored_tokens(tokenizer) == 0:
-        raise AnerRuntimeError("train: the training set has no scored tokens", code="E-TRAIN-DATA")
+        raise no_scored_tokens("training")
     if steps < 1 or micro_batch < 1 or accumulation < 1:
         raise AnerRuntimeError(
             "train: steps, epochs, micro_batch and accumulation must be positive",
@@ -192,9 +192,7 @@ def _validate_options(
             code="E-TRAIN-OPTIONS",
         )
     if validation is not None and validation.scored_tokens(tokenizer) == 0:
-        raise AnerRuntimeError(
-            "train: the validation set has no scored tokens", code="E-TRAIN-DATA"
-        )
+        raise no_scored_tokens("validation")
     if patience and validation is None:
         raise AnerRuntimeError(
             "train: patience stops on the validation loss, so it needs validation:",

@@ -4,9 +4,9 @@ failure at run time is reported once as that rank's own error, never torchrun's 
 from __future__ import annotations
 
 import os
-import time
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
