@@ -11,13 +11,14 @@ language server shows the same diagnostics, so the three never disagree. In orde
    warning otherwise). The language server calls `surroundings` on the analysis it already
    holds, after a pause in typing.
 
-Nothing here imports torch.
+`aner run` then runs one check that reads the model's tokenizer, which the editor and `aner
+check` leave out: training data that leaves no token to score
+(`aner_lang.runtime.train.data_precheck`). Nothing here imports torch.
 """
 
 from __future__ import annotations
 
 from aner_lang.check import Analysis, analyze
-from aner_lang.check.checker import Resolver
 from aner_lang.check.surroundings import surroundings
 
 
@@ -26,11 +27,10 @@ def check_before_run(
     path: str | None = None,
     *,
     running: bool = False,
-    resolver: Resolver | None = None,
 ) -> Analysis:
     """The analysis of `source` (the file at `path`, if it has one) with the diagnostics of every
     check before a run; `running` when the script is about to run (a missing native package is
-    then an error), `resolver` as for `analyze` (an editor's open buffers)."""
-    analysis = analyze(source, path, resolver=resolver)
+    then an error)."""
+    analysis = analyze(source, path)
     analysis.diagnostics += surroundings(analysis, before_running=running)
     return analysis

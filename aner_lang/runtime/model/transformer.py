@@ -361,9 +361,7 @@ class FusedGateUpMLP(LlamaMLP):
         self.gate_up_proj, self.down_proj = gate_up_proj, down_proj
 
     def _gate_up(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        if gate.is_cuda:  # Liger's kernel indexes both halves with one row stride
-            return gate.contiguous(), up.contiguous()
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # strided views: the SwiGLU takes them
         return gate, up
 
 

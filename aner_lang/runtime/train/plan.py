@@ -35,6 +35,7 @@ from aner_lang.runtime.model.chunking import CHUNK_BYTES, row_slices
 from aner_lang.runtime.model.config import ModelConfig
 from aner_lang.runtime.train import accuracy
 from aner_lang.runtime.train import footprint as fp
+from aner_lang.runtime.train.memory import human_bytes
 from aner_lang.runtime.train.plan_trace import Frame, NotKnown, Tracer, argument
 
 _ADAPTERS = ("lora", "lora_fa", "dora")
@@ -223,10 +224,6 @@ def _updates(train: Call, examples: int | None) -> int | None:
     return math.ceil((float(str(epochs)) if epochs is not None else 1.0) * examples / per_update)
 
 
-def _gib(n: int) -> str:
-    return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
-
-
 def plan_calls(analysis: Analysis, info: CallInfo, script_dir: Path) -> list[PlannedCall]:
     """One plan per way the script reaches the `train` call `info` (once at the top level, once
     per call of the function it is in)."""
@@ -323,8 +320,8 @@ def plan_call(tracer: Tracer, info: CallInfo, frame: Frame | None, script_dir: P
         f"context {context}{through}{', packed' if data.packed else ''}, "
         f"micro_batch {train.args['micro_batch']}"
     ]
-    out += [f"  {name:<20} {_gib(n):>12}" for name, n in result.categories.items()]
-    out.append(f"  {'peak':<20} {_gib(result.peak):>12}")
+    out += [f"  {name:<20} {human_bytes(n):>12}" for name, n in result.categories.items()]
+    out.append(f"  {'peak':<20} {human_bytes(result.peak):>12}")
     out.append(f"  tokens per update: {result.tokens_per_update}")
     updates = "not known before the run" if result.updates is None else str(result.updates)
     out.append(f"  updates: {updates}")
@@ -364,11 +361,11 @@ def main(argv: list[str] | None = None) -> int:
     if analysis.errors:
         return 1
     if limit is not None:
-        gpu = f"the named GPU ({_gib(limit)})"
+        gpu = f"the named GPU ({human_bytes(limit)})"
     else:
         found = gpus.detect()
         limit = found[0].total_bytes if found else None
-        gpu = f"{found[0].name} ({_gib(found[0].total_bytes)})" if found else ""
+        gpu = f"{found[0].name} ({human_bytes(found[0].total_bytes)})" if found else ""
     calls = sorted(
         (i for i in analysis.calls.values() if i.kind == "builtin" and i.name == "train"),
         key=lambda i: i.call.span.start,

@@ -11,25 +11,13 @@ import torch.nn.functional as F
 from aner_lang.runtime.model import fused_ops
 from aner_lang.runtime.model.fused_ops import rms_norm, swiglu
 from aner_lang.runtime.model.transformer import apply_rope
+from aner_lang.testing.saved import saved_bytes
 
 
 def _plain_norm(x, w, eps):
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return (w * h.to(x.dtype)).to(x.dtype)
-
-
-def _saved_bytes(fn, *args) -> int:
-    total = 0
-
-    def pack(t):
-        nonlocal total
-        total += t.numel() * t.element_size()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn(*args)
-    return total
 
 
 def test_rms_norm_forward_is_the_plain_ops_and_gradients_match_autograd():
@@ -45,8 +33,8 @@ def test_rms_norm_forward_is_the_plain_ops_and_gradients_match_autograd():
     assert torch.allclose(gx, rx, rtol=1e-5, atol=1e-6) and torch.allclose(gw, rw, rtol=1e-5)
     xb = x.detach().to(torch.bfloat16).requires_grad_(True)
     assert torch.equal(rms_norm(xb, w.detach(), 1e-5), _plain_norm(xb, w.detach(), 1e-5))
-    kept = _saved_bytes(lambda: rms_norm(xb, w.detach(), 1e-5))
-    assert kept < _saved_bytes(lambda: _plain_norm(xb, w.detach(), 1e-5)) / 3
+    kept = saved_bytes(lambda: rms_norm(xb, w.detach(), 1e-5))
+    assert kept < saved_bytes(lambda: _plain_norm(xb, w.detach(), 1e-5)) / 3
 
 
 def test_swiglu_gradients_match_autograd_and_keep_only_the_inputs():
@@ -62,7 +50,7 @@ def test_swiglu_gradients_match_autograd_and_keep_only_the_inputs():
     ):
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
     gb, ub = (t.detach().to(torch.bfloat16).requires_grad_(True) for t in (gate, up))
-    assert _saved_bytes(lambda: swiglu(gb, ub)) == 2 * gb.numel() * gb.element_size()
+    assert saved_bytes(lambda: swiglu(gb, ub)) == 2 * gb.numel() * gb.element_size()
 
 
 @pytest.mark.cuda

@@ -20,6 +20,7 @@ import torch
 
 from aner_lang.runtime.model import fused_ops, triton_ops
 from aner_lang.runtime.model.transformer import apply_rope
+from aner_lang.testing.saved import saved_bytes
 
 pytest.importorskip("triton")
 pytestmark = pytest.mark.skipif(
@@ -143,32 +144,19 @@ def test_rope_kernel_rotates_once_in_fp32_as_the_plain_ops_do(dtype, per_row):
         _close(a, r.to(dtype), _rounding_units(dtype, 1.0))
 
 
-def _saved_bytes(fn) -> int:
-    total = 0
-
-    def pack(t):
-        nonlocal total
-        total += t.numel() * t.element_size()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn()
-    return total
-
-
 def test_the_kernels_keep_only_their_inputs_and_the_norm_statistics():
     """RMSNorm keeps x and one fp32 number a row; SwiGLU keeps gate and up; RoPE only the
     angles."""
     x = torch.randn(4, 5, 64).bfloat16().requires_grad_(True)
     w = torch.ones(64)
-    assert _saved_bytes(lambda: triton_ops.RMSNorm.apply(x, w, 1e-5)) == (
+    assert saved_bytes(lambda: triton_ops.RMSNorm.apply(x, w, 1e-5)) == (
         x.numel() * 2 + w.numel() * 4 + 20 * 4
     )
     gate, up = (torch.randn(3, 40).bfloat16().requires_grad_(True) for _ in range(2))
-    assert _saved_bytes(lambda: triton_ops.SwiGLU.apply(gate, up)) == 2 * gate.numel() * 2
+    assert saved_bytes(lambda: triton_ops.SwiGLU.apply(gate, up)) == 2 * gate.numel() * 2
     q = torch.randn(1, 4, 5, 16).bfloat16().requires_grad_(True)
     cos, sin = _angles(torch.arange(5), 16)
-    assert _saved_bytes(lambda: triton_ops.rope(q, q[:, :2], cos, sin)) == 2 * cos.numel() * 4
+    assert saved_bytes(lambda: triton_ops.rope(q, q[:, :2], cos, sin)) == 2 * cos.numel() * 4
 
 
 def test_the_kernels_compile_into_aners_versioned_triton_cache(tmp_path, monkeypatch):
