@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from aner_lang.host.units import human_bytes
 from aner_lang.runtime.io.world import World, world
 from aner_lang.runtime.model.linear import FrozenLinear
 from aner_lang.runtime.nf4.host_tiled import DEFAULT_TILE_BYTES
@@ -61,18 +62,6 @@ class MemoryReport:
                 lines.append(f"  {section}")
             lines.append(f"    {f.name:<20} {human_bytes(getattr(self, f.name)):>10}")
         return "\n".join(lines)
-
-
-def human_bytes(n: int) -> str:
-    """A byte count in the largest binary unit it reaches (B, KiB, MiB, GiB), as the plan and the
-    memory report print sizes: whole bytes, one decimal of KiB and MiB, two of GiB."""
-    if n < 1 << 10:
-        return f"{n} B"
-    if n < 1 << 20:
-        return f"{n / (1 << 10):.1f} KiB"
-    if n < 1 << 30:
-        return f"{n / (1 << 20):.1f} MiB"
-    return f"{n / (1 << 30):.2f} GiB"
 
 
 def _nbytes(t: torch.Tensor) -> int:

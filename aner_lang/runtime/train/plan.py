@@ -28,6 +28,7 @@ from aner_lang.check.consteval import STATIC_FAILURES, evaluate
 from aner_lang.check.core import registry_expr
 from aner_lang.check.environment import written_arguments
 from aner_lang.host import files, gpus
+from aner_lang.host.units import human_bytes
 from aner_lang.problems.diagnostics import render
 from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.load.model_header import model_config
@@ -35,7 +36,6 @@ from aner_lang.runtime.model.chunking import CHUNK_BYTES, row_slices
 from aner_lang.runtime.model.config import ModelConfig
 from aner_lang.runtime.train import accuracy
 from aner_lang.runtime.train import footprint as fp
-from aner_lang.runtime.train.memory import human_bytes
 from aner_lang.runtime.train.plan_trace import Frame, NotKnown, Tracer, argument
 
 _ADAPTERS = ("lora", "lora_fa", "dora")
