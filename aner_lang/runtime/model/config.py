@@ -567,7 +567,9 @@ def _hf_softcapping(source: str, cfg: dict[str, Any], table: Architecture) -> di
         return {}
     f = _Fields(source, "E-HF-CONFIG", cfg)
     out: dict[str, float | None] = {}
-    for key, default in zip(("attn_logit_softcapping", "final_logit_softcapping"), table.softcapping):
+    for key, default in zip(
+        ("attn_logit_softcapping", "final_logit_softcapping"), table.softcapping
+    ):
         out[key] = None if key in cfg and cfg[key] is None else f.real(key, default)
     return out
 
@@ -779,9 +781,7 @@ def _check_llamacpp_sliding(config: ModelConfig, table: Architecture) -> None:
         ),
     }
     if table.softcapping is not None:
-        assumed.update(
-            {f: getattr(config, f) or d for f, d in zip(caps, table.softcapping)}
-        )
+        assumed.update({f: getattr(config, f) or d for f, d in zip(caps, table.softcapping)})
     differ = [
         f"{f} {getattr(config, f)!r} (llama.cpp assumes {value!r})"
         for f, value in assumed.items()

@@ -306,7 +306,9 @@ def softcapped(
     values whose scaled scores are soft-capped (cap * tanh(score / cap)) before `mask` (True where
     a query sees a key, `[T, S]` or `[B, 1, T, S]`) and the softmax, which runs in fp32, as
     transformers' eager Gemma 2 attention computes it."""
-    scores = torch.matmul(q, k.transpose(-1, -2)) * (q.shape[-1] ** -0.5 if scale is None else scale)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * (
+        q.shape[-1] ** -0.5 if scale is None else scale
+    )
     scores = torch.tanh(scores / cap) * cap
     scores = scores.masked_fill(~mask, float("-inf"))
     weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
