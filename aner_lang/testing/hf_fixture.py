@@ -432,3 +432,15 @@ def write_gguf_from_hf(folder: str | Path, out: str | Path) -> Path:
     from aner_lang.runtime.load.loader import load_model
 
     return export_gguf(load_model(folder, device="cpu"), out, dtype="f32")
+
+
+def tiny_family(root: str | Path, family: str, seed: int = 0) -> tuple[Path, Path, Any]:
+    """(folder, f32 GGUF, transformers' fp32 model in eval mode) of the family's tiny model,
+    written under `root`: the three forms the family tests compare."""
+    import torch
+    import transformers
+
+    folder = write_hf_model(Path(root) / "hf", family, seed=seed)
+    gguf = write_gguf_from_hf(folder, Path(root) / "model.gguf")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
+    return folder, gguf, hf.eval()

@@ -3,8 +3,8 @@
 
 The tiny random model (hf_fixture's ``gemma2``: sliding layers of a 4-position window alternating
 with global ones, attention and final logit soft-caps small enough to bite) checks that every
-Gemma 2 feature is needed for the match, the loss and tokens on text longer than the window,
-incremental decoding and packed rows through the soft-capped attention, the half-precision loss
+Gemma 2 feature is needed for the match, the loss and tokens on text longer than the window
+(test_sliding_window.py: decoding and packed rows), the half-precision loss
 (which must not take the uncapped chunked head path), how configs without or with null soft-caps
 are read, the Hugging Face export, the GGUF export read back by Aner and by llama.cpp and its
 refusal of what llama.cpp would read differently, and adapters other than LoRA against PEFT.
@@ -30,11 +30,7 @@ from aner_lang.runtime.export.hf import export_hf  # noqa: E402
 from aner_lang.runtime.load.loader import load_model  # noqa: E402
 from aner_lang.runtime.model.config import FULL, SLIDING, config_from_hf  # noqa: E402
 from aner_lang.runtime.model.loss import logits_loss_sum  # noqa: E402
-from aner_lang.testing.hf_fixture import (  # noqa: E402
-    GEMMA2_SOFTCAPS,
-    write_gguf_from_hf,
-    write_hf_model,
-)
+from aner_lang.testing.hf_fixture import GEMMA2_SOFTCAPS, tiny_family  # noqa: E402
 
 TEXT = (
     "The history of the city goes back more than two thousand years. It was founded on the banks "
@@ -45,11 +41,7 @@ TEXT = (
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """(folder, gguf, transformers model) of the tiny random Gemma 2."""
-    root = tmp_path_factory.mktemp("gemma2")
-    folder = write_hf_model(root / "hf", "gemma2", seed=5)
-    gguf = write_gguf_from_hf(folder, root / "model.gguf")
-    hf = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
-    return folder, gguf, hf.eval()
+    return tiny_family(tmp_path_factory.mktemp("gemma2"), "gemma2", seed=5)
 
 
 def _ids(model, text=TEXT):
@@ -97,33 +89,6 @@ def test_every_gemma2_feature_is_needed_to_match_transformers(tiny):
         assert error(uncap_final) > 0.5
         assert error(lambda m: [setattr(la.self_attn, "window", None) for la in m.layers]) > 0.1
         assert error(lambda m: setattr(m, "embed_scale", None)) > 0.1
-
-
-def test_incremental_decoding_past_the_window_equals_the_full_forward(tiny):
-    _, gguf, hf = tiny
-    model = load_model(gguf, device="cpu")
-    ids = _ids(model)[:, :20]
-    with torch.no_grad():
-        want = hf(ids).logits
-        cache = model.module.new_cache()
-        first = model.module(ids[:, :3], cache)
-        rest = [model.module(ids[:, i : i + 1], cache) for i in range(3, ids.shape[1])]
-        two = model.module(ids[:, :18], cache := model.module.new_cache())
-        last = model.module(ids[:, 18:], cache)  # several new tokens over a cache
-    torch.testing.assert_close(torch.cat([first, *rest], 1), want, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(torch.cat([two, last], 1), want, atol=1e-4, rtol=1e-4)
-
-
-def test_packed_rows_keep_attention_within_each_example(tiny):
-    folder, _, _ = tiny
-    model = load_model(folder, device="cpu")
-    a, b = _ids(model, TEXT[:60])[0], _ids(model, TEXT[60:130])[0]
-    positions = torch.cat([torch.arange(len(a)), torch.arange(len(b))])[None]
-    packed = torch.cat([a, b])[None]
-    with torch.no_grad():
-        together = model.module.logits(model.module.hidden_states(packed, positions=positions))
-        alone = model.module(b[None])
-    torch.testing.assert_close(together[:, len(a) :], alone, atol=1e-4, rtol=1e-4)
 
 
 def test_half_precision_loss_is_that_of_the_capped_logits(tiny):

@@ -27,11 +27,7 @@ from aner_lang.runtime.adapters.merge import merge  # noqa: E402
 from aner_lang.runtime.export.gguf import export_gguf  # noqa: E402
 from aner_lang.runtime.export.hf import export_hf  # noqa: E402
 from aner_lang.runtime.load.loader import load_model  # noqa: E402
-from aner_lang.testing.hf_fixture import (  # noqa: E402
-    LONGROPE_ORIGINAL,
-    write_gguf_from_hf,
-    write_hf_model,
-)
+from aner_lang.testing.hf_fixture import LONGROPE_ORIGINAL, tiny_family  # noqa: E402
 
 FUSED = ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]
 
@@ -39,20 +35,12 @@ FUSED = ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]
 @pytest.fixture(scope="module", params=["phi3", "phi4mini"])
 def phi(request, tmp_path_factory):
     """(family, folder, GGUF path, transformers model)."""
-    root = tmp_path_factory.mktemp(request.param)
-    folder = write_hf_model(root / "hf", request.param, seed=3)
-    gguf = write_gguf_from_hf(folder, root / "model.gguf")
-    hf = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
-    return request.param, folder, gguf, hf.eval()
+    return request.param, *tiny_family(tmp_path_factory.mktemp(request.param), request.param, 3)
 
 
 @pytest.fixture(scope="module")
 def phi4mini(tmp_path_factory):
-    root = tmp_path_factory.mktemp("phi4mini-longrope")
-    folder = write_hf_model(root / "hf", "phi4mini", seed=5)
-    gguf = write_gguf_from_hf(folder, root / "model.gguf")
-    hf = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
-    return folder, gguf, hf.eval()
+    return tiny_family(tmp_path_factory.mktemp("phi4mini-longrope"), "phi4mini", seed=5)
 
 
 def _ids(n: int, seed: int = 0) -> torch.Tensor:
