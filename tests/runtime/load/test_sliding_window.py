@@ -1,7 +1,9 @@
 """Sliding-window families (Gemma 3: 5 sliding layers of 6; Gemma 2: alternating, with
 soft-capped attention) past their tiny fixtures' 4-position window, against transformers:
-decoding with a KV cache, one token or several at a time, equals the full forward, and packed
-rows keep each example's attention (window included) within the example."""
+decoding with a KV cache, one token or several at a time, equals the full forward, packed rows
+keep each example's attention (window included) within the example, and the Hugging Face export
+(from a folder and from a GGUF) loads in transformers as the family's class with equal logits
+and tokens."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from aner_lang.runtime.export.hf import export_hf  # noqa: E402
 from aner_lang.runtime.load.loader import load_model  # noqa: E402
 from aner_lang.testing.hf_fixture import tiny_family  # noqa: E402
 
@@ -56,3 +59,18 @@ def test_packed_rows_keep_the_window_within_each_example(tiny):
         together = model.module.logits(model.module.hidden_states(packed, positions=positions))
         alone = model.module(b[None])
     torch.testing.assert_close(together[:, len(a) :], alone, atol=1e-4, rtol=1e-4)
+
+
+def test_hf_export_loads_in_transformers_with_equal_logits_and_tokens(tiny, tmp_path):
+    folder, gguf, hf = tiny
+    for i, source in enumerate((folder, gguf)):
+        model = load_model(source, device="cpu")
+        out = export_hf(model, tmp_path / f"out{i}")
+        back = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32)
+        assert type(back) is type(hf)
+        tok = transformers.AutoTokenizer.from_pretrained(str(out))
+        ids = _ids(model)
+        assert tok(TEXT).input_ids == ids[0].tolist()
+        with torch.no_grad():
+            torch.testing.assert_close(back.eval()(ids).logits, hf(ids).logits, atol=1e-4, rtol=0)
+        assert load_model(out, device="cpu").config == model.config
