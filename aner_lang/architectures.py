@@ -161,6 +161,16 @@ class Architecture:
     sliding_pattern: int = 0
     """Every n-th layer attends globally, the others over a sliding window, as llama.cpp assumes
     for the architecture's GGUF files (Gemma 3: 6); 0: every layer global."""
+    sliding_rope: bool = False
+    """Whether sliding layers rotate by a rope base of their own (Gemma 3); otherwise every layer
+    uses the one base (Gemma 2)."""
+    llamacpp_wide_scale_layers: int = 0
+    """The layer count of the one size whose GGUF softmax scale llama.cpp takes from
+    1/sqrt(hidden/heads) instead of 1/sqrt(head size) (the 27B: Gemma 2's 46, Gemma 3's 62)."""
+    softcapping: tuple[float, float] | None = None
+    """(attention, final) logit soft-caps a config that does not name them gets, as
+    transformers and llama.cpp default them (Gemma 2: scores become cap * tanh(scores / cap));
+    None: the family has no soft-capping."""
     hf_norm_offset: float = 0.0
     """What Hugging Face files leave out of every RMSNorm weight: Gemma stores ``w`` and scales by
     ``1 + w``. GGUF files and Aner's modules hold the whole factor (llama.cpp's converter adds
@@ -484,29 +494,51 @@ QWEN3_MOE = Architecture(
 `mlp_only_layers` leaves out) are top-k of `num_experts` experts, renormalised when
 `norm_topk_prob`."""
 
+_GEMMA_NORMS = (
+    Norm("input_layernorm", "attn_norm", "self_attn"),
+    Norm("post_attention_layernorm", "post_attention_norm", "self_attn", after=True),
+    Norm("pre_feedforward_layernorm", "ffn_norm", "mlp"),
+    Norm("post_feedforward_layernorm", "post_ffw_norm", "mlp", after=True),
+)
+"""Gemma's sandwich: a norm before and after each block."""
+
 GEMMA3 = Architecture(
     name="gemma3",
     gguf_architectures=("gemma3",),
     hf_model_types=("gemma3_text",),
     projections=_projections(permuted=False),
-    norms=(
-        Norm("input_layernorm", "attn_norm", "self_attn"),
-        Norm("post_attention_layernorm", "post_attention_norm", "self_attn", after=True),
-        Norm("pre_feedforward_layernorm", "ffn_norm", "mlp"),
-        Norm("post_feedforward_layernorm", "post_ffw_norm", "mlp", after=True),
-    ),
+    norms=_GEMMA_NORMS,
     qk_norm=True,
     activation="gelu_tanh",
     scaled_embedding=True,
     sliding_pattern=6,
+    sliding_rope=True,
+    llamacpp_wide_scale_layers=62,
     hf_norm_offset=1.0,
 )
 """Gemma 3 (text): a norm before and after each block, q/k norms, GeGLU, a scaled embedding,
 sliding-window layers with their own rope base (`ModelConfig.layer_types`). llama.cpp's rope for
 Gemma is HF's split-half layout, so no rows are permuted."""
 
+GEMMA2 = Architecture(
+    name="gemma2",
+    gguf_architectures=("gemma2",),
+    hf_model_types=("gemma2",),
+    projections=_projections(permuted=False),
+    norms=_GEMMA_NORMS,
+    activation="gelu_tanh",
+    scaled_embedding=True,
+    sliding_pattern=2,
+    llamacpp_wide_scale_layers=46,
+    softcapping=(50.0, 30.0),
+    hf_norm_offset=1.0,
+)
+"""Gemma 2: Gemma 3's sandwich norms, GeGLU and scaled embedding, without q/k norms; sliding and
+global layers alternate (layer 0 sliding) under one rope base; attention scores and the final
+logits are soft-capped."""
+
 ARCHITECTURES: dict[str, Architecture] = {
-    a.name: a for a in (LLAMA, QWEN2, QWEN3, PHI3, MIXTRAL, QWEN3_MOE, GEMMA3)
+    a.name: a for a in (LLAMA, QWEN2, QWEN3, PHI3, MIXTRAL, QWEN3_MOE, GEMMA3, GEMMA2)
 }
 
 

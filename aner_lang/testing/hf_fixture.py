@@ -11,6 +11,9 @@ tokenizer.json, tokenizer_config.json with a chat template) whose distinctive fe
 | ``qwen3`` | `Qwen3ForCausalLM` | q/k RMSNorm, head size unlike hidden/heads, untied output |
 | ``gemma3`` | `Gemma3ForCausalLM` | sandwich norms (1 + w), q/k norms, GeGLU, scaled embedding, a |
 | | | 4-position sliding window on 5 of 6 layers with their own rope base, SentencePiece-style BPE |
+| ``gemma2`` | `Gemma2ForCausalLM` | Gemma 3's sandwich norms, GeGLU and embedding without q/k norms; |
+| | | sliding (4 positions) and global layers alternating under one rope base; attention and |
+| | | final logit soft-caps small enough (`GEMMA2_SOFTCAPS`) to change the logits |
 | ``phi3`` | `Phi3ForCausalLM` | fused qkv and gate/up matrices, GQA, untied output (Phi-3, Phi-4) |
 | ``phi4mini`` | `Phi3ForCausalLM` | as ``phi3``, plus LongRoPE and partial rotary dims, tied (Phi-4-mini) |
 | ``mixtral`` | `MixtralForCausalLM` | 4 experts, top 2 (renormalised), untied output, GQA |
@@ -37,7 +40,7 @@ from typing import Any
 from aner_lang.architectures import for_hf
 from aner_lang.runtime.model.tokenizer import HF_SPLIT_NAMES
 
-FAMILIES = ("llama3", "mistral", "qwen2", "qwen3", "gemma3", "phi3", "phi4mini")
+FAMILIES = ("llama3", "mistral", "qwen2", "qwen3", "gemma3", "gemma2", "phi3", "phi4mini")
 MOE_FAMILIES = ("mixtral", "qwen3_moe")
 CORPUS = [
     "Aner is a small, statically typed scripting language for adapting language models.",
@@ -107,6 +110,9 @@ _PHI3 = Family(
     "<|end|>",
     _PHI3_TEMPLATE,
 )
+GEMMA2_SOFTCAPS = (2.0, 4.0)
+"""The ``gemma2`` fixture's attention and final logit soft-caps: its scores and logits exceed
+them, so capping changes them."""
 LONGROPE_ORIGINAL = 64
 """The ``phi4mini`` fixture's pretraining context: longer sequences use the long factors."""
 FAMILY = {
@@ -150,6 +156,7 @@ FAMILY = {
     "qwen3_moe": replace(_QWEN, model_type="qwen3_moe"),
 }
 FAMILY["mixtral"] = replace(FAMILY["mistral"], model_type="mixtral")
+FAMILY["gemma2"] = replace(FAMILY["gemma3"], model_type="gemma2")
 
 
 def build_tokenizer(family: str, vocab_size: int = 320) -> Any:
@@ -295,6 +302,20 @@ def _config(family: str, vocab: int) -> Any:
             eos_token_id=1,
             bos_token_id=2,
         )
+    if family == "gemma2":
+        return transformers.Gemma2Config(
+            **{**common, "num_hidden_layers": 4},
+            head_dim=24,
+            query_pre_attn_scalar=24,
+            sliding_window=4,
+            tie_word_embeddings=True,
+            attn_logit_softcapping=GEMMA2_SOFTCAPS[0],
+            final_logit_softcapping=GEMMA2_SOFTCAPS[1],
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            pad_token_id=0,
+            eos_token_id=1,
+            bos_token_id=2,
+        )
     if family in ("phi3", "phi4mini"):
         return _phi3_config(family, common)
     if family == "mixtral":
@@ -358,6 +379,7 @@ def build_hf_model(family: str, vocab: int, seed: int = 0) -> Any:
         "qwen2": transformers.Qwen2ForCausalLM,
         "qwen3": transformers.Qwen3ForCausalLM,
         "gemma3": transformers.Gemma3ForCausalLM,
+        "gemma2": transformers.Gemma2ForCausalLM,
         "phi3": transformers.Phi3ForCausalLM,
         "phi4mini": transformers.Phi3ForCausalLM,
         "mixtral": transformers.MixtralForCausalLM,
@@ -410,3 +432,15 @@ def write_gguf_from_hf(folder: str | Path, out: str | Path) -> Path:
     from aner_lang.runtime.load.loader import load_model
 
     return export_gguf(load_model(folder, device="cpu"), out, dtype="f32")
+
+
+def tiny_family(root: str | Path, family: str, seed: int = 0) -> tuple[Path, Path, Any]:
+    """(folder, f32 GGUF, transformers' fp32 model in eval mode) of the family's tiny model,
+    written under `root`: the three forms the family tests compare."""
+    import torch
+    import transformers
+
+    folder = write_hf_model(Path(root) / "hf", family, seed=seed)
+    gguf = write_gguf_from_hf(folder, Path(root) / "model.gguf")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
+    return folder, gguf, hf.eval()

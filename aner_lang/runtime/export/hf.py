@@ -11,9 +11,11 @@ Names: the runtime's module tree uses HF's module names (docs/internals.md), so 
 saved as ``model.<module>.weight`` (``lm_head.weight`` for an untied output), for every
 architecture of `aner_lang.architectures`. An architecture's table name is HF's ``model_type``
 and its class is ``<Name>ForCausalLM`` (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
-Qwen3ForCausalLM, Phi3ForCausalLM), which is how `transformers` chooses the model class; Gemma 3
-is written as ``gemma3_text``/``Gemma3ForCausalLM`` with its sliding-window fields, its norm
-weights as the offsets from 1 its files store.
+Qwen3ForCausalLM, Phi3ForCausalLM, Gemma2ForCausalLM), which is how `transformers` chooses the
+model class; Gemma 3 is written as ``gemma3_text``/``Gemma3ForCausalLM``. Gemma's sliding-window
+fields (and Gemma 2's soft-caps, null where the model has none: transformers would default an
+absent one) are written as transformers 5 names them, its norm weights as the offsets from 1 its
+files store.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import processors
 
+from aner_lang.architectures import Architecture
 from aner_lang.host import files
 from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.export.files import refuse_experts, require_model
@@ -66,31 +69,32 @@ def _hf_tensors(model: Any, dtype: torch.dtype) -> dict[str, torch.Tensor]:
 
 
 _SLIDING_FIELDS = ("query_pre_attn_scalar", "sliding_window", "layer_types", "rope_local_theta")
+_SOFTCAP_FIELDS = ("attn_logit_softcapping", "final_logit_softcapping")
 
 
-def _sliding_config(c: Any) -> dict[str, Any]:
-    """A sliding-window model's config.json fields as transformers 5 names them (Gemma 3):
-    ``layer_types``, ``sliding_window``, ``query_pre_attn_scalar`` and ``rope_parameters`` per
-    layer type (only global layers' rope scaled)."""
+def _sliding_config(c: Any, arch: Architecture) -> dict[str, Any]:
+    """A sliding-window model's config.json fields as transformers 5 names them (Gemma 2 and 3):
+    ``model_type`` and class, ``layer_types``, ``sliding_window``, ``query_pre_attn_scalar``, and
+    ``rope_parameters``: per layer type where sliding layers have their own base (Gemma 3; only
+    global layers' rope scaled), else one."""
     full: dict[str, Any] = {"rope_type": "default", "rope_theta": c.rope_theta}
     scalar = c.query_pre_attn_scalar or c.head_dim  # transformers' config takes an int
     if c.rope_scaling is not None:
         full = {**full, "rope_type": c.rope_scaling.rope_type, "factor": c.rope_scaling.factor}
+    rope = full
+    if arch.sliding_rope:
+        local = {"rope_type": "default", "rope_theta": c.rope_local_theta or c.rope_theta}
+        rope = {"full_attention": full, "sliding_attention": local}
+    model_type = arch.hf_model_types[0]
     return {
-        "architectures": ["Gemma3ForCausalLM"],
-        "model_type": "gemma3_text",
+        "architectures": [f"{arch.name.capitalize()}ForCausalLM"],
+        "model_type": model_type,
         "hidden_activation": "gelu_pytorch_tanh",
         "hidden_act": "gelu_pytorch_tanh",
         "layer_types": list(c.layer_types),
         "sliding_window": c.sliding_window,
         "query_pre_attn_scalar": int(scalar) if float(scalar).is_integer() else scalar,
-        "rope_parameters": {
-            "full_attention": full,
-            "sliding_attention": {
-                "rope_type": "default",
-                "rope_theta": c.rope_local_theta or c.rope_theta,
-            },
-        },
+        "rope_parameters": rope,
     }
 
 
@@ -98,12 +102,12 @@ def _config(model: Any, dtype: str) -> dict[str, Any]:
     c, tok = model.config, model.tokenizer
     fields = asdict(c)
     arch = fields.pop("architecture")
-    for key in _SLIDING_FIELDS:
+    for key in _SLIDING_FIELDS + (() if model.architecture.softcapping else _SOFTCAP_FIELDS):
         fields.pop(key)
     sliding: dict[str, Any] = {}
     if model.architecture.sliding_pattern:
         fields.pop("rope_scaling")
-        sliding = _sliding_config(c)
+        sliding = _sliding_config(c, model.architecture)
     s = c.rope_scaling
     if s is not None and s.rope_type == "longrope":  # as Phi-3's own configs write it
         fields["original_max_position_embeddings"] = s.original_max_position_embeddings

@@ -220,6 +220,7 @@ def assemble(
                 k_norm=part("self_attn.k_norm"),
                 scale=scalar**-0.5 if (scalar := config.query_pre_attn_scalar) else None,
                 window=config.sliding_window if config.sliding(i) else None,
+                softcap=config.attn_logit_softcapping,
             )
             mlp = _mlp(config, part, config.experts_in(i))
         norms = {n.module: part(n.module) for n in arch.norms}

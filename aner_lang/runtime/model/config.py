@@ -92,6 +92,11 @@ class ModelConfig:
     names; sliding layers see `sliding_window` positions and use `rope_local_theta`."""
     rope_local_theta: float | None = None
     """The rope base of sliding layers, unscaled (None: `rope_theta`)."""
+    attn_logit_softcapping: float | None = None
+    """Attention scores (after the softmax scale) become cap * tanh(score / cap) (None: as they
+    are); Gemma 2."""
+    final_logit_softcapping: float | None = None
+    """The output logits become cap * tanh(logit / cap) (None: as they are); Gemma 2."""
 
     def sliding(self, layer: int) -> bool:
         """Whether `layer` attends over a sliding window."""
@@ -257,7 +262,12 @@ def _check(source: str, code: str, c: ModelConfig) -> ModelConfig:
         )
     if SLIDING in c.layer_types and (c.sliding_window is None or c.sliding_window <= 0):
         raise bad(f"sliding_window is {c.sliding_window}; sliding layers need a positive window")
-    for field in ("query_pre_attn_scalar", "rope_local_theta"):
+    for field in (
+        "query_pre_attn_scalar",
+        "rope_local_theta",
+        "attn_logit_softcapping",
+        "final_logit_softcapping",
+    ):
         v = getattr(c, field)
         if v is not None and (not math.isfinite(float(v)) or float(v) <= 0):
             raise bad(f"{field} is {v}; it must be a finite positive number")
@@ -350,6 +360,7 @@ def config_from_gguf(gguf: GGUFFile) -> ModelConfig:
         )
     config = ModelConfig(
         **_gguf_sliding(gguf, table, f),
+        **_gguf_softcapping(gguf, table, f),
         vocab_size=vocab,
         hidden_size=hidden,
         intermediate_size=f.integer("feed_forward_length"),
@@ -396,8 +407,40 @@ def _gguf_sliding(gguf: GGUFFile, table: Architecture, f: _Fields) -> dict[str, 
     return {
         "sliding_window": f.integer("attention.sliding_window"),
         "layer_types": types,
-        "rope_local_theta": f.real("rope.freq_base_swa", LOCAL_THETA),
-        "query_pre_attn_scalar": float(hidden // heads if layers == 62 else head_dim),
+        "rope_local_theta": (
+            f.real("rope.freq_base_swa", LOCAL_THETA) if table.sliding_rope else None
+        ),
+        "query_pre_attn_scalar": _llamacpp_scalar(table, layers, hidden, heads, head_dim),
+    }
+
+
+def _llamacpp_scalar(table: Architecture, layers: int, hidden: int, heads: int, head: int) -> float:
+    """The `query_pre_attn_scalar` llama.cpp uses for a GGUF of a sliding-window family: the head
+    size, or hidden/heads for the size `Architecture.llamacpp_wide_scale_layers` names."""
+    return float(hidden // heads if layers == table.llamacpp_wide_scale_layers else head)
+
+
+def _softcap_keys(table: Architecture) -> tuple[str, str]:
+    """The GGUF metadata keys of the attention and final logit soft-caps (gguf's own names)."""
+    from gguf import Keys
+
+    arch = table.gguf_architectures[0]
+    return (
+        Keys.LLM.ATTN_LOGIT_SOFTCAPPING.format(arch=arch),
+        Keys.LLM.FINAL_LOGIT_SOFTCAPPING.format(arch=arch),
+    )
+
+
+def _gguf_softcapping(gguf: GGUFFile, table: Architecture, f: _Fields) -> dict[str, Any]:
+    """The soft-caps of a family that has them, as llama.cpp reads them: each key, else the
+    family's default (`Architecture.softcapping`)."""
+    if table.softcapping is None:
+        return {}
+    fields = ("attn_logit_softcapping", "final_logit_softcapping")
+    p = f"{gguf.architecture}."
+    return {
+        field: f.real(key.removeprefix(p), default)
+        for field, key, default in zip(fields, _softcap_keys(table), table.softcapping)
     }
 
 
@@ -517,6 +560,20 @@ def _hf_sliding(source: str, cfg: dict[str, Any], table: Architecture) -> dict[s
     }
 
 
+def _hf_softcapping(source: str, cfg: dict[str, Any], table: Architecture) -> dict[str, Any]:
+    """The soft-caps of a family that has them: each key's number, None where it is null, the
+    family's default where it is absent (as transformers' config class defaults it)."""
+    if table.softcapping is None:
+        return {}
+    f = _Fields(source, "E-HF-CONFIG", cfg)
+    out: dict[str, float | None] = {}
+    for key, default in zip(
+        ("attn_logit_softcapping", "final_logit_softcapping"), table.softcapping
+    ):
+        out[key] = None if key in cfg and cfg[key] is None else f.real(key, default)
+    return out
+
+
 def _hf_longrope(source: str, cfg: dict[str, Any], params: dict[str, Any]) -> RopeScaling:
     """LongRoPE from config.json as transformers reads it: a top-level
     ``original_max_position_embeddings`` takes priority over the rope parameters' (Phi-3's
@@ -580,8 +637,10 @@ def config_from_hf(cfg: Any, folder: Path) -> ModelConfig:
             (act_key, cfg.get(act_key, activation) == activation),
             ("mlp_bias", not cfg.get("mlp_bias")),
             ("attention_bias", not cfg.get("attention_bias") or bool(table.biased)),
-            ("attn_logit_softcapping", cfg.get("attn_logit_softcapping") is None),
-            ("final_logit_softcapping", cfg.get("final_logit_softcapping") is None),
+            *(
+                (key, cfg.get(key) is None or table.softcapping is not None)
+                for key in ("attn_logit_softcapping", "final_logit_softcapping")
+            ),
             ("use_bidirectional_attention", not cfg.get("use_bidirectional_attention")),
         )
         if not fine
@@ -601,10 +660,11 @@ def config_from_hf(cfg: Any, folder: Path) -> ModelConfig:
     ):
         # beyond the window, attention would differ
         context = min(context, f.integer("sliding_window"))
-    theta, scaling, local_theta = _hf_rope(source, cfg, local=sliding)
+    theta, scaling, local_theta = _hf_rope(source, cfg, local=table.sliding_rope)
     moe = _hf_experts(source, cfg, table.name) if table.experts is not None else {}
     config = ModelConfig(
         **_hf_sliding(source, cfg, table),
+        **_hf_softcapping(source, cfg, table),
         rope_local_theta=local_theta,
         vocab_size=f.integer("vocab_size"),
         hidden_size=hidden,
@@ -700,29 +760,32 @@ def gguf_hyperparameters(config: ModelConfig) -> dict[str, Any]:
     if table.sliding_pattern:
         _check_llamacpp_sliding(config, table)
         keys[p + "attention.sliding_window"] = config.sliding_window
+    if table.softcapping is not None:  # _check_llamacpp_sliding refused a missing cap
+        attention, final = _softcap_keys(table)
+        keys[attention] = config.attn_logit_softcapping
+        keys[final] = config.final_logit_softcapping
     return keys
 
 
 def _check_llamacpp_sliding(config: ModelConfig, table: Architecture) -> None:
     """Refuse a sliding-window layout that llama.cpp would read differently from a GGUF (it
-    assumes the architecture's layer pattern, sliding rope base and softmax scale)."""
+    assumes the architecture's layer pattern, sliding rope base and softmax scale, and caps a
+    soft-capping family's scores and logits always: a cap of None has no GGUF form)."""
     layers = config.num_hidden_layers
-    llamacpp = ModelConfig(
-        **{
-            **config.__dict__,
-            "layer_types": every_nth_full(layers, table.sliding_pattern),
-            "rope_local_theta": LOCAL_THETA,
-            "query_pre_attn_scalar": float(
-                config.hidden_size // config.num_attention_heads
-                if layers == 62
-                else config.head_dim
-            ),
-        }
-    )
+    caps = ("attn_logit_softcapping", "final_logit_softcapping")
+    assumed: dict[str, Any] = {
+        "layer_types": every_nth_full(layers, table.sliding_pattern),
+        "rope_local_theta": LOCAL_THETA if table.sliding_rope else None,
+        "query_pre_attn_scalar": _llamacpp_scalar(
+            table, layers, config.hidden_size, config.num_attention_heads, config.head_dim
+        ),
+    }
+    if table.softcapping is not None:
+        assumed.update({f: getattr(config, f) or d for f, d in zip(caps, table.softcapping)})
     differ = [
-        f"{f} {getattr(config, f)!r} (llama.cpp assumes {getattr(llamacpp, f)!r})"
-        for f in ("layer_types", "rope_local_theta", "query_pre_attn_scalar")
-        if getattr(config, f) != getattr(llamacpp, f)
+        f"{f} {getattr(config, f)!r} (llama.cpp assumes {value!r})"
+        for f, value in assumed.items()
+        if getattr(config, f) != value
     ]
     if differ:
         raise AnerRuntimeError(

@@ -165,7 +165,9 @@ class LlamaAttention(nn.Module):
     delta, as HF adds a Linear's bias; `q_norm`/`k_norm` RMS-normalise every head of the queries
     and keys before rope (Qwen3, Gemma 3). `scale` replaces the softmax scale 1/sqrt(head size)
     (Gemma's 1/sqrt(query_pre_attn_scalar)); `window` limits each query to the last `window`
-    positions, its own included (Gemma 3's sliding layers).
+    positions, its own included (Gemma's sliding layers); `softcap` turns every scaled score s
+    into softcap * tanh(s / softcap) before the mask and softmax (Gemma 2), which the fused
+    `scaled_dot_product_attention` cannot do, so those models attend eagerly (`softcapped`).
     """
 
     def __init__(
@@ -182,9 +184,10 @@ class LlamaAttention(nn.Module):
         k_norm: RMSNorm | None = None,
         scale: float | None = None,
         window: int | None = None,
+        softcap: float | None = None,
     ) -> None:
         super().__init__()
-        self.scale, self.window = scale, window
+        self.scale, self.window, self.softcap = scale, window, softcap
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
@@ -261,6 +264,12 @@ class LlamaAttention(nn.Module):
         if self.window is not None and past + t > self.window:
             mask = window_mask(t, past, self.window, q.device, mask)
         groups = self.num_heads // self.num_kv_heads
+        if self.softcap is not None:
+            if mask is None:
+                mask = window_mask(t, past, None, q.device)
+            k = k.repeat_interleave(groups, dim=1)
+            v = v.repeat_interleave(groups, dim=1)
+            return softcapped(q, k, v, mask, self.softcap, self.scale)
         # fp32 keeps the reference arithmetic (its key/value gradients differ in the last bits);
         # half precision lets attention share each key/value head instead of copying it.
         shared = groups > 1 and q.dtype != torch.float32
@@ -285,6 +294,27 @@ class LlamaAttention(nn.Module):
         return out
 
 
+def softcapped(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+    cap: float,
+    scale: float | None,
+) -> torch.Tensor:
+    """Attention over `[B, heads, T, head_dim]` queries and `[B, heads, S, head_dim]` keys and
+    values whose scaled scores are soft-capped (cap * tanh(score / cap)) before `mask` (True where
+    a query sees a key, `[T, S]` or `[B, 1, T, S]`) and the softmax, which runs in fp32, as
+    transformers' eager Gemma 2 attention computes it."""
+    scores = torch.matmul(q, k.transpose(-1, -2)) * (
+        q.shape[-1] ** -0.5 if scale is None else scale
+    )
+    scores = torch.tanh(scores / cap) * cap
+    scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(weights, v)
+
+
 def _rotate(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -304,7 +334,7 @@ class FusedQKVAttention(LlamaAttention):
 
     def __init__(self, config: ModelConfig, qkv_proj: FrozenLinear, o_proj: FrozenLinear) -> None:
         nn.Module.__init__(self)
-        self.scale, self.window = None, None
+        self.scale, self.window, self.softcap = None, None, None
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
@@ -442,7 +472,8 @@ class LlamaModel(nn.Module):
     right-padded (causal attention keeps padding from influencing earlier positions).
     `embed_scale` multiplies the embedding rows, rounded to the compute dtype as HF rounds it to
     the weights' (Gemma's sqrt(hidden)). Sliding layers (`ModelConfig.sliding`) rotate by the
-    unscaled rope of `rope_local_theta` when the config has one.
+    unscaled rope of `rope_local_theta` when the config has one. The logits are soft-capped
+    (`ModelConfig.final_logit_softcapping`) where the config says so (Gemma 2).
     """
 
     def __init__(
@@ -511,8 +542,14 @@ class LlamaModel(nn.Module):
             cache.length += t
         return self.norm(h)
 
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """fp32 logits of final-norm hidden states, soft-capped where the config says so."""
+        logits = self.lm_head(hidden).to(torch.float32)
+        cap = self.config.final_logit_softcapping
+        return logits if cap is None else torch.tanh(logits / cap) * cap
+
     def forward(self, input_ids: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        return self.lm_head(self.hidden_states(input_ids, cache)).to(torch.float32)
+        return self.logits(self.hidden_states(input_ids, cache))
 
     def loss(
         self,
@@ -524,18 +561,20 @@ class LlamaModel(nn.Module):
         """Summed next-token cross-entropy over `targets` (`IGNORE` where unscored), fp32, of
         plain rows or of packed rows with their `positions` (`hidden_states`).
 
-        In half precision with a frozen head, through `head_loss_sum` (no full logits held);
-        otherwise from the logits, the reference arithmetic (`forward`'s logits, bit for bit).
+        In half precision with a frozen head and no final soft-cap, through `head_loss_sum` (no
+        full logits held; it cannot cap them); otherwise from the logits, the reference
+        arithmetic (`forward`'s logits, bit for bit).
         `router_aux` on a mixture-of-experts model whose `router_aux_loss_coef` is positive adds
         that coefficient times the load-balancing loss per scored token (`moe_aux_loss`)."""
         if router_aux and self.config.router_aux_loss_coef > 0:
             return moe_aux_loss(self, input_ids, targets, positions)
         hidden = self.hidden_states(input_ids, positions=positions)
         frozen = not any(p.requires_grad for p in self.lm_head.parameters())
+        capped = self.config.final_logit_softcapping is not None
         with section("loss"):
-            if hidden.dtype != torch.float32 and frozen:
+            if hidden.dtype != torch.float32 and frozen and not capped:
                 return head_loss_sum(hidden, self.lm_head, targets)
-            return logits_loss_sum(self.lm_head(hidden).to(torch.float32), targets)
+            return logits_loss_sum(self.logits(hidden), targets)
 
 
 def moe_aux_loss(

@@ -1,12 +1,12 @@
 """Every supported architecture, from a Hugging Face folder and from a GGUF, against transformers.
 
 For each family (Llama 3 with llama3 rope scaling and tied embeddings, Mistral, Qwen2 with q/k/v
-biases, Qwen3 with q/k norms, Phi-3 with fused qkv and gate/up matrices, Phi-4-mini with LongRoPE
-and partial rotary dimensions) a tiny random-weight model is built with transformers and saved as a
-folder, then converted to GGUF as llama.cpp's converter writes it. Aner's logits from both equal
-transformers', tokenization equals the `tokenizers` library's, the chat template renders as
-transformers renders it, LoRA trains, merge and NF4 work, and the PEFT export loads in
-transformers + PEFT with identical logits.
+biases, Qwen3 with q/k norms, Gemma 3, Gemma 2 with soft-caps, Phi-3 with fused qkv and gate/up
+matrices, Phi-4-mini with LongRoPE and partial rotary dimensions) a tiny random-weight model is
+built with transformers and saved as a folder, then converted to GGUF as llama.cpp's converter
+writes it. Aner's logits from both equal transformers', tokenization equals the `tokenizers`
+library's, the chat template renders as transformers renders it, LoRA trains, merge and NF4 work,
+and the PEFT export loads in transformers + PEFT with identical logits.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from aner_lang.runtime.adapters.files import save_adapter  # noqa: E402
 from aner_lang.runtime.adapters.merge import merge  # noqa: E402
 from aner_lang.runtime.load.loader import load_model  # noqa: E402
 from aner_lang.runtime.model.info import model_info  # noqa: E402
-from aner_lang.testing.hf_fixture import FAMILIES, write_gguf_from_hf, write_hf_model  # noqa: E402
+from aner_lang.testing.hf_fixture import FAMILIES, tiny_family  # noqa: E402
 
 TEXTS = [
     "The quiet mountain lake reflects the clear morning sky.",
@@ -42,11 +42,7 @@ def _all(model) -> list[str]:
 @pytest.fixture(scope="module", params=FAMILIES)
 def family(request, tmp_path_factory):
     """(name, folder, gguf path, transformers model) of one family."""
-    root = tmp_path_factory.mktemp(request.param)
-    folder = write_hf_model(root / "hf", request.param, seed=7)
-    gguf = write_gguf_from_hf(folder, root / "model.gguf")
-    hf = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
-    return request.param, folder, gguf, hf.eval()
+    return request.param, *tiny_family(tmp_path_factory.mktemp(request.param), request.param, 7)
 
 
 def _ids(model, text=TEXTS[0]):

