@@ -1057,11 +1057,9 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         _SCRIPT,
         """
         Aner loads the architectures it has a table of facts for (`aner_lang/architectures.py`;
-        docs/models.md lists them): GGUF files whose `general.architecture` is `llama` (Llama 1
-        to 3.2, Mistral, SmolLM2, TinyLlama and other models converted as Llama), `qwen2` (Qwen2,
-        Qwen2.5) or `qwen3` (dense Qwen3). This file declares another architecture (`gemma`,
-        `phi3`, ...), whose layers Aner does not implement; the message lists the known ones. Use
-        a model of a supported architecture.
+        docs/models.md lists them with the models converted as each). This file's
+        `general.architecture` is another one (Gemma 1's `gemma`, say), whose layers Aner does
+        not implement; the message lists the known ones. Use a model of a supported architecture.
         """,
         """
         # model.gguf is a Gemma model (general.architecture = "gemma")
@@ -1094,9 +1092,9 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         _SCRIPT,
         """
         A model folder is read from its `config.json`. This code means the file is missing or not
-        a JSON object; its `model_type` is not one Aner has a table for (`llama`, `mistral`,
-        `qwen2`, `qwen3`); it asks for a feature Aner does not implement (an activation other than
-        `silu`, MLP biases, a rope scaling other than `llama3` or `linear`); or its numbers are
+        a JSON object; its `model_type` is not one Aner has a table for (docs/models.md lists them;
+        the message names them); it asks for a feature Aner does not implement (an activation its
+        architecture does not use, MLP biases, a rope scaling Aner does not know); or its numbers are
         inconsistent (a size or count that is not a positive JSON integer, such as 1.5, 2.0 or
         "2" for a layer count; a key/value head count that does not divide the head count, an
         odd head size, a non-finite epsilon or rope base). The message names the key and its
