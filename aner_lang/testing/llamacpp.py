@@ -64,3 +64,23 @@ def served(
     """llama.cpp's greedy completions of `prompts` with `model` (and `loras` at scale 1)."""
     with llama_server(model, loras=loras) as url:
         return [complete(url, p, tokens) for p in prompts]
+
+
+def next_token_logprobs(url: str, ids: list[int]) -> dict[int, float] | None:
+    """llama.cpp's log-probabilities of its 5 likeliest next tokens after `ids` (None when its
+    pick is part of a UTF-8 character: the server withholds them then)."""
+    import json
+    import urllib.request
+
+    body = {"prompt": ids, "n_predict": 1, "n_probs": 5, "temperature": 0.0, "cache_prompt": False}
+    request = urllib.request.Request(
+        url + "/completion",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=120) as response:
+        reply = json.loads(response.read())
+    if "completion_probabilities" not in reply:
+        return None
+    top = reply["completion_probabilities"][0]["top_logprobs"]
+    return {int(t["id"]): float(t["logprob"]) for t in top}

@@ -14,7 +14,6 @@ from __future__ import annotations
 import copy
 import io
 import json
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -185,23 +184,6 @@ def test_a_llama_target_on_a_phi3_model_names_its_targets_and_the_script_line(ph
     assert any("qkv_proj" in n for n in d.notes)
 
 
-def _next_token_logprobs(url: str, ids: list[int]) -> dict[int, float] | None:
-    """llama.cpp's log-probabilities of its 5 likeliest next tokens after `ids` (None when its
-    pick is part of a UTF-8 character: the server withholds them then)."""
-    body = {"prompt": ids, "n_predict": 1, "n_probs": 5, "temperature": 0.0, "cache_prompt": False}
-    request = urllib.request.Request(
-        url + "/completion",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=120) as response:
-        reply = json.loads(response.read())
-    if "completion_probabilities" not in reply:
-        return None
-    top = reply["completion_probabilities"][0]["top_logprobs"]
-    return {int(t["id"]): float(t["logprob"]) for t in top}
-
-
 @pytest.mark.slow
 def test_llama_cpp_reads_the_exported_gguf_with_our_probabilities(phi, request):
     """llama.cpp (xllamacpp's server) on the f32 GGUF Aner wrote: the same next-token
@@ -209,7 +191,7 @@ def test_llama_cpp_reads_the_exported_gguf_with_our_probabilities(phi, request):
     where llama.cpp uses LongRoPE's short factors, as we do for these lengths). llama.cpp's CPU
     kernels round differently from torch's: log-probabilities agree to 1e-3, not 1e-5."""
     pytest.importorskip("xllamacpp")
-    from aner_lang.testing.llamacpp import llama_server
+    from aner_lang.testing.llamacpp import llama_server, next_token_logprobs
 
     name, _, gguf, _ = phi
     if name == "phi4mini":  # transformers is the reference for LongRoPE; llama.cpp differs
@@ -225,7 +207,7 @@ def test_llama_cpp_reads_the_exported_gguf_with_our_probabilities(phi, request):
     compared = 0
     with llama_server(gguf, context=LONGROPE_ORIGINAL) as url:
         for ids in prompts:
-            theirs = _next_token_logprobs(url, ids)
+            theirs = next_token_logprobs(url, ids)
             if theirs is None:
                 continue
             compared += 1
