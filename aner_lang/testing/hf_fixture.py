@@ -53,6 +53,14 @@ CORPUS = [
     "Le café est très bon. Der Bär läuft schnell. Ça va? Naïve coöperation, déjà vu.",
     "Numbers like 2024, 3.14159 and 1,000,000 appear in text, as do e-mail@example.com and URLs.",
 ]
+TEXTS = [
+    "The quiet mountain lake reflects the clear morning sky.",
+    "Hello, world! 1234567 numbers: 3.14159 and 2,718",
+    "DON'T won't I'll they've  double  spaces\n\nnew lines\ttabs",
+    "Le café est très bon. 東京 🤗",
+]
+"""Probe texts the fixtures' tests tokenize and score (digits, contractions, runs of spaces,
+accents, CJK and an emoji: the pre-tokenizers' hard cases)."""
 _SPLITS = {name: pattern for pattern, name in HF_SPLIT_NAMES.items()}
 
 
