@@ -306,23 +306,42 @@ def test_attention_lora_exports_to_llama_cpp_lora_and_expert_lora_is_refused(
 def test_llama_cpp_reads_the_exported_gguf_with_our_probabilities(exported):
     """llama.cpp (xllamacpp's server) on the f32 GGUF Aner wrote: the same next-token
     log-probabilities as Aner's (which are transformers', above) for prompts of several lengths,
-    within llama.cpp's CPU rounding (3e-3, as for the dense families). A prompt where some token's
-    k-th and (k+1)-th router probabilities are within 1e-3 is skipped: there that rounding may
-    pick the other expert (measured: margins near 1e-4 moved a log-probability by 0.04-0.07)."""
+    within llama.cpp's CPU rounding (3e-3, as for the dense families)."""
     pytest.importorskip("xllamacpp")
+    model = load_model(exported[1], device="cpu")
+    _agrees_with_llama_cpp(exported[1], model.forward, model.config)
+
+
+@pytest.mark.slow
+def test_llama_cpp_applies_the_attention_lora_gguf_as_aner_does(exported, tmp_path, trained_like):
+    pytest.importorskip("xllamacpp")
+    from aner_lang.runtime.export.lora_gguf import export_lora_gguf
+
+    model = load_model(exported[1], device="cpu")
+    adapter = trained_like(adapters.lora(model, rank=2, targets=["q_proj", "o_proj"], seed=5))
+    lora = export_lora_gguf(adapter, tmp_path / "attn.gguf")
+    ids = _ids(model)
+    with torch.no_grad():
+        assert (adapter.forward(ids) - model.forward(ids)).abs().max() > 1e-2
+    _agrees_with_llama_cpp(exported[1], adapter.forward, model.config, loras=[lora])
+
+
+def _agrees_with_llama_cpp(path, forward, config, loras=()) -> None:
+    """llama.cpp's top-5 next-token log-probabilities equal `forward`'s within 3e-3 on random
+    prompts. A prompt where some token's k-th and (k+1)-th router probabilities are within 1e-3
+    is skipped: there llama.cpp's rounding may pick the other expert (measured: margins near
+    1e-4 moved a log-probability by 0.04-0.07)."""
     from aner_lang.testing.llamacpp import llama_server, next_token_logprobs
 
-    _, path, _ = exported
-    model = load_model(path, device="cpu")
     gen = torch.Generator().manual_seed(0)
     compared = 0
-    with llama_server(path, context=256) as url:
+    with llama_server(path, context=256, loras=loras) as url:
         for n in (5, 7, 9, 12, 17, 24, 6, 10, 14):
-            ids = torch.randint(10, model.config.vocab_size - 10, (n,), generator=gen).tolist()
+            ids = torch.randint(10, config.vocab_size - 10, (n,), generator=gen).tolist()
             with torch.no_grad(), collecting_router_logits() as logits:
-                ours = model.forward(torch.tensor([ids]))[0, -1].log_softmax(-1)
+                ours = forward(torch.tensor([ids]))[0, -1].log_softmax(-1)
             theirs = next_token_logprobs(url, ids)
-            if theirs is None or _routing_margin(logits, model.config.num_experts_per_tok) < 1e-3:
+            if theirs is None or _routing_margin(logits, config.num_experts_per_tok) < 1e-3:
                 continue
             compared += 1
             for token, logprob in theirs.items():
