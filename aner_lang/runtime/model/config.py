@@ -312,7 +312,15 @@ def config_from_gguf(gguf: GGUFFile) -> ModelConfig:
     without a table in `aner_lang.architectures`."""
     arch = gguf.architecture
     meta = gguf.metadata
-    table = for_gguf(arch, experts=bool(meta.get(_expert_key("EXPERT_COUNT", arch))))
+    experts = meta.get(_expert_key("EXPERT_COUNT", arch))
+    table = for_gguf(arch, experts=bool(experts))
+    if table is not None and table.experts is None and experts:
+        raise AnerRuntimeError(
+            f"{gguf.path}: a {arch} GGUF with {experts!r} experts; Aner reads "
+            "mixture-of-experts GGUF files of Mixtral (llama) and Qwen3-MoE (qwen3moe) only",
+            code="E-GGUF-ARCH",
+            notes=("docs/models.md lists the supported architectures and file kinds",),
+        )
     if table is None:
         known = list(dict.fromkeys(a for t in ARCHITECTURES.values() for a in t.gguf_architectures))
         raise _unknown_architecture(
@@ -375,22 +383,14 @@ def _gguf_experts(gguf: GGUFFile, table: Architecture, f: _Fields) -> dict[str, 
     """The mixture-of-experts fields of a GGUF as llama.cpp reads them: ``expert_count`` and
     ``expert_used_count``, the experts' intermediate size (``expert_feed_forward_length``, else
     the dense ``feed_forward_length``, as Mixtral's files have it), every layer sparse and the
-    top-k weights renormalised (llama.cpp's Llama and Qwen3-MoE graphs do both). A dense table
-    refuses a file that declares experts."""
+    top-k weights renormalised (llama.cpp's Llama and Qwen3-MoE graphs do both); none for a
+    dense table."""
     arch = gguf.architecture
 
     def key(name: str) -> str:
         return _expert_key(name, arch).removeprefix(f.prefix)
 
-    count = gguf.metadata.get(_expert_key("EXPERT_COUNT", arch))
     if table.experts is None:
-        if count:
-            raise AnerRuntimeError(
-                f"{gguf.path}: a {arch} GGUF with {count!r} experts; Aner reads "
-                "mixture-of-experts GGUF files of Mixtral (llama) and Qwen3-MoE (qwen3moe) only",
-                code="E-GGUF-ARCH",
-                notes=("docs/models.md lists the supported architectures and file kinds",),
-            )
         return {}
     return {
         "num_experts": f.integer(key("EXPERT_COUNT")),

@@ -263,14 +263,15 @@ def test_quantized_expert_tensors_read_the_same_by_every_reader(exported, tmp_pa
         assert (dense.forward(ids) - model.forward(ids)).abs().max().item() < 2.0
 
 
+@pytest.mark.parametrize("exported", ["mixtral"], indirect=True)
 def test_bad_expert_metadata_is_refused_with_the_file_and_key(exported, tmp_path):
+    """A zero top-k, an expert count the tensors do not have, and experts declared under a dense
+    architecture: each a clear error naming the file (rewrite_gguf copies Mixtral's keys)."""
     import gguf as gguf_lib
 
     from aner_lang.testing.fixture import rewrite_gguf
 
-    model, path, _ = exported
-    if model.config.architecture != "mixtral":
-        pytest.skip("rewrite_gguf writes llama files: Mixtral's architecture")
+    _, path, _ = exported
     u32 = gguf_lib.GGUFValueType.UINT32
     used = rewrite_gguf(
         path, tmp_path / "used.gguf", metadata={"llama.expert_used_count": (0, u32)}
@@ -282,6 +283,15 @@ def test_bad_expert_metadata_is_refused_with_the_file_and_key(exported, tmp_path
     with pytest.raises(AnerRuntimeError, match=r"blk\.0\.ffn_gate_inp\.weight") as e:
         load_model(count, device="cpu")
     assert e.value.code == "E-GGUF-SHAPE"
+    dense = rewrite_gguf(
+        path,
+        tmp_path / "qwen3.gguf",
+        metadata={"qwen3.expert_count": (4, u32)},
+        architecture="qwen3",
+    )
+    with pytest.raises(AnerRuntimeError, match="a qwen3 GGUF with 4 experts") as e:
+        load_model(dense, device="cpu")
+    assert e.value.code == "E-GGUF-ARCH" and str(dense) in e.value.message
 
 
 def test_attention_lora_exports_to_llama_cpp_lora_and_expert_lora_is_refused(
@@ -354,3 +364,40 @@ def _routing_margin(logits: list[torch.Tensor], k: int) -> float:
     """The smallest gap between a token's k-th and (k+1)-th router probability, in any layer."""
     top = torch.cat(logits).float().softmax(-1).topk(k + 1, dim=-1).values
     return float((top[:, k - 1] - top[:, k]).min())
+
+
+@pytest.mark.parametrize("name", MOE_FAMILIES)
+def test_the_tables_gguf_names_are_llama_cpps_for_the_architecture(name):
+    """Every GGUF tensor name the table gives (router and 3-D expert tensors included) is one the
+    gguf package lists for the architecture (the table cannot import gguf: the front end reads
+    it), and so is every expert metadata key Aner writes."""
+    import gguf as gguf_lib
+
+    from aner_lang.architectures import ARCHITECTURES
+    from aner_lang.runtime.model.config import ModelConfig, gguf_hyperparameters
+
+    table = ARCHITECTURES[name]
+    arch = {"mixtral": gguf_lib.MODEL_ARCH.LLAMA, "qwen3_moe": gguf_lib.MODEL_ARCH.QWEN3MOE}[name]
+    assert gguf_lib.MODEL_ARCH_NAMES[arch] == table.gguf_architectures[0]
+    known = set()
+    for t in gguf_lib.MODEL_TENSORS[arch]:
+        known |= {gguf_lib.TENSOR_NAMES[t].format(bid=i) + ".weight" for i in range(2)}
+    config = ModelConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=24,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
+        architecture=name,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=8,
+    )
+    names = {w.gguf for w in table.weights(2, False, config.experts_in)}
+    assert {"blk.1.ffn_gate_inp.weight", "blk.1.ffn_down_exps.weight"} <= names
+    assert names <= known | {table.embedding, table.output, table.output_norm}
+    keys = set(gguf_hyperparameters(config))
+    for key in ("EXPERT_COUNT", "EXPERT_USED_COUNT", "EXPERT_FEED_FORWARD_LENGTH"):
+        assert getattr(gguf_lib.Keys.LLM, key).format(arch=table.gguf_architectures[0]) in keys
