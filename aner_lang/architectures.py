@@ -108,6 +108,10 @@ class Weight:
     kind: Kind
     rope_heads: str | None = None
     """Config field with the head count its GGUF rows are permuted by (None: not permuted)."""
+    expert: int | None = None
+    """Which expert's matrix it is: GGUF stores a layer's experts' matrices of one projection
+    as one 3-D tensor ``[num_experts, out, in]`` (HF order), and this weight is slice `expert`
+    of it (None: the tensor is the whole weight)."""
 
 
 @dataclass(frozen=True)
@@ -283,18 +287,19 @@ class Architecture:
                 Kind.LINEAR,
             )
         ]
-        mlp = [p for p in self.projections if p.block == "mlp"]
-        for e in range(experts):
-            out += [
-                Weight(
-                    f"layers.{i}.mlp.experts.{e}.{p.target}",
-                    f"{hf}.experts.{e}.{self.experts.hf_name(p.target)}.weight",
-                    f"blk.{i}.{p.gguf}_exps.weight",
-                    expert_shape(p.shape),
-                    Kind.LINEAR,
-                )
-                for p in mlp
-            ]
+        for p in self.projections:
+            if p.block == "mlp":  # one projection's experts together, as its GGUF tensor is
+                out += [
+                    Weight(
+                        f"layers.{i}.mlp.experts.{e}.{p.target}",
+                        f"{hf}.experts.{e}.{self.experts.hf_name(p.target)}.weight",
+                        f"blk.{i}.{p.gguf}_exps.weight",
+                        expert_shape(p.shape),
+                        Kind.LINEAR,
+                        expert=e,
+                    )
+                    for e in range(experts)
+                ]
         return out
 
     def target_modules(self, target: str, layer: int, experts: int) -> list[str]:
@@ -466,29 +471,41 @@ PHI3 = Architecture(
 """Phi-3, Phi-3.5 and Phi-4 (mini and 14B): fused qkv and gate/up matrices; LongRoPE and partial
 rotary dimensions where their configs have them."""
 
-MIXTRAL = Architecture(
-    name="mixtral",
-    gguf_architectures=("llama",),
-    hf_model_types=("mixtral",),
-    projections=_projections(permuted=True),
-    norms=_NORMS,
-    experts=Experts(
-        "block_sparse_moe", (("gate_proj", "w1"), ("up_proj", "w3"), ("down_proj", "w2"))
-    ),
-)
-"""Mixtral: every MLP is top-k of `num_local_experts` experts, the k weights renormalised.
-llama.cpp converts it as ``llama`` with expert tensors; Aner reads its HF folders."""
 
-QWEN3_MOE = Architecture(
-    name="qwen3_moe",
-    gguf_architectures=("qwen3moe",),
-    hf_model_types=("qwen3_moe",),
-    projections=_projections(permuted=False),
-    norms=_NORMS,
+def _moe(
+    name: str,
+    gguf_architecture: str,
+    hf_block: str,
+    hf_names: tuple[str, str, str],
+    *,
+    permuted: bool,
+    qk_norm: bool = False,
+) -> Architecture:
+    """A mixture-of-experts family: Llama-family attention (`permuted` and `qk_norm` as the dense
+    tables say), and experts whose gate, up and down projections are `hf_names` inside
+    `hf_block` of a Hugging Face file."""
+    return Architecture(
+        name=name,
+        gguf_architectures=(gguf_architecture,),
+        hf_model_types=(name,),
+        projections=_projections(permuted=permuted),
+        norms=_NORMS,
+        qk_norm=qk_norm,
+        experts=Experts(hf_block, tuple(zip(("gate_proj", "up_proj", "down_proj"), hf_names))),
+    )
+
+
+MIXTRAL = _moe("mixtral", "llama", "block_sparse_moe", ("w1", "w3", "w2"), permuted=True)
+"""Mixtral: every MLP is top-k of `num_local_experts` experts, the k weights renormalised.
+llama.cpp converts it as ``llama`` with expert tensors (``llama.expert_count`` > 0)."""
+
+QWEN3_MOE = _moe(
+    "qwen3_moe",
+    "qwen3moe",
+    "mlp",
+    ("gate_proj", "up_proj", "down_proj"),
+    permuted=False,
     qk_norm=True,
-    experts=Experts(
-        "mlp", (("gate_proj", "gate_proj"), ("up_proj", "up_proj"), ("down_proj", "down_proj"))
-    ),
 )
 """Qwen3-MoE: Qwen3's attention; the MLPs of the layers `decoder_sparse_step` picks (and
 `mlp_only_layers` leaves out) are top-k of `num_experts` experts, renormalised when
@@ -542,13 +559,15 @@ ARCHITECTURES: dict[str, Architecture] = {
 }
 
 
-def for_gguf(general_architecture: str) -> Architecture | None:
+def for_gguf(general_architecture: str, experts: bool = False) -> Architecture | None:
     """The table for a GGUF file's ``general.architecture``; None when Aner does not know it.
-    Mixture-of-experts tables are not read from GGUF yet (their experts are 3-D tensors)."""
-    for arch in ARCHITECTURES.values():
-        if general_architecture in arch.gguf_architectures and arch.experts is None:
+    `experts`: the file declares experts (``{arch}.expert_count`` > 0), which tells Mixtral
+    from Llama (both ``llama``)."""
+    known = [a for a in ARCHITECTURES.values() if general_architecture in a.gguf_architectures]
+    for arch in known:
+        if (arch.experts is not None) == experts:
             return arch
-    return None
+    return known[0] if known else None
 
 
 def for_hf(model_type: str) -> Architecture | None:

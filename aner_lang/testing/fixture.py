@@ -268,17 +268,19 @@ def rewrite_gguf(
     *,
     metadata: dict[str, tuple[Any, Any]] | None = None,
     tensors: Callable[[dict[str, np.ndarray]], None] | None = None,
+    architecture: str = "llama",
 ) -> Path:
     """Copy a GGUF through gguf's reader and writer with edits: `metadata` maps a key to the
     (value, `gguf.GGUFValueType`) it gets, whatever its type was; `tensors` may edit the dict of
-    tensors (name -> array). For tests of damaged or oddly typed files."""
+    tensors (name -> array); `architecture` is the copy's ``general.architecture``. For tests of
+    damaged or oddly typed files."""
     import gguf
 
     r = gguf.GGUFReader(str(src))
     arrays = {t.name: np.array(t.data) for t in r.tensors}
     if tensors is not None:
         tensors(arrays)
-    w = gguf.GGUFWriter(str(dst), "llama")
+    w = gguf.GGUFWriter(str(dst), architecture)
     edits = dict(metadata or {})
     for key, field in r.fields.items():
         if key.startswith("GGUF.") or key == "general.architecture":

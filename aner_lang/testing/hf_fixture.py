@@ -19,8 +19,9 @@ tokenizer.json, tokenizer_config.json with a chat template) whose distinctive fe
 | ``mixtral`` | `MixtralForCausalLM` | 4 experts, top 2 (renormalised), untied output, GQA |
 | ``qwen3_moe`` | `Qwen3MoeForCausalLM` | 4 experts of their own size, top 2 unnormalised, a dense layer |
 
-The mixture-of-experts families (`MOE_FAMILIES`) have no GGUF form in Aner yet, so `FAMILIES`,
-whose every member converts to GGUF, leaves them out.
+The mixture-of-experts families (`MOE_FAMILIES`) are kept apart from `FAMILIES`: ``qwen3_moe``'s
+dense layer and unnormalised routing have no GGUF form llama.cpp reads the same way
+(`LLAMACPP_MOE` gives the config a GGUF can carry).
 
 Every parameter is seeded noise (biases and norm weights included: transformers initialises those
 to 0 and 1, which would hide a missing bias or norm). The tokenizer is a byte-level BPE trained
@@ -42,6 +43,9 @@ from aner_lang.runtime.model.tokenizer import HF_SPLIT_NAMES
 
 FAMILIES = ("llama3", "mistral", "qwen2", "qwen3", "gemma3", "gemma2", "phi3", "phi4mini")
 MOE_FAMILIES = ("mixtral", "qwen3_moe")
+LLAMACPP_MOE: dict[str, Any] = {"norm_topk_prob": True, "mlp_only_layers": []}
+"""Config fields that make a ``qwen3_moe`` fixture what llama.cpp's graph assumes (every layer
+sparse, routing weights renormalised); Mixtral's already is."""
 CORPUS = [
     "Aner is a small, statically typed scripting language for adapting language models.",
     "A user writes a script that declares a base model, adapters, a training profile and data.",
@@ -52,6 +56,14 @@ CORPUS = [
     "Le café est très bon. Der Bär läuft schnell. Ça va? Naïve coöperation, déjà vu.",
     "Numbers like 2024, 3.14159 and 1,000,000 appear in text, as do e-mail@example.com and URLs.",
 ]
+TEXTS = [
+    "The quiet mountain lake reflects the clear morning sky.",
+    "Hello, world! 1234567 numbers: 3.14159 and 2,718",
+    "DON'T won't I'll they've  double  spaces\n\nnew lines\ttabs",
+    "Le café est très bon. 東京 🤗",
+]
+"""Probe texts the fixtures' tests tokenize and score (digits, contractions, runs of spaces,
+accents, CJK and an emoji: the pre-tokenizers' hard cases)."""
 _SPLITS = {name: pattern for pattern, name in HF_SPLIT_NAMES.items()}
 
 
@@ -248,7 +260,15 @@ def build_spm_tokenizer(family: str, vocab_size: int = 400) -> Any:
     return tok
 
 
-def _config(family: str, vocab: int) -> Any:
+def _config(family: str, vocab: int, overrides: dict[str, Any] | None = None) -> Any:
+    """The family's transformers config; `overrides` replaces some of its fields."""
+    config = _family_config(family, vocab)
+    for key, value in (overrides or {}).items():
+        setattr(config, key, value)
+    return config
+
+
+def _family_config(family: str, vocab: int) -> Any:
     import transformers
 
     common: dict[str, Any] = {
@@ -368,8 +388,11 @@ def _phi3_config(family: str, common: dict[str, Any]) -> Any:
     )
 
 
-def build_hf_model(family: str, vocab: int, seed: int = 0) -> Any:
-    """The family's transformers model, every parameter seeded noise, in eval mode."""
+def build_hf_model(
+    family: str, vocab: int, seed: int = 0, config: dict[str, Any] | None = None
+) -> Any:
+    """The family's transformers model (`config`: fields replaced in its config), every
+    parameter seeded noise, in eval mode."""
     import torch
     import transformers
 
@@ -385,7 +408,7 @@ def build_hf_model(family: str, vocab: int, seed: int = 0) -> Any:
         "mixtral": transformers.MixtralForCausalLM,
         "qwen3_moe": transformers.Qwen3MoeForCausalLM,
     }
-    model = classes[family](_config(family, vocab))
+    model = classes[family](_config(family, vocab, config))
     # norm factors near 1 whether the file stores the factor or its offset from 1 (Gemma)
     unit = 1.0 - for_hf(FAMILY[family].model_type).hf_norm_offset  # type: ignore[union-attr]
     gen = torch.Generator().manual_seed(seed)
@@ -401,8 +424,11 @@ def build_hf_model(family: str, vocab: int, seed: int = 0) -> Any:
     return model.eval()
 
 
-def write_hf_model(folder: str | Path, family: str, seed: int = 0) -> Path:
-    """Write the family's tiny model as a Hugging Face folder and return it."""
+def write_hf_model(
+    folder: str | Path, family: str, seed: int = 0, config: dict[str, Any] | None = None
+) -> Path:
+    """Write the family's tiny model (`config`: fields replaced in its config) as a Hugging Face
+    folder and return it."""
     if family not in FAMILY:
         known = ", ".join(FAMILIES + MOE_FAMILIES)
         raise ValueError(f"unknown family {family!r}; choose from {known}")
@@ -412,7 +438,7 @@ def write_hf_model(folder: str | Path, family: str, seed: int = 0) -> Path:
     tok = build_tokenizer(family)
     size = tok.get_vocab_size()
     vocab = -(-size // 64) * 64 if family == "qwen2" else size  # Qwen pads its embedding
-    model = build_hf_model(family, vocab, seed)
+    model = build_hf_model(family, vocab, seed, config)
     model.save_pretrained(str(out))
     tok.save(str(out / "tokenizer.json"))
     config = {

@@ -79,7 +79,10 @@ def _peft_parts(adapter: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     if experts:
         raise AnerRuntimeError(
             f"the {method} adapter adapts mixture-of-experts experts ({experts[0]}, ...), which "
-            "Aner cannot export to PEFT yet (transformers stores experts as 3-D parameters)",
+            "PEFT cannot load as they are: transformers stores a layer's experts as 3-D "
+            "parameters with gate and up fused (mlp.experts.gate_up_proj, down_proj), which PEFT "
+            "adapts only as whole parameters (target_parameters), not as Aner's separate "
+            "per-expert gate_proj/up_proj/down_proj modules",
             code="E-EXPORT",
             notes=("use format: safetensors, or target only the attention projections for PEFT",),
         )

@@ -24,13 +24,13 @@ def require_model(model: Any, builtin: str) -> None:
 
 
 def refuse_experts(config: Any, builtin: str) -> None:
-    """Refuse a mixture-of-experts model given to `builtin`, a model file writer: llama.cpp
-    stores experts as 3-D tensors, which Aner neither reads nor writes yet, and a Hugging Face
-    folder of one needs its family's own config keys and tensor names (Mixtral's w1/w2/w3)."""
+    """Refuse a mixture-of-experts model given to `builtin`, a Hugging Face folder writer: a
+    folder of one needs its family's own config keys and transformers' fused 3-D expert
+    parameters, which Aner does not write (export_gguf writes such models)."""
     if config.num_experts:
         raise AnerRuntimeError(
             f"{builtin}: the model is a mixture of experts ({config.architecture}); Aner does "
-            "not write mixture-of-experts model files yet",
+            "not write mixture-of-experts Hugging Face folders (export_gguf writes them)",
             code="E-EXPORT",
             notes=("save_adapter(adapter, dir, format: safetensors) keeps a trained adapter",),
         )

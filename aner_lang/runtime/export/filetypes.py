@@ -9,6 +9,8 @@ types Aner writes, so an Aner `q4_k_m` file is the file `llama-quantize ... Q4_K
 * ``q4_k_m``: Q4_K, except the output matrix (the token embedding when the model ties them)
   Q6_K; ``attn_v`` and ``ffn_down`` Q6_K in the layers llama.cpp gives more bits (the first and
   last eighth of the layers, and every third layer between), else Q4_K.
+* A mixture-of-experts router (``ffn_gate_inp``) stays f32, as llama.cpp's converter and
+  quantizer keep it; ``ffn_down_exps`` (every expert's down projection) counts as ``ffn_down``.
 * A weight whose rows are not a multiple of a type's block falls back as llama.cpp does:
   Q4_K -> Q5_0, Q6_K -> Q8_0, then f16 when even that block does not divide the row.
 
@@ -78,14 +80,18 @@ def _layer_and_stem(name: str) -> tuple[int | None, str]:
 def tensor_type(ft: FileType, name: str, shape: tuple[int, ...], layers: int, output: str) -> str:
     """The tensor type of `name` (GGUF name, numpy `shape`) in a file of type `ft`; `output` is
     the name of the tensor that serves as the output matrix (the embedding when tied)."""
-    if len(shape) < 2:
+    layer, stem = _layer_and_stem(name)
+    if len(shape) < 2 or stem == "ffn_gate_inp":
         return F32
     chosen = ft.default
     if ft.name == "q4_k_m":
-        layer, stem = _layer_and_stem(name)
         if name == output:
             chosen = Q6_K
-        elif stem in ("attn_v", "ffn_down") and layer is not None and _more_bits(layer, layers):
+        elif (
+            stem in ("attn_v", "ffn_down", "ffn_down_exps")
+            and layer is not None
+            and _more_bits(layer, layers)
+        ):
             chosen = Q6_K
     while shape[-1] % BLOCK[chosen]:
         chosen = _FALLBACK[chosen]

@@ -14,6 +14,7 @@ f16, or llama.cpp's quantized q8_0 and q4_k_m mixes); Q8_0 and Q5_0 blocks are w
 from __future__ import annotations
 
 from collections.abc import Iterator
+from itertools import groupby
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ import torch
 from aner_lang.architectures import Kind
 from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.export import filetypes, kquants
-from aner_lang.runtime.export.files import gguf_writer, refuse_experts, require_model
+from aner_lang.runtime.export.files import gguf_writer, require_model
 from aner_lang.runtime.io.gguf import GGUFFile, permute_rows
 from aner_lang.runtime.io.world import once
 from aner_lang.runtime.model.config import gguf_hyperparameters, longrope_tensors
@@ -33,18 +34,24 @@ _SKIPPED_KEYS = ("GGUF.", "general.file_type", "general.quantization_version")
 
 def _gguf_tensors(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
     """(GGUF name, fp32 tensor in the file's layout) for every weight, as the model's
-    architecture table names and permutes them (`Architecture.weights`)."""
+    architecture table names and permutes them (`Architecture.weights`); the experts' matrices
+    of one projection stacked into its 3-D ``[experts, out, in]`` tensor, as llama.cpp stores
+    them."""
     m, c = model.module, model.config
-    for w in model.architecture.weights(c.num_hidden_layers, c.tie_word_embeddings):
-        if w.kind is Kind.LINEAR:
-            t = m.get_submodule(w.name).dense_weight()
-        elif w.kind is Kind.NORM:
-            t = m.get_submodule(w.name).weight
-        else:
-            t = m.get_parameter(w.name)
-        if w.rope_heads:
-            t = permute_rows(t, int(getattr(c, w.rope_heads)))
-        yield w.gguf, t
+    weights = model.architecture.weights(c.num_hidden_layers, c.tie_word_embeddings, c.experts_in)
+    for name, group in groupby(weights, key=lambda w: w.gguf):
+        parts = []
+        for w in group:
+            if w.kind is Kind.LINEAR:
+                t = m.get_submodule(w.name).dense_weight()
+            elif w.kind is Kind.NORM:
+                t = m.get_submodule(w.name).weight
+            else:
+                t = m.get_parameter(w.name)
+            if w.rope_heads:
+                t = permute_rows(t, int(getattr(c, w.rope_heads)))
+            parts.append(t)
+        yield name, parts[0] if len(parts) == 1 else torch.stack(parts)
     if model.rope_freqs is not None:
         yield model.architecture.rope_freqs, model.rope_freqs
     yield from longrope_tensors(c).items()
@@ -120,8 +127,9 @@ def _encoded(t: torch.Tensor, kind: str) -> tuple[np.ndarray, Any]:
     if kind == filetypes.F16:
         return data.astype(np.float16), None
     qtype = gguf.GGMLQuantizationType[kind]
-    if kind in (filetypes.Q4_K, filetypes.Q6_K):
-        return kquants.quantize(data, kind), qtype
+    if kind in (filetypes.Q4_K, filetypes.Q6_K):  # rows of blocks; an expert tensor's rows too
+        rows = kquants.quantize(data.reshape(-1, data.shape[-1]), kind)
+        return rows.reshape(*data.shape[:-1], rows.shape[-1]), qtype
     return gguf.quants.quantize(data, qtype), qtype
 
 
@@ -134,7 +142,6 @@ def export_gguf(
 
     ft = filetypes.file_type(dtype)
     require_model(model, "export_gguf")
-    refuse_experts(model.config, "export_gguf")
     arch = model.architecture
     output = arch.embedding if model.module.lm_head is model.module.embed_tokens else arch.output
     layers = model.config.num_hidden_layers

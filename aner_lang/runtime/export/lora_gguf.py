@@ -13,6 +13,11 @@ the base weight: no per-method formula) and factored by SVD at that rank, ``B = 
 ``A = sqrt(S) V^T``, written with ``alpha = rank`` so llama.cpp's scale is 1. A change that does
 not fit in that rank (dora rescales whole rows, full changes every weight) is refused: export the
 merged model instead.
+
+On a mixture-of-experts base the attention targets export as on a dense one; an adapter on the
+experts is refused: llama.cpp stores a projection's experts as one 3-D tensor, so its LoRA would
+be 3-D ``lora_a``/``lora_b`` per expert tensor, a layout Aner does not write (export the merged
+model instead).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import torch
 
 from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.adapters.merge import effective_weights
-from aner_lang.runtime.export.files import gguf_writer, refuse_experts
+from aner_lang.runtime.export.files import gguf_writer
 from aner_lang.runtime.io.gguf import permute_rows
 from aner_lang.runtime.io.world import once
 
@@ -59,7 +64,15 @@ def export_lora_gguf(adapter: Any, path: str | Path, *, overwrite: bool = False)
         )
     base = adapter.base
     arch, config = base.architecture, base.config
-    refuse_experts(config, "export_lora_gguf")
+    experts = [name for name, _ in adapter.targets if ".experts." in name]
+    if experts:
+        raise _fail(
+            f"the {adapter.method} adapter adapts mixture-of-experts experts ({experts[0]}, "
+            "...): llama.cpp stores a projection's experts as one 3-D tensor, and Aner writes "
+            "LoRA tensors for 2-D weights only",
+            "export its merged model instead: export_gguf(merge(adapter), path)",
+            "or target only the attention projections (q_proj, k_proj, v_proj, o_proj)",
+        )
     weights = effective_weights(adapter)
     by_module = {
         p.module(i): (p, i) for i in range(config.num_hidden_layers) for p in arch.projections

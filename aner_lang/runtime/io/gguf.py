@@ -251,8 +251,20 @@ class GGUFFile:
     def tensor_type(self, name: str) -> str:
         return str(self.tensors[name].qtype.name)
 
-    def info(self, name: str, shape: tuple[int, ...]) -> TensorInfo:
-        """Tensor `name`, checked to exist with Hugging Face shape `shape` (out, in)."""
+    def info(self, name: str, shape: tuple[int, ...], index: int | None = None) -> TensorInfo:
+        """Tensor `name`, checked to exist with Hugging Face shape `shape` (out, in); with
+        `index`, its slice `index` along the first (slowest) dimension (one expert's matrix of a
+        ``[experts, out, in]`` tensor: contiguous bytes, whole rows of blocks)."""
+        if index is not None:
+            whole = self.info(name, shape)
+            size = whole.nbytes // shape[0]
+            return TensorInfo(
+                f"{name}[{index}]",
+                whole.shape[1:],
+                whole.qtype,
+                whole.offset + index * size,
+                size,
+            )
         t = self.tensors.get(name)
         if t is None:
             raise _fail(self.path, f"missing tensor {name!r}", "E-GGUF-TENSOR")
@@ -271,15 +283,16 @@ class GGUFFile:
         shape: tuple[int, ...],
         dtype: torch.dtype | None = None,
         device: torch.device | str = "cpu",
+        index: int | None = None,
     ) -> torch.Tensor:
-        """Tensor `name` (checked to have shape `shape`) as a new `dtype` tensor (float32 when
-        None) on `device`, in the file's row order; its pages are released from this process
-        afterwards."""
+        """Tensor `name` (checked to have shape `shape`; `index`: its slice, as `info` says) as a
+        new `dtype` tensor (float32 when None) on `device`, in the file's row order; its pages are
+        released from this process afterwards."""
         import gguf
         import torch
 
         dtype = torch.float32 if dtype is None else dtype
-        t = self.info(name, shape)
+        t = self.info(name, shape, index)
         q = gguf.GGMLQuantizationType
         dense = {q.F32: torch.float32, q.F16: torch.float16, q.BF16: torch.bfloat16}
         try:
@@ -290,7 +303,7 @@ class GGUFFile:
                     count=t.nbytes // dense[t.qtype].itemsize,
                     offset=t.offset,
                 )
-                out = src.reshape(shape).to(device=device, copy=True).to(dtype)
+                out = src.reshape(t.shape).to(device=device, copy=True).to(dtype)
             else:
                 out = self._dequantize(t, dtype, torch.device(device))
         finally:
@@ -298,13 +311,18 @@ class GGUFFile:
         return out
 
     def blocks(
-        self, name: str, shape: tuple[int, ...], device: torch.device | str = "cpu"
+        self,
+        name: str,
+        shape: tuple[int, ...],
+        device: torch.device | str = "cpu",
+        index: int | None = None,
     ) -> torch.Tensor:
-        """Tensor `name`'s bytes as they are in the file, a new `[rows, row_bytes]` uint8 tensor
-        on `device` (a row is whole blocks); its pages are released from this process after."""
+        """Tensor `name`'s bytes (`index`: its slice, as `info` says) as they are in the file, a
+        new `[rows, row_bytes]` uint8 tensor on `device` (a row is whole blocks); its pages are
+        released from this process after."""
         import torch
 
-        t = self.info(name, shape)
+        t = self.info(name, shape, index)
         rows = int(np.prod(t.shape[:-1], dtype=np.int64))
         try:
             src = torch.frombuffer(self._map, dtype=torch.uint8, count=t.nbytes, offset=t.offset)

@@ -79,10 +79,17 @@ class GGUFSource:
         return self.gguf.has_tensor(weight.gguf)
 
     def check(self, weight: Weight, config: Any) -> None:
-        self.gguf.info(weight.gguf, expected_shape(weight, config))
+        self.gguf.info(weight.gguf, self._shape(weight, config))
 
     def nbytes(self, weight: Weight) -> int:
-        return self.gguf.tensors[weight.gguf].nbytes
+        whole = self.gguf.tensors[weight.gguf]
+        return whole.nbytes // whole.shape[0] if weight.expert is not None else whole.nbytes
+
+    @staticmethod
+    def _shape(weight: Weight, config: Any) -> tuple[int, ...]:
+        """The GGUF tensor's shape: an expert's matrix is one slice of ``[num_experts, out, in]``."""
+        shape = expected_shape(weight, config)
+        return shape if weight.expert is None else (int(config.num_experts), *shape)
 
     def is_bfloat16(self, weight: Weight) -> bool:
         return bool(self.gguf.tensors[weight.gguf].qtype.name == "BF16")
@@ -90,7 +97,7 @@ class GGUFSource:
     def read(
         self, weight: Weight, config: Any, dtype: torch.dtype, device: torch.device
     ) -> torch.Tensor:
-        t = self.gguf.tensor(weight.gguf, expected_shape(weight, config), dtype, device)
+        t = self.gguf.tensor(weight.gguf, self._shape(weight, config), dtype, device, weight.expert)
         if weight.rope_heads:
             t = unpermute_rows(t, int(getattr(config, weight.rope_heads))).contiguous()
         return t
@@ -99,7 +106,7 @@ class GGUFSource:
         """The tensor's bytes as in the file, `[out, row_bytes]` uint8 on `device` with rows in
         Hugging Face order (a q/k weight's byte rows un-permuted: a row is whole blocks), and its
         GGML type name."""
-        t = self.gguf.blocks(weight.gguf, expected_shape(weight, config), device)
+        t = self.gguf.blocks(weight.gguf, self._shape(weight, config), device, weight.expert)
         if weight.rope_heads:
             t = unpermute_rows(t, int(getattr(config, weight.rope_heads))).contiguous()
         return t, self.gguf.tensor_type(weight.gguf)

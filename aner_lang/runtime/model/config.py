@@ -321,19 +321,20 @@ def config_from_gguf(gguf: GGUFFile) -> ModelConfig:
     """The model's hyper-parameters (HF config names), checked; raises for an architecture
     without a table in `aner_lang.architectures`."""
     arch = gguf.architecture
-    table = for_gguf(arch)
-    if table is None:
-        known = [a for t in ARCHITECTURES.values() for a in t.gguf_architectures]
-        raise _unknown_architecture(
-            str(gguf.path), "E-GGUF-ARCH", arch, [f"{k} GGUF files" for k in known]
-        )
     meta = gguf.metadata
-    if meta.get(f"{arch}.expert_count"):
+    experts = meta.get(_expert_key("EXPERT_COUNT", arch))
+    table = for_gguf(arch, experts=bool(experts))
+    if table is not None and table.experts is None and experts:
         raise AnerRuntimeError(
-            f"{gguf.path}: a mixture-of-experts GGUF ({meta[f'{arch}.expert_count']} experts); "
-            "Aner reads mixture-of-experts models from Hugging Face folders only for now",
+            f"{gguf.path}: a {arch} GGUF with {experts!r} experts; Aner reads "
+            "mixture-of-experts GGUF files of Mixtral (llama) and Qwen3-MoE (qwen3moe) only",
             code="E-GGUF-ARCH",
             notes=("docs/models.md lists the supported architectures and file kinds",),
+        )
+    if table is None:
+        known = list(dict.fromkeys(a for t in ARCHITECTURES.values() for a in t.gguf_architectures))
+        raise _unknown_architecture(
+            str(gguf.path), "E-GGUF-ARCH", arch, [f"{k} GGUF files" for k in known]
         )
     f = _Fields(str(gguf.path), "E-GGUF-METADATA", meta, f"{arch}.")
     hidden = f.integer("embedding_length")
@@ -377,8 +378,39 @@ def config_from_gguf(gguf: GGUFFile) -> ModelConfig:
         architecture=table.name,
         rope_scaling=scaling,
         partial_rotary_factor=rotary / head_dim if head_dim > 0 else 1.0,
+        **_gguf_experts(gguf, table, f),
     )
     return _check(str(gguf.path), "E-GGUF-METADATA", config)
+
+
+def _expert_key(name: str, arch: str) -> str:
+    """The GGUF metadata key `gguf.Keys.LLM.<name>` of architecture `arch`."""
+    import gguf
+
+    return str(getattr(gguf.Keys.LLM, name)).format(arch=arch)
+
+
+def _gguf_experts(gguf: GGUFFile, table: Architecture, f: _Fields) -> dict[str, Any]:
+    """The mixture-of-experts fields of a GGUF as llama.cpp reads them: ``expert_count`` and
+    ``expert_used_count``, the experts' intermediate size (``expert_feed_forward_length``, else
+    the dense ``feed_forward_length``, as Mixtral's files have it), every layer sparse and the
+    top-k weights renormalised (llama.cpp's Llama and Qwen3-MoE graphs do both); none for a
+    dense table."""
+    arch = gguf.architecture
+
+    def key(name: str) -> str:
+        return _expert_key(name, arch).removeprefix(f.prefix)
+
+    if table.experts is None:
+        return {}
+    return {
+        "num_experts": f.integer(key("EXPERT_COUNT")),
+        "num_experts_per_tok": f.integer(key("EXPERT_USED_COUNT")),
+        "moe_intermediate_size": f.integer(
+            key("EXPERT_FEED_FORWARD_LENGTH"), f.integer("feed_forward_length")
+        ),
+        "norm_topk_prob": True,
+    }
 
 
 def _gguf_sliding(gguf: GGUFFile, table: Architecture, f: _Fields) -> dict[str, Any]:
@@ -764,7 +796,30 @@ def gguf_hyperparameters(config: ModelConfig) -> dict[str, Any]:
         attention, final = _softcap_keys(table)
         keys[attention] = config.attn_logit_softcapping
         keys[final] = config.final_logit_softcapping
+    if config.num_experts:
+        _check_llamacpp_experts(config)
+        arch = p.removesuffix(".")
+        keys[_expert_key("EXPERT_COUNT", arch)] = config.num_experts
+        keys[_expert_key("EXPERT_USED_COUNT", arch)] = config.num_experts_per_tok
+        keys[_expert_key("EXPERT_FEED_FORWARD_LENGTH", arch)] = config.moe_intermediate_size
     return keys
+
+
+def _check_llamacpp_experts(config: ModelConfig) -> None:
+    """Refuse a mixture-of-experts layout that llama.cpp would read differently from a GGUF: its
+    graphs make every layer sparse and renormalise the top-k routing weights."""
+    dense = [i for i in range(config.num_hidden_layers) if not config.experts_in(i)]
+    differ = [f"dense MLP layers {dense}"] if dense else []
+    if not config.norm_topk_prob:
+        differ.append("top-k routing weights that are not renormalised (norm_topk_prob false)")
+    if differ:
+        raise AnerRuntimeError(
+            f"export_gguf: this {config.architecture} model has {' and '.join(differ)}, which "
+            "llama.cpp's GGUF graph does not have (every layer sparse, weights renormalised), "
+            "so no GGUF file would be read the same way",
+            code="E-EXPORT",
+            notes=("save_adapter(adapter, dir, format: safetensors) keeps a trained adapter",),
+        )
 
 
 def _check_llamacpp_sliding(config: ModelConfig, table: Architecture) -> None:

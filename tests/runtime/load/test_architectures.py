@@ -24,14 +24,11 @@ from aner_lang.runtime.adapters.files import save_adapter  # noqa: E402
 from aner_lang.runtime.adapters.merge import merge  # noqa: E402
 from aner_lang.runtime.load.loader import load_model  # noqa: E402
 from aner_lang.runtime.model.info import model_info  # noqa: E402
-from aner_lang.testing.hf_fixture import FAMILIES, tiny_family  # noqa: E402
-
-TEXTS = [
-    "The quiet mountain lake reflects the clear morning sky.",
-    "Hello, world! 1234567 numbers: 3.14159 and 2,718",
-    "DON'T won't I'll they've  double  spaces\n\nnew lines\ttabs",
-    "Le café est très bon. 東京 🤗",
-]
+from aner_lang.testing.hf_fixture import (  # noqa: E402
+    FAMILIES,
+    TEXTS,
+    tiny_family,
+)
 
 
 def _all(model) -> list[str]:
