@@ -141,9 +141,11 @@ class _Slot:
     """What a checkpointed layer's forward saves in place of a tensor: the place its
     recomputation puts the same tensor, until backward unpacks it."""
 
-    __slots__ = ("__weakref__", "value")
+    __slots__ = ("__weakref__", "saved", "value")
 
-    def __init__(self) -> None:
+    def __init__(self, t: torch.Tensor) -> None:
+        self.saved = (t.shape, t.dtype, t.device)
+        """What the forward saved here: the recomputation must save the same."""
         self.value: torch.Tensor | None = None
 
 
@@ -157,9 +159,10 @@ class _Checkpoint:
 
     Rules: the inputs are saved once, before the layer runs (so `offload` moves them, and only
     them); slots are held weakly, so a slot autograd has already released is not filled again;
-    the recomputation runs at most once and frees the saved inputs after it; a slot unpacked a
-    second time (a second backward through the same graph) is an error, not a silent
-    recomputation with different generator states."""
+    the recomputation runs at most once and frees the saved inputs after it. A recomputation that
+    saves other tensors than the forward (another count, shape, dtype or device: a forward that
+    depends on state the replay does not restore) is an error, as is a slot unpacked a second
+    time (a second backward through the same graph): never gradients from other values."""
 
     def __init__(
         self,
@@ -190,8 +193,8 @@ class _Checkpoint:
         ):
             return self.layer(*args)
 
-    def _pack(self, _: torch.Tensor) -> _Slot:
-        slot = _Slot()
+    def _pack(self, t: torch.Tensor) -> _Slot:
+        slot = _Slot(t)
         self.slots.append(weakref.ref(slot))
         return slot
 
@@ -221,6 +224,8 @@ class _Checkpoint:
             slot = self.slots[filled]() if filled < len(self.slots) else None
             filled += 1
             if slot is not None:
+                if (t.shape, t.dtype, t.device) != slot.saved:
+                    raise _different(f"{tuple(t.shape)} {t.dtype}", slot)
                 slot.value = t.detach() if t.requires_grad else t
             if filled >= len(self.slots):
                 raise _StopRecomputation
@@ -243,6 +248,14 @@ class _Checkpoint:
                 f"a checkpointed layer saved {filled} tensors when recomputed, "
                 f"{len(self.slots)} in its forward: its forward is not deterministic"
             )
+
+
+def _different(recomputed: str, slot: _Slot) -> RuntimeError:
+    shape, dtype, _ = slot.saved
+    return RuntimeError(
+        f"a checkpointed layer's recomputation saved a {recomputed} tensor where its forward "
+        f"saved a {tuple(shape)} {dtype} one: its forward is not deterministic"
+    )
 
 
 class _Copy:

@@ -151,6 +151,28 @@ def test_a_recomputation_runs_in_the_forwards_autocast_state():
     assert all(a is not None and b is not None and torch.equal(a, b) for a, b in zip(kept, ours))
 
 
+@pytest.mark.parametrize("change", ["dtype", "count"])
+def test_a_recomputation_that_saves_other_tensors_is_an_error(change):
+    """A layer whose forward depends on state its replay does not restore (here a flag changed
+    between forward and backward) saves other tensors when recomputed: an error naming the
+    cause, never gradients from the other values."""
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    state = {"replay": False}
+
+    def layer(x: torch.Tensor) -> torch.Tensor:
+        if state["replay"] and change == "dtype":
+            return torch.tanh(x.double()).float()
+        if state["replay"]:
+            return torch.tanh(x)
+        return torch.tanh(torch.sigmoid(x))
+
+    with keeping(ActivationPolicy("checkpoint")):
+        y = activations.run_layer(layer, x)
+    state["replay"] = True
+    with pytest.raises(RuntimeError, match="not deterministic"):
+        y.sum().backward()
+
+
 def test_a_second_backward_through_a_checkpointed_layer_is_an_error(model):
     """A recomputation runs once: backward through the same checkpointed forward again is an
     error naming the cause, never gradients from values recomputed with other random numbers."""
