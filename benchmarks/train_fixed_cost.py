@@ -112,7 +112,7 @@ def main() -> int:
         update_seconds.append(time.perf_counter() - began)
         return event
 
-    trainer._Loop.update = timed_update  # type: ignore[method-assign]
+    trainer._Loop.update = timed_update  # type: ignore[method-assign,assignment]
 
     def call(updates: int, checkpoints: bool) -> tuple[float, list[float]]:
         """The call's seconds, and each of its updates' seconds."""
@@ -138,7 +138,10 @@ def main() -> int:
     call(1, True)  # warm-up
     rows = []
     for checkpoints in (False, True):
-        one, many, outside, warmup = [], [], [], []
+        one: list[float] = []
+        many: list[float] = []
+        outside: list[float] = []
+        warmup: list[float] = []
         for _ in range(args.repeats):
             for n, times in ((1, one), (args.updates, many)):
                 total, updates = call(n, checkpoints)
