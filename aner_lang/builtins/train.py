@@ -354,7 +354,9 @@ _BUILTINS = (
                 "memory_budget",
                 "Bytes?",
                 "none",
-                "fail early if the GPU has less free memory",
+                "memory the run may use: it runs the fastest activations policy, activations: "
+                "or one keeping less, whose planned peak (as aner plan counts) fits, and says "
+                "which; an error before training when none fits or the GPU has less free",
                 keyword_only=True,
             ),
             Param(

@@ -1731,13 +1731,16 @@ _ENTRIES: tuple[ErrorCode, ...] = (
     _code(
         "E-PROFILE-BUDGET",
         Area.TRAINING,
-        "the profile's memory budget is more than the GPU has free",
+        "the profile's memory budget is more than the GPU has free, or less than the run needs",
         _SCRIPT,
         """
-        `memory_budget:` states how much GPU memory the run may use; training refuses to start when
-        the GPU has less than that free (the message gives both numbers). Lower the budget, or free
-        GPU memory (other processes, other models loaded by the script). `memory(adapter, profile)`
-        estimates what a run needs.
+        `memory_budget:` states how much GPU memory the run may use. The run takes the fastest
+        activation policy, from the profile's `activations:` on (keep, checkpoint, offload), whose
+        planned peak fits the budget (the peak `aner plan` prints); training refuses to start when
+        none fits (the message gives each policy's planned peak), or when the GPU has less than
+        the budget free (the message gives both numbers). Raise the budget, or lower
+        `micro_batch`, the data's context, the adapter's rank or targets; or free GPU memory
+        (other processes, other models loaded by the script).
         """,
         """
         # on a GPU with 80 GB of memory

@@ -6,15 +6,22 @@ enters `keeping(policy)` and `LlamaModel` runs each decoder layer through `run_l
 
 Rules:
 
-* Checkpointing recomputes a layer's forward during backward. The recomputation must see the
-  same random numbers as the forward, so the state of every generator the layer draws from is
-  captured when the layer runs forward and restored for its recomputation, then put back. A
-  decoder layer draws only from the policy's `generators` (the run's dropout generator, named
-  there only when dropout is on), never from torch's default generators, whose states torch's
-  checkpoint therefore does not save: reading a CUDA generator's state is a host round trip that
-  a CUDA graph cannot record. Every context variable (the activation policy, the run's NF4
-  backend) is set again too: on CUDA the recomputation runs on autograd's own thread, which does
-  not see the forward's. Gradients are therefore bit-identical to keeping everything.
+* Checkpointing recomputes a layer's forward during backward (`_Checkpoint`). The forward
+  builds its autograd graph as usual but every tensor it saves for backward is replaced by an
+  empty slot; the first slot backward unpacks runs the layer again from its saved input, fills
+  every slot still alive with the tensor saved at the same place, and stops as soon as the last
+  one is filled. Backward then runs the forward's own graph on the same values, so gradients
+  are bit-identical to keeping everything, and to `torch.utils.checkpoint`'s non-reentrant
+  checkpoint, which works the same way but whose first call imports torch._dynamo and
+  torch._inductor (seconds of start-up a run has no other use for).
+* The recomputation must see the same random numbers as the forward, so the state of every
+  generator the layer draws from is captured when the layer runs forward and restored for its
+  recomputation, then put back. A decoder layer draws only from the policy's `generators` (the
+  run's dropout generator, named there only when dropout is on), never from torch's default
+  generators, whose states are therefore not saved: reading a CUDA generator's state is a host
+  round trip that a CUDA graph cannot record. The forward's autocast state and every context
+  variable (the activation policy, the run's NF4 backend) are set again too: on CUDA the
+  recomputation runs on autograd's own thread, which does not see the forward's.
 * `offload` keeps the tensors backward needs in pinned host memory (`HostCopies`); with
   checkpointing these are the layer inputs, one `[batch, tokens, hidden]` tensor per layer. The
   copies run on a side stream, ordered by events, so the host never waits for them and the GPU
@@ -33,12 +40,11 @@ from __future__ import annotations
 import contextvars
 import weakref
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
-from torch.utils.checkpoint import checkpoint
 
 from aner_lang.builtins import members
 
@@ -109,16 +115,146 @@ def run_layer(layer: Callable[..., torch.Tensor], *args: Any) -> torch.Tensor:
     policy = _POLICY.get() or _KEEP
     if not policy.checkpointing or not torch.is_grad_enabled():
         return layer(*args)
-    states = _Generators(policy.generators)
+    return _Checkpoint(layer, args, policy.generators).forward(args)
 
-    def contexts() -> tuple[AbstractContextManager[None], AbstractContextManager[None]]:
-        return states.forward(), _replaying(contextvars.copy_context(), states)
 
-    return cast(
-        torch.Tensor,
-        checkpoint(
-            layer, *args, use_reentrant=False, context_fn=contexts, preserve_rng_state=False
-        ),
+class _SaveInputs(torch.autograd.Function):
+    """Saves a checkpointed layer's tensor inputs for backward, through the saved-tensor hooks
+    active around the layer (`offload`'s host copies), and nothing else. Its output is never
+    used: only its node's saved tensors are read, by the recomputation."""
+
+    @staticmethod
+    def forward(ctx: Any, anchor: torch.Tensor, *tensors: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(*tensors)
+        return anchor.new_empty((0,))
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> Any:
+        raise AssertionError("a checkpoint's saved inputs are never differentiated")
+
+
+_TENSOR = object()
+"""A tensor argument's place in a checkpoint's arguments: the tensor itself is saved."""
+
+
+class _Slot:
+    """What a checkpointed layer's forward saves in place of a tensor: the place its
+    recomputation puts the same tensor, until backward unpacks it."""
+
+    __slots__ = ("__weakref__", "saved", "value")
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.saved = (t.shape, t.dtype, t.device)
+        """What the forward saved here: the recomputation must save the same."""
+        self.value: torch.Tensor | None = None
+
+
+class _StopRecomputation(Exception):
+    """Raised inside a recomputation once every slot is filled: the rest of the layer is not
+    needed again."""
+
+
+class _Checkpoint:
+    """One checkpointed call of a layer (the module docstring's rules).
+
+    Rules: the inputs are saved once, before the layer runs (so `offload` moves them, and only
+    them); slots are held weakly, so a slot autograd has already released is not filled again;
+    the recomputation runs at most once and frees the saved inputs after it. A recomputation that
+    saves other tensors than the forward (another count, shape, dtype or device: a forward that
+    depends on state the replay does not restore) is an error, as is a slot unpacked a second
+    time (a second backward through the same graph): never gradients from other values."""
+
+    def __init__(
+        self,
+        layer: Callable[..., torch.Tensor],
+        args: tuple[Any, ...],
+        generators: tuple[torch.Generator, ...],
+    ) -> None:
+        self.layer = layer
+        self.states = _Generators(generators)
+        self.context = contextvars.copy_context()
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        device = tensors[0].device.type if tensors else "cpu"
+        self.autocast = [
+            (kind, torch.is_autocast_enabled(kind), torch.get_autocast_dtype(kind))
+            for kind in dict.fromkeys((device, "cpu"))
+        ]
+        self.autocast_cache = torch.is_autocast_cache_enabled()
+        self.args = [_TENSOR if isinstance(a, torch.Tensor) else a for a in args]
+        anchor = torch.empty((0,), requires_grad=True)  # the saver records a node, always
+        self.inputs: torch.Tensor | None = _SaveInputs.apply(anchor, *tensors)
+        self.slots: list[weakref.ref[_Slot]] = []
+
+    def forward(self, args: tuple[Any, ...]) -> torch.Tensor:
+        """`layer(*args)`, its autograd graph saving slots instead of tensors."""
+        with (
+            torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack),
+            self.states.forward(),
+        ):
+            return self.layer(*args)
+
+    def _pack(self, t: torch.Tensor) -> _Slot:
+        slot = _Slot(t)
+        self.slots.append(weakref.ref(slot))
+        return slot
+
+    def _unpack(self, slot: _Slot) -> torch.Tensor:
+        if self.inputs is not None:
+            self._recompute()
+        value, slot.value = slot.value, None
+        if value is None:
+            raise RuntimeError(
+                "a checkpointed layer's saved tensor was unpacked twice "
+                "(backward through the same forward twice is not supported)"
+            )
+        return value
+
+    def _recompute(self) -> None:
+        """Run the layer again and fill every live slot with the tensor saved in its place."""
+        if self.inputs is None or self.inputs.grad_fn is None:
+            raise AssertionError("a checkpoint recomputes once, from its saved inputs")
+        saved = cast(Any, self.inputs.grad_fn).saved_tensors
+        self.inputs = None
+        fill = iter(saved)
+        args = [next(fill) if a is _TENSOR else a for a in self.args]
+        filled = 0
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            nonlocal filled
+            slot = self.slots[filled]() if filled < len(self.slots) else None
+            filled += 1
+            if slot is not None:
+                if (t.shape, t.dtype, t.device) != slot.saved:
+                    raise _different(f"{tuple(t.shape)} {t.dtype}", slot)
+                slot.value = t.detach() if t.requires_grad else t
+            if filled >= len(self.slots):
+                raise _StopRecomputation
+            return t
+
+        try:
+            with ExitStack() as stack:
+                stack.enter_context(torch.enable_grad())
+                for kind, enabled, dtype in self.autocast:
+                    stack.enter_context(
+                        torch.autocast(kind, dtype, enabled, cache_enabled=self.autocast_cache)
+                    )
+                stack.enter_context(_replaying(self.context, self.states))
+                stack.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t))
+                self.layer(*args)
+        except _StopRecomputation:
+            pass
+        if filled != len(self.slots):
+            raise RuntimeError(
+                f"a checkpointed layer saved {filled} tensors when recomputed, "
+                f"{len(self.slots)} in its forward: its forward is not deterministic"
+            )
+
+
+def _different(recomputed: str, slot: _Slot) -> RuntimeError:
+    shape, dtype, _ = slot.saved
+    return RuntimeError(
+        f"a checkpointed layer's recomputation saved a {recomputed} tensor where its forward "
+        f"saved a {tuple(shape)} {dtype} one: its forward is not deterministic"
     )
 
 

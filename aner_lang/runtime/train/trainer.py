@@ -62,7 +62,7 @@ from aner_lang.runtime.model.sections import section
 from aner_lang.runtime.nf4.backends import NF4Backend, using_backend
 from aner_lang.runtime.tasks.batches import collate
 from aner_lang.runtime.tasks.data import Dataset, no_scored_tokens
-from aner_lang.runtime.train import control
+from aner_lang.runtime.train import budget, control
 from aner_lang.runtime.train.checkpoint_writer import CheckpointWriter, Written
 from aner_lang.runtime.train.distributed import Parallel, for_run
 from aner_lang.runtime.train.graphs import GraphSteps, eligibility
@@ -236,6 +236,16 @@ def train(
     )
     device = adapter.device
     profile.validate(device)
+    picked = None
+    if profile.memory_budget is not None:
+        picked = budget.pick(
+            adapter,
+            profile,
+            context=data.context,
+            micro_batch=micro_batch,
+            accumulation=accumulation,
+        )
+        profile = replace(profile, activations=picked.policy)
     if adapter.base.storage == GGUF_STORAGE:
         require_kernel(profile.kernel)
     set_deterministic(device)
@@ -271,6 +281,10 @@ def train(
     writer = CheckpointWriter(_reporter(run_control))
     try:
         first = loop.start_event(data)
+        if picked is not None and profile.memory_budget is not None:
+            first["memory_budget"] = picked.event(profile.memory_budget)
+            if main:
+                print(f"train: {picked.reason}", file=sys.stderr, flush=True)
         events.add(first)
         run_control.emit({**first, "steps": total})
         with using_backend(backend), keeping(loop.activations), run_control.stop_signals():

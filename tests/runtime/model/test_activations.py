@@ -4,6 +4,7 @@ dropout included, and holds less memory for backward."""
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import gc
 import threading
 import weakref
@@ -18,6 +19,7 @@ from aner_lang.runtime.load.loader import load_model
 from aner_lang.runtime.model import activations, transformer
 from aner_lang.runtime.model.activations import ActivationPolicy, keeping
 from aner_lang.runtime.model.loss import IGNORE
+from aner_lang.runtime.model.precision import autocast
 from aner_lang.runtime.nf4.backends import HostTiled, using_backend
 from aner_lang.runtime.nf4.quant import NF4Weight
 
@@ -80,6 +82,109 @@ def test_checkpointed_gradients_are_bit_identical_with_dropout(model, mode, monk
         assert torch.equal(g, ours[name]), name
     if mode == "checkpoint":
         assert ours_bytes < kept_bytes / 2
+
+
+def _torch_checkpoint(layer: Callable[..., torch.Tensor], *args: object) -> torch.Tensor:
+    """The oracle: `layer(*args)` under torch.utils.checkpoint's non-reentrant checkpoint, the
+    policy's generators and context variables restored for its recomputation."""
+    from torch.utils.checkpoint import checkpoint
+
+    policy = activations._POLICY.get()
+    assert policy is not None and policy.checkpointing and torch.is_grad_enabled()
+    states = activations._Generators(policy.generators)
+
+    def contexts():  # type: ignore[no-untyped-def]
+        return states.forward(), activations._replaying(contextvars.copy_context(), states)
+
+    return checkpoint(  # type: ignore[no-any-return]
+        layer, *args, use_reentrant=False, context_fn=contexts, preserve_rng_state=False
+    )
+
+
+@pytest.mark.parametrize("mode", ["checkpoint", "offload"])
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_gradients_are_the_bits_of_torchs_checkpoint(model, mode, precision, monkeypatch):
+    """The run's own recomputation against torch.utils.checkpoint's, with dropout, under autocast
+    too (the forward runs under it, backward outside it as a run's does: the recomputation must
+    run in the forward's autocast state): the same gradients, bit for bit, and the same bytes
+    saved for backward."""
+    monkeypatch.setattr(transformer, "recomputing", lambda *_: contextlib.nullcontext())
+
+    def outside_autocast(loss: torch.Tensor) -> None:
+        with torch.autocast("cpu", enabled=False):
+            loss.backward()
+
+    def grads() -> tuple[dict[str, torch.Tensor], int]:
+        with autocast(precision, torch.device("cpu")):
+            return _grads(model, mode, backward=outside_autocast)
+
+    ours, ours_bytes = grads()
+    monkeypatch.setattr(transformer, "run_layer", _torch_checkpoint)
+    theirs, theirs_bytes = grads()
+    assert ours.keys() == theirs.keys()
+    for name, g in theirs.items():
+        assert torch.equal(g, ours[name]), name
+    assert ours_bytes == theirs_bytes
+
+
+def test_a_recomputation_runs_in_the_forwards_autocast_state():
+    """A run's forward is under autocast and its backward is not: a checkpointed layer whose
+    ops autocast (a float32 matmul run in bfloat16) recomputes in the forward's autocast state,
+    so its gradients are the bits of keeping everything."""
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    w = torch.randn(8, 8, generator=torch.Generator().manual_seed(1), requires_grad=True)
+
+    def layer(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x @ w)
+
+    def grads(mode: str) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        x.grad = w.grad = None
+        with keeping(ActivationPolicy(mode)):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                y = activations.run_layer(layer, x, w)
+            assert y.dtype == torch.bfloat16
+            y.float().square().sum().backward()
+        return x.grad, w.grad
+
+    kept = grads("keep")
+    ours = grads("checkpoint")
+    assert all(a is not None and b is not None and torch.equal(a, b) for a, b in zip(kept, ours))
+
+
+@pytest.mark.parametrize("change", ["dtype", "count"])
+def test_a_recomputation_that_saves_other_tensors_is_an_error(change):
+    """A layer whose forward depends on state its replay does not restore (here a flag changed
+    between forward and backward) saves other tensors when recomputed: an error naming the
+    cause, never gradients from the other values."""
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    state = {"replay": False}
+
+    def layer(x: torch.Tensor) -> torch.Tensor:
+        if state["replay"] and change == "dtype":
+            return torch.tanh(x.double()).float()
+        if state["replay"]:
+            return torch.tanh(x)
+        return torch.tanh(torch.sigmoid(x))
+
+    with keeping(ActivationPolicy("checkpoint")):
+        y = activations.run_layer(layer, x)
+    state["replay"] = True
+    with pytest.raises(RuntimeError, match="not deterministic"):
+        y.sum().backward()
+
+
+def test_a_second_backward_through_a_checkpointed_layer_is_an_error(model):
+    """A recomputation runs once: backward through the same checkpointed forward again is an
+    error naming the cause, never gradients from values recomputed with other random numbers."""
+    adapter = A.lora(model, rank=2, alpha=4.0, dropout=0.25, targets=["q_proj"], seed=1)
+    adapter.dropout_generator = torch.Generator().manual_seed(5)
+    adapter.train_mode(True)
+    ids, targets = _batch(model)
+    with keeping(ActivationPolicy("checkpoint", (adapter.dropout_generator,))), adapter.active():
+        loss = adapter.loss(ids, targets)
+        loss.backward(retain_graph=True)
+        with pytest.raises(RuntimeError, match="unpacked twice"):
+            loss.backward()
 
 
 def test_outside_training_nothing_is_checkpointed(model):

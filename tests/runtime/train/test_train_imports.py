@@ -1,7 +1,8 @@
 """A training run imports only what it uses: a plain `aner run` of a LoRA training on the CPU,
-with validation and checkpoints, then resumed, ends without any of the heavy libraries and torch
-subsystems it has no use for in the process (each costs from a fraction of a second to several
-seconds of start-up: dynamo and inductor 2.5 s, peft with transformers and bitsandbytes 7 s)."""
+with validation and checkpoints, then resumed, under each activation policy, ends without any of
+the heavy libraries and torch subsystems it has no use for in the process (each costs from a
+fraction of a second to several seconds of start-up: dynamo and inductor 2.5 s, peft with
+transformers and bitsandbytes 7 s)."""
 
 from __future__ import annotations
 
@@ -41,9 +42,9 @@ let data = texts(["Aner makes model adaptation explicit and reproducible.",
                   "Seven engineers share one worktree and commit their own files."], context: 24)
 let a = resume("runs", model: base, otherwise: lora(base, rank: 2, alpha: 4.0, dropout: 0.1,
                                                      targets: [q_proj, v_proj], seed: 5))
-let run = train(a, data, profile(precision: {precision}), steps: {steps}, learning_rate: 0.01,
-                micro_batch: 2, seed: 3, checkpoints: "runs", checkpoint_every: 2,
-                validation: data, eval_every: 2)
+let run = train(a, data, profile(precision: {precision}, activations: {activations}),
+                steps: {steps}, learning_rate: 0.01, micro_batch: 2, seed: 3, checkpoints: "runs",
+                checkpoint_every: 2, validation: data, eval_every: 2)
 print("updates ${{run.updates}}")
 """
 
@@ -72,14 +73,23 @@ def _run(workdir: Path) -> tuple[str, list[str]]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
-def test_a_training_run_imports_nothing_it_does_not_use(tiny_gguf, tmp_path, precision):
+@pytest.mark.parametrize(
+    ("precision", "activations"),
+    [("float32", "keep"), ("bfloat16", "checkpoint"), ("float32", "offload")],
+)
+def test_a_training_run_imports_nothing_it_does_not_use(
+    tiny_gguf, tmp_path, precision, activations
+):
+    """Activation checkpointing and offloading included: torch.utils.checkpoint's first call
+    imports dynamo and inductor, the run's own recomputation nothing."""
     script = tmp_path / "train.aner"
     for steps in (4, 6):  # the second run resumes from the first one's checkpoint
-        script.write_text(SCRIPT.format(gguf=tiny_gguf, precision=precision, steps=steps))
+        script.write_text(
+            SCRIPT.format(gguf=tiny_gguf, precision=precision, activations=activations, steps=steps)
+        )
         printed, loaded = _run(tmp_path)
         assert f"updates {steps}" in printed
-        assert loaded == [], f"a {precision} run of {steps} updates imported {loaded}"
+        assert loaded == [], f"a {precision} {activations} run of {steps} updates imported {loaded}"
 
 
 _KERNELS_CHILD = """\

@@ -1,0 +1,112 @@
+"""The activation policy a profile's `memory_budget:` picks for a `train` call.
+
+Rules:
+
+* The candidates are the policies from the profile's `activations:` onward, largest first
+  (`keep`, `checkpoint`, `offload`): a budget never picks a policy that keeps more than the one
+  asked for, only one that needs less memory.
+* A candidate's peak is the plan's (`plan.plan`, the counting rules `aner plan` prints) for the
+  run's model, adapter, data context, micro-batch and device; of the candidates whose planned
+  peak is at most the budget, the fastest runs (`by_speed`).
+* When none fits, the call stops before any training with E-PROFILE-BUDGET, giving the budget
+  and each candidate's planned peak.
+* An adapter the plan does not cover (a full fine-tune) runs the policy asked for: the budget
+  cannot be planned for it, and the pick says so rather than refusing a run that may fit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from aner_lang.builtins import members
+from aner_lang.problems.errors import AnerRuntimeError
+from aner_lang.runtime.train.footprint import EAGER_FROM_TOKENS
+from aner_lang.runtime.train.memory import human_bytes
+from aner_lang.runtime.train.plan import plan
+
+POLICIES = members("Activations")
+"""The activation policies, largest first."""
+PLANNED_ADAPTERS = ("lora", "lora_fa", "dora")
+"""The adapter methods `plan.plan` counts."""
+
+
+def by_speed(cuda: bool, tokens: int) -> list[str]:
+    """The policies, fastest first, for micro-batches of `tokens` tokens. `keep` is the fastest
+    where it fits. On CUDA, below `EAGER_FROM_TOKENS` a checkpointed step replays from a CUDA graph
+    and an offloaded one runs eagerly, so `checkpoint` is faster; from there on both run eagerly
+    and `offload` is the faster (measured on the H200, docs/finetuning.md). On the CPU the copies
+    an offload would make do not happen, and it recomputes as a checkpoint does."""
+    if cuda and tokens >= EAGER_FROM_TOKENS:
+        return ["keep", "offload", "checkpoint"]
+    return list(POLICIES)
+
+
+@dataclass(frozen=True)
+class Pick:
+    """The policy a budget picked, each candidate's planned peak (empty when not planned), and
+    the sentence the run prints about it."""
+
+    policy: str
+    peaks: dict[str, int]
+    reason: str
+
+    def event(self, budget: int) -> dict[str, Any]:
+        """The start event's account of the pick."""
+        return {"budget": budget, "activations": self.policy, "planned_peaks": self.peaks}
+
+
+def pick(
+    adapter: Any,
+    profile: Any,
+    *,
+    context: int,
+    micro_batch: int,
+    accumulation: int,
+) -> Pick:
+    """The policy `profile.memory_budget` (not None) picks for training `adapter` (module rules)."""
+    budget = profile.memory_budget
+    candidates = POLICIES[POLICIES.index(profile.activations) :]
+    if adapter.method not in PLANNED_ADAPTERS:
+        return Pick(
+            profile.activations,
+            {},
+            f"memory_budget {human_bytes(budget)}: activations {profile.activations} as asked "
+            f"(the plan does not cover a {adapter.method} adapter)",
+        )
+    base = adapter.base
+    peaks = {
+        mode: plan(
+            base.config,
+            storage=base.storage,
+            method=adapter.method,
+            rank=int(adapter.config["rank"]),
+            targets=list(adapter.config["targets"]),
+            profile={**profile.to_json(), "activations": mode},
+            context=context,
+            micro_batch=micro_batch,
+            accumulation=accumulation,
+            updates=None,
+            cuda=adapter.device.type == "cuda",
+            quantize_embeddings=getattr(base.module.embed_tokens, "storage", None) == base.storage,
+        ).peak
+        for mode in candidates
+    }
+    planned = ", ".join(f"{mode} {human_bytes(peak)}" for mode, peak in peaks.items())
+    for mode in by_speed(adapter.device.type == "cuda", micro_batch * context):
+        if mode in peaks and peaks[mode] <= budget:
+            return Pick(
+                mode,
+                peaks,
+                f"memory_budget {human_bytes(budget)}: activations {mode}, the fastest whose "
+                f"planned peak fits (planned: {planned})",
+            )
+    raise AnerRuntimeError(
+        f"profile: memory_budget {human_bytes(budget)} ({budget} bytes) is less than the planned "
+        f"peak of every activation policy from {profile.activations} on ({planned})",
+        code="E-PROFILE-BUDGET",
+        notes=(
+            "raise the budget, or lower micro_batch or the data's context, or train a smaller "
+            "rank or fewer targets",
+        ),
+    )
