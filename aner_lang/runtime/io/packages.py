@@ -99,9 +99,9 @@ def _parts(installed: Distribution, name: str) -> list[Path]:
     packages), in order; empty when there are none."""
     dists = [installed]
     for requirement in installed.requires or ():
-        found = _installed(re.split(r"[\s;<>=!~\[(]", requirement.strip(), maxsplit=1)[0])
-        if found is not None:
-            dists.append(found)
+        required = _installed(re.split(r"[\s;<>=!~\[(]", requirement.strip(), maxsplit=1)[0])
+        if required is not None:
+            dists.append(required)
     parts: dict[int, Path] = {}
     for d in dists:
         for f in d.files or ():

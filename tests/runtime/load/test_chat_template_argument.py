@@ -23,7 +23,8 @@ from aner_lang.testing.fixture import embedded_tokenizer, gemma3_gguf_path, writ
 EXAMPLES = Path(__file__).parents[3] / "examples"
 GEMMA_TEMPLATE = (EXAMPLES / "data" / "gemma_chat_template.jinja").read_text()
 CHATML = (
-    "{#- ChatML, given by the script -#}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{#- ChatML, given by the script -#}"
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 """ChatML, but not the text of the fixture vocabulary's own template."""
