@@ -285,6 +285,15 @@ DECLARATIONS = Declarations(
                     "(the smallest memory; QLoRA, and this default, keep them 16-bit)",
                     keyword_only=True,
                 ),
+                Param(
+                    "chat_template",
+                    "String?",
+                    "none",
+                    "a Jinja chat template (Hugging Face's form) used instead of the file's own, "
+                    "or for a file without one (a base model); the special token it writes after "
+                    "an assistant's reply also ends generation",
+                    keyword_only=True,
+                ),
             ),
             "Model",
             "Load a Llama 1-3.x, Mistral, Qwen2/2.5 or Qwen3 model from a GGUF file (any tensor "
@@ -294,6 +303,8 @@ DECLARATIONS = Declarations(
             examples=(
                 'let base = load_model("models/smollm2.gguf", storage: nf4_double_quant)',
                 'let qwen = load_model("models/Qwen2.5-0.5B", storage: float16)',
+                'let gemma = load_model("models/gemma-3-270m.gguf", '
+                'chat_template: read_text("gemma_chat_template.jinja"))',
             ),
             constraints=(
                 Constraint(

@@ -24,6 +24,7 @@ from pathlib import Path
 from aner_lang.datafiles.preference_records import FeedbackFormat, PairFormat
 from aner_lang.datafiles.records import Format, check_records, jsonl_format
 from aner_lang.host import files, gpus
+from aner_lang.host.chat_template import syntax_error
 from aner_lang.host.model_paths import missing_model
 from aner_lang.problems.errors import AnerRuntimeError
 
@@ -123,8 +124,11 @@ PACKAGE_SCHEME = "pypi:"
 
 def load_model(args: Mapping[str, object], script_dir: Path) -> Failures:
     """A model path that names nothing (``pypi:`` paths are left to the run), `device: cuda`
-    without a CUDA GPU."""
+    without a CUDA GPU, a `chat_template` that is not Jinja."""
     found: Failures = []
+    template = args.get("chat_template")
+    if isinstance(template, str) and (bad := syntax_error(template)) is not None:
+        found.append(("chat_template", bad))
     path = _path(args, script_dir)
     if path is not None and not str(args["path"]).startswith(PACKAGE_SCHEME) and not path.exists():
         found.append(

@@ -1203,9 +1203,11 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         """
         `chat` formats the conversation with the model's chat template (the GGUF's
         `tokenizer.chat_template`, a Jinja template). This code means the model has none (base
-        models often lack one: use `generate` with a plain prompt), the template rejected the
-        conversation through its own `raise_exception` (some templates refuse a `system` message),
-        or it failed to render (the message gives the template's error).
+        models often lack one: give it one with `load_model(path, chat_template: ...)`, or use
+        `generate` with a plain prompt), the template rejected the conversation through its own
+        `raise_exception` (some templates refuse a `system` message), it failed to render (the
+        message gives the template's error), or a template given to `load_model` is not Jinja
+        (the message gives the line of the template).
         """,
         """
         # model.gguf is a base model without tokenizer.chat_template

@@ -57,8 +57,9 @@ def _gguf_tensors(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
     yield from longrope_tensors(c).items()
 
 
-def _copy_metadata(writer: Any, source: Path) -> None:
-    """Every key of the source GGUF except the ones describing its own tensor encoding."""
+def _copy_metadata(writer: Any, source: Path, tokenizer: Any) -> None:
+    """Every key of the source GGUF except the ones describing its own tensor encoding, with the
+    chat template and end-of-turn token the model was loaded with (`_tokenizer_changes`)."""
     import gguf
 
     try:
@@ -69,12 +70,28 @@ def _copy_metadata(writer: Any, source: Path) -> None:
             f"({e.message})",
             code="E-EXPORT",
         ) from None
+    changes = _tokenizer_changes(tokenizer, file.metadata)
     for key, value in file.metadata.items():
-        if key.startswith(_SKIPPED_KEYS) or key == "general.architecture":
+        if key.startswith(_SKIPPED_KEYS) or key == "general.architecture" or key in changes:
             continue
         vtype, item = file.value_types[key]
         sub = gguf.GGUFValueType(item) if item is not None else None
         writer.add_key_value(key, value, gguf.GGUFValueType(vtype), sub_type=sub)
+    write_keys(writer, changes)
+
+
+def _tokenizer_changes(tokenizer: Any, meta: dict[str, Any]) -> dict[str, Any]:
+    """The tokenizer keys where the model differs from its source file: a chat template given to
+    `load_model`, and the end-of-turn token it adds to the file's end-of-generation ids (written
+    as ``tokenizer.ggml.eot_token_id`` when the file names none, so llama.cpp stops there too)."""
+    changes: dict[str, Any] = {}
+    if tokenizer.chat_template and tokenizer.chat_template != meta.get("tokenizer.chat_template"):
+        changes["tokenizer.chat_template"] = tokenizer.chat_template
+    named = {meta.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")}
+    added = sorted(tokenizer.stop_ids - named)
+    if len(added) == 1 and "tokenizer.ggml.eot_token_id" not in meta:
+        changes["tokenizer.ggml.eot_token_id"] = added[0]
+    return changes
 
 
 def _folder_metadata(writer: Any, model: Any) -> None:
@@ -154,7 +171,7 @@ def export_gguf(
         if Path(model.path).is_dir():
             _folder_metadata(writer, model)
         else:
-            _copy_metadata(writer, Path(model.path))
+            _copy_metadata(writer, Path(model.path), model.tokenizer)
         writer.add_file_type(ft.ftype)
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
         for name, t in _gguf_tensors(model):

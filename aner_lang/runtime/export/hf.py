@@ -2,7 +2,7 @@
 
     model.safetensors        every weight under HF's names (dense fp32, or `dtype`)
     config.json              the hyper-parameters (already HF-named in `LlamaConfig`)
-    generation_config.json   BOS/EOS ids
+    generation_config.json   BOS and end-of-generation ids
     tokenizer.json           the GGUF vocabulary as a `tokenizers` tokenizer (BOS added by its
                              post-processor where the vocabulary asks for it)
     tokenizer_config.json    special tokens, context length and the chat template
@@ -144,6 +144,14 @@ def _tokenizer(tok: Any) -> HFTokenizer:
     return backend
 
 
+def _stops(tok: Any) -> int | list[int] | None:
+    """generation_config.json's ``eos_token_id``: the EOS id, or every end-of-generation id (EOS
+    first) where there are more, as transformers writes it for chat models (Gemma's
+    ``[1, 106]``): a chat template's end-of-turn token stops `generate` there too."""
+    others = sorted(tok.stop_ids - {tok.eos_id})
+    return [tok.eos_id, *others] if others and tok.eos_id is not None else tok.eos_id
+
+
 def _tokenizer_config(model: Any) -> dict[str, Any]:
     tok = model.tokenizer
 
@@ -207,7 +215,7 @@ def export_hf(
     ):
         save_file(_hf_tensors(model, DTYPES[dtype]), folder / WEIGHTS, metadata={"format": "pt"})
         (folder / "config.json").write_text(dump(_config(model, dtype)), encoding="utf-8")
-        generation = {"bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id}
+        generation = {"bos_token_id": tok.bos_id, "eos_token_id": _stops(tok)}
         (folder / "generation_config.json").write_text(dump(generation), encoding="utf-8")
         _tokenizer(tok).save(str(folder / "tokenizer.json"))
         (folder / "tokenizer_config.json").write_text(

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from aner_lang.architectures import ARCHITECTURES, Kind
+from aner_lang.host.chat_template import syntax_error
 from aner_lang.host.model_paths import missing_model
 from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.io.progress import Progress
@@ -307,16 +308,23 @@ def load_model(
     storage: str = "float32",
     device: str = "auto",
     quantize_embeddings: bool = False,
+    chat_template: str | None = None,
 ) -> LoadedModel:
     """Read a GGUF file or a Hugging Face folder into a `LoadedModel` with the given storage on
-    the given device, one tensor at a time (`quantize_embeddings`: see the module docstring)."""
+    the given device, one tensor at a time (`quantize_embeddings`: see the module docstring).
+    `chat_template` (Jinja) replaces the file's own chat template, or gives one to a file without
+    it, on a copy of the file's tokenizer (`Tokenizer.with_chat_template`)."""
     if storage not in STORAGES:
         raise AnerRuntimeError(
             f"unknown storage {storage!r}; expected one of {', '.join(STORAGES)}", code="E-STORAGE"
         )
+    if chat_template is not None and (bad := syntax_error(chat_template)) is not None:
+        raise bad
     dev = resolve_device(device)
     path = Path(path)
     source, config, tokenizer, metadata, rope = describe(path)
+    if chat_template is not None:
+        tokenizer = tokenizer.with_chat_template(chat_template)
     if storage == "gguf" and not isinstance(source, GGUFSource):
         raise AnerRuntimeError(
             f"{path}: storage: gguf keeps a GGUF file's quantized blocks, but this is a "
@@ -350,7 +358,12 @@ def model_file(ctx: ExecContext, path: str) -> Path:
 
 
 def load_model_builtin(
-    ctx: ExecContext, path: str, storage: str, device: str, quantize_embeddings: bool = False
+    ctx: ExecContext,
+    path: str,
+    storage: str,
+    device: str,
+    quantize_embeddings: bool = False,
+    chat_template: str | None = None,
 ) -> LoadedModel:
-    """Builtin `load_model(path, storage:, device:, quantize_embeddings:)`."""
-    return load_model(model_file(ctx, path), storage, device, quantize_embeddings)
+    """Builtin `load_model(path, storage:, device:, quantize_embeddings:, chat_template:)`."""
+    return load_model(model_file(ctx, path), storage, device, quantize_embeddings, chat_template)

@@ -27,8 +27,7 @@ import re
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from functools import cache
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +35,7 @@ from tokenizers import AddedToken, Encoding, Regex, decoders, models, normalizer
 from tokenizers import Tokenizer as HFTokenizer
 
 from aner_lang.host import files, json_text
+from aner_lang.host.chat_template import extensions
 from aner_lang.problems.errors import AnerRuntimeError
 
 if TYPE_CHECKING:
@@ -252,13 +252,17 @@ def _build_backend(meta: dict[str, Any], source: str) -> HFTokenizer:
             f"{source}: unsupported tokenizer model {kind!r} (supported: gpt2, llama)",
             code="E-TOKENIZER",
         )
+    # Both kinds are matched in text whole; only control tokens are left out of a decoded reply
+    # and read as text where special-token text is not parsed (llama.cpp's rules), so Gemma's
+    # user-defined "\n" and "\n\n" tokens stay in what `chat` prints.
     types = meta.get("tokenizer.ggml.token_type") or []
-    special = [
-        AddedToken(tokens[i], special=True, normalized=False)
-        for i, ty in enumerate(types)
-        if ty in (TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED)
-    ]
-    tok.add_special_tokens(special)
+    tok.add_tokens(
+        [
+            AddedToken(tokens[i], special=ty == TOKEN_TYPE_CONTROL, normalized=False)
+            for i, ty in enumerate(types)
+            if ty in (TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED)
+        ]
+    )
     return tok
 
 
@@ -491,6 +495,34 @@ class Tokenizer:
         except AnerRuntimeError as e:
             raise AnerRuntimeError(f"{folder}: {e.message}", code=e.code) from None
 
+    def with_chat_template(self, template: str) -> Tokenizer:
+        """A copy of this tokenizer with `template` as its chat template (this one is shared by
+        every model of its file and is never changed). The special token the template writes right
+        after an assistant's reply (``<end_of_turn>``, ``<|im_end|>``, ``<|eot_id|>``) ends
+        generation too, as llama.cpp's ``eot_token_id`` does: a base model's file, which has no
+        template, names only its end-of-text token."""
+        chat = replace(self, chat_template=template)
+        end = chat._turn_end()
+        return chat if end is None else replace(chat, stop_ids=self.stop_ids | {end})
+
+    def _turn_end(self) -> int | None:
+        """The special token the chat template renders right after an assistant's reply, if any
+        (None when the template cannot render a user turn and a reply)."""
+        reply = "\u2063Aner reply\u2063"
+        try:
+            text = self.apply_chat_template(
+                [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": reply}],
+                add_generation_prompt=False,
+            )
+        except AnerRuntimeError:
+            return None
+        at = text.rfind(reply)
+        if at < 0:
+            return None
+        ids, _ = self.encode_offsets(text[at + len(reply) :], limit=1)
+        special = self.backend.get_added_tokens_decoder()
+        return ids[0] if ids and ids[0] in special and special[ids[0]].special else None
+
     def encode(
         self,
         text: str,
@@ -597,7 +629,6 @@ class Tokenizer:
         from datetime import datetime
 
         from jinja2 import TemplateError
-        from jinja2.ext import loopcontrols
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         def raise_exception(message: str) -> None:
@@ -607,7 +638,7 @@ class Tokenizer:
             return json.dumps(value, ensure_ascii=False, indent=indent)
 
         env = _bounded_environment(ImmutableSandboxedEnvironment)(
-            trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, _generation_tag()]
+            trim_blocks=True, lstrip_blocks=True, extensions=extensions()
         )
         env.filters["tojson"] = tojson
         env.globals["raise_exception"] = raise_exception
@@ -630,33 +661,6 @@ class Tokenizer:
                 f"chat template failed to render: {exc}", code="E-CHAT-TEMPLATE"
             ) from None
         return "".join(rendered), spans
-
-
-@cache
-def _generation_tag() -> type:
-    """The jinja2 extension for ``{% generation %}...{% endgeneration %}``: it renders its body
-    and records the body's character span in the output, as HF transformers' AssistantTracker
-    does (the environment's ``aner_generation`` holds the chunks so far and the spans)."""
-    from jinja2 import nodes
-    from jinja2.ext import Extension
-
-    class GenerationTag(Extension):
-        tags = {"generation"}  # noqa: RUF012 (jinja2 reads it as a class attribute)
-
-        def parse(self, parser: Any) -> nodes.Node:
-            lineno = next(parser.stream).lineno
-            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-            call = self.call_method("_generation")
-            return nodes.CallBlock(call, [], [], body).set_lineno(lineno)
-
-        def _generation(self, caller: Any) -> str:
-            text = caller()
-            rendered, spans = self.environment.aner_generation  # type: ignore[attr-defined]
-            start = sum(len(chunk) for chunk in rendered)
-            spans.append((start, start + len(text)))
-            return str(text)
-
-    return GenerationTag
 
 
 TEMPLATE_SECONDS = 10.0

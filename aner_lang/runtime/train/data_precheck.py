@@ -28,6 +28,7 @@ from aner_lang.check.analysis import Analysis, CallInfo
 from aner_lang.check.environment import may_be_written_before, written_arguments
 from aner_lang.check.reach import reach
 from aner_lang.grammar import ast
+from aner_lang.host.chat_template import syntax_error
 from aner_lang.host.files import resolve
 from aner_lang.interp.boundary import load_impl
 from aner_lang.interp.context import ExecContext
@@ -93,7 +94,8 @@ def _failure(expr: ast.Expr, what: str, data: Dataset, model: str) -> Diagnostic
 
 def _model(tracer: Tracer, info: CallInfo, base: Path) -> tuple[str, Tokenizer] | None:
     """The model path the call's adapter is made from (as the script names it) and its
-    tokenizer, when known."""
+    tokenizer, when known: with the `chat_template` the script gives `load_model` (a template
+    computed at run time leaves the tokenizer, and so the call, unknown)."""
     from aner_lang.runtime.load.model_header import model_location, model_tokenizer
 
     try:
@@ -103,15 +105,20 @@ def _model(tracer: Tracer, info: CallInfo, base: Path) -> tuple[str, Tokenizer] 
         return None
     if model.name != "load_model":
         return None
-    args, _ = tracer.arguments(model, frame)
-    path = args.get("path")
-    if not isinstance(path, str):
+    args, unknown = tracer.arguments(model, frame)
+    path, template = args.get("path"), args.get("chat_template")
+    if not isinstance(path, str) or "chat_template" in unknown:
         return None
     try:
         file = model_location(path, base)
         if may_be_written_before(tracer.analysis, file, model.call.span.start):
             return None
-        return path, model_tokenizer(file)
+        tokenizer = model_tokenizer(file)
+        if isinstance(template, str):
+            if syntax_error(template) is not None:  # `load_model`'s own failure
+                return None
+            tokenizer = tokenizer.with_chat_template(template)
+        return path, tokenizer
     except AnerRuntimeError:  # the model's own failure: `load_model` reports it where it runs
         return None
 

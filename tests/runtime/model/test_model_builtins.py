@@ -87,8 +87,9 @@ def test_generate_example_runs_on_the_real_model(real_model, smollm2_path, monke
     is the session's `real_model` (load_model on this file is tested by every real-model test)."""
     from aner_lang.runtime.load import loader as runtime_model
 
-    def shared_load(path, storage, device, quantize_embeddings=False):
+    def shared_load(path, storage, device, quantize_embeddings=False, chat_template=None):
         assert Path(path) == smollm2_path and storage == "float32" and not quantize_embeddings
+        assert chat_template is None
         return real_model
 
     monkeypatch.setattr(runtime_model, "load_model", shared_load)

@@ -115,3 +115,51 @@ def test_what_the_run_decides_is_left_to_the_call(folder, change):
     (folder / "name.txt").write_text("model.gguf")
     source = change(_source(8)).replace("PROMPTS", '"ab"')
     assert _errors(folder, source) == []
+
+
+@pytest.fixture
+def bare(tmp_path: Path) -> Path:
+    """A folder with chat data and a model whose file has no chat template (a base model)."""
+    from aner_lang.testing.fixture import embedded_tokenizer, write_fixture
+
+    meta = {k: v for k, v in embedded_tokenizer().items() if k != "tokenizer.chat_template"}
+    write_fixture(tmp_path / "model.gguf", "tiny", seed=0, tokenizer=meta)
+    chats = [
+        {"messages": [{"role": "user", "content": p}, {"role": "assistant", "content": "Paris"}]}
+        for p in PROMPTS
+    ]
+    (tmp_path / "chats.jsonl").write_text("".join(json.dumps(r) + "\n" for r in chats))
+    (tmp_path / "chatml.jinja").write_text(CHATML)
+    return tmp_path
+
+
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+USER_TURNS_ONLY = (
+    "{% for m in messages %}{% if m.role == 'user' %}{{ m.content }}{% endif %}{% endfor %}"
+)
+"""A template that leaves the assistant's turns out: chat data has nothing to score under it."""
+
+
+def _chat_source(template: str) -> str:
+    return (
+        f'let m = load_model("model.gguf", chat_template: {template})\n'
+        'let d = load_data("chats.jsonl", format: chat, context: 256)\n'
+        'print("before")\n'
+        "let _a = train(lora(m, rank: 2), d, steps: 1)\n"
+    )
+
+
+@pytest.mark.parametrize("template", [json.dumps(CHATML), 'read_text("chatml.jinja")'])
+def test_chat_data_under_the_scripts_own_template_is_not_refused(bare, template):
+    """The file has no template; the one the script gives `load_model` is applied (a literal)
+    or the call left to the run (a template read at run time)."""
+    assert _errors(bare, _chat_source(template)) == []
+
+
+def test_the_scripts_own_template_is_the_one_chat_data_is_checked_under(bare):
+    assert _errors(bare, _chat_source(json.dumps(USER_TURNS_ONLY))) == [
+        (4, 34, "train: the training set has no scored tokens")
+    ]
