@@ -8,8 +8,9 @@ which is what a user deploys. The figure that matters is llama.cpp's held-out lo
 scored tokens, from the server's own log-probabilities) with each adapter; the report also gives
 llama.cpp's loss with no adapter and Aner's own held-out loss for each base and adapter.
 
-Data: the conversations of examples/data/chats.jsonl, loss on the assistant's turns. The first
-`--train` conversations train; the rest are held out (other questions, never trained on). The
+Data: the conversations of examples/data/chats.jsonl as plain text (the question, then the answer,
+loss on the answer; see `split_chats`). The first `--train` conversations train; the rest are held
+out (other questions, never trained on). The
 held-out conversations are tokenized once with Aner's tokenizer of the file and given to both
 Aner and llama.cpp as token ids, so both score exactly the same tokens.
 
@@ -38,7 +39,7 @@ from typing import Any
 
 import torch
 
-from aner_lang.datafiles.records import Format
+from aner_lang.datafiles.records import ChatRecord, Format, TextRecord
 from aner_lang.runtime import adapters as A
 from aner_lang.runtime.export.gguf import export_gguf
 from aner_lang.runtime.export.lora_gguf import export_lora_gguf
@@ -81,12 +82,20 @@ DEFAULT_MODELS: dict[str, Callable[[Path], Path]] = {
 
 
 def split_chats(path: Path, context: int, n_train: int) -> tuple[Dataset, Dataset]:
-    """(training conversations, held-out conversations) of a chat JSONL file, in file order."""
+    """(training, held-out) examples of a chat JSONL file, in file order: each conversation's
+    user turn as the unscored prompt and its assistant turn as the scored completion. Plain text,
+    not the chat template: Gemma 3's GGUF carries no template, and every model reads it alike."""
     chats = from_file(path, context, Format("chat", None, None, None, None), "responses")
     if not 0 < n_train < len(chats):
         raise SystemExit(f"--train must be between 1 and {len(chats) - 1}")
-    return chats.derive(records=chats.records[:n_train]), chats.derive(
-        records=chats.records[n_train:]
+    records = []
+    for chat in chats.records:
+        assert isinstance(chat, ChatRecord)
+        turns = {m["role"]: str(m["content"]) for m in chat.messages}
+        records.append(TextRecord(turns["user"] + "\n", turns["assistant"], chat.where))
+    texts = Dataset(tuple(records), context)
+    return texts.derive(records=texts.records[:n_train]), texts.derive(
+        records=texts.records[n_train:]
     )
 
 
@@ -159,7 +168,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", action="append", default=[], metavar="NAME=PATH")
     ap.add_argument("--data", default=str(ROOT / "examples" / "data" / "chats.jsonl"))
-    ap.add_argument("--train", type=int, default=36, help="conversations that train")
+    ap.add_argument("--train", type=int, default=32, help="conversations that train")
     ap.add_argument("--updates", type=int, default=40)
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--rank", type=int, default=8)
