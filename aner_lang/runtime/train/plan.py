@@ -106,12 +106,16 @@ def parse_bytes(text: str) -> int:
     return int(float(number) * _UNITS[unit])
 
 
+def model_file(path: str, script_dir: Path) -> Path:
+    """The file or folder `load_model(path)` reads, as it resolves `path`."""
+    if path.startswith(PACKAGE_SCHEME):
+        return packaged_model(path)
+    return script_dir / Path(path).expanduser()
+
+
 def model_config(path: str, script_dir: Path) -> ModelConfig:
     """The hyper-parameters of the model at `path` (as `load_model` resolves it), header only."""
-    if path.startswith(PACKAGE_SCHEME):
-        file = packaged_model(path)
-    else:
-        file = script_dir / Path(path).expanduser()
+    file = model_file(path, script_dir)
     if file.is_dir():
         from aner_lang.runtime.model.config import config_from_hf
 
@@ -127,6 +131,22 @@ def model_config(path: str, script_dir: Path) -> ModelConfig:
     from aner_lang.runtime.model.config import config_from_gguf
 
     return config_from_gguf(GGUFFile(file))
+
+
+def gguf_base_bytes(path: str, script_dir: Path) -> int:
+    """What a `storage: gguf` base of `file` keeps on the device: every tensor's bytes as the file
+    stores them (the loader keeps blocks, F16, BF16 and F32 tensors as they are; `memory()`
+    counts the same bytes). A folder has no such tensors: `load_model` refuses it, so does this."""
+    file = model_file(path, script_dir)
+    if file.is_dir():
+        raise AnerRuntimeError(
+            f"{path}: storage: gguf keeps a GGUF file's quantized blocks, but this is a "
+            "Hugging Face folder",
+            code="E-GGUF-STORAGE",
+        )
+    from aner_lang.runtime.io.gguf import GGUFFile
+
+    return sum(t.nbytes for t in GGUFFile(file).tensors.values())
 
 
 def _target_dims(c: ModelConfig) -> dict[str, tuple[int, int]]:
@@ -165,9 +185,12 @@ def plan(
     updates: int | None,
     cuda: bool = True,
     quantize_embeddings: bool = False,
+    file_bytes: int | None = None,
 ) -> Plan:
     """The predicted peak GPU memory of a LoRA-family run on a model of config `c`; an NF4
-    base keeps its embedding and `lm_head` 16-bit unless `quantize_embeddings`."""
+    base keeps its embedding and `lm_head` 16-bit unless `quantize_embeddings`. A `storage: gguf`
+    base weighs its file's tensor bytes, `file_bytes` (`gguf_base_bytes`), and always computes
+    through bounded dequantized tiles (there are no fused GGUF kernels)."""
     dims = _target_dims(c)
     layers, vocab, h = c.num_hidden_layers, c.vocab_size, c.hidden_size
     tables = [vocab * h] * (1 if c.tie_word_embeddings else 2)
@@ -177,6 +200,10 @@ def plan(
     norms = 4 * h * (2 * layers + 1)
     weights = sum(_weight_bytes(i * o, storage) for i, o in dims.values()) * layers
     weights += sum(_weight_bytes(n, table_storage) for n in tables) + norms
+    if storage == "gguf":
+        if file_bytes is None:
+            raise ValueError("a storage: gguf plan needs the file's tensor bytes")
+        weights = file_bytes
     a_sizes = [rank * dims[t][0] for t in targets] * layers
     b_sizes = [rank * dims[t][1] for t in targets] * layers
     trainable_sizes = (a_sizes if method != "lora_fa" else []) + b_sizes
@@ -199,7 +226,7 @@ def plan(
         "offload": layer,
     }[mode]
     residual = fp.RESIDUAL_COPIES * inputs
-    fused = cuda and profile.get("kernel") in ("fused", "auto")
+    fused = cuda and profile.get("kernel") in ("fused", "auto") and storage != "gguf"
     if half and cuda:  # the fused loss kernel: one chunk's 16-bit logits (loss.chunk_tokens)
         loss = 2 * min(tokens, max(1, CHUNK_BYTES // vocab)) * vocab
     elif half:
@@ -212,7 +239,7 @@ def plan(
         and mode != "offload"
         and tokens < fp.EAGER_FROM_TOKENS
     )
-    packed = storage == "nf4_double_quant"
+    packed = storage in ("nf4_double_quant", "gguf")
     if packed and not fused:
         from aner_lang.runtime.nf4.host_tiled import DEFAULT_TILE_BYTES
 
@@ -320,6 +347,7 @@ def plan_call(tracer: Tracer, info: CallInfo, frame: Frame | None, script_dir: P
             notes.append("the profile is not known before the run; assumed profile()'s defaults")
     profile_args = profile.args if profile else _defaults(profile_builtin)
     config = model_config(str(model.args["path"]), script_dir)
+    storage = str(model.args["storage"])
     if data.context is None:
         context = config.max_position_embeddings
         notes.append(
@@ -331,7 +359,7 @@ def plan_call(tracer: Tracer, info: CallInfo, frame: Frame | None, script_dir: P
     cuda = model.args.get("device") != "cpu"
     result = plan(
         config,
-        storage=str(model.args["storage"]),
+        storage=storage,
         method=adapter.name,
         rank=int(str(adapter.args["rank"])),
         targets=[str(t) for t in adapter.args["targets"]]  # type: ignore[attr-defined]
@@ -344,6 +372,9 @@ def plan_call(tracer: Tracer, info: CallInfo, frame: Frame | None, script_dir: P
         updates=_updates(train, data.examples),
         cuda=cuda,
         quantize_embeddings=model.args.get("quantize_embeddings") is True,
+        file_bytes=gguf_base_bytes(str(model.args["path"]), script_dir)
+        if storage == "gguf"
+        else None,
     )
     through = f" (through {', '.join(reversed(data.path))})" if data.path else ""
     out = [
