@@ -106,9 +106,12 @@ def as_tokens(data: Dataset, model: Any) -> Dataset:
 
 
 def served_loss(path: Path, held_out: Dataset, context: int, adapter: Path | None) -> float:
-    """llama.cpp's mean NLL of `held_out`'s scored tokens, serving `path` (with `adapter`)."""
-    with llama_server(path, loras=[adapter] if adapter else [], context=context) as url:
-        return scoring.evaluate(service.connect(url), held_out).loss
+    """llama.cpp's mean NLL of `held_out`'s scored tokens, serving `path` (with `adapter`).
+    One server thread and a long request timeout: on a shared CPU, two spinning threads and a
+    60 s timeout lose whole-text scoring requests."""
+    loras = [adapter] if adapter else []
+    with llama_server(path, loras=loras, context=context, threads=1) as url:
+        return scoring.evaluate(service.connect(url, timeout=1800.0), held_out).loss
 
 
 def file_types(path: Path) -> dict[str, int]:

@@ -40,10 +40,10 @@ def test_quick_run_trains_both_storages_and_scores_them_in_llama_cpp(tmp_path: P
     for storage, row in rows.items():
         losses = [v for k, v in row.items() if "loss" in k]
         assert len(losses) == 5 and all(math.isfinite(v) for v in losses), storage
-        assert row["train_loss_last"] < row["train_loss_first"], storage
         assert (tmp_path / "work" / f"tiny-{storage}-lora.gguf").exists()
-        # the served adapter changes what llama.cpp predicts
-        assert row["llamacpp_held_out_loss_tuned"] != result["llamacpp_held_out_loss_base"]
+        # training lowers the held-out loss in Aner, and the served adapter lowers llama.cpp's
+        assert row["aner_held_out_loss_tuned"] < row["aner_held_out_loss_base"], storage
+        assert row["llamacpp_held_out_loss_tuned"] < result["llamacpp_held_out_loss_base"], storage
     served_base = result["llamacpp_held_out_loss_base"]
     gguf, nf4 = rows["gguf"], rows["nf4_double_quant"]
     # the gguf base is the file's own blocks: Aner and llama.cpp agree on it, with and without
