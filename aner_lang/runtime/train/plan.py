@@ -134,7 +134,7 @@ def model_config(path: str, script_dir: Path) -> ModelConfig:
 
 
 def gguf_base_bytes(path: str, script_dir: Path) -> int:
-    """What a `storage: gguf` base of `file` keeps on the device: every tensor's bytes as the file
+    """What a `storage: gguf` base of the file at `path` keeps on the device: every tensor's bytes as the file
     stores them (the loader keeps blocks, F16, BF16 and F32 tensors as they are; `memory()`
     counts the same bytes). A folder has no such tensors: `load_model` refuses it, so does this."""
     file = model_file(path, script_dir)
@@ -144,6 +144,8 @@ def gguf_base_bytes(path: str, script_dir: Path) -> int:
             "Hugging Face folder",
             code="E-GGUF-STORAGE",
         )
+    if not file.exists():
+        raise missing_model(path, file)
     from aner_lang.runtime.io.gguf import GGUFFile
 
     return sum(t.nbytes for t in GGUFFile(file).tensors.values())
@@ -346,8 +348,10 @@ def plan_call(tracer: Tracer, info: CallInfo, frame: Frame | None, script_dir: P
         if id(_argument(info, "profile")) in written_arguments(info):
             notes.append("the profile is not known before the run; assumed profile()'s defaults")
     profile_args = profile.args if profile else _defaults(profile_builtin)
-    config = model_config(str(model.args["path"]), script_dir)
     storage = str(model.args["storage"])
+    path = str(model.args["path"])
+    file_bytes = gguf_base_bytes(path, script_dir) if storage == "gguf" else None
+    config = model_config(path, script_dir)
     if data.context is None:
         context = config.max_position_embeddings
         notes.append(
@@ -372,9 +376,7 @@ def plan_call(tracer: Tracer, info: CallInfo, frame: Frame | None, script_dir: P
         updates=_updates(train, data.examples),
         cuda=cuda,
         quantize_embeddings=model.args.get("quantize_embeddings") is True,
-        file_bytes=gguf_base_bytes(str(model.args["path"]), script_dir)
-        if storage == "gguf"
-        else None,
+        file_bytes=file_bytes,
     )
     through = f" (through {', '.join(reversed(data.path))})" if data.path else ""
     out = [

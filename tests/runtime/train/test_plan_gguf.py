@@ -4,7 +4,6 @@ bounded dequantization tile it computes through; a folder is refused as `load_mo
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -16,17 +15,6 @@ from aner_lang.runtime.train.memory import memory_report
 from aner_lang.runtime.train.plan import main, plan_calls
 from aner_lang.testing.fixture import TENSOR_TYPES, write_fixture
 
-TINY_HF = {
-    "model_type": "llama",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 512,
-    "tie_word_embeddings": True,
-    "max_position_embeddings": 256,
-}
 SCRIPT = """let base = load_model("{model}", storage: {storage}, device: {device})
 let a = lora(base, rank: 4, targets: [q_proj, v_proj])
 let _run = train(a, texts(["one", "two"], context: 32), steps: 3)
@@ -79,7 +67,6 @@ def test_a_gguf_base_on_cuda_is_planned_without_fused_kernels(tmp_path: Path) ->
 def test_storage_gguf_of_a_folder_is_refused_by_the_plan(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     folder = tmp_path / "model"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(TINY_HF))
     script = tmp_path / "s.aner"
     script.write_text(SCRIPT.format(model="model", storage="gguf", device="cpu"))
     assert main([str(script), "--gpu-memory", "24GB"]) == 1
