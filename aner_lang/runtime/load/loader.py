@@ -42,7 +42,11 @@ from aner_lang.runtime.io.source import (
     open_source,
 )
 from aner_lang.runtime.io.world import world
-from aner_lang.runtime.load.model_header import model_location, model_tokenizer
+from aner_lang.runtime.load.model_header import (
+    gguf_storage_of_folder,
+    model_location,
+    model_tokenizer,
+)
 from aner_lang.runtime.model.config import (
     ModelConfig,
     config_from_gguf,
@@ -326,12 +330,7 @@ def load_model(
     if chat_template is not None:
         tokenizer = tokenizer.with_chat_template(chat_template)
     if storage == "gguf" and not isinstance(source, GGUFSource):
-        raise AnerRuntimeError(
-            f"{path}: storage: gguf keeps a GGUF file's quantized blocks, but this is a "
-            "Hugging Face folder",
-            code="E-GGUF-STORAGE",
-            notes=("load the folder with storage: float32, float16 or nf4_double_quant",),
-        )
+        raise gguf_storage_of_folder(path)
     weights = read_weights(source, config, storage, dev, quantize_embeddings=quantize_embeddings)
     module = assemble(config, weights, rope)
     module.eval().to(dev)

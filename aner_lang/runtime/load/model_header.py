@@ -66,6 +66,27 @@ def model_config(path: str, script_dir: Path) -> ModelConfig:
     return config_from_gguf(GGUFFile(file))
 
 
+def gguf_storage_of_folder(path: str | Path) -> AnerRuntimeError:
+    """The error of `storage: gguf` asked of a Hugging Face folder."""
+    return AnerRuntimeError(
+        f"{path}: storage: gguf keeps a GGUF file's quantized blocks, but this is a "
+        "Hugging Face folder",
+        code="E-GGUF-STORAGE",
+        notes=("load the folder with storage: float32, float16 or nf4_double_quant",),
+    )
+
+
+def gguf_base_bytes(path: str, script_dir: Path) -> int:
+    """What a `storage: gguf` base of the file at `path` keeps on the device: every tensor's bytes
+    as the file stores them (the loader keeps blocks, F16, BF16 and F32 tensors as they are;
+    `memory()` counts the same bytes). A folder has no such tensors: `load_model` refuses it, and
+    so does this."""
+    file = model_location(path, script_dir)
+    if file.is_dir():
+        raise gguf_storage_of_folder(path)
+    return sum(t.nbytes for t in GGUFFile(file).tensors.values())
+
+
 def _stamp(path: Path) -> tuple[tuple[str, int, int], ...]:
     """The size and modification time of the file, or of each tokenizer file of the folder."""
     found = sorted(path.iterdir()) if path.is_dir() else [path]

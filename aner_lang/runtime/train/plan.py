@@ -31,7 +31,7 @@ from aner_lang.host import files, gpus
 from aner_lang.host.units import human_bytes
 from aner_lang.problems.diagnostics import render
 from aner_lang.problems.errors import AnerRuntimeError
-from aner_lang.runtime.load.model_header import model_config
+from aner_lang.runtime.load.model_header import gguf_base_bytes, model_config
 from aner_lang.runtime.model.chunking import CHUNK_BYTES, row_slices
 from aner_lang.runtime.model.config import ModelConfig
 from aner_lang.runtime.train import accuracy
@@ -136,9 +136,12 @@ def plan(
     updates: int | None,
     cuda: bool = True,
     quantize_embeddings: bool = False,
+    file_bytes: int | None = None,
 ) -> Plan:
     """The predicted peak GPU memory of a LoRA-family run on a model of config `c`; an NF4
-    base keeps its embedding and `lm_head` 16-bit unless `quantize_embeddings`."""
+    base keeps its embedding and `lm_head` 16-bit unless `quantize_embeddings`. A `storage: gguf`
+    base weighs its file's tensor bytes, `file_bytes` (`gguf_base_bytes`), and always computes
+    through bounded dequantized tiles (there are no fused GGUF kernels)."""
     dims = _target_dims(c)
     layers, vocab, h = c.num_hidden_layers, c.vocab_size, c.hidden_size
     tables = [vocab * h] * (1 if c.tie_word_embeddings else 2)
@@ -148,6 +151,10 @@ def plan(
     norms = 4 * h * (2 * layers + 1)
     weights = sum(_weight_bytes(i * o, storage) for i, o in dims.values()) * layers
     weights += sum(_weight_bytes(n, table_storage) for n in tables) + norms
+    if storage == "gguf":
+        if file_bytes is None:
+            raise ValueError("a storage: gguf plan needs the file's tensor bytes")
+        weights = file_bytes
     a_sizes = [rank * dims[t][0] for t in targets] * layers
     b_sizes = [rank * dims[t][1] for t in targets] * layers
     trainable_sizes = (a_sizes if method != "lora_fa" else []) + b_sizes
@@ -170,7 +177,7 @@ def plan(
         "offload": layer,
     }[mode]
     residual = fp.RESIDUAL_COPIES * inputs
-    fused = cuda and profile.get("kernel") in ("fused", "auto")
+    fused = cuda and profile.get("kernel") in ("fused", "auto") and storage != "gguf"
     if half and cuda:  # the fused loss kernel: one chunk's 16-bit logits (loss.chunk_tokens)
         loss = 2 * min(tokens, max(1, CHUNK_BYTES // vocab)) * vocab
     elif half:
@@ -183,7 +190,7 @@ def plan(
         and mode != "offload"
         and tokens < fp.EAGER_FROM_TOKENS
     )
-    packed = storage == "nf4_double_quant"
+    packed = storage in ("nf4_double_quant", "gguf")
     if packed and not fused:
         from aner_lang.runtime.nf4.host_tiled import DEFAULT_TILE_BYTES
 
@@ -286,7 +293,10 @@ def plan_call(tracer: Tracer, info: CallInfo, frame: Frame | None, script_dir: P
         if id(argument(info, "profile")) in written_arguments(info):
             notes.append("the profile is not known before the run; assumed profile()'s defaults")
     profile_args = profile.args if profile else _defaults(profile_builtin)
-    config = model_config(str(model.args["path"]), script_dir)
+    storage = str(model.args["storage"])
+    path = str(model.args["path"])
+    file_bytes = gguf_base_bytes(path, script_dir) if storage == "gguf" else None
+    config = model_config(path, script_dir)
     if data.context is None:
         context = config.max_position_embeddings
         notes.append(
@@ -298,7 +308,7 @@ def plan_call(tracer: Tracer, info: CallInfo, frame: Frame | None, script_dir: P
     cuda = model.args.get("device") != "cpu"
     result = plan(
         config,
-        storage=str(model.args["storage"]),
+        storage=storage,
         method=adapter.name,
         rank=int(str(adapter.args["rank"])),
         targets=[str(t) for t in adapter.args["targets"]]  # type: ignore[attr-defined]
@@ -311,6 +321,7 @@ def plan_call(tracer: Tracer, info: CallInfo, frame: Frame | None, script_dir: P
         updates=_updates(train, data.examples),
         cuda=cuda,
         quantize_embeddings=model.args.get("quantize_embeddings") is True,
+        file_bytes=file_bytes,
     )
     through = f" (through {', '.join(reversed(data.path))})" if data.path else ""
     out = [
