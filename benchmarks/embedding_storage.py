@@ -13,7 +13,7 @@ For each way of storing the base (the file's weights in float32; NF4 with a 16-b
     python benchmarks/embedding_storage.py --gemma3 --out benchmarks/results/cpu_embedding_storage_gemma3.json
 
 A model without a chat template (the Gemma 3 270M GGUF has none) trains on the same
-conversations as prompt/completion pairs: the user's turns, then the assistant's answer.
+conversations as question/answer texts (`aner_lang.testing.chat_texts`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from aner_lang.datafiles.records import Format, jsonl_format
+from aner_lang.datafiles.records import Format
 from aner_lang.runtime import adapters as A
 from aner_lang.runtime.load.loader import load_model
 from aner_lang.runtime.model.linear import FrozenLinear
@@ -38,6 +38,7 @@ from aner_lang.runtime.tasks.evaluate import evaluate
 from aner_lang.runtime.train.memory import memory_report
 from aner_lang.runtime.train.profile import profile
 from aner_lang.runtime.train.trainer import train
+from aner_lang.testing.chat_texts import question_answer
 
 ROOT = Path(__file__).resolve().parents[1]
 HELD_OUT = (  # natural English no script here trains on
@@ -72,17 +73,6 @@ def gemma3() -> Path:
     return path
 
 
-def prompt_completion(chats: Path) -> list[dict[str, str]]:
-    """Each conversation's user turns as the prompt and its last assistant turn as completion."""
-    rows = []
-    for line in chats.read_text().splitlines():
-        messages = json.loads(line)["messages"]
-        user = "\n".join(m["content"] for m in messages if m["role"] == "user")
-        answer = [m["content"] for m in messages if m["role"] == "assistant"][-1]
-        rows.append({"prompt": user + "\n", "completion": answer})
-    return rows
-
-
 def weight_errors(model: Any, reference: Any) -> dict[str, float]:
     """Relative RMS error of each kind of stored weight against the float32 load of the file."""
     ours = {n: m for n, m in model.module.named_modules() if isinstance(m, FrozenLinear)}
@@ -111,10 +101,7 @@ def main() -> int:
         chat = Format("chat", None, None, None, None)
         train_set = from_file(Path(args.data), 256, chat, "responses", "truncate")
     else:
-        pairs = Path(args.out or "embedding_storage").with_suffix(".pairs.jsonl")
-        pairs.write_text("".join(json.dumps(r) + "\n" for r in prompt_completion(Path(args.data))))
-        train_set = from_file(pairs, 256, jsonl_format("text", "prompt", "completion"))
-        pairs.unlink()
+        train_set = question_answer(Path(args.data), 256)
     rows = []
     for name, kwargs in STORAGES.items():
         model = load_model(path, device="cpu", **kwargs)

@@ -39,18 +39,18 @@ from typing import Any
 
 import torch
 
-from aner_lang.datafiles.records import ChatRecord, Format, TextRecord
 from aner_lang.runtime import adapters as A
 from aner_lang.runtime.export.gguf import export_gguf
 from aner_lang.runtime.export.lora_gguf import export_lora_gguf
 from aner_lang.runtime.io.gguf import GGUFFile
 from aner_lang.runtime.load.loader import load_model
 from aner_lang.runtime.services import scoring, service
-from aner_lang.runtime.tasks.data import Dataset, TokenRecord, from_file
+from aner_lang.runtime.tasks.data import Dataset, TokenRecord
 from aner_lang.runtime.tasks.evaluate import evaluate
 from aner_lang.runtime.train.memory import memory_report
 from aner_lang.runtime.train.profile import profile
 from aner_lang.runtime.train.trainer import train
+from aner_lang.testing.chat_texts import question_answer
 from aner_lang.testing.fixture import gemma3_gguf_path, smollm2_gguf_path
 from aner_lang.testing.llamacpp import llama_server
 
@@ -82,18 +82,11 @@ DEFAULT_MODELS: dict[str, Callable[[Path], Path]] = {
 
 
 def split_chats(path: Path, context: int, n_train: int) -> tuple[Dataset, Dataset]:
-    """(training, held-out) examples of a chat JSONL file, in file order: each conversation's
-    user turn as the unscored prompt and its assistant turn as the scored completion. Plain text,
-    not the chat template: Gemma 3's GGUF carries no template, and every model reads it alike."""
-    chats = from_file(path, context, Format("chat", None, None, None, None), "responses")
-    if not 0 < n_train < len(chats):
-        raise SystemExit(f"--train must be between 1 and {len(chats) - 1}")
-    records = []
-    for chat in chats.records:
-        assert isinstance(chat, ChatRecord)
-        turns = {m["role"]: str(m["content"]) for m in chat.messages}
-        records.append(TextRecord(turns["user"] + "\n", turns["assistant"], chat.where))
-    texts = Dataset(tuple(records), context)
+    """(training, held-out) examples of a chat JSONL file, in file order, as question/answer
+    texts (`aner_lang.testing.chat_texts`: Gemma 3's GGUF carries no chat template)."""
+    texts = question_answer(path, context)
+    if not 0 < n_train < len(texts):
+        raise SystemExit(f"--train must be between 1 and {len(texts) - 1}")
     return texts.derive(records=texts.records[:n_train]), texts.derive(
         records=texts.records[n_train:]
     )
