@@ -124,17 +124,38 @@ def test_real_gemma_loss_equals_transformers_on_natural_text(gemma, tmp_path):
     assert math.isclose(float(ours), float(theirs), rel_tol=2e-3)
 
 
-@pytest.mark.xfail(
-    reason="greedy NF4 continues 'The capital of France is' with ' a city that is known for its "
-    "beautiful architecture' (float32's top token is ' the', ' Paris' third): prompt to revisit",
-    strict=False,
-)
-def test_real_gemma_generates_under_nf4(gemma_path):
-    from aner_lang.runtime.tasks.generate import Sampling, generate_text
+SENSIBLE_NLL = 2.0
+"""Mean negative log-likelihood per token (nats) under the float32 model below which a greedy
+continuation reads as the model's own text: the float32 model scores natural English at about 2.9,
+its own greedy text near 1, and the same tokens reversed above 5."""
 
-    model = load_model(gemma_path, storage="nf4_double_quant", device="cpu")
-    text = generate_text(model, "The capital of France is", Sampling(max_tokens=12))
-    assert "Paris" in text
+
+def test_real_gemma_generates_sensible_text_under_nf4(gemma, gemma_path):
+    """The base model (not instruction-tuned) continues three prompts greedily under NF4; the
+    float32 model finds each continuation likely (it is fluent text, not what NF4's error made
+    of it), and the same tokens reversed unlikely (the measure can tell garbled text)."""
+    from aner_lang.runtime.tasks.generate import Sampling, generate_ids
+
+    nf4 = load_model(gemma_path, storage="nf4_double_quant", device="cpu")
+    for prompt in (
+        "The capital of France is",
+        "Water boils at a temperature of",
+        "My favourite book is",
+    ):
+        prompt_ids = nf4.tokenizer.encode(prompt, add_special=True)
+        continuation = generate_ids(nf4, prompt_ids, Sampling(max_tokens=16))
+        assert len(continuation) >= 8, nf4.tokenizer.decode(continuation)
+        text = nf4.tokenizer.decode(continuation)
+        assert _nll(gemma, prompt_ids, continuation) < SENSIBLE_NLL, text
+        assert _nll(gemma, prompt_ids, continuation[::-1]) > SENSIBLE_NLL + 1.5, text
+
+
+def _nll(model, prompt_ids: list[int], continuation: list[int]) -> float:
+    """`model`'s mean negative log-likelihood of `continuation` after `prompt_ids`."""
+    ids = torch.tensor([prompt_ids + continuation])
+    with torch.no_grad():
+        logits = model.forward(ids)[0, len(prompt_ids) - 1 : -1].float()
+    return float(torch.nn.functional.cross_entropy(logits, ids[0, len(prompt_ids) :]))
 
 
 def test_lora_trains_on_real_gemma(gemma):
