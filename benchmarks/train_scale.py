@@ -18,7 +18,8 @@ activations, loss, optimizer, other, idle).
 
 Shapes: smollm2 (context 512), llama3.2-1b, llama3-8b-8 (8 of 32 layers), llama3-8b (context
 2048), qwen3-30b-a3b-4 (Qwen3-30B-A3B's mixture of experts, 128 experts of 768 top-8, at 4 of
-48 layers; Aner's sides only, `MOE_SIDES`) and tiny-moe (its CPU-sized form).
+48 layers; Aner's sides only, `MOE_SIDES`) and tiny-moe (its CPU-sized form), gemma3-1b (Gemma 3
+1B: 262k vocabulary, sliding-window layers 5 of every 6, context 2048) and tiny-gemma3.
 Sides: aner, peft, peft-gc (gradient checkpointing), peft-liger, unsloth, unsloth-gc,
 and aner-checkpoint / aner-offload (Aner under that `activations:`, whatever `--activations` says)
 and aner-checkpoint-eager (the same without CUDA graphs).
@@ -71,6 +72,17 @@ SHAPES: dict[str, dict[str, Any]] = {
                             "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 151936,
                             "tie_word_embeddings": False, "rope_theta": 1000000.0,
                             "context": 2048},
+    "tiny-gemma3": {"model_type": "gemma3_text", "hidden_size": 64, "intermediate_size": 128,
+                        "num_hidden_layers": 2, "num_attention_heads": 4,
+                        "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 512,
+                        "sliding_window": 16, "query_pre_attn_scalar": 16,
+                        "tie_word_embeddings": True, "rope_theta": 1000000.0,
+                        "context": 32},
+    "gemma3-1b": {"model_type": "gemma3_text", "hidden_size": 1152, "intermediate_size": 6912,
+                      "num_hidden_layers": 26, "num_attention_heads": 4,
+                      "num_key_value_heads": 1, "head_dim": 256, "vocab_size": 262144,
+                      "sliding_window": 512, "query_pre_attn_scalar": 256,
+                      "tie_word_embeddings": True, "rope_theta": 1000000.0, "context": 2048},
 }  # fmt: skip
 MOE_SIDES = ("aner", "aner-checkpoint", "aner-offload", "aner-checkpoint-eager")
 """The sides of a mixture-of-experts shape: transformers keeps experts as 3-D parameters, which
@@ -89,12 +101,13 @@ def make_model(shape: str, folder: Path, device: str) -> None:
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import (
         AutoModelForCausalLM,
+        Gemma3TextConfig,
         LlamaConfig,
         PreTrainedTokenizerFast,
         Qwen3MoeConfig,
     )
 
-    CONFIGS = {"llama": LlamaConfig, "qwen3_moe": Qwen3MoeConfig}
+    CONFIGS = {"llama": LlamaConfig, "qwen3_moe": Qwen3MoeConfig, "gemma3_text": Gemma3TextConfig}
 
     cfg = {k: v for k, v in SHAPES[shape].items() if k != "context"}
     kind = cfg.pop("model_type", "llama")
@@ -121,7 +134,7 @@ def make_gguf(shape: str, path: Path) -> None:
 
     c = SHAPES[shape]
     if "model_type" in c:
-        raise SystemExit(f"{shape}: --gguf runs Llama shapes only (Aner reads MoE from folders)")
+        raise SystemExit(f"{shape}: --gguf runs Llama shapes only (the fixture writer's)")
     fixture = Shape(layers=c["num_hidden_layers"], hidden=c["hidden_size"],
                     heads=c["num_attention_heads"], kv_heads=c["num_key_value_heads"],
                     ffn=c["intermediate_size"], context=max(8192, c["context"]),
@@ -222,12 +235,13 @@ def main(argv: list[str] | None = None) -> int:
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     shapes, sides = args.shapes.split(","), args.sides.split(",")
-    if args.dry_run:
-        shapes, sides, device = ["tiny"], ["aner", "peft"], "cpu"
+    if args.dry_run:  # the tiny shapes asked for (default: tiny), Aner and PEFT, on the CPU
+        shapes = [s for s in shapes if s.startswith("tiny")] or ["tiny"]
+        sides, device = ["aner", "peft"], "cpu"
     report = []
     for shape in shapes:
         sides_here = sides
-        if "model_type" in SHAPES[shape]:
+        if "num_experts" in SHAPES[shape]:
             sides_here = [s for s in sides if s in MOE_SIDES]
         if args.context:
             SHAPES[shape]["context"] = args.context
