@@ -82,11 +82,10 @@ def environment_diagnostics(analysis: Analysis) -> list[Diagnostic]:
     return found
 
 
-def may_be_written_before(analysis: Analysis, path: Path, start: int) -> bool:
-    """Whether the script of `analysis` (or a file it imports) may write `path` before a call of
-    that file at offset `start` runs (`Write.may_come_before`)."""
-    writes = [w for a in _files(analysis) for w in _writes(a, reach(a.module))]
-    return any(w.may_come_before(path, analysis.path, start) for w in writes)
+def program_writes(analysis: Analysis) -> list[Write]:
+    """Every path the script of `analysis` and the files it imports may write (whether one comes
+    before a call: `Write.may_come_before`)."""
+    return [w for a in _files(analysis) for w in _writes(a, reach(a.module))]
 
 
 def _files(analysis: Analysis) -> list[Analysis]:

@@ -10,7 +10,7 @@ dataset with every argument known (`texts`, `load_jsonl`, `load_data`). The sour
 run builds it and tokenized with the model's tokenizer alone (no weights), only until one example
 leaves a scored token. Selecting, shuffling and packing examples never add a scored token, so a
 source without one certainly fails the call. Anything not known is left to the call, and so is a
-path the script may write before it (`check.environment.may_be_written_before`); a model or data
+path the script may write before it (`check.environment.Write.may_come_before`); a model or data
 file that cannot be read is the other checks' and the run's to report.
 
 `aner run` runs this after `check_before_run`: it reads the model's header (a fraction of a
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aner_lang.check.analysis import Analysis, CallInfo
-from aner_lang.check.environment import may_be_written_before, written_arguments
+from aner_lang.check.environment import Write, program_writes, written_arguments
 from aner_lang.check.reach import reach
 from aner_lang.grammar import ast
 from aner_lang.host.chat_template import syntax_error
@@ -44,7 +44,7 @@ SOURCES = ("texts", "load_jsonl", "load_data")
 """The builtins a dataset is read from, built here from their known arguments."""
 SELECTIONS = ("split", "shuffle", "take", "pack")
 """The builtins that select, order or pack a dataset's examples (never adding a scored token)."""
-CHECKED = (("data", "training"), ("validation", "validation"))
+CHECKED = {"data": "training", "validation": "validation"}
 """`train`'s dataset parameters and what its error calls each."""
 
 
@@ -61,18 +61,19 @@ def scoreless_data(analysis: Analysis) -> list[Diagnostic]:
         return []
     tracer = Tracer(analysis)
     base = Path(analysis.path).resolve().parent if analysis.path else Path.cwd()
+    writes = program_writes(analysis)
     found: list[Diagnostic] = []
     for info in calls:
-        model = _model(tracer, info, base)
+        model = _model(tracer, info, base, writes)
         if model is None:
             continue
         path, tokenizer = model
         written = written_arguments(info)
         for name, expr in info.bound:
-            what = dict(CHECKED).get(name)
+            what = CHECKED.get(name)
             if what is None or expr is None or id(expr) not in written:
                 continue
-            data = _source(tracer, expr, base)
+            data = _source(tracer, expr, base, writes)
             if data is not None and not data.scores_any(tokenizer):
                 found.append(_failure(expr, what, data, path).at(analysis.path))
     return found
@@ -92,7 +93,9 @@ def _failure(expr: ast.Expr, what: str, data: Dataset, model: str) -> Diagnostic
     return Diagnostic(e.code, span, e.message, notes=notes)
 
 
-def _model(tracer: Tracer, info: CallInfo, base: Path) -> tuple[str, Tokenizer] | None:
+def _model(
+    tracer: Tracer, info: CallInfo, base: Path, writes: list[Write]
+) -> tuple[str, Tokenizer] | None:
     """The model path the call's adapter is made from (as the script names it) and its
     tokenizer, when known: with the `chat_template` the script gives `load_model` (a template
     computed at run time leaves the tokenizer, and so the call, unknown)."""
@@ -111,7 +114,7 @@ def _model(tracer: Tracer, info: CallInfo, base: Path) -> tuple[str, Tokenizer] 
         return None
     try:
         file = model_location(path, base)
-        if may_be_written_before(tracer.analysis, file, model.call.span.start):
+        if _written_first(writes, tracer.analysis, file, model.call):
             return None
         tokenizer = model_tokenizer(file)
         if isinstance(template, str):
@@ -123,7 +126,7 @@ def _model(tracer: Tracer, info: CallInfo, base: Path) -> tuple[str, Tokenizer] 
         return None
 
 
-def _source(tracer: Tracer, expr: ast.Expr, base: Path) -> Dataset | None:
+def _source(tracer: Tracer, expr: ast.Expr, base: Path, writes: list[Write]) -> Dataset | None:
     """The source dataset `expr` is selected from, built as the run builds it; None when any of
     it is not known before the run."""
     from aner_lang.runtime.tasks.data import Dataset
@@ -137,18 +140,21 @@ def _source(tracer: Tracer, expr: ast.Expr, base: Path) -> Dataset | None:
         path = args.get("path")
         if unknown or (
             isinstance(path, str)
-            and may_be_written_before(tracer.analysis, resolve(path, base), info.call.span.start)
+            and _written_first(writes, tracer.analysis, resolve(path, base), info.call)
         ):
             return None
         fn = load_impl(info.builtin)
         try:
             built = fn(ExecContext(base), **args) if info.builtin.needs_context else fn(**args)
-        except (
-            AnerRuntimeError
-        ):  # the data file's own failure: the other checks and the call say it
-            return None
+        except AnerRuntimeError:
+            return None  # the data file's own failure: the other checks and the call say it
         return built if isinstance(built, Dataset) and built.kind == "text" else None
     return None
+
+
+def _written_first(writes: list[Write], analysis: Analysis, path: Path, call: ast.Call) -> bool:
+    """Whether the script may write `path` before `call` (of `analysis`'s file) runs."""
+    return any(w.may_come_before(path, analysis.path, call.span.start) for w in writes)
 
 
 def _chain(tracer: Tracer, expr: ast.Expr | None) -> Iterator[tuple[CallInfo, Frame | None]]:
