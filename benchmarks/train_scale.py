@@ -127,10 +127,17 @@ def make_model(shape: str, folder: Path, device: str) -> None:
     del model
 
 
-def make_gguf(shape: str, path: Path) -> None:
-    """Random weights of `shape` as an f16 GGUF, written by the project's fixture writer (for runs
-    of Aner alone, before a peer's folder is needed)."""
-    from aner_lang.testing.fixture import Shape, embedded_tokenizer, write_fixture
+def make_gguf(shape: str, path: Path, kind: str) -> None:
+    """Random weights of `shape` as a GGUF written by the project's fixture writer: `f16` (for runs
+    of Aner alone, before a peer's folder is needed), or `q4_k_m`, random blocks of llama.cpp's
+    Q4_K_M type mix (`write_random_blocks`), which the sides `aner` (re-quantized to NF4) and
+    `aner-gguf` (`storage: gguf`, the file's own blocks) both load."""
+    from aner_lang.testing.fixture import (
+        Shape,
+        embedded_tokenizer,
+        write_fixture,
+        write_random_blocks,
+    )
 
     c = SHAPES[shape]
     if "model_type" in c:
@@ -139,8 +146,11 @@ def make_gguf(shape: str, path: Path) -> None:
                     heads=c["num_attention_heads"], kv_heads=c["num_key_value_heads"],
                     ffn=c["intermediate_size"], context=max(8192, c["context"]),
                     rope_theta=c["rope_theta"], vocab_size=c["vocab_size"])  # fmt: skip
-    write_fixture(path, fixture, tensor_type="f16", tied=c["tie_word_embeddings"],
-                  tokenizer=embedded_tokenizer())  # fmt: skip
+    tied, tokenizer = c["tie_word_embeddings"], embedded_tokenizer()
+    if kind == "q4_k_m":
+        write_random_blocks(path, fixture, tied=tied, tokenizer=tokenizer)
+    else:
+        write_fixture(path, fixture, tensor_type="f16", tied=tied, tokenizer=tokenizer)
 
 
 def make_batches(shape: str, count: int, path: Path) -> None:
@@ -194,6 +204,11 @@ def table(shape: str, rows: list[dict[str, Any]], activations: str = "keep") -> 
                   f"{aner['precision']}, activations {aner['activations']}, loaded in "
                   f"{aner['load_seconds']:.1f} s, per train() call {aner['call_overhead_s']:.2f} s "
                   "beside the updates"]  # fmt: skip
+    lines += [f"- {r['side']}: {r['storage']} base weights {r['weights_bytes'] / 1e9:.3f} GB"
+              for r in ok.values() if "weights_bytes" in r]  # fmt: skip
+    if "aner" in ok and "aner-gguf" in ok:
+        ratio = ok["aner"]["tokens_per_s"] / ok["aner-gguf"]["tokens_per_s"]
+        lines.append(f"- storage: gguf update time / NF4 update time: {ratio:.3f}")
     if aner and aner.get("device_time"):
         lines += ["", "Aner device time of two profiled eager updates, by section:", ""]
         sections = aner["device_time"]["sections"]
@@ -222,7 +237,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="/tmp/train_scale")
     ap.add_argument("--timeout", type=int, default=900)
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny shape, aner and peft")
-    ap.add_argument("--gguf", action="store_true", help="Aner alone, on a fixture GGUF")
+    ap.add_argument("--gguf", nargs="?", const="f16", choices=("f16", "q4_k_m"),
+                    help="Aner alone, on a fixture GGUF: f16 weights, or random Q4_K_M blocks "
+                    "trained as NF4 (aner) and as the file's blocks (aner-gguf)")  # fmt: skip
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--job", help=argparse.SUPPRESS)
     ap.add_argument("--json", help=argparse.SUPPRESS)
@@ -248,10 +265,10 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(args.out) / shape
         work.mkdir(parents=True, exist_ok=True)
         if args.gguf:
-            model = work / "model.gguf"
-            sides = sides_here = ["aner"]
+            model = work / f"model-{args.gguf}.gguf"
+            sides = sides_here = ["aner", "aner-gguf"] if args.gguf == "q4_k_m" else ["aner"]
             if not model.exists():
-                make_gguf(shape, model)
+                make_gguf(shape, model, args.gguf)
         else:
             model = work / "model"
             if not (model / "config.json").exists():
@@ -341,12 +358,16 @@ def _token_dataset(ids: Any) -> Any:
 
 
 def aner_worker(
-    job: dict[str, Any], activations: str | None = None, graphs: bool = True
+    job: dict[str, Any],
+    activations: str | None = None,
+    graphs: bool = True,
+    storage: str = "nf4_double_quant",
 ) -> dict[str, Any]:
     """Aner's own trainer (`train`), as a script runs it, continued across the timed calls;
     `activations` overrides the run's `--activations` (the sides `aner-checkpoint` and
     `aner-offload`, so one run can show both beside the peers' checkpointing); `graphs=False`
-    (`aner-checkpoint-eager`) turns CUDA graphs off, to show what recording the step buys."""
+    (`aner-checkpoint-eager`) turns CUDA graphs off, to show what recording the step buys;
+    `storage: gguf` (`aner-gguf`) keeps a GGUF file's own blocks."""
     job = {**job, "activations": activations or job["activations"]}
     import torch
     from safetensors.torch import save_file
@@ -354,11 +375,12 @@ def aner_worker(
     from aner_lang.runtime import adapters as A
     from aner_lang.runtime.load.loader import load_model
     from aner_lang.runtime.model.sections import sections_on
+    from aner_lang.runtime.train.memory import memory_report
     from aner_lang.runtime.train.profile import profile
     from aner_lang.runtime.train.trainer import train
 
     start = time.perf_counter()
-    model = load_model(job["model"], storage="nf4_double_quant", device=job["device"])
+    model = load_model(job["model"], storage=storage, device=job["device"])
     load_s = time.perf_counter() - start
     prof = profile(precision=job["precision"], activations=job["activations"], graphs=graphs)
     adapter = A.lora(model, rank=RANK, alpha=ALPHA, targets=TARGETS, seed=0)
@@ -392,6 +414,8 @@ def aner_worker(
         "losses": losses[: job["compare"]],
         "cuda_graphs": timed_run.cuda_graphs,
         "load_seconds": load_s,
+        "storage": storage,
+        "weights_bytes": memory_report(model).weights,
         "kernel_identity": timed_run.kernel_identity,
         "precision": job["precision"],
         "activations": job["activations"],
@@ -582,6 +606,7 @@ WORKERS = {  # side -> its worker; the side's name is put into the result by `ma
     "aner-checkpoint": lambda job: aner_worker(job, "checkpoint"),
     "aner-offload": lambda job: aner_worker(job, "offload"),
     "aner-checkpoint-eager": lambda job: aner_worker(job, "checkpoint", graphs=False),
+    "aner-gguf": lambda job: aner_worker(job, storage="gguf"),
     "peft": peft_worker,
     "peft-gc": lambda job: peft_worker(job, checkpointing=True),
     "peft-liger": lambda job: peft_worker(job, liger=True),

@@ -1,11 +1,11 @@
-"""Compile the fused NF4 kernels without a GPU and report what the compiler says about them.
+"""Compile the project's CUDA kernels without a GPU and report what the compiler says about them.
 
 NVRTC needs no GPU: with the `nvidia-cuda-nvrtc` wheel (a dev dependency) this compiles the
 package's CUDA source exactly as the GPU machine does (same options; sm_90a for Hopper), and
 reports per kernel the registers, spills and ptxas's wgmma serialization warnings (C75xx), which
 cost device time to discover otherwise.
 
-    python tools/nvrtc_check.py [--arch sm_90a]
+    python tools/nvrtc_check.py [--arch sm_90a] [--ggml Q4_K]   # NF4, or one GGUF block type
 
 CuPy's NVRTC binding would need CuPy, which installs only on CUDA machines; this calls the
 library through ctypes instead.
@@ -55,18 +55,18 @@ def library() -> ctypes.CDLL | None:
     return ctypes.CDLL(str(main))
 
 
-def compile_report(lib: ctypes.CDLL, arch: str = "sm_90a") -> Report:
-    """Compile the kernel source for ``arch`` with the package's options plus ptxas -v."""
+def compile_report(
+    lib: ctypes.CDLL, arch: str = "sm_90a", source: compiler.KernelSource = compiler.NF4
+) -> Report:
+    """Compile ``source`` for ``arch`` with the package's options plus ptxas -v."""
     prog = ctypes.c_void_p()
-    src = compiler.source_text().encode()
-    if lib.nvrtcCreateProgram(
-        ctypes.byref(prog), src, compiler.SOURCE_NAME.encode(), 0, None, None
-    ):
+    src = source.text().encode()
+    if lib.nvrtcCreateProgram(ctypes.byref(prog), src, source.name.encode(), 0, None, None):
         raise RuntimeError("nvrtcCreateProgram failed")
     try:
         opts = [
             o.encode()
-            for o in (*compiler.OPTIONS, f"--gpu-architecture={arch}", "--ptxas-options=-v")
+            for o in (*source.options(), f"--gpu-architecture={arch}", "--ptxas-options=-v")
         ]
         rc = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
         size = ctypes.c_size_t()
@@ -93,12 +93,18 @@ def compile_report(lib: ctypes.CDLL, arch: str = "sm_90a") -> Report:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", default="sm_90a")
+    ap.add_argument("--ggml", metavar="QTYPE", help="the GGUF block kernels of one type (Q4_K...)")
     args = ap.parse_args()
     lib = library()
     if lib is None:
         print("nvidia-cuda-nvrtc is not installed (pip install -e '.[dev]')", file=sys.stderr)
         return 2
-    r = compile_report(lib, args.arch)
+    if args.ggml:
+        from aner_lang.runtime.ggml.fused import source
+
+        r = compile_report(lib, args.arch, source(args.ggml))
+    else:
+        r = compile_report(lib, args.arch)
     if not r.ok:
         print(r.log, file=sys.stderr)
         return 1

@@ -1343,9 +1343,8 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         which picks `fused` only where it can run, or `kernel: host_tiled`. `aner check` reports
         a literal `kernel: fused` on a machine without a CUDA GPU before the script runs.
 
-        A base loaded with `storage: gguf` has no fused kernels on any machine: its blocks are
-        multiplied by `host_tiled`, which `kernel: auto` picks for it, so `train` refuses
-        `kernel: fused` with such a base when it starts.
+        A base loaded with `storage: gguf` follows the same rule with its own fused kernels
+        (the GGML block kernels, compiled for each block type the file holds).
         """,
         """
         # on a machine without a CUDA GPU (`aner check` reports a literal `kernel: fused` there

@@ -168,27 +168,32 @@ def _write_tokenizer(w: Any, meta: dict[str, Any]) -> None:
         w.add_chat_template(meta["tokenizer.chat_template"])
 
 
+def tensor_shapes(shape: Shape, vocab: int, tied: bool) -> dict[str, tuple[int, ...]]:
+    """Every tensor of a fixture in file order, keyed by GGUF name: HF-layout matrices and 1-D
+    norms."""
+    config = shape.config(vocab, tied)
+    arch = ARCHITECTURES[config.architecture]
+    out: dict[str, tuple[int, ...]] = {arch.embedding: (vocab, shape.hidden)}
+    for i in range(shape.layers):
+        for part in arch.layer_order():
+            dims = (shape.hidden,) if isinstance(part, Norm) else config.dims(part.shape)
+            out[part.gguf_tensor(i)] = dims
+    out[arch.output_norm] = (shape.hidden,)
+    if not tied:
+        out[arch.output] = (vocab, shape.hidden)
+    return out
+
+
 def hf_tensors(shape: Shape, vocab: int, seed: int, tied: bool) -> dict[str, np.ndarray]:
     """Seeded HF-layout fp32 weights, keyed by GGUF tensor name (q/k not yet permuted)."""
     rng = np.random.default_rng(seed)
-    config = shape.config(vocab, tied)
-    arch = ARCHITECTURES[config.architecture]
 
-    def mat(out: int, inp: int) -> np.ndarray:
-        return (rng.standard_normal((out, inp)) * (1.0 / np.sqrt(inp))).astype(np.float32)
+    def make(dims: tuple[int, ...]) -> np.ndarray:
+        if len(dims) == 1:
+            return (1.0 + 0.1 * rng.standard_normal(dims[0])).astype(np.float32)
+        return (rng.standard_normal(dims) * (1.0 / np.sqrt(dims[1]))).astype(np.float32)
 
-    def norm() -> np.ndarray:
-        return (1.0 + 0.1 * rng.standard_normal(shape.hidden)).astype(np.float32)
-
-    t: dict[str, np.ndarray] = {arch.embedding: mat(vocab, shape.hidden)}
-    for i in range(shape.layers):
-        for part in arch.layer_order():
-            weight = norm() if isinstance(part, Norm) else mat(*config.dims(part.shape))
-            t[part.gguf_tensor(i)] = weight
-    t[arch.output_norm] = norm()
-    if not tied:
-        t[arch.output] = mat(vocab, shape.hidden)
-    return t
+    return {name: make(dims) for name, dims in tensor_shapes(shape, vocab, tied).items()}
 
 
 def _add_tensor(w: Any, name: str, data: np.ndarray, tensor_type: str) -> None:
@@ -213,7 +218,6 @@ def write_fixture(
     tokenizer: dict[str, Any] | None = None,
 ) -> Path:
     """Write a deterministic Llama GGUF and return its path (same arguments -> same bytes)."""
-    from gguf import GGUFWriter
 
     if isinstance(shape, str):
         if shape not in SHAPES:
@@ -231,19 +235,7 @@ def write_fixture(
     vocab = shape.vocab_size or len(meta["tokenizer.ggml.tokens"])
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    w = GGUFWriter(str(path), "llama")
-    w.add_name(f"aner-fixture-{shape.layers}x{shape.hidden}-seed{seed}")
-    w.add_block_count(shape.layers)
-    w.add_context_length(shape.context)
-    w.add_embedding_length(shape.hidden)
-    w.add_feed_forward_length(shape.ffn)
-    w.add_head_count(shape.heads)
-    w.add_head_count_kv(shape.kv_heads)
-    w.add_rope_freq_base(shape.rope_theta)
-    w.add_layer_norm_rms_eps(shape.eps)
-    w.add_vocab_size(vocab)
-    w.add_rope_dimension_count(shape.hidden // shape.heads)
-    _write_tokenizer(w, meta)
+    w = _writer(path, shape, vocab, meta, f"aner-fixture-{shape.layers}x{shape.hidden}-seed{seed}")
     config = shape.config(vocab, tied)
     permuted = {
         p.gguf_tensor(i): int(getattr(config, p.rope_heads))
@@ -255,6 +247,88 @@ def write_fixture(
         if name in permuted:
             data = permute_rows(data, permuted[name])
         _add_tensor(w, name, data, tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def _writer(path: Path, shape: Shape, vocab: int, meta: dict[str, Any], name: str) -> Any:
+    """A GGUFWriter with a fixture's Llama metadata and tokenizer written."""
+    from gguf import GGUFWriter
+
+    w = GGUFWriter(str(path), "llama")
+    w.add_name(name)
+    w.add_block_count(shape.layers)
+    w.add_context_length(shape.context)
+    w.add_embedding_length(shape.hidden)
+    w.add_feed_forward_length(shape.ffn)
+    w.add_head_count(shape.heads)
+    w.add_head_count_kv(shape.kv_heads)
+    w.add_rope_freq_base(shape.rope_theta)
+    w.add_layer_norm_rms_eps(shape.eps)
+    w.add_vocab_size(vocab)
+    w.add_rope_dimension_count(shape.hidden // shape.heads)
+    _write_tokenizer(w, meta)
+    return w
+
+
+def q4_k_m_type(name: str, layers: int, in_features: int) -> str:
+    """The block type llama.cpp's Q4_K_M gives a matrix: Q6_K for `output`, and for `attn_v` and
+    `ffn_down` of the layers its `use_more_bits` picks (the first and last eighth, and every third
+    between); Q4_K for every other one. Rows not a whole number of 256-weight super-blocks take
+    llama.cpp's fallbacks, Q5_0 for Q4_K and Q8_0 for Q6_K."""
+    kind = "Q4_K"
+    if name == "output.weight":
+        kind = "Q6_K"
+    elif name.endswith(("attn_v.weight", "ffn_down.weight")):
+        i, eighth = int(name.split(".")[1]), layers // 8
+        if i < eighth or i >= 7 * layers // 8 or (i - eighth) % 3 == 2:
+            kind = "Q6_K"
+    if in_features % 256:
+        kind = {"Q4_K": "Q5_0", "Q6_K": "Q8_0"}[kind]
+    return kind
+
+
+_BLOCK_SCALE = {"Q4_K": (0, 167.0), "Q6_K": (208, 1369.0), "Q5_0": (0, 9.2), "Q8_0": (0, 74.0)}
+"""Where each random block's fp16 scale lives, and the weights' spread per unit of it (random
+quants and sub-block scales), so a scale of 1/(spread*sqrt(in)) gives hf_tensors' spread."""
+
+
+def write_random_blocks(
+    path: str | Path,
+    shape: Shape,
+    *,
+    seed: int = 0,
+    tied: bool = True,
+    tokenizer: dict[str, Any] | None = None,
+) -> Path:
+    """A Llama GGUF of llama.cpp's Q4_K_M type mix (`q4_k_m_type`) whose blocks are random bytes
+    with finite scales (norms f32): for benchmarks at real scale, where quantizing float weights
+    in numpy would take minutes. The weights are those blocks, whatever they decode to."""
+    import gguf
+
+    meta = tokenizer if tokenizer is not None else tokenizer_metadata()
+    vocab = shape.vocab_size or len(meta["tokenizer.ggml.tokens"])
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    w = _writer(path, shape, vocab, meta, f"aner-random-q4_k_m-{shape.layers}x{shape.hidden}")
+    rng = np.random.default_rng(seed)
+    for name, dims in tensor_shapes(shape, vocab, tied).items():
+        if len(dims) == 1:
+            w.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(dims[0])).astype(np.float32))
+            continue
+        qtype = gguf.GGMLQuantizationType[q4_k_m_type(name, shape.layers, dims[1])]
+        size, type_size = gguf.GGML_QUANT_SIZES[qtype]
+        n = dims[0] * dims[1] // size
+        raw = rng.integers(0, 256, (n, type_size), dtype=np.uint8)
+        at, spread = _BLOCK_SCALE[qtype.name]
+        scale = np.float16(1.0 / (spread * np.sqrt(dims[1])))
+        raw[:, at : at + 2] = np.full(n, scale, np.float16).view(np.uint8).reshape(n, 2)
+        if qtype.name == "Q4_K":  # dmin beside d
+            raw[:, 2:4] = raw[:, 0:2]
+        w.add_tensor(name, raw.reshape(dims[0], -1), raw_dtype=qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -99,3 +99,33 @@ def test_cli_entry_point(tmp_path):
 def test_bad_arguments(tmp_path):
     with pytest.raises(SystemExit):
         main([str(tmp_path / "y.gguf"), "--layers", "0"])
+
+
+def test_random_q4_k_m_blocks_follow_llama_cpps_mix_and_load_both_ways(tmp_path):
+    """`write_random_blocks` (the 8B GGUF benchmark's file): llama.cpp's Q4_K_M types by tensor,
+    with its fallbacks for rows that are no whole super-block; `storage: gguf` weighs exactly its
+    tensor bytes, and its logits are finite and spread like hf_tensors'."""
+    import gguf
+    import torch
+
+    from aner_lang.runtime.load.loader import load_model
+    from aner_lang.runtime.train.memory import memory_report
+    from aner_lang.testing.fixture import Shape, q4_k_m_type, write_random_blocks
+
+    shape = Shape(layers=8, hidden=256, heads=4, kv_heads=2, ffn=512, context=64)
+    path = write_random_blocks(tmp_path / "r.gguf", shape, tied=False)
+    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(path)).tensors}
+    assert types["output.weight"] == "Q6_K" and types["token_embd.weight"] == "Q4_K"
+    assert [types[f"blk.{i}.attn_v.weight"] for i in range(8)] == [
+        "Q6_K", "Q4_K", "Q4_K", "Q6_K", "Q4_K", "Q4_K", "Q6_K", "Q6_K"
+    ]  # fmt: skip
+    assert types["blk.0.ffn_down.weight"] == "Q6_K" and types["blk.1.ffn_up.weight"] == "Q4_K"
+    assert types["blk.0.attn_norm.weight"] == "F32"
+    assert q4_k_m_type("blk.1.ffn_up.weight", 8, 576) == "Q5_0"
+    assert q4_k_m_type("output.weight", 8, 576) == "Q8_0"
+    model = load_model(path, "gguf", "cpu")
+    assert memory_report(model).weights == sum(
+        t.n_bytes for t in gguf.GGUFReader(str(path)).tensors
+    )
+    logits = model.forward(torch.tensor([[1, 50, 900, 7, 3000]]))
+    assert bool(torch.isfinite(logits).all()) and 0.3 < float(logits.std()) < 3.0

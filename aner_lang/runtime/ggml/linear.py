@@ -1,23 +1,36 @@
 """`GGUFLinear`: a frozen weight kept as the GGUF file's own quantized blocks (`storage: gguf`).
 
 The blocks are a registered buffer, so `.to(device)` moves them and they are never parameters.
-The matmul follows the NF4 backend rule (`nf4.backends`): the run's backend decides, and for a
-GGUF base `host_tiled` (dequantize bounded row tiles, then matmul; pure torch, CPU and CUDA) is
-the one that exists. `auto` therefore means host_tiled on every device; `kernel: fused` with a
-GGUF base is refused when training starts (`require_kernel`), never silently replaced.
+The matmul follows the NF4 backend rule (`nf4.backends`): the run's backend decides. `fused` is
+the NVRTC kernels of `ggml.fused` (CUDA with CuPy, which `auto` picks there); `host_tiled`
+dequantizes bounded row tiles in torch, then multiplies (CPU and CUDA).
 """
 
 from __future__ import annotations
 
+from functools import cache
+from typing import Protocol
+
 import torch
 
-from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.ggml.weight import GGUFWeight
 from aner_lang.runtime.model.linear import FrozenLinear
 from aner_lang.runtime.nf4 import host_tiled
 from aner_lang.runtime.nf4.backends import NF4Backend, NF4Matmul, active_backend
 
 STORAGE = "gguf"
+
+
+class GGUFBackend(Protocol):
+    """What a GGUF matmul path provides (the NF4 backend protocol over `GGUFWeight`)."""
+
+    name: str
+
+    def linear(self, x: torch.Tensor, w: GGUFWeight) -> torch.Tensor: ...
+
+    def grad_input(self, grad_y: torch.Tensor, w: GGUFWeight) -> torch.Tensor: ...
+
+    def identity(self, device: torch.device, dtype: torch.dtype) -> str: ...
 
 
 class GGUFHostTiled:
@@ -39,21 +52,19 @@ class GGUFHostTiled:
         return f"aner.gguf.host_tiled/1;tile_bytes={self.tile_bytes};compute={compute}"
 
 
-def gguf_backend(backend: NF4Backend) -> GGUFHostTiled:
-    """The GGUF path a run's NF4 backend stands for: its tile budget where it is host_tiled, the
-    default budget where `auto` picked fused (no fused GGUF kernels exist)."""
+def gguf_backend(backend: NF4Backend) -> GGUFBackend:
+    """The GGUF path a run's NF4 backend stands for: the fused GGUF kernels for `fused`, else
+    host_tiled with the backend's tile budget."""
+    if backend.name == "fused":
+        return _fused()
     return GGUFHostTiled(getattr(backend, "tile_bytes", host_tiled.DEFAULT_TILE_BYTES))
 
 
-def require_kernel(kernel: str) -> None:
-    """Refuse `kernel: fused` for a GGUF base (the backend rule: never a silent fallback)."""
-    if kernel == "fused":
-        raise AnerRuntimeError(
-            "kernel: fused has no kernels for storage: gguf (its blocks are matmul'd by "
-            "host_tiled on every device)",
-            code="E-KERNEL-UNAVAILABLE",
-            notes=("use kernel: auto or kernel: host_tiled with a storage: gguf base",),
-        )
+@cache
+def _fused() -> GGUFBackend:
+    from aner_lang.runtime.ggml.fused import GGUFFused  # CuPy only where the kernels run
+
+    return GGUFFused()
 
 
 class GGUFLinear(FrozenLinear):

@@ -153,7 +153,7 @@ def jit() -> dict[str, Any]:
                 ("bfloat16", torch.bfloat16),
             )
         },
-        "source_sha256": compiler.source_sha256(),
+        "source_sha256": compiler.NF4.sha256(),
         "options": list(compiler.OPTIONS),
         "target": arch,
         "nvrtc_version": list(nvrtc.getVersion()),

@@ -140,8 +140,8 @@ def plan(
 ) -> Plan:
     """The predicted peak GPU memory of a LoRA-family run on a model of config `c`; an NF4
     base keeps its embedding and `lm_head` 16-bit unless `quantize_embeddings`. A `storage: gguf`
-    base weighs its file's tensor bytes, `file_bytes` (`gguf_base_bytes`), and always computes
-    through bounded dequantized tiles (there are no fused GGUF kernels)."""
+    base weighs its file's tensor bytes, `file_bytes` (`gguf_base_bytes`), and computes as an NF4
+    one does: through the fused kernels' dequant buffer on CUDA, else bounded dequantized tiles."""
     dims = _target_dims(c)
     layers, vocab, h = c.num_hidden_layers, c.vocab_size, c.hidden_size
     tables = [vocab * h] * (1 if c.tie_word_embeddings else 2)
@@ -177,7 +177,7 @@ def plan(
         "offload": layer,
     }[mode]
     residual = fp.RESIDUAL_COPIES * inputs
-    fused = cuda and profile.get("kernel") in ("fused", "auto") and storage != "gguf"
+    fused = cuda and profile.get("kernel") in ("fused", "auto")
     if half and cuda:  # the fused loss kernel: one chunk's 16-bit logits (loss.chunk_tokens)
         loss = 2 * min(tokens, max(1, CHUNK_BYTES // vocab)) * vocab
     elif half:

@@ -52,7 +52,7 @@ import torch
 from aner_lang.host import files
 from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.ggml.linear import STORAGE as GGUF_STORAGE
-from aner_lang.runtime.ggml.linear import gguf_backend, require_kernel
+from aner_lang.runtime.ggml.linear import gguf_backend
 from aner_lang.runtime.io.process_clock import seconds_running
 from aner_lang.runtime.io.world import once, world
 from aner_lang.runtime.model import fused_ops
@@ -246,8 +246,6 @@ def train(
             accumulation=accumulation,
         )
         profile = replace(profile, activations=picked.policy)
-    if adapter.base.storage == GGUF_STORAGE:
-        require_kernel(profile.kernel)
     set_deterministic(device)
     backend = profile.backend(device)
     options = {

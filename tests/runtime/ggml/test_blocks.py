@@ -95,3 +95,33 @@ def test_dequantization_on_cuda_matches_the_reference(qtype: str) -> None:
     got = dequantize_blocks(torch.from_numpy(raw).cuda(), qtype)
     assert got.is_cuda
     assert torch.equal(got.cpu(), _reference(raw, qtype))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("qtype", TYPES)
+def test_the_fused_kernels_decode_every_type_bit_for_bit(qtype: str) -> None:
+    """The NVRTC kernels of `storage: gguf` (ggml.fused) give the reference's fp32 values bit for
+    bit, on blocks with finite scales and on raw random bytes (NaN where the reference has NaN);
+    16-bit outputs are those values rounded; a row range is those rows."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    pytest.importorskip("cupy")
+    from aner_lang.runtime.ggml import fused
+    from aner_lang.runtime.ggml.weight import GGUFWeight
+
+    size, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qtype]]
+    k = 512  # two k-quant super-blocks, 16 small blocks a row
+    blocks = 300 * k // size
+    for raw in (
+        _random_blocks(qtype, blocks, seed=5),
+        np.random.default_rng(9).integers(0, 256, (blocks, type_size), dtype=np.uint8),
+    ):
+        want = _reference(raw, qtype).reshape(300, k)
+        w = GGUFWeight(torch.from_numpy(raw.reshape(300, -1)).cuda(), qtype, (300, k))
+        got = fused.dequantize(w, torch.float32).cpu()
+        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+        for dtype in (torch.float16, torch.bfloat16):
+            half = fused.dequantize(w, dtype).cpu()
+            torch.testing.assert_close(half, want.to(dtype), rtol=0, atol=0, equal_nan=True)
+        rows = fused.dequantize(w, torch.float32, (17, 230)).cpu()
+        torch.testing.assert_close(rows, want[17:230], rtol=0, atol=0, equal_nan=True)

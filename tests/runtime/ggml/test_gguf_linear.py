@@ -135,33 +135,91 @@ def test_storage_gguf_of_a_hugging_face_folder_is_a_clear_error(tmp_path) -> Non
     assert e.value.code == "E-GGUF-STORAGE" and "Hugging Face folder" in str(e.value)
 
 
-def test_kernel_fused_is_refused_for_a_gguf_base_and_auto_is_host_tiled() -> None:
-    from aner_lang.runtime.ggml.linear import gguf_backend, require_kernel
+def test_the_run_backend_picks_the_gguf_path_and_its_tile_budget() -> None:
+    from aner_lang.runtime.ggml.linear import gguf_backend
     from aner_lang.runtime.nf4.backends import active_backend
 
-    for kernel in ("auto", "host_tiled"):
-        require_kernel(kernel)
-    with pytest.raises(AnerRuntimeError) as e:
-        require_kernel("fused")
-    assert e.value.code == "E-KERNEL-UNAVAILABLE" and "storage: gguf" in str(e.value)
     outside = gguf_backend(active_backend(torch.device("cpu")))
     with using_backend(HostTiled(4096)):
         inside = gguf_backend(active_backend(torch.device("cpu")))
     assert (outside.name, outside.tile_bytes, inside.tile_bytes) == ("host_tiled", 8 << 20, 4096)
 
 
+def _fused_or_skip():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    pytest.importorskip("cupy")
+    from aner_lang.runtime.ggml import fused
+
+    return fused
+
+
+def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.double() - want).norm() / want.norm())
+
+
 @pytest.mark.cuda
-def test_training_a_gguf_base_with_kernel_fused_is_refused_on_cuda(tmp_path) -> None:
+@pytest.mark.parametrize("qtype", sorted(DEQUANTIZERS))
+def test_fused_matmuls_equal_dequantize_then_matmul_for_every_type(qtype: str) -> None:
+    """The fused GGUF path against the dense weight in float64, for the few-token kernels (1, 3,
+    16 tokens) and the many-token dequantize + cuBLAS path (40), forward and input gradient, in
+    each compute dtype: fp32 within summation-order error, 16-bit within the inputs' rounding.
+    The input gradient is the same bits on a second call (fixed-order slab sums)."""
+    fused = _fused_or_skip()
+    w = _weight(qtype, out=200, n_in=1024, seed=3)
+    w = GGUFWeight(w.raw.cuda(), qtype, w.shape)
+    dense = w.rows(0, w.shape[0]).double()
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    for dtype, bound in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2), (torch.float16, 3e-3)):
+        for m in (1, 3, 16, 40):
+            x = torch.randn(m, w.shape[1], device="cuda", generator=gen).to(dtype)
+            g = torch.randn(m, w.shape[0], device="cuda", generator=gen).to(dtype)
+            y, gx = fused.linear(x, w), fused.grad_input(g, w)
+            assert y.dtype == gx.dtype == dtype and y.shape == (m, 200) and gx.shape == (m, 1024)
+            assert _rel(y, x.double() @ dense.t()) < bound, (dtype, m)
+            assert _rel(gx, g.double() @ dense) < bound, (dtype, m)
+            assert torch.equal(fused.grad_input(g, w), gx)
+            y32 = fused.linear(x, w, out_dtype=torch.float32)
+            assert y32.dtype == torch.float32 and _rel(y32, x.double() @ dense.t()) < bound
+
+
+@pytest.mark.cuda
+def test_fused_many_token_path_in_row_slices_equals_whole(monkeypatch) -> None:
+    """A weight over the dequant buffer's limit goes through in row slices with the same result,
+    and the shared buffer never grows past one slice."""
+    fused = _fused_or_skip()
+    from aner_lang.runtime.model import chunking, dense_matmul
+
+    w = _weight("Q6_K", out=300, n_in=512, seed=6)
+    w = GGUFWeight(w.raw.cuda(), "Q6_K", w.shape)
+    x = torch.randn(64, 512, device="cuda")
+    g = torch.randn(64, 300, device="cuda")
+    whole_y, whole_gx = fused.linear(x, w), fused.grad_input(g, w)
+    monkeypatch.setattr(chunking, "DEQUANT_MAX_ELEMENTS", 96 * 512)
+    monkeypatch.setattr(dense_matmul, "_BUFFERS", {})
+    torch.testing.assert_close(fused.linear(x, w), whole_y, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fused.grad_input(g, w), whole_gx, rtol=1e-5, atol=1e-5)
+    assert max(b.numel() for b in dense_matmul._BUFFERS.values()) == 96 * 512
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("tensor_type", ["q4_0", "q8_0"])
+def test_training_a_gguf_base_on_cuda_fused_matches_host_tiled(tensor_type, tmp_path) -> None:
+    """`kernel: auto` on CUDA trains a `storage: gguf` base through the fused GGUF kernels, which
+    the run's identity names, with the losses host_tiled gives (fp32: summation order only)."""
+    _fused_or_skip()
     from aner_lang.runtime.adapters import lora
-    from aner_lang.runtime.nf4.fused.availability import unavailable_reason
     from aner_lang.runtime.tasks.data import from_texts
     from aner_lang.runtime.train.profile import profile
     from aner_lang.runtime.train.trainer import train
 
-    if not torch.cuda.is_available() or unavailable_reason() is not None:
-        pytest.skip("no CUDA GPU with the fused kernels' requirements")
-    path = write_fixture(tmp_path / "q4_0.gguf", "tiny", seed=3, tensor_type="q4_0")
-    adapter = lora(load_model(path, "gguf", "cuda"), rank=4, targets=["q_proj"])
-    with pytest.raises(AnerRuntimeError) as e:
-        train(adapter, from_texts(["a b c d e f"], 8), profile(kernel="fused"), steps=1)
-    assert e.value.code == "E-KERNEL-UNAVAILABLE" and "storage: gguf" in str(e.value)
+    path = write_fixture(tmp_path / "m.gguf", "tiny", seed=3, tensor_type=tensor_type)
+    base = load_model(path, "gguf", "cuda")
+    data = from_texts(["a b c d e f g h", "h g f e d c b a", "one two three four"], 16)
+    losses = {}
+    for kernel in ("auto", "host_tiled"):
+        adapter = lora(base, rank=4, targets=["q_proj", "v_proj", "down_proj"], seed=1)
+        run = train(adapter, data, profile(kernel=kernel, precision="float32"), steps=4)
+        losses[kernel], identity = run.loss_history, run.kernel_identity
+        assert ("aner.gguf.cuda.fused/1" in identity) == (kernel == "auto"), identity
+    torch.testing.assert_close(losses["auto"], losses["host_tiled"], rtol=1e-4, atol=1e-5)

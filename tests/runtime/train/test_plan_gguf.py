@@ -1,6 +1,7 @@
 """`aner plan` of a `storage: gguf` base: its weights are the file's own tensor bytes (what the
 loader keeps and `memory()` reports), for every tensor type and the real SmolLM2 Q4_1, with the
-bounded dequantization tile it computes through; a folder is refused as `load_model` refuses it."""
+bounded dequantization tile it computes through (the fused kernels' buffer on CUDA); a folder is
+refused as `load_model` refuses it."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from aner_lang.check import analyze
+from aner_lang.runtime.ggml.linear import GGUFLinear
 from aner_lang.runtime.load.loader import load_model
+from aner_lang.runtime.model.chunking import row_slices
 from aner_lang.runtime.nf4.host_tiled import DEFAULT_TILE_BYTES
 from aner_lang.runtime.train.memory import memory_report
 from aner_lang.runtime.train.plan import main, plan_calls
@@ -54,13 +57,23 @@ def test_the_real_smollm2_q4_1_is_planned_at_its_blocks(smollm2_path: Path, tmp_
     assert _peak(model, "gguf") != _peak(model, "nf4_double_quant")
 
 
-def test_a_gguf_base_on_cuda_is_planned_without_fused_kernels(tmp_path: Path) -> None:
-    """There are no fused GGUF kernels: on CUDA too the base computes through the tile."""
+def test_a_gguf_base_on_cuda_is_planned_with_the_fused_kernels_buffer(tmp_path: Path) -> None:
+    """On CUDA the fused GGUF kernels decode each weight (in row slices past the limit) into one
+    buffer of the compute dtype, as NF4's do: the largest slice of any
+    block-quantized weight, the tied embedding's here, instead of the host tile (fp32 under the
+    default float32 profile)."""
     model = write_fixture(tmp_path / "m.gguf", "tiny", seed=2, tensor_type="q8_0")
-    gguf = memory_report(load_model(model, "gguf", "cpu")).weights
+    kept = load_model(model, "gguf", "cpu")
+    gguf = memory_report(kept).weights
     dense = memory_report(load_model(model, "float32", "cpu")).weights
+    largest = max(
+        row_slices(m.out_features, m.in_features)[0][1] * m.in_features
+        for m in kept.module.modules()
+        if isinstance(m, GGUFLinear)
+    )
+    assert largest == kept.config.vocab_size * kept.config.hidden_size
     assert _peak(model, "gguf", "cuda") - _peak(model, "float32", "cuda") == (
-        gguf - dense + DEFAULT_TILE_BYTES
+        gguf - dense + 4 * largest
     )
 
 

@@ -1,7 +1,10 @@
-"""Run-time compilation of the fused NF4 kernels with NVRTC (through CuPy), and their caches.
+"""Run-time compilation of the project's CUDA kernels with NVRTC (through CuPy), and their caches.
 
-A compiled module is identified by its *kernel identity string*: the sha256 of the CUDA source,
-the NVRTC options, the target architecture and the precision profile. Profiles and checkpoints
+Two sources are compiled here (`KernelSource`): the fused NF4 kernels (`NF4`, one module) and the
+GGML block kernels of `storage: gguf` (`runtime.ggml.fused`, one module per block type, so a run
+compiles only the types its file holds). A compiled module is identified by its *kernel identity
+string*: the sha256 of the CUDA source, the NVRTC options, the target architecture and the
+precision profile. Profiles and checkpoints
 record it, so a result can be traced to the exact machine code that produced it. Modules are
 cached twice: per process (a dict, so a second layer costs nothing) and on disk (a cubin named by
 the sha256 of the module's identity, so a second process skips NVRTC; that identity also names
@@ -15,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -23,19 +26,34 @@ from typing import Any
 from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.io.fingerprint import cache_dir as aner_cache_dir
 
-SOURCE_NAME = "nf4.cu"
 # No --use_fast_math: the dequantized weights must be the exact fp32 products host_tiled computes.
 OPTIONS: tuple[str, ...] = ("--std=c++17", "-default-device")
 PRECISIONS = ("float32", "float16", "bfloat16")
 
 
-def source_text() -> str:
-    """The CUDA source shipped as package data."""
-    return resources.files(__package__).joinpath("kernels", SOURCE_NAME).read_text(encoding="utf-8")
+@dataclass(frozen=True)
+class KernelSource:
+    """A CUDA source shipped as package data (`kernels/<name>` in `package`), compiled with
+    `OPTIONS` plus its own `defines` (``-D`` options: one module per set) and named `label` in
+    its module identity."""
+
+    package: str
+    name: str
+    label: str
+    defines: tuple[str, ...] = field(default=())
+
+    def text(self) -> str:
+        return resources.files(self.package).joinpath("kernels", self.name).read_text("utf-8")
+
+    def sha256(self) -> str:
+        return hashlib.sha256(self.text().encode("utf-8")).hexdigest()
+
+    def options(self) -> tuple[str, ...]:
+        return (*OPTIONS, *self.defines)
 
 
-def source_sha256() -> str:
-    return hashlib.sha256(source_text().encode("utf-8")).hexdigest()
+NF4 = KernelSource(__package__ or "aner_lang.runtime.nf4.fused", "nf4.cu", "nf4-fused")
+"""The fused NF4 kernels (kernels/nf4.cu)."""
 
 
 def nvrtc_version() -> str:
@@ -46,11 +64,12 @@ def nvrtc_version() -> str:
     return f"{major}.{minor}"
 
 
-def module_identity(arch: str, nvrtc: str) -> str:
+def module_identity(arch: str, nvrtc: str, source: KernelSource = NF4) -> str:
     """What the compiled module depends on: source, options, architecture (``sm_90``) and the
     NVRTC version."""
     return (
-        f"nf4-fused src=sha256:{source_sha256()} opts={' '.join(OPTIONS)} arch={arch} nvrtc={nvrtc}"
+        f"{source.label} src=sha256:{source.sha256()} opts={' '.join(source.options())} "
+        f"arch={arch} nvrtc={nvrtc}"
     )
 
 
@@ -65,7 +84,7 @@ def kernel_identity(arch: str, precision: str) -> str:
             notes=(f"expected one of {', '.join(PRECISIONS)}",),
         )
     return (
-        f"aner.nf4.cuda.fused/1;source_sha256={source_sha256()};options={' '.join(OPTIONS)};"
+        f"aner.nf4.cuda.fused/1;source_sha256={NF4.sha256()};options={' '.join(OPTIONS)};"
         f"arch={arch};compute={precision};accumulate=float32"
     )
 
@@ -77,18 +96,18 @@ def cache_dir() -> Path:
     return Path(env) if env else aner_cache_dir() / "kernels"
 
 
-def compile_cubin(arch: str) -> bytes:
-    """Compile the source for ``arch`` with NVRTC; a compile error becomes a clear AnerRuntimeError."""
+def compile_cubin(arch: str, source: KernelSource = NF4) -> bytes:
+    """Compile ``source`` for ``arch`` with NVRTC; a compile error becomes a clear AnerRuntimeError."""
     from cupy_backends.cuda.libs import nvrtc
 
-    prog = nvrtc.createProgram(source_text(), SOURCE_NAME, [], [])
+    prog = nvrtc.createProgram(source.text(), source.name, [], [])
     try:
         try:
-            nvrtc.compileProgram(prog, [*OPTIONS, f"--gpu-architecture={arch}"])
+            nvrtc.compileProgram(prog, [*source.options(), f"--gpu-architecture={arch}"])
         except nvrtc.NVRTCError as exc:
             log = nvrtc.getProgramLog(prog)
             raise AnerRuntimeError(
-                f"NVRTC could not compile {SOURCE_NAME} for {arch}: {exc}",
+                f"NVRTC could not compile {source.name} for {arch}: {exc}",
                 code="E-KERNEL-COMPILE",
                 notes=tuple(log.splitlines()[-20:]),
             ) from None
@@ -104,12 +123,12 @@ def target_arch(capability: str) -> str:
     return f"sm_{capability}a" if capability == "90" else f"sm_{capability}"
 
 
-def cubin_path(arch: str) -> Path:
-    """The on-disk cubin for ``arch``, compiled and written now if it is not there yet."""
-    ident = module_identity(arch, nvrtc_version())
+def cubin_path(arch: str, source: KernelSource = NF4) -> Path:
+    """The on-disk cubin of ``source`` for ``arch``, compiled and written now if it is not there."""
+    ident = module_identity(arch, nvrtc_version(), source)
     path = cache_dir() / f"{hashlib.sha256(ident.encode()).hexdigest()}.cubin"
     if not path.exists():
-        cubin = compile_cubin(arch)
+        cubin = compile_cubin(arch, source)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
         with os.fdopen(fd, "wb") as fh:
@@ -144,22 +163,22 @@ class CompiledModule:
         return fn
 
 
-_MODULES: dict[int, CompiledModule] = {}
+_MODULES: dict[tuple[int, KernelSource], CompiledModule] = {}
 
 
-def load(device_index: int) -> CompiledModule:
-    """The compiled module for a CUDA device, from the process cache (a dict lookup: this runs on
-    every launch), the disk cache or NVRTC."""
-    mod = _MODULES.get(device_index)
+def load(device_index: int, source: KernelSource = NF4) -> CompiledModule:
+    """The compiled module of ``source`` for a CUDA device, from the process cache (a dict lookup:
+    this runs on every launch), the disk cache or NVRTC."""
+    mod = _MODULES.get((device_index, source))
     if mod is None:
         import cupy
 
         with cupy.cuda.Device(device_index):
             arch = target_arch(cupy.cuda.Device(device_index).compute_capability)  # e.g. "sm_90a"
-            path = cubin_path(arch)
-            mod = _MODULES[device_index] = CompiledModule(
+            path = cubin_path(arch, source)
+            mod = _MODULES[(device_index, source)] = CompiledModule(
                 arch,
-                module_identity(arch, nvrtc_version()),
+                module_identity(arch, nvrtc_version(), source),
                 path,
                 cupy.RawModule(path=str(path)),
                 {},

@@ -45,7 +45,6 @@ frozen-base product is rounded to 16 bits on its way back into the fp32 residual
 from __future__ import annotations
 
 import math
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from functools import cache
 
@@ -53,9 +52,9 @@ import numpy as np
 import torch
 
 from aner_lang.problems.errors import AnerRuntimeError
-from aner_lang.runtime.model.chunking import row_slices
-from aner_lang.runtime.model.precision import matmul, matmul_into
-from aner_lang.runtime.nf4.fused import compiler, programmatic, tensor_map
+from aner_lang.runtime.model import dense_matmul
+from aner_lang.runtime.nf4.fused import compiler, tensor_map
+from aner_lang.runtime.nf4.fused.launch import device_index, launch, ptr
 
 SMALL_MAX_TOKENS = 16
 _DT_NAME = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}
@@ -104,7 +103,7 @@ class NF4Tensors:
                 f"({self.packed.numel()} packed bytes, {self.qabsmax.numel()} absmax codes)",
                 code="E-KERNEL-SHAPE",
             )
-        object.__setattr__(self, "_pointers", tuple(_ptr(getattr(self, p)) for p in _POINTERS))
+        object.__setattr__(self, "_pointers", tuple(ptr(getattr(self, p)) for p in _POINTERS))
 
     def args(self) -> list[np.uint64]:
         """The kernels' leading arguments: the five device pointers."""
@@ -115,73 +114,13 @@ class NF4Tensors:
         return all(t.data_ptr() == p for t, p in zip(tensors, self._pointers))
 
 
-def _ptr(t: torch.Tensor) -> np.uint64:
-    return np.uint64(t.data_ptr())
-
-
-_STREAMS: dict[int, object] = {}
-
-
-def _index(device: torch.device) -> int:
-    return device.index if device.index is not None else torch.cuda.current_device()
-
-
 def _module(device: torch.device) -> compiler.CompiledModule:
-    return compiler.load(_index(device))
+    return compiler.load(device_index(device))
 
 
 @cache
 def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-class _StreamHandle:
-    """A raw CUDA stream in the CUDA stream protocol, which CuPy's ``Stream.from_external`` takes."""
-
-    def __init__(self, handle: int) -> None:
-        self.handle = handle
-
-    def __cuda_stream__(self) -> tuple[int, int]:
-        return (0, self.handle)
-
-
-def _stream(index: int):
-    """CuPy's handle on torch's current stream of device ``index`` (one per raw stream). The raw
-    handle comes from torch's C accessor: ``torch.cuda.current_stream`` builds a Python Stream
-    object per call, a measurable share of a launch."""
-    import cupy
-
-    handle = torch._C._cuda_getCurrentRawStream(index)
-    stream = _STREAMS.get(handle)
-    if stream is None:
-        stream = _STREAMS[handle] = cupy.cuda.Stream.from_external(_StreamHandle(handle))
-    return stream
-
-
-def _launch(
-    device: torch.device,
-    name: str,
-    grid: tuple[int, ...],
-    block: int,
-    args: list,
-    shared_bytes: int = 0,
-    overlapping: bool = False,
-) -> None:
-    """Launch kernel ``name`` on torch's current stream; ``overlapping`` (a kernel that starts with
-    griddepcontrol.wait) lets its blocks be scheduled while the previous kernel finishes
-    (programmatic.launch)."""
-    import cupy
-
-    index = _index(device)
-    stream = _stream(index)
-    # A kernel's first lookup loads the module on CuPy's current device: make it ``index`` where it
-    # is not already (entering the context costs host time on every launch).
-    with nullcontext() if cupy.cuda.runtime.getDevice() == index else cupy.cuda.Device(index):
-        fn = compiler.load(index).function(name, shared_bytes)
-        if overlapping:
-            programmatic.launch(fn.kernel.ptr, grid, block, shared_bytes, stream.ptr, args)
-        else:
-            fn(grid, (block,), tuple(args), stream=stream, shared_mem=shared_bytes)
 
 
 def _rows(t: torch.Tensor, width: int) -> torch.Tensor:
@@ -197,60 +136,43 @@ def _bucket(m: int) -> int:
 
 # ---- dequantize ------------------------------------------------------------------------------
 
-_BUFFERS: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
-
 
 def dequantize(
     w: NF4Tensors, dtype: torch.dtype, *, rows: tuple[int, int] | None = None, reuse: bool = False
 ) -> torch.Tensor:
     """The dense weight (rows ``[r0, r1)``, default all) as a [rows, K] ``dtype`` matrix. With
-    ``reuse`` it lives in a per-device buffer that the next call overwrites (stream order makes
-    that safe for the matmul that consumes it)."""
+    ``reuse`` it lives in the shared buffer of ``dense_matmul``, which the next call overwrites
+    (stream order makes that safe for the matmul that consumes it)."""
     r0, r1 = rows if rows is not None else (0, w.out_features)
     k = w.in_features
     n = (r1 - r0) * k
     device = w.packed.device
-    if reuse:
-        buf = _BUFFERS.get((device, dtype))
-        if buf is None or buf.numel() < n:
-            buf = _BUFFERS[(device, dtype)] = torch.empty(n, dtype=dtype, device=device)
-        out = buf[:n]
-    else:
-        out = torch.empty(n, dtype=dtype, device=device)
+    out = (
+        dense_matmul.scratch(n, dtype, device)
+        if reuse
+        else torch.empty(n, dtype=dtype, device=device)
+    )
     threads = 256
-    _launch(
+    launch(
         device,
         f"nf4_dequant_{_DT_NAME[dtype]}",
         ((n // 32 + threads - 1) // threads,),
         threads,
-        [*w.args(), np.int64(r0 * k), np.int64(n), _ptr(out)],
+        [*w.args(), np.int64(r0 * k), np.int64(n), ptr(out)],
     )
     return out.view(r1 - r0, k)
 
 
+def _dense_rows(w: NF4Tensors) -> dense_matmul.DenseRows:
+    return lambda dtype, r0, r1: dequantize(w, dtype, rows=(r0, r1), reuse=True)
+
+
 def _many_linear(x2: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype) -> torch.Tensor:
-    slices = row_slices(w.out_features, w.in_features)
-    if len(slices) == 1:
-        return matmul(x2, dequantize(w, x2.dtype, reuse=True).t(), out_dtype)
-    y = torch.empty(x2.shape[0], w.out_features, dtype=out_dtype, device=x2.device)
-    for r0, r1 in slices:  # each output column is one slice's product, as it is unsliced
-        w_rows = dequantize(w, x2.dtype, rows=(r0, r1), reuse=True).t()
-        if out_dtype == x2.dtype:
-            matmul_into(x2, w_rows, y[:, r0:r1])
-        else:
-            y[:, r0:r1] = matmul(x2, w_rows, out_dtype)
-    return y
+    return dense_matmul.linear(x2, (w.out_features, w.in_features), _dense_rows(w), out_dtype)
 
 
 def _many_grad_input(g2: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype) -> torch.Tensor:
-    slices = row_slices(w.out_features, w.in_features)
-    if len(slices) == 1:
-        return matmul(g2, dequantize(w, g2.dtype, reuse=True), out_dtype)
-    total = torch.zeros(g2.shape[0], w.in_features, dtype=torch.float32, device=g2.device)
-    for r0, r1 in slices:  # fp32 products from cuBLAS's accumulators, summed in a fixed order
-        w_rows = dequantize(w, g2.dtype, rows=(r0, r1), reuse=True)
-        total += matmul(g2[:, r0:r1], w_rows, torch.float32)
-    return total.to(out_dtype)
+    return dense_matmul.grad_input(g2, (w.out_features, w.in_features), _dense_rows(w), out_dtype)
 
 
 # ---- many-token forward on Hopper ----------------------------------------------------------------
@@ -283,7 +205,7 @@ def _uses_wgmma(m: int, dtype: torch.dtype, device: torch.device, n: int) -> boo
         and _module(device).has_wgmma
     ):
         return False
-    return -(-n // WGMMA_ROWS) >= 0.75 * _sm_count(_index(device))
+    return -(-n // WGMMA_ROWS) >= 0.75 * _sm_count(device_index(device))
 
 
 def _wgmma_linear(x2: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype) -> torch.Tensor:
@@ -391,7 +313,7 @@ def tma_kernel(m: int, n: int, k: int, device: torch.device) -> tuple[int, int, 
     redundant work, until the grid leaves multiprocessors idle. The rule picks the measured
     fastest shape on nearly all shapes benchmarked (benchmarks/results/h200_nf4_kernels.json);
     the known exception is 4096x4096 at 768 tokens, where a grid just under the threshold wins."""
-    sms = _sm_count(_index(device))
+    sms = _sm_count(device_index(device))
     shapes = [
         c for c in TMA_KERNELS if (c[0] == 128 or m > 128) and (c[2] == 1 or k >= TMA_SPLIT_MIN_K)
     ]
@@ -421,7 +343,7 @@ def _uses_tma(m: int, dtype: torch.dtype, device: torch.device, n: int, k: int) 
     if m <= TMA_TOKENS[0]:
         return _uses_wgmma(m, dtype, device, n)
     return math.prod(_tma_grid(m, n, tma_kernel(m, n, k, device))) >= 0.45 * _sm_count(
-        _index(device)
+        device_index(device)
     )
 
 
@@ -503,12 +425,12 @@ def linear(x: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype | None = None)
     if x.dtype == torch.float32:
         y = torch.empty(m, n, dtype=torch.float32, device=x.device)
         warps = 4
-        _launch(
+        launch(
             x.device,
             f"nf4_gemv_f32_m{_bucket(m)}",
             ((n + warps - 1) // warps,),
             32 * warps,
-            [*w.args(), _ptr(x2), _ptr(y), np.int32(m), np.int32(n), np.int32(k)],
+            [*w.args(), ptr(x2), ptr(y), np.int32(m), np.int32(n), np.int32(k)],
         )
         return y.to(out_dtype).view(*lead, n)
     return _out16_or_32(
@@ -543,16 +465,16 @@ def _out16_or_32(
         device=x2.device,
     )
     f32, none = y.dtype == torch.float32, np.uint64(0)
-    inputs = [*maps, *w.args()] if maps else [*w.args(), _ptr(x2)]
-    _launch(
+    inputs = [*maps, *w.args()] if maps else [*w.args(), ptr(x2)]
+    launch(
         x2.device,
         name,
         grid,
         block,
         [
             *inputs,
-            none if f32 else _ptr(y),
-            _ptr(y) if f32 else none,
+            none if f32 else ptr(y),
+            ptr(y) if f32 else none,
             np.int32(m),
             np.int32(w.out_features),
             np.int32(k),
@@ -581,7 +503,7 @@ def grad_input(
         n % 2 and grad_y.dtype != torch.float32
     ):  # the mma kernel reads gy in pairs
         return _many_grad_input(g2, w, out_dtype).view(*lead, k)
-    sms, threads = _sm_count(_index(grad_y.device)), 128
+    sms, threads = _sm_count(device_index(grad_y.device)), 128
     if grad_y.dtype == torch.float32:  # a thread per 8 k
         name, kblocks, writers = f"nf4_bwd_f32_m{_bucket(m)}", (k // 8 + threads - 1) // threads, 1
         rows = _split_rows(n, kblocks, sms, align=1)
@@ -594,12 +516,12 @@ def grad_input(
     # are added here in a fixed order: the same bits on every run, which exact resume
     # (1 + checkpoint + 1 == 2) relies on.
     parts = torch.zeros(splits * writers, m, k, dtype=torch.float32, device=grad_y.device)
-    _launch(
+    launch(
         grad_y.device,
         name,
         (kblocks, splits),
         threads,
-        [*w.args(), _ptr(g2), _ptr(parts), np.int32(m), np.int32(n), np.int32(k), np.int32(rows)],
+        [*w.args(), ptr(g2), ptr(parts), np.int32(m), np.int32(n), np.int32(k), np.int32(rows)],
     )
     return parts.sum(0).to(out_dtype).view(*lead, k)
 

@@ -22,7 +22,7 @@ torch = pytest.importorskip("torch")
 def test_identity_names_source_options_arch_and_precision() -> None:
     ident = compiler.kernel_identity("sm_90", "bfloat16")
     assert ident.startswith("aner.nf4.cuda.fused/1;")
-    assert f";source_sha256={compiler.source_sha256()};" in ident
+    assert f";source_sha256={compiler.NF4.sha256()};" in ident
     assert ";arch=sm_90;" in ident and ";compute=bfloat16;" in ident and "--std=c++17" in ident
     assert compiler.kernel_identity("sm_90", "float32") != ident
     with pytest.raises(AnerRuntimeError, match="no precision profile 'tf32'"):
@@ -41,7 +41,8 @@ def test_disk_cache_keys_name_the_nvrtc_version_and_live_in_aners_cache(
     version = ["13.0"]
     monkeypatch.setattr(compiler, "nvrtc_version", lambda: version[0])
 
-    def fake_compile(arch: str) -> bytes:
+    def fake_compile(arch: str, source: compiler.KernelSource) -> bytes:
+        assert source == compiler.NF4
         compiled.append((arch, version[0]))
         return f"cubin {arch} {version[0]}".encode()
 
@@ -78,7 +79,7 @@ def test_source_compiles_for_hopper_and_is_cached_on_disk(tmp_path, monkeypatch)
     ):
         assert name.encode() in cubin
     monkeypatch.setattr(
-        compiler, "compile_cubin", lambda arch: pytest.fail("recompiled despite the disk cache")
+        compiler, "compile_cubin", lambda *_: pytest.fail("recompiled despite the disk cache")
     )
     assert compiler.cubin_path("sm_90") == path
 
@@ -128,3 +129,28 @@ def test_kernels_build_for_hopper_without_spills_or_serialized_wgmma() -> None:
     assert report.serialized == []
     assert {k: v for k, v in report.spills.items() if v} == {}
     assert check.compile_report(lib, "sm_80").ok
+
+
+def test_ggml_kernels_build_for_every_block_type_without_spills() -> None:
+    """The GGUF block kernels (`runtime/ggml/kernels/ggml.cu`), one module per block type, build
+    for Hopper as the GPU machine builds them, every entry point there, no register spilled; a
+    source without a block type's define is a compile error, not an empty module."""
+    from aner_lang.runtime.ggml import fused
+    from aner_lang.runtime.ggml.blocks import DEQUANTIZERS
+
+    check = _nvrtc_check()
+    lib = check.library()
+    if lib is None:
+        pytest.skip("nvidia-cuda-nvrtc is not installed")
+    names = {f"ggml_dequant_{d}" for d in ("f32", "f16", "bf16")} | {
+        f"ggml_{op}_{d}_m{m}"
+        for op in ("gemv", "bwd")
+        for d in ("f32", "f16", "bf16")
+        for m in (1, 2, 4, 8, 16)
+    }
+    for qtype in sorted(DEQUANTIZERS):
+        report = check.compile_report(lib, "sm_90a", fused.source(qtype))
+        assert report.ok, (qtype, report.log[-3000:])
+        assert set(report.registers) == names, qtype
+        assert {k: v for k, v in report.spills.items() if v} == {}, qtype
+    assert not check.compile_report(lib, "sm_90a", fused.SOURCE).ok

@@ -18,7 +18,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 pytest.importorskip("cupy")
 
-from aner_lang.runtime.model import chunking  # noqa: E402
+from aner_lang.runtime.model import chunking, dense_matmul  # noqa: E402
 from aner_lang.runtime.nf4.fused import compiler, ops  # noqa: E402
 from aner_lang.runtime.nf4.fused.backend import nf4_tensors  # noqa: E402
 from aner_lang.runtime.nf4.quant import block_absmax, dequantize_nf4, nf4_code, quantize_nf4  # noqa: E402
@@ -80,7 +80,7 @@ def test_many_token_dequant_path(
     monkeypatch.setattr(ops, "_uses_wgmma", lambda *_: False)
     monkeypatch.setattr(ops, "_uses_ws", lambda *_: False)
     monkeypatch.setattr(ops, "_uses_tma", lambda *_: False)
-    monkeypatch.setattr(ops, "_BUFFERS", {})
+    monkeypatch.setattr(dense_matmul, "_BUFFERS", {})
     if sliced:
         monkeypatch.setattr(chunking, "DEQUANT_MAX_ELEMENTS", 96 * k)
     w, ref = quantized(n, k, seed=11)
@@ -96,7 +96,7 @@ def test_many_token_dequant_path(
         assert rel_err(y32, x.double() @ ref.to(dtype).double().T) < 1e-5
         assert rel_err(gx32, gy.double() @ ref.to(dtype).double()) < 1e-5
     if sliced:
-        assert max(b.numel() for b in ops._BUFFERS.values()) == 96 * k
+        assert max(b.numel() for b in dense_matmul._BUFFERS.values()) == 96 * k
     part = ops.dequantize(w, dtype, rows=(64, 192))
     assert torch.equal(part, ref[64:192].to(dtype))
 
@@ -283,9 +283,9 @@ def test_overlapping_launches_wait_for_the_previous_kernel(monkeypatch) -> None:
         return y
 
     overlapping = chain()
-    launch = ops._launch
+    original = ops.launch
     with monkeypatch.context() as m:
-        m.setattr(ops, "_launch", lambda *a, overlapping=False, **k: launch(*a, **k))
+        m.setattr(ops, "launch", lambda *a, overlapping=False, **k: original(*a, **k))
         ordinary = chain()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -301,7 +301,7 @@ def test_disk_cache_reused(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(compiler, "_MODULES", {})
     mod = compiler.load(torch.cuda.current_device())
     assert mod.path.parent == tmp_path and mod.path.exists()
-    assert mod.identity.startswith(f"nf4-fused src=sha256:{compiler.source_sha256()}")
+    assert mod.identity.startswith(f"nf4-fused src=sha256:{compiler.NF4.sha256()}")
     assert mod.arch == compiler.target_arch("".join(map(str, torch.cuda.get_device_capability())))
     monkeypatch.setattr(compiler, "_MODULES", {})
     monkeypatch.setattr(
