@@ -1,3 +1,3 @@
-"""GGUF bases kept as the file's own quantized blocks (`storage: gguf`): the block formats
-dequantized in torch (`blocks`), one tensor's blocks (`weight`) and the frozen module over them
-with its tiled matmul (`linear`)."""
+"""GGUF bases kept as the file's own quantized blocks (`storage: gguf`): one tensor's blocks
+(`weight`, decoded by `io.ggml_blocks`), the frozen module over them with its tiled matmul
+(`linear`) and the CUDA kernels of the fused path (`fused`)."""

@@ -14,7 +14,7 @@ tokens M (rows of x):
   hundred tokens that GEMM is compute-bound and the decode is a small share of it (the NF4
   measurements in benchmarks/results/h200_nf4_kernels.json show the same for NF4's buffer).
 
-The decoded weight is bit-identical to the torch dequantizers of `blocks` (and so to the gguf
+The decoded weight is bit-identical to the torch dequantizers of `io.ggml_blocks` (and so to the gguf
 package's references), rounded to the compute dtype only where it is stored.
 """
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from aner_lang.runtime.ggml.blocks import blocks_finite, dequantize_blocks
+from aner_lang.runtime.io.ggml_blocks import blocks_finite, dequantize_blocks
 
 
 @dataclass(frozen=True)

@@ -331,26 +331,43 @@ class GGUFFile:
             self._release(t)
 
     def _dequantize(self, t: TensorInfo, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        """A block-quantized tensor, dequantized on the host in bounded row chunks."""
+        """A block-quantized tensor, dequantized in bounded row chunks: on `device` by the torch
+        decoders of the types `storage: gguf` keeps (`io.ggml_blocks`, bit-equal to the gguf
+        package's), since numpy on the host takes minutes over an 8B model's K-quants; by the
+        gguf package's numpy code for the other types it implements."""
         import gguf
         import torch
+
+        from aner_lang.runtime.io.ggml_blocks import DEQUANTIZERS, dequantize_blocks
 
         rows = int(np.prod(t.shape[:-1], dtype=np.int64))
         row_bytes = t.nbytes // rows
         data = np.frombuffer(self._map, np.uint8, t.nbytes, t.offset).reshape(rows, row_bytes)
         out = torch.empty((rows, t.shape[-1]), dtype=dtype, device=device)
         step = max(1, _CHUNK_BYTES // (4 * t.shape[-1]))
+        type_size = gguf.GGML_QUANT_SIZES[t.qtype][1]
         for r in range(0, rows, step):
+            n = min(step, rows - r)
+            if t.qtype.name in DEQUANTIZERS:
+                raw = torch.frombuffer(
+                    self._map,
+                    dtype=torch.uint8,
+                    count=n * row_bytes,
+                    offset=t.offset + r * row_bytes,
+                ).to(device)
+                decoded = dequantize_blocks(raw.view(-1, type_size), t.qtype.name)
+                out[r : r + n].copy_(decoded.view(n, t.shape[-1]))
+                continue
             try:  # a non-finite scale is the weight check's to report, not numpy's warning
                 with np.errstate(invalid="ignore", over="ignore"):
-                    part = gguf.quants.dequantize(data[r : r + step], t.qtype)
+                    part = gguf.quants.dequantize(data[r : r + n], t.qtype)
             except NotImplementedError:
                 raise _fail(
                     self.path,
                     f"tensor {t.name!r} uses GGML type {t.qtype.name}, which cannot be dequantized",
                     "E-GGUF-TYPE",
                 ) from None
-            out[r : r + step].copy_(torch.from_numpy(part))
+            out[r : r + n].copy_(torch.from_numpy(part))
         return out.reshape(t.shape)
 
     def _release(self, t: TensorInfo) -> None:

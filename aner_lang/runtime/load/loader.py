@@ -168,9 +168,9 @@ _GGUF_DENSE = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 def _gguf_linear(source: TensorSource, w: Any, config: ModelConfig, device: torch.device) -> Any:
     """Weight `w` under `storage: gguf`: the file's own bytes, block-quantized types as a
     `GGUFLinear`, F32/F16/BF16 as a `DenseLinear` of that dtype; checked finite."""
-    from aner_lang.runtime.ggml.blocks import DEQUANTIZERS
     from aner_lang.runtime.ggml.linear import GGUFLinear
     from aner_lang.runtime.ggml.weight import GGUFWeight
+    from aner_lang.runtime.io.ggml_blocks import DEQUANTIZERS
 
     assert isinstance(source, GGUFSource)  # load_model refuses storage: gguf for a folder
     qtype = source.gguf.tensor_type(w.gguf)

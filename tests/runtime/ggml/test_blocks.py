@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from aner_lang.runtime.ggml.blocks import (
+from aner_lang.runtime.io.ggml_blocks import (
     DEQUANTIZERS,
     FP16_FIELDS,
     blocks_finite,

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from aner_lang.problems.errors import AnerRuntimeError
-from aner_lang.runtime.ggml.blocks import DEQUANTIZERS, FP16_FIELDS
 from aner_lang.runtime.ggml.linear import GGUFHostTiled, GGUFLinear
 from aner_lang.runtime.ggml.weight import GGUFWeight
+from aner_lang.runtime.io.ggml_blocks import DEQUANTIZERS, FP16_FIELDS
 from aner_lang.runtime.load.loader import load_model
 from aner_lang.runtime.model.linear import FrozenLinear
 from aner_lang.runtime.nf4.backends import HostTiled, using_backend

@@ -8,7 +8,7 @@
 // crosses a block or a sub-block, so `deq8` decodes it from its block alone.
 //
 // Every value is the same fp32 arithmetic, in the same order, as the torch dequantizers of
-// runtime/ggml/blocks.py (themselves bit-equal to the gguf package's reference): products and sums
+// runtime/io/ggml_blocks.py (themselves bit-equal to the gguf package's reference): products and sums
 // are rounded one at a time (__fmul_rn, __fadd_rn: no FMA contraction), so the dense weight is
 // bit-identical to host_tiled's and rounded to the compute dtype only when stored. No header is
 // included: 16-bit floats are moved as raw words and converted with PTX.

@@ -136,7 +136,7 @@ def test_ggml_kernels_build_for_every_block_type_without_spills() -> None:
     for Hopper as the GPU machine builds them, every entry point there, no register spilled; a
     source without a block type's define is a compile error, not an empty module."""
     from aner_lang.runtime.ggml import fused
-    from aner_lang.runtime.ggml.blocks import DEQUANTIZERS
+    from aner_lang.runtime.io.ggml_blocks import DEQUANTIZERS
 
     check = _nvrtc_check()
     lib = check.library()
