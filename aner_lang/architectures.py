@@ -31,7 +31,8 @@ Rules:
   config's (`ModelConfig.experts_in`), passed to `weights` as ``experts_in``.
 * `Architecture.weights(...)` lists every tensor of a model in one place (its name in our module,
   in a Hugging Face safetensors file and in a GGUF file, its shape as config fields, its
-  permutation): the loader reads this list, the GGUF exporter writes it, fixtures generate it.
+  permutation): the loader reads this list, the GGUF and Hugging Face exporters write it,
+  fixtures generate it.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -126,6 +128,17 @@ class Experts:
     """(target, HF name of that projection inside an expert): Mixtral's w1/w3/w2."""
     router_gguf: str = "ffn_gate_inp"
     """The router's GGUF stem; the experts' are the dense stems + ``_exps`` (one 3-D tensor)."""
+    hf_count: str = "num_experts"
+    """The config.json key of the expert count (Mixtral's ``num_local_experts``; transformers'
+    config classes read either name, Aner writes the one the family's released configs use)."""
+    hf_size: str = "moe_intermediate_size"
+    """The config.json key of an expert's intermediate size (Mixtral's experts are the size of
+    the dense ``intermediate_size``)."""
+    hf_routing: bool = True
+    """Whether config.json says which layers are sparse and whether the top-k routing weights
+    are renormalised (Qwen3-MoE's ``mlp_only_layers``, ``decoder_sparse_step``,
+    ``norm_topk_prob``); False: every layer is sparse and the weights always renormalised
+    (Mixtral)."""
 
     def hf_name(self, target: str) -> str:
         return dict(self.hf_names)[target]
@@ -480,10 +493,12 @@ def _moe(
     *,
     permuted: bool,
     qk_norm: bool = False,
+    config: dict[str, Any] | None = None,
 ) -> Architecture:
     """A mixture-of-experts family: Llama-family attention (`permuted` and `qk_norm` as the dense
     tables say), and experts whose gate, up and down projections are `hf_names` inside
-    `hf_block` of a Hugging Face file."""
+    `hf_block` of a Hugging Face file (`config`: the family's config.json fields of `Experts`)."""
+    names = tuple(zip(("gate_proj", "up_proj", "down_proj"), hf_names))
     return Architecture(
         name=name,
         gguf_architectures=(gguf_architecture,),
@@ -491,11 +506,18 @@ def _moe(
         projections=_projections(permuted=permuted),
         norms=_NORMS,
         qk_norm=qk_norm,
-        experts=Experts(hf_block, tuple(zip(("gate_proj", "up_proj", "down_proj"), hf_names))),
+        experts=Experts(hf_block, names, **(config or {})),
     )
 
 
-MIXTRAL = _moe("mixtral", "llama", "block_sparse_moe", ("w1", "w3", "w2"), permuted=True)
+MIXTRAL = _moe(
+    "mixtral",
+    "llama",
+    "block_sparse_moe",
+    ("w1", "w3", "w2"),
+    permuted=True,
+    config={"hf_count": "num_local_experts", "hf_size": "intermediate_size", "hf_routing": False},
+)
 """Mixtral: every MLP is top-k of `num_local_experts` experts, the k weights renormalised.
 llama.cpp converts it as ``llama`` with expert tensors (``llama.expert_count`` > 0)."""
 

@@ -79,12 +79,15 @@ def _peft_parts(adapter: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     if experts:
         raise AnerRuntimeError(
             f"the {method} adapter adapts mixture-of-experts experts ({experts[0]}, ...), which "
-            "PEFT cannot load as they are: transformers stores a layer's experts as 3-D "
-            "parameters with gate and up fused (mlp.experts.gate_up_proj, down_proj), which PEFT "
-            "adapts only as whole parameters (target_parameters), not as Aner's separate "
-            "per-expert gate_proj/up_proj/down_proj modules",
+            "PEFT cannot load as Aner's separate per-expert gate_proj/up_proj/down_proj modules: "
+            "transformers stores a layer's experts as 3-D parameters with gate and up fused "
+            "(mlp.experts.gate_up_proj, down_proj), which PEFT adapts through "
+            "target_parameters, a form Aner does not write",
             code="E-EXPORT",
-            notes=("use format: safetensors, or target only the attention projections for PEFT",),
+            notes=(
+                "use format: safetensors, export_hf(merge(adapter), dir) for a merged "
+                "Hugging Face folder, or target only the attention projections for PEFT",
+            ),
         )
     tensors = {}
     for key, t in ours.items():

@@ -1,7 +1,8 @@
-"""What every exporter shares: refusing an adapter where a model is needed, and writing its
-output under the rules of `aner_lang.host.files` (an existing file or non-empty folder replaced only
-with `overwrite`, never the model's own files, a temporary name published only once complete, so
-an interrupted export never leaves a file that looks finished)."""
+"""What every exporter shares: refusing an adapter where a model is needed, reading a weight of
+the architecture table from the model, and writing its output under the rules of
+`aner_lang.host.files` (an existing file or non-empty folder replaced only with `overwrite`, never
+the model's own files, a temporary name published only once complete, so an interrupted export
+never leaves a file that looks finished)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from aner_lang.architectures import Kind, Weight
 from aner_lang.host import files
 from aner_lang.problems.errors import AnerRuntimeError
 
@@ -23,17 +25,15 @@ def require_model(model: Any, builtin: str) -> None:
         )
 
 
-def refuse_experts(config: Any, builtin: str) -> None:
-    """Refuse a mixture-of-experts model given to `builtin`, a Hugging Face folder writer: a
-    folder of one needs its family's own config keys and transformers' fused 3-D expert
-    parameters, which Aner does not write (export_gguf writes such models)."""
-    if config.num_experts:
-        raise AnerRuntimeError(
-            f"{builtin}: the model is a mixture of experts ({config.architecture}); Aner does "
-            "not write mixture-of-experts Hugging Face folders (export_gguf writes them)",
-            code="E-EXPORT",
-            notes=("save_adapter(adapter, dir, format: safetensors) keeps a trained adapter",),
-        )
+def module_tensor(module: Any, weight: Weight) -> Any:
+    """The tensor the architecture table's `weight` names in the runtime's `module`, as the
+    runtime holds it (HF layout, a norm's whole factor): a linear's dense matrix, a norm's
+    weight or a bias parameter."""
+    if weight.kind is Kind.LINEAR:
+        return module.get_submodule(weight.name).dense_weight()
+    if weight.kind is Kind.NORM:
+        return module.get_submodule(weight.name).weight
+    return module.get_parameter(weight.name)
 
 
 @contextmanager

@@ -21,10 +21,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from aner_lang.architectures import Kind
 from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.export import filetypes, kquants
-from aner_lang.runtime.export.files import gguf_writer, require_model
+from aner_lang.runtime.export.files import gguf_writer, module_tensor, require_model
 from aner_lang.runtime.io.gguf import GGUFFile, permute_rows
 from aner_lang.runtime.io.world import once
 from aner_lang.runtime.model.config import gguf_hyperparameters, longrope_tensors
@@ -42,12 +41,7 @@ def _gguf_tensors(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
     for name, group in groupby(weights, key=lambda w: w.gguf):
         parts = []
         for w in group:
-            if w.kind is Kind.LINEAR:
-                t = m.get_submodule(w.name).dense_weight()
-            elif w.kind is Kind.NORM:
-                t = m.get_submodule(w.name).weight
-            else:
-                t = m.get_parameter(w.name)
+            t = module_tensor(m, w)
             if w.rope_heads:
                 t = permute_rows(t, int(getattr(c, w.rope_heads)))
             parts.append(t)

@@ -7,15 +7,21 @@
                              post-processor where the vocabulary asks for it)
     tokenizer_config.json    special tokens, context length and the chat template
 
-Names: the runtime's module tree uses HF's module names (docs/internals.md), so a weight is
-saved as ``model.<module>.weight`` (``lm_head.weight`` for an untied output), for every
-architecture of `aner_lang.architectures`. An architecture's table name is HF's ``model_type``
-and its class is ``<Name>ForCausalLM`` (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
-Qwen3ForCausalLM, Phi3ForCausalLM, Gemma2ForCausalLM), which is how `transformers` chooses the
-model class; Gemma 3 is written as ``gemma3_text``/``Gemma3ForCausalLM``. Gemma's sliding-window
-fields (and Gemma 2's soft-caps, null where the model has none: transformers would default an
-absent one) are written as transformers 5 names them, its norm weights as the offsets from 1 its
-files store.
+Names: every weight is saved under its Hugging Face name in the architecture table
+(`Architecture.weights`, the names the loader reads), for every architecture of
+`aner_lang.architectures`: ``model.<module>.weight`` mostly (the runtime's module tree uses HF's
+module names, docs/internals.md), ``lm_head.weight`` for an untied output. A mixture-of-experts
+layer is written as the Hub's checkpoints store it, which transformers 5 fuses into its 3-D
+expert parameters on loading: the router and one matrix per expert and projection under the
+family's names (Mixtral's ``block_sparse_moe.gate`` and ``block_sparse_moe.experts.{e}.w1``,
+Qwen3-MoE's ``mlp.gate`` and ``mlp.experts.{e}.gate_proj``), with the family's config keys
+(`hf_expert_config`). An architecture's table name is HF's ``model_type`` and its class is the
+CamelCase name + ``ForCausalLM`` (LlamaForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM,
+Phi3ForCausalLM, Gemma2ForCausalLM, ...), which is how `transformers` chooses the model class;
+Gemma 3 is written as ``gemma3_text``/``Gemma3ForCausalLM``. Gemma's sliding-window fields (and
+Gemma 2's soft-caps, null where the model has none: transformers would default an absent one)
+are written as transformers 5 names them, its norm weights as the offsets from 1 its files
+store.
 """
 
 from __future__ import annotations
@@ -30,42 +36,36 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import processors
 
-from aner_lang.architectures import Architecture
+from aner_lang.architectures import Architecture, Kind
 from aner_lang.host import files
 from aner_lang.problems.errors import AnerRuntimeError
-from aner_lang.runtime.export.files import refuse_experts, require_model
+from aner_lang.runtime.export.files import module_tensor, require_model
 from aner_lang.runtime.io.world import once
-from aner_lang.runtime.model.linear import FrozenLinear
-from aner_lang.runtime.model.transformer import RMSNorm
+from aner_lang.runtime.model.config import EXPERT_FIELDS, hf_expert_config
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 WEIGHTS = "model.safetensors"
 
 
 def _hf_tensors(model: Any, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """Every weight under its HF name; a tied output matrix is saved once (as the embedding)."""
-    module = model.module
-    out: dict[str, torch.Tensor] = {}
-    inside_linear: set[str] = set()
-    for name, sub in module.named_modules():
-        if isinstance(sub, FrozenLinear):
-            inside_linear.add(name)
-            if name == "lm_head" and sub is module.embed_tokens:
-                continue
-            key = "lm_head.weight" if name == "lm_head" else f"model.{name}.weight"
-            out[key] = sub.dense_weight().to(dtype).contiguous().cpu()
-            bias = getattr(sub, "bias", None)
-            if isinstance(bias, torch.Tensor):
-                out[f"model.{name}.bias"] = bias.detach().to(dtype).contiguous().cpu()
+    """Every weight under the Hugging Face name the loader reads it by (`Architecture.weights`:
+    a mixture-of-experts layer's router and each expert's matrices under the family's own
+    names); a tied output matrix is the embedding, saved once."""
+    c = model.config
     offset = model.architecture.hf_norm_offset  # Gemma's files store factor - 1
-    for name, p in module.named_parameters():
-        owner = name.rsplit(".", 1)[0]
-        if owner not in inside_linear:
-            t = p.detach()
-            if offset and isinstance(module.get_submodule(owner), RMSNorm):
-                t = t.float() - offset
-            out[f"model.{name}"] = t.to(dtype).contiguous().cpu()
+    out: dict[str, torch.Tensor] = {}
+    for w in model.architecture.weights(c.num_hidden_layers, c.tie_word_embeddings, c.experts_in):
+        t = module_tensor(model.module, w).detach()
+        if offset and w.kind is Kind.NORM:
+            t = t.float() - offset
+        out[w.hf] = t.to(dtype).contiguous().cpu()
     return out
+
+
+def _model_class(name: str) -> str:
+    """transformers' causal-LM class of the architecture `name` (``qwen3_moe``:
+    ``Qwen3MoeForCausalLM``)."""
+    return "".join(part.capitalize() for part in name.split("_")) + "ForCausalLM"
 
 
 _SLIDING_FIELDS = ("query_pre_attn_scalar", "sliding_window", "layer_types", "rope_local_theta")
@@ -87,7 +87,7 @@ def _sliding_config(c: Any, arch: Architecture) -> dict[str, Any]:
         rope = {"full_attention": full, "sliding_attention": local}
     model_type = arch.hf_model_types[0]
     return {
-        "architectures": [f"{arch.name.capitalize()}ForCausalLM"],
+        "architectures": [_model_class(arch.name)],
         "model_type": model_type,
         "hidden_activation": "gelu_pytorch_tanh",
         "hidden_act": "gelu_pytorch_tanh",
@@ -102,6 +102,8 @@ def _config(model: Any, dtype: str) -> dict[str, Any]:
     c, tok = model.config, model.tokenizer
     fields = asdict(c)
     arch = fields.pop("architecture")
+    for key in EXPERT_FIELDS:  # named per family, or absent from a dense model's config
+        fields.pop(key)
     for key in _SLIDING_FIELDS + (() if model.architecture.softcapping else _SOFTCAP_FIELDS):
         fields.pop(key)
     sliding: dict[str, Any] = {}
@@ -119,11 +121,12 @@ def _config(model: Any, dtype: str) -> dict[str, Any]:
             "attention_factor": s.attention_factor,
         }
     return {
-        "architectures": [f"{arch.capitalize()}ForCausalLM"],
+        "architectures": [_model_class(arch)],
         "model_type": arch,
         **fields,
         "hidden_act": "silu",
         **sliding,
+        **hf_expert_config(c),
         "bos_token_id": tok.bos_id,
         "eos_token_id": tok.eos_id,
         "pad_token_id": tok.pad_id,
@@ -189,7 +192,6 @@ def export_hf(
 ) -> Path:
     """Write `model` as a Hugging Face folder (see the module docstring); returns the folder."""
     require_model(model, "export_hf")
-    refuse_experts(model.config, "export_hf")
     if dtype not in DTYPES:
         raise AnerRuntimeError(
             f"export_hf: unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}",

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeGuard
 
-from aner_lang.architectures import ARCHITECTURES, Architecture, for_gguf, for_hf
+from aner_lang.architectures import ARCHITECTURES, Architecture, Experts, for_gguf, for_hf
 from aner_lang.grammar.limits import INT_MAX
 from aner_lang.problems.errors import AnerRuntimeError
 
@@ -693,7 +693,7 @@ def config_from_hf(cfg: Any, folder: Path) -> ModelConfig:
         # beyond the window, attention would differ
         context = min(context, f.integer("sliding_window"))
     theta, scaling, local_theta = _hf_rope(source, cfg, local=table.sliding_rope)
-    moe = _hf_experts(source, cfg, table.name) if table.experts is not None else {}
+    moe = _hf_experts(source, cfg, table.experts) if table.experts is not None else {}
     config = ModelConfig(
         **_hf_sliding(source, cfg, table),
         **_hf_softcapping(source, cfg, table),
@@ -729,23 +729,40 @@ def _partial_rotary_factor(source: str, cfg: dict[str, Any]) -> float:
     return float(value)
 
 
-def _hf_experts(source: str, cfg: dict[str, Any], architecture: str) -> dict[str, Any]:
-    """The mixture-of-experts fields of a Mixtral or Qwen3-MoE config.json, with HF's defaults
-    (Mixtral: `num_local_experts`, the dense intermediate size, always renormalised; Qwen3-MoE:
-    `num_experts` (or `num_local_experts`), `moe_intermediate_size`, `norm_topk_prob`, sparse layers every
-    `decoder_sparse_step` outside `mlp_only_layers`)."""
+EXPERT_FIELDS = (
+    "num_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+    "norm_topk_prob",
+    "mlp_only_layers",
+    "decoder_sparse_step",
+    "router_aux_loss_coef",
+)
+"""`ModelConfig`'s mixture-of-experts fields, which config.json names per family
+(`hf_expert_config`)."""
+_ROUTING_FIELDS = ("norm_topk_prob", "mlp_only_layers", "decoder_sparse_step")
+"""The fields (and config.json keys) of a family whose config says which layers are sparse and
+whether the top-k weights are renormalised (`Experts.hf_routing`)."""
+_COUNT_KEYS = ("num_experts", "num_local_experts")
+"""transformers' two names of the expert count, one attribute for both families (the released
+Qwen3-MoE configs write the first, transformers 5 saves the second)."""
+
+
+def _hf_experts(source: str, cfg: dict[str, Any], experts: Experts) -> dict[str, Any]:
+    """The mixture-of-experts fields of a Mixtral or Qwen3-MoE config.json under the family's
+    keys (`Experts`), with HF's defaults (top 2; routing: `norm_topk_prob` false, every layer
+    sparse)."""
     f = _Fields(source, "E-HF-CONFIG", cfg)
     coef = f.real("router_aux_loss_coef", 0.001) if cfg.get("output_router_logits") else 0.0
-    common = {
+    count = next((cfg[k] for k in _COUNT_KEYS if cfg.get(k) is not None), None)
+    out = {
         "num_experts_per_tok": f.integer("num_experts_per_tok", 2),
         "router_aux_loss_coef": coef,
+        "num_experts": f.integer(experts.hf_count, count),
+        "moe_intermediate_size": f.integer(experts.hf_size),
     }
-    if architecture == "mixtral":
-        return {
-            **common,
-            "num_experts": f.integer("num_local_experts", 8),
-            "moe_intermediate_size": f.integer("intermediate_size"),
-        }
+    if not experts.hf_routing:
+        return out
     only = cfg.get("mlp_only_layers") or []
     if not isinstance(only, list) or not all(type(i) is int for i in only):
         raise AnerRuntimeError(
@@ -753,14 +770,30 @@ def _hf_experts(source: str, cfg: dict[str, Any], architecture: str) -> dict[str
             code="E-HF-CONFIG",
         )
     return {
-        **common,
-        # the released configs write num_experts; transformers 5 saves it as num_local_experts
-        "num_experts": f.integer("num_experts", cfg.get("num_local_experts")),
-        "moe_intermediate_size": f.integer("moe_intermediate_size"),
+        **out,
         "norm_topk_prob": bool(cfg.get("norm_topk_prob", False)),
         "mlp_only_layers": tuple(only),
         "decoder_sparse_step": f.integer("decoder_sparse_step", 1),
     }
+
+
+def hf_expert_config(config: ModelConfig) -> dict[str, Any]:
+    """The config.json keys of a mixture-of-experts model's expert fields as its family's
+    transformers config names them (what `_hf_experts` reads back); none for a dense model.
+    The load-balancing loss is on (``output_router_logits``) where its weight is positive."""
+    experts = ARCHITECTURES[config.architecture].experts
+    if experts is None:
+        return {}
+    out: dict[str, Any] = {
+        experts.hf_count: config.num_experts,
+        "num_experts_per_tok": config.num_experts_per_tok,
+        experts.hf_size: config.moe_intermediate_size,
+        "output_router_logits": config.router_aux_loss_coef > 0,
+        "router_aux_loss_coef": config.router_aux_loss_coef,
+    }
+    if experts.hf_routing:
+        out.update({k: getattr(config, k) for k in _ROUTING_FIELDS})
+    return out
 
 
 def gguf_hyperparameters(config: ModelConfig) -> dict[str, Any]:

@@ -4,8 +4,9 @@ files, against transformers and llama.cpp.
 Each family's tiny random-weight model (4 experts, top 2; Qwen3-MoE with experts of their own
 intermediate size, unnormalised top-k weights and one dense layer) is built with transformers and
 saved as a folder. Aner's loss and logits equal transformers', the load-balancing loss equals
-transformers' `aux_loss`, a LoRA on every expert's projections trains with the router unchanged,
-NF4 stores each expert as its own `NF4Linear`. The GGUF side uses the configuration llama.cpp's
+transformers' `aux_loss`, a LoRA on every expert's projections trains with the router unchanged
+and, merged, exports to a Hugging Face folder in the Hub's layout that transformers and Aner read
+as it computes, NF4 stores each expert as its own `NF4Linear`. The GGUF side uses the configuration llama.cpp's
 graph assumes (`LLAMACPP_MOE`: every layer sparse, weights renormalised): Aner's export loads back
 with transformers' logits and loss, every reader of the 3-D expert tensors agrees, llama.cpp reads
 the export with Aner's log-probabilities, and what stays refused is refused clearly.
@@ -26,6 +27,7 @@ from aner_lang.runtime.adapters.files import save_adapter  # noqa: E402
 from aner_lang.runtime.load.loader import load_model  # noqa: E402
 from aner_lang.runtime.model.loss import IGNORE  # noqa: E402
 from aner_lang.runtime.model.moe import MoeMLP, collecting_router_logits  # noqa: E402
+from aner_lang.testing.hf_export import check_hf_export  # noqa: E402
 from aner_lang.testing.hf_fixture import (  # noqa: E402
     LLAMACPP_MOE,
     MOE_FAMILIES,
@@ -104,6 +106,7 @@ def test_load_balancing_loss_equals_transformers_aux_loss(family, tmp_path):
         total = ours.module.loss(ids, _shifted(ids), router_aux=True) / scored
     assert float(want.aux_loss) > 2.0  # top-2 of 4: 2 at balance, more when unbalanced
     torch.testing.assert_close(total - plain, 0.25 * want.aux_loss, atol=1e-5, rtol=1e-4)
+    check_hf_export(ours, tmp_path / "out")  # the weight and output_router_logits travel
 
 
 def test_lora_on_every_expert_trains_with_the_router_unchanged(family, trained_like):
@@ -157,24 +160,62 @@ def test_attention_lora_exports_to_peft_and_loads_in_transformers(family, tmp_pa
         torch.testing.assert_close(theirs(ids).logits, adapter.forward(ids), atol=1e-4, rtol=1e-4)
 
 
-def test_hf_export_refuses_experts_and_gguf_export_what_llama_cpp_reads_differently(
-    family, tmp_path
-):
-    """export_hf writes no MoE folder; export_gguf refuses the Qwen3-MoE fixture's dense layer and
-    unnormalised routing (llama.cpp's graph has neither), naming both; nothing is written."""
-    from aner_lang.runtime.export.gguf import export_gguf
-    from aner_lang.runtime.export.hf import export_hf
+def test_merged_expert_lora_exports_to_hf_in_the_hubs_layout(family, tmp_path):
+    """A LoRA on attention and every expert's projections, trained a few steps and merged: the
+    export_hf folder holds the tensors transformers itself saves for the family (per-expert
+    matrices and router under the family's names) and its config fields, and is the merged model
+    to transformers (logits) and to Aner (weights bit-equal, `check_hf_export`)."""
+    from safetensors import safe_open
 
-    name, folder, _ = family
+    from aner_lang.runtime.adapters.merge import merge
+    from aner_lang.runtime.tasks.data import from_texts
+    from aner_lang.runtime.train.profile import profile
+    from aner_lang.runtime.train.trainer import train
+
+    _, folder, hf = family
     model = load_model(folder, device="cpu")
-    with pytest.raises(AnerRuntimeError, match="mixture of experts") as e:
-        export_hf(model, tmp_path / "out")
+    adapter = adapters.lora(model, rank=4, alpha=8.0, targets=["q_proj", *EXPERT_TARGETS], seed=2)
+    train(adapter, from_texts(TEXTS, context=32), profile(), steps=3, learning_rate=1e-2)
+    merged = merge(adapter)
+    expert = "layers.0.mlp.experts.{}.down_proj"
+    moved = [
+        e
+        for e in range(model.config.num_experts)
+        if not torch.equal(
+            merged.module.get_submodule(expert.format(e)).dense_weight(),
+            model.module.get_submodule(expert.format(e)).dense_weight(),
+        )
+    ]
+    assert moved  # the export carries trained experts
+    theirs = check_hf_export(merged, tmp_path / "merged")
+    names = []
+    for path in (folder, tmp_path / "merged"):
+        with safe_open(str(path / "model.safetensors"), "pt") as f:
+            names.append(sorted(f.keys()))
+    assert names[0] == names[1]
+    for key in (
+        "num_local_experts",
+        "num_experts_per_tok",
+        "intermediate_size",
+        "moe_intermediate_size",
+        "norm_topk_prob",
+        "mlp_only_layers",
+        "decoder_sparse_step",
+        "output_router_logits",
+    ):
+        assert getattr(theirs.config, key, None) == getattr(hf.config, key, None), key
+
+
+def test_gguf_export_refuses_what_llama_cpp_reads_differently(tmp_path):
+    """export_gguf refuses the Qwen3-MoE fixture's dense layer and unnormalised routing
+    (llama.cpp's graph has neither), naming both; nothing is written."""
+    from aner_lang.runtime.export.gguf import export_gguf
+
+    model = load_model(write_hf_model(tmp_path / "hf", "qwen3_moe", seed=7), device="cpu")
+    with pytest.raises(AnerRuntimeError, match=r"dense MLP layers \[1\] and top-k") as e:
+        export_gguf(model, tmp_path / "out.gguf")
     assert e.value.code == "E-EXPORT"
-    if name == "qwen3_moe":
-        with pytest.raises(AnerRuntimeError, match=r"dense MLP layers \[1\] and top-k") as e:
-            export_gguf(model, tmp_path / "out.gguf")
-        assert e.value.code == "E-EXPORT"
-    assert not any(tmp_path.iterdir())
+    assert not (tmp_path / "out.gguf").exists()
 
 
 def test_nf4_stores_each_expert_as_its_own_nf4_linear(family):
