@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from safetensors.torch import load_file, save_file
 
 from aner_lang.host import files, json_text
 from aner_lang.problems.errors import AnerRuntimeError
+from aner_lang.runtime.adapters import peft_experts
 from aner_lang.runtime.io.fingerprint import fingerprint
 from aner_lang.runtime.io.world import once
 
@@ -75,31 +77,25 @@ def _peft_parts(adapter: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
                 "path) for a standalone model",
             ),
         )
-    experts = [name for name, _ in adapter.targets if ".experts." in name]
-    if experts:
-        raise AnerRuntimeError(
-            f"the {method} adapter adapts mixture-of-experts experts ({experts[0]}, ...), which "
-            "PEFT cannot load as Aner's separate per-expert gate_proj/up_proj/down_proj modules: "
-            "transformers stores a layer's experts as 3-D parameters with gate and up fused "
-            "(mlp.experts.gate_up_proj, down_proj), which PEFT adapts through "
-            "target_parameters, a form Aner does not write",
-            code="E-EXPORT",
-            notes=(
-                "use format: safetensors, export_hf(merge(adapter), dir) for a merged "
-                "Hugging Face folder, or target only the attention projections for PEFT",
-            ),
-        )
-    tensors = {}
+    _check_experts(adapter, dropout)
+    experts = peft_experts.pack(ours, rank, alpha)
+    tensors = {f"{_PEFT_PREFIX}{k}": t for k, t in experts.tensors.items()}
     for key, t in ours.items():
         module, kind = key.rsplit(".", 1)
-        tensors[f"{_PEFT_PREFIX}{module}.{_PEFT_SUFFIX[kind]}"] = t.float().contiguous()
+        if not peft_experts.is_expert(module):
+            tensors[f"{_PEFT_PREFIX}{module}.{_PEFT_SUFFIX[kind]}"] = t.float().contiguous()
     config = {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
         "r": int(rank),
         "lora_alpha": float(alpha),
         "lora_dropout": float(dropout),
-        "target_modules": sorted({k.rsplit(".", 1)[0].rsplit(".", 1)[1] for k in ours}),
+        "target_modules": sorted(
+            {n.rsplit(".", 1)[1] for n, _ in adapter.targets if not peft_experts.is_expert(n)}
+        ),
+        "target_parameters": experts.target_parameters or None,
+        "rank_pattern": experts.rank_pattern,
+        "alpha_pattern": experts.alpha_pattern,
         "bias": "none",
         "fan_in_fan_out": False,
         "use_dora": method == "dora",
@@ -110,6 +106,42 @@ def _peft_parts(adapter: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         "base_model_name_or_path": adapter.base.reference,
     }
     return tensors, config
+
+
+def _check_experts(adapter: Any, dropout: float) -> None:
+    """An adapter on experts has a PEFT form only without dropout and DoRA (PEFT's
+    `ParamWrapper` refuses both), and only where no dense MLP layer is adapted beside them: PEFT
+    reads `target_modules` gate_proj/up_proj/down_proj of a mixture-of-experts model as the
+    names of its experts (transformers 4's layout) and moves them to `target_parameters`, so a
+    dense layer's MLP LoRA (Qwen3-MoE's `mlp_only_layers`) would be dropped."""
+    names = [n for n, _ in adapter.targets]
+    expert = next((n for n in names if peft_experts.is_expert(n)), None)
+    if expert is None:
+        return
+    dense = sorted(
+        {n.split(".")[1] for n in names if ".mlp." in n and not peft_experts.is_expert(n)}, key=int
+    )
+    reasons = (
+        (adapter.method == "dora", "DoRA, which PEFT's LoRA of expert parameters lacks"),
+        (dropout > 0, "LoRA dropout, which PEFT's LoRA of expert parameters lacks"),
+        (
+            bool(dense),
+            f"the dense MLP of layers {', '.join(dense)} adapted too, whose LoRA PEFT would "
+            "drop: it reads a mixture-of-experts model's MLP target_modules as its experts",
+        ),
+    )
+    for refused, why in reasons:
+        if refused:
+            raise AnerRuntimeError(
+                f"the {adapter.method} adapter adapts mixture-of-experts experts ({expert}, ...) "
+                f"with {why}; PEFT cannot load it",
+                code="E-EXPORT",
+                notes=(
+                    "use format: safetensors, export_hf(merge(adapter), dir) for a merged "
+                    "Hugging Face folder, or, for PEFT, a lora with dropout: 0 whose MLP "
+                    "targets are all experts",
+                ),
+            )
 
 
 def _write_json(path: Path, obj: Any) -> None:
@@ -261,7 +293,7 @@ def _load_peft(model: Any, directory: Path) -> Any:
             f"peft_type {cfg.get('peft_type')!r} is not supported (LORA is)",
             "E-ADAPTER-PEFT",
         )
-    for key in ("rank_pattern", "alpha_pattern", "modules_to_save", "layers_to_transform"):
+    for key in ("modules_to_save", "layers_to_transform"):
         if cfg.get(key):
             raise _fail(directory, f"PEFT option {key} is not supported", "E-ADAPTER-PEFT")
     if cfg.get("fan_in_fan_out") or cfg.get("bias", "none") != "none":
@@ -272,6 +304,7 @@ def _load_peft(model: Any, directory: Path) -> Any:
         raise _fail(
             directory, f"{PEFT_CONFIG}: target_modules is not a list of names", "E-ADAPTER-PEFT"
         )
+    parameters = _target_parameters(directory, cfg)
     unknown = [t for t in targets if t not in known]
     if unknown:
         raise _fail(
@@ -282,25 +315,114 @@ def _load_peft(model: Any, directory: Path) -> Any:
         )
     rank = _field(directory, cfg, "r", int, 8)
     alpha = _field(directory, cfg, "lora_alpha", float, 8.0)
+    patterns = {key: _pattern(directory, cfg, key) for key in ("rank_pattern", "alpha_pattern")}
     if _field(directory, cfg, "use_rslora", bool, False):  # alpha / sqrt(r) == alpha*sqrt(r) / r
+        if any(patterns.values()):
+            raise _fail(directory, "use_rslora with rank or alpha patterns", "E-ADAPTER-PEFT")
         alpha *= math.sqrt(rank)
     make = dora if _field(directory, cfg, "use_dora", bool, False) else lora
+    held = {t for p in parameters for t in peft_experts.targets_of(p)}
     adapter = make(
         model,
         rank=rank,
         alpha=alpha,
         dropout=_field(directory, cfg, "lora_dropout", float, 0.0),
-        targets=[t for t in known if t in targets],
+        targets=[t for t in known if t in targets or t in held],
     )
-    ours = {}
+    widths = _widths(directory, adapter, rank, alpha, patterns)
+    ours, packed = {}, {}
     back = {v: k for k, v in _PEFT_SUFFIX.items()}
     for key, t in _read_tensors(directory, PEFT_WEIGHTS).items():
+        if peft_experts.is_packed(key.removeprefix(_PEFT_PREFIX)):
+            packed[key.removeprefix(_PEFT_PREFIX)] = t
+            continue
         module, _, suffix = key.removeprefix(_PEFT_PREFIX).partition(".lora_")
         kind = back.get("lora_" + suffix)
         if kind is None:
             raise _fail(directory, f"unexpected tensor {key!r}", "E-ADAPTER-PEFT")
         ours[f"{module}.{kind}"] = t
+    try:
+        ours.update(peft_experts.unpack(packed, parameters, rank, widths))
+    except peft_experts.NotOurs as e:
+        raise _fail(directory, f"{PEFT_WEIGHTS}: {e}", "E-ADAPTER-PEFT") from None
     return _fill(directory, adapter, ours)
+
+
+def _target_parameters(directory: Path, cfg: dict[str, Any]) -> set[str]:
+    """The experts' 3-D parameters `target_parameters` names (`peft_experts`)."""
+    names = cfg.get("target_parameters") or []
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise _fail(
+            directory, f"{PEFT_CONFIG}: target_parameters is not a list of names", "E-ADAPTER-PEFT"
+        )
+    others = [n for n in names if n.rsplit(".", 1)[-1] not in peft_experts.PARAMETERS]
+    if others:
+        raise _fail(
+            directory,
+            f"target parameters {others} are not mixture-of-experts expert parameters",
+            "E-ADAPTER-PEFT",
+            f"supported: {', '.join(peft_experts.TARGET_PARAMETERS.values())}",
+        )
+    return {n.rsplit(".", 1)[-1] for n in names}
+
+
+_PATTERN_KEY = re.compile(r"[\w.\\]*(\.\*[\w.\\]*){0,2}")
+"""A rank or alpha pattern key Aner matches: names, dots and at most two `.*` (PEFT matches the
+keys as regular expressions; these cannot backtrack badly)."""
+
+
+def _plain_key(key: Any) -> bool:
+    if not isinstance(key, str) or len(key) > 200 or not _PATTERN_KEY.fullmatch(key):
+        return False
+    try:
+        re.compile(key)
+    except re.error:
+        return False
+    return True
+
+
+def _pattern(directory: Path, cfg: dict[str, Any], key: str) -> dict[str, float]:
+    """PEFT's `rank_pattern` or `alpha_pattern` (key -> number)."""
+    pattern = cfg.get(key) or {}
+    if not isinstance(pattern, dict) or not all(
+        _plain_key(k) and isinstance(v, int | float) and not isinstance(v, bool)
+        for k, v in pattern.items()
+    ):
+        raise _fail(
+            directory,
+            f"{PEFT_CONFIG}: {key} is not an object of plain names (dots and at most two .*) "
+            "to numbers",
+            "E-ADAPTER-PEFT",
+        )
+    return pattern
+
+
+def _widths(
+    directory: Path, adapter: Any, rank: int, alpha: float, patterns: dict[str, dict[str, float]]
+) -> dict[str, int]:
+    """How many rank-`rank` LoRAs each expert parameter's LoRA is (`peft_experts.unpack`).
+
+    Aner's LoRA has one rank and one scaling: what `rank_pattern` and `alpha_pattern` give a
+    target must keep `alpha / rank`, with the rank itself only doubled on `gate_up_proj`."""
+    widths: dict[str, int] = {}
+    for name, _ in adapter.targets:
+        block, _, target = name.rpartition(".")
+        parameter = peft_experts.parameter_of(target) if peft_experts.is_expert(name) else None
+        theirs = f"model.{block.rpartition('.')[0]}.{parameter}" if parameter else f"model.{name}"
+        r = peft_experts.pattern_value(patterns["rank_pattern"], theirs, rank)
+        a = peft_experts.pattern_value(patterns["alpha_pattern"], theirs, alpha)
+        width = int(r) // rank if int(r) == r else 0
+        allowed = (1, 2) if parameter == peft_experts.GATE_UP else (1,)
+        if width not in allowed or width * rank != r or a * rank != alpha * r:
+            raise _fail(
+                directory,
+                f"rank_pattern and alpha_pattern give {theirs} rank {r} and alpha {a}; Aner's "
+                f"LoRA has one rank and scaling (r {rank}, lora_alpha {alpha})",
+                "E-ADAPTER-PEFT",
+            )
+        if parameter:
+            widths[parameter] = width
+    return widths
 
 
 def load_adapter(model: Any, directory: str | Path) -> Any:

@@ -137,15 +137,166 @@ def test_lora_on_every_expert_trains_with_the_router_unchanged(family, trained_l
         assert (adapter.forward(ids) - model.forward(ids)).abs().max() > 1e-3
 
 
-def test_expert_lora_export_to_peft_is_refused_clearly(family, tmp_path):
-    _, folder, _ = family
+@pytest.fixture(scope="module", params=MOE_FAMILIES)
+def sparse(request, tmp_path_factory):
+    """(name, folder, transformers model) of one family with every layer sparse (the Qwen3-MoE
+    fixture keeps its unnormalised routing, loses its dense layer)."""
+    config = {"mlp_only_layers": []} if request.param == "qwen3_moe" else None
+    root = tmp_path_factory.mktemp(f"{request.param}_sparse")
+    folder = write_hf_model(root / "hf", request.param, seed=7, config=config)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
+    return request.param, folder, hf.eval()
+
+
+@pytest.mark.parametrize(
+    ("targets", "rank", "alpha"),
+    [
+        (["down_proj"], 2, 5.0),
+        (["up_proj"], 2, 4.0),
+        (["q_proj", "gate_proj", "up_proj"], 4, 8.0),
+        (["v_proj", *EXPERT_TARGETS], 3, 2.0),
+    ],
+)
+def test_expert_lora_exports_to_peft_with_our_logits(sparse, tmp_path, targets, rank, alpha):
+    """A LoRA on experts (and attention), trained a few steps: PEFT loads the export onto
+    transformers' model (experts as `target_parameters`, gate and up fused) with Aner's logits,
+    and Aner reads it back with the same tensors."""
+    import copy
+
+    from safetensors.torch import load_file
+
+    from aner_lang.runtime.adapters.files import load_adapter
+    from aner_lang.runtime.tasks.data import from_texts
+    from aner_lang.runtime.train.profile import profile
+    from aner_lang.runtime.train.trainer import train
+
+    peft = pytest.importorskip("peft")
+    _, folder, hf = sparse
     model = load_model(folder, device="cpu")
-    adapter = adapters.lora(model, rank=2, targets=["up_proj"])
-    with pytest.raises(AnerRuntimeError, match="mixture-of-experts") as e:
-        save_adapter(adapter, tmp_path / "peft", format="peft")
+    adapter = adapters.lora(model, rank=rank, alpha=alpha, targets=targets, seed=1)
+    train(adapter, from_texts(TEXTS, context=32), profile(), steps=3, learning_rate=2e-2)
+    out = save_adapter(adapter, tmp_path / "peft", format="peft")
+    config = json.loads((out / "adapter_config.json").read_text())
+    fused = {"gate_proj", "up_proj"} <= set(targets)
+    assert set(config["target_parameters"]) == {
+        "experts.down_proj" if t == "down_proj" else "experts.gate_up_proj"
+        for t in targets
+        if t in EXPERT_TARGETS
+    }
+    assert config["rank_pattern"] == ({"experts.gate_up_proj": 2 * rank} if fused else {})
+    stacked = load_file(str(out / "adapter_model.safetensors"))
+    experts = model.config.num_experts
+    assert any(t.shape[0] == rank * experts * (2 if fused else 1) for t in stacked.values())
+    theirs = peft.PeftModel.from_pretrained(copy.deepcopy(hf), str(out)).eval()
+    back = load_adapter(model, out)
+    for name, t in adapter.tensors().items():
+        assert torch.equal(back.tensors()[name], t), name
+    for text in TEXTS[:2]:
+        ids = _ids(model, text)
+        with torch.no_grad():
+            ours = adapter.forward(ids)
+            assert (ours - model.forward(ids)).abs().max() > 1e-2
+            torch.testing.assert_close(theirs(ids).logits, ours, atol=1e-4, rtol=1e-4)
+
+
+def test_peft_expert_lora_loads_in_aner_with_peft_logits(sparse, tmp_path):
+    """A LoRA PEFT itself makes on the experts' 3-D parameters (one rank for gate and up
+    together: Aner's gate and up share its A) and saves loads in Aner with PEFT's logits."""
+    import copy
+
+    from aner_lang.runtime.adapters.files import load_adapter
+
+    peft = pytest.importorskip("peft")
+    _, folder, hf = sparse
+    config = peft.LoraConfig(
+        r=2,
+        lora_alpha=6,
+        target_modules=["k_proj"],
+        target_parameters=["experts.gate_up_proj", "experts.down_proj"],
+    )
+    theirs = peft.get_peft_model(copy.deepcopy(hf), config)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in theirs.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    theirs.save_pretrained(str(tmp_path / "peft"))
+    model = load_model(folder, device="cpu")
+    ours = load_adapter(model, tmp_path / "peft")
+    assert {t.rsplit(".", 1)[1] for t, _ in ours.targets} == {"k_proj", *EXPERT_TARGETS}
+    ids = _ids(model, TEXTS[2])
+    with torch.no_grad():
+        want = theirs.eval()(ids).logits
+        assert (want - hf(ids).logits).abs().max() > 1e-2
+        torch.testing.assert_close(ours.forward(ids), want, atol=1e-4, rtol=1e-4)
+
+
+def _refused_for_peft(adapter, folder, why) -> None:
+    """`adapter` has no PEFT form for the reason `why`: E-EXPORT, nothing written, and Aner's
+    own format keeps it."""
+    with pytest.raises(AnerRuntimeError, match=f"mixture-of-experts experts .* with {why}") as e:
+        save_adapter(adapter, folder / "peft", format="peft")
     assert e.value.code == "E-EXPORT"
-    assert not (tmp_path / "peft").exists()
-    save_adapter(adapter, tmp_path / "aner", format="safetensors")  # Aner's own form works
+    assert "format: safetensors" in " ".join(e.value.notes)
+    assert not (folder / "peft").exists()
+    save_adapter(adapter, folder / "aner", format="safetensors")
+
+
+def test_expert_lora_with_dropout_or_dora_is_refused_for_peft_clearly(sparse, tmp_path):
+    """PEFT's LoRA of expert parameters has neither dropout nor DoRA."""
+    model = load_model(sparse[1], device="cpu")
+    dropout = adapters.lora(model, rank=2, dropout=0.1, targets=["down_proj"])
+    _refused_for_peft(dropout, tmp_path / "dropout", "LoRA dropout")
+    dora = adapters.dora(model, rank=2, targets=["q_proj", "up_proj"])
+    _refused_for_peft(dora, tmp_path / "dora", "DoRA")
+    attention = adapters.lora(model, rank=2, dropout=0.1, targets=["q_proj"])
+    save_adapter(attention, tmp_path / "attention", format="peft")  # not on experts: written
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe"], indirect=True)
+def test_experts_beside_an_adapted_dense_mlp_are_refused_for_peft_clearly(family, tmp_path):
+    """PEFT reads a Qwen3-MoE's target_modules gate_proj/up_proj/down_proj as its experts, so
+    the fixture's dense layer 1 would lose its LoRA."""
+    model = load_model(family[1], device="cpu")
+    adapter = adapters.lora(model, rank=2, targets=["gate_proj"])
+    _refused_for_peft(adapter, tmp_path, "the dense MLP of layers 1 adapted too")
+
+
+def test_peft_expert_lora_that_is_not_ours_is_refused_clearly(sparse, tmp_path, trained_like):
+    """A rank-2r gate_up_proj LoRA whose B is not block-diagonal is not a gate and an up LoRA,
+    a rank or alpha pattern that changes a target's rank or scaling is not Aner's one-rank LoRA,
+    and a pattern key that is more than names and `.*` or a target parameter that is not an
+    expert's are not read: each is refused naming the folder, never loaded as something else."""
+    from safetensors.torch import load_file, save_file
+
+    from aner_lang.runtime.adapters.files import load_adapter
+
+    _, folder, _ = sparse
+    model = load_model(folder, device="cpu")
+    adapter = trained_like(adapters.lora(model, rank=2, targets=["gate_proj", "up_proj"]))
+    out = save_adapter(adapter, tmp_path / "peft", format="peft")
+    weights = out / "adapter_model.safetensors"
+    tensors = load_file(str(weights))
+    key = "base_model.model.model.layers.0.mlp.experts.lora_B.weight"
+    tensors[key][0, -1] = 1.0  # expert 3's second up column, on a gate row
+    save_file(tensors, str(weights))
+    with pytest.raises(AnerRuntimeError, match="not block-diagonal") as e:
+        load_adapter(model, out)
+    assert e.value.code == "E-ADAPTER-PEFT" and "adapter_model.safetensors" in e.value.message
+    config = json.loads((out / "adapter_config.json").read_text())
+    for edit, message in [
+        ({"alpha_pattern": {"experts.gate_up_proj": 3.0}}, "one rank and scaling"),
+        ({"rank_pattern": {"experts.gate_up_proj": 6}}, "one rank and scaling"),
+        ({"target_modules": ["q_proj"], "alpha_pattern": {"q_proj": 1}}, "one rank and scaling"),
+        ({"rank_pattern": {"(a+)+$": 4}}, "rank_pattern is not an object of plain names"),
+        ({"alpha_pattern": {"x": "4"}}, "alpha_pattern is not an object of plain names"),
+        ({"target_parameters": ["experts.w9"]}, r"target parameters \['experts.w9'\]"),
+        ({"target_parameters": "experts.down_proj"}, "target_parameters is not a list"),
+    ]:
+        (out / "adapter_config.json").write_text(json.dumps({**config, **edit}))
+        with pytest.raises(AnerRuntimeError, match=message) as e:
+            load_adapter(model, out)
+        assert e.value.code == "E-ADAPTER-PEFT" and str(out) in e.value.message
 
 
 def test_attention_lora_exports_to_peft_and_loads_in_transformers(family, tmp_path, trained_like):
