@@ -1665,11 +1665,14 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         "a PEFT adapter uses a feature Aner does not support",
         _SITUATION,
         """
-        Aner loads PEFT LoRA and DoRA adapters of Llama projections. This code means the
+        Aner loads PEFT LoRA and DoRA adapters of the model's projections, and LoRAs of
+        mixture-of-experts experts (`target_parameters`). This code means the
         `adapter_config.json` has another `peft_type` (prefix tuning, IA3, ...), uses
-        `rank_pattern`, `alpha_pattern`, `modules_to_save`, `layers_to_transform`,
-        `fan_in_fan_out` or LoRA biases, targets modules that are not Llama projections, or the
-        weights file holds an unexpected tensor. The message names which. Train the adapter
+        `modules_to_save`, `layers_to_transform`, `fan_in_fan_out` or LoRA biases, targets
+        modules that are not projections of the model or parameters that are not experts', has a
+        `rank_pattern` or `alpha_pattern` that changes a target's scaling (Aner's LoRA has one
+        rank; only a fused gate_up_proj may have twice it, as two LoRAs with a block-diagonal B),
+        or the weights file holds an unexpected tensor. The message names which. Train the adapter
         without these options, or merge it into the model with PEFT and load the merged model.
         """,
         """
@@ -1704,9 +1707,11 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         `save_adapter` with `format: peft` writes PEFT's LoRA form, which exists for `lora`,
         `lora_fa`, `dora` and `tinylora` adapters but not for `full` (a full fine-tune is a whole
         model): save it with `format: safetensors`, or export the model with
-        `export_gguf(merge(adapter), path)`. `export_gguf` also reports this code when the source
-        GGUF, whose metadata and tokenizer it copies, can no longer be read; and Python callers get
-        it for an unknown format or dtype, or an adapter where a model is needed.
+        `export_gguf(merge(adapter), path)`. On mixture-of-experts experts PEFT's form has no LoRA
+        dropout and no DoRA, and cannot carry a dense MLP layer adapted beside them. `export_gguf`
+        also reports this code when the source GGUF, whose metadata and tokenizer it copies, can no
+        longer be read; and Python callers get it for an unknown format or dtype, or an adapter
+        where a model is needed.
         """,
         """
         let model = load_model("model.gguf")

@@ -3,9 +3,11 @@
 `save_adapter(adapter, dir, format: peft)` writes `adapter_config.json` and
 `adapter_model.safetensors` exactly as `peft` names them
 (`base_model.model.model.layers.{i}.self_attn.q_proj.lora_A.weight`, DoRA's
-`...lora_magnitude_vector`), so `peft.PeftModel.from_pretrained(hf_model, dir)` computes our
-logits. LoRA-FA is a LoRA whose A happened to be frozen; TinyLoRA's delta `U diag(S) R Vh` is
-written as the exact rank-r LoRA with `B = U diag(S) R`, `A = Vh` and scaling 1.
+`...lora_magnitude_vector`), so `peft.PeftModel.from_pretrained(hf_model, dir)` computes our logits.
+A LoRA on mixture-of-experts experts is written as PEFT's `target_parameters` LoRA of transformers'
+3-D expert parameters (`peft_experts`). LoRA-FA is a LoRA whose A happened to be frozen; TinyLoRA's
+delta `U diag(S) R Vh` is written as the exact rank-r LoRA with `B = U diag(S) R`, `A = Vh` and
+scaling 1.
 `format: safetensors` writes `adapter.safetensors` + `adapter.json` (the adapter's config and
 its base's fingerprint); it covers every method, `full` included, and reloads bit for bit.
 

@@ -4,12 +4,14 @@ files, against transformers and llama.cpp.
 Each family's tiny random-weight model (4 experts, top 2; Qwen3-MoE with experts of their own
 intermediate size, unnormalised top-k weights and one dense layer) is built with transformers and
 saved as a folder. Aner's loss and logits equal transformers', the load-balancing loss equals
-transformers' `aux_loss`, a LoRA on every expert's projections trains with the router unchanged
-and, merged, exports to a Hugging Face folder in the Hub's layout that transformers and Aner read
-as it computes, NF4 stores each expert as its own `NF4Linear`. The GGUF side uses the configuration llama.cpp's
-graph assumes (`LLAMACPP_MOE`: every layer sparse, weights renormalised): Aner's export loads back
-with transformers' logits and loss, every reader of the 3-D expert tensors agrees, llama.cpp reads
-the export with Aner's log-probabilities, and what stays refused is refused clearly.
+transformers' `aux_loss`, a LoRA on every expert's projections trains with the router unchanged and,
+merged, exports to a Hugging Face folder in the Hub's layout that transformers and Aner read as it
+computes; saved as PEFT, PEFT's `target_parameters` LoRA, it loads in transformers + PEFT with
+Aner's logits and back in Aner (PEFT's own such adapters too); NF4 stores each expert as its own
+`NF4Linear`. The GGUF side uses the configuration llama.cpp's graph assumes (`LLAMACPP_MOE`: every
+layer sparse, weights renormalised): Aner's export loads back with transformers' logits and loss,
+every reader of the 3-D expert tensors agrees, llama.cpp reads the export with Aner's
+log-probabilities, and what stays refused is refused clearly.
 """
 
 from __future__ import annotations
