@@ -197,8 +197,8 @@ def test_fused_many_token_path_in_row_slices_equals_whole(monkeypatch) -> None:
     whole_y, whole_gx = fused.linear(x, w), fused.grad_input(g, w)
     monkeypatch.setattr(chunking, "DEQUANT_MAX_ELEMENTS", 96 * 512)
     monkeypatch.setattr(dense_matmul, "_BUFFERS", {})
-    torch.testing.assert_close(fused.linear(x, w), whole_y, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(fused.grad_input(g, w), whole_gx, rtol=1e-5, atol=1e-5)
+    _close(fused.linear(x, w), whole_y)  # the same dot products, in another order perhaps
+    _close(fused.grad_input(g, w), whole_gx)  # fp32 slice sums: summation order only
     assert max(b.numel() for b in dense_matmul._BUFFERS.values()) == 96 * 512
 
 

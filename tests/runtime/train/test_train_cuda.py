@@ -86,7 +86,9 @@ def test_cuda_graphs_replay_the_eager_bits(tiny_bytes_gguf, tmp_path, precision,
     from aner_lang.runtime.train.trainer import train
 
     model = load_model(tiny_bytes_gguf, storage="nf4_double_quant", device="cuda")
-    data = from_texts([*TEXTS, "A third, much longer text makes the batches change shape."], 32)
+    # byte-level tokens: three lengths under the context, so three batch shapes
+    data = from_texts(["A short text.", "A text of middling length.", "A third, much longer text "
+                       "makes the batches change shape."], 96)  # fmt: skip
     out = {}
     for graphs in (False, True):
         adapter = A.lora(model, rank=4, alpha=8.0, targets=["q_proj", "v_proj", "down_proj"])
@@ -126,7 +128,9 @@ def test_a_recording_collects_only_young_garbage_and_holds_the_collector_off(
     monkeypatch.setattr(trainer._Loop, "_forward_backward", watched)
     model = load_model(tiny_bytes_gguf, storage="nf4_double_quant", device="cuda")
     adapter = A.lora(model, rank=4, alpha=8.0, targets=["q_proj", "v_proj"])
-    data = from_texts([*TEXTS, "A third, much longer text makes the batches change shape."], 32)
+    # byte-level tokens: three lengths under the context, so three batch shapes
+    data = from_texts(["A short text.", "A text of middling length.", "A third, much longer text "
+                       "makes the batches change shape."], 96)  # fmt: skip
     trainer.train(adapter, data, profile(), steps=3, micro_batch=1, seed=3)
     monkeypatch.setattr(gc, "collect", collect)
     recordings = sum(capturing for capturing, _ in seen)
