@@ -8,6 +8,8 @@ attribute, so it works for every storage.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
@@ -62,9 +64,10 @@ class DenseLinear(FrozenLinear):
     The weight is an `nn.Parameter` with `requires_grad=False`, so the `full` method can make it
     trainable in place. A float32 input meets a 16-bit weight converted to float32 per call
     (16-bit storage halves memory, not the precision of activations). Between the two 16-bit
-    types the input is converted instead and the result converted back: a float16 `lm_head`
-    under bfloat16 compute would otherwise copy the whole table (1 GiB at a 128k vocabulary) on
-    every call, and float16 holds a bfloat16 value's bits where the range allows.
+    types the input is converted instead and the result converted back, with autocast off for
+    that product: a float16 `lm_head` under bfloat16 compute would otherwise be copied whole
+    (1 GiB at a 128k vocabulary) on every call, by this code or by autocast, and float16 holds a
+    bfloat16 value's bits where the range allows.
     """
 
     def __init__(self, weight: torch.Tensor, storage: str = "float32") -> None:
@@ -85,14 +88,24 @@ class DenseLinear(FrozenLinear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = self._compute_dtype(x)
         w = self.weight if self.weight.dtype == dtype else self.weight.to(dtype)
-        return torch.nn.functional.linear(x.to(dtype), w).to(x.dtype)
+        with self._in_weight_dtype(x, dtype):
+            return torch.nn.functional.linear(x.to(dtype), w).to(x.dtype)
+
+    def _in_weight_dtype(
+        self, x: torch.Tensor, dtype: torch.dtype
+    ) -> torch.autocast | contextlib.nullcontext[None]:
+        """Autocast off where the product runs in the 16-bit weight's own dtype (see above)."""
+        if dtype in _HALF:
+            return torch.autocast(x.device.type, enabled=False)
+        return contextlib.nullcontext()
 
     def dense_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return self.weight.detach().to(dtype=dtype, copy=True)
 
     def grad_input(self, grad_y: torch.Tensor) -> torch.Tensor:
         dtype = self._compute_dtype(grad_y)
-        return (grad_y.to(dtype) @ self.weight.detach().to(dtype)).to(grad_y.dtype)
+        with self._in_weight_dtype(grad_y, dtype):
+            return (grad_y.to(dtype) @ self.weight.detach().to(dtype)).to(grad_y.dtype)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.embedding(ids, self.weight)

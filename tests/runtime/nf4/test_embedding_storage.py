@@ -83,3 +83,12 @@ def test_a_16_bit_table_meets_the_other_16_bit_type_in_its_own() -> None:
     assert torch.equal(table.grad_input(g), (g.half() @ w.half()).bfloat16())
     x32 = x.float()
     assert torch.equal(table(x32), torch.nn.functional.linear(x32, w.half().float()))
+    # inside a bfloat16 autocast region (the training step's loss) too: autocast would cast the
+    # float16 table to bfloat16, a whole copy of it per call, and give other bits
+    want_g = (g.half() @ w.half()).bfloat16()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.equal(table(x), want)
+        assert torch.equal(table.grad_input(g), want_g)
+        assert not torch.equal(
+            torch.nn.functional.linear(x.half(), table.weight).bfloat16(), want
+        )  # what autocast alone would have computed
