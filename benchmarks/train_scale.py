@@ -15,6 +15,11 @@ activations, loss, optimizer, other, idle).
 
     python benchmarks/train_scale.py --shapes llama3-8b-8,llama3-8b --out /tmp/scale
     python benchmarks/train_scale.py --dry-run          # CPU, tiny shape: the plumbing only
+    python benchmarks/train_scale.py --shapes llama3-8b --gguf q4_k_m --repeats 3   # A B A B A B
+
+`--repeats N` runs the sides in turn N times, each repeat its own row (`#2`...), so that ratios
+can be read within one repeat and the spread across repeats; `storage: gguf` against NF4 is then
+reported per repeat, by wall clock and by the device time of the profiled updates.
 
 Shapes: smollm2 (context 512), llama3.2-1b, llama3-8b-8 (8 of 32 layers), llama3-8b (context
 2048), qwen3-30b-a3b-4 (Qwen3-30B-A3B's mixture of experts, 128 experts of 768 top-8, at 4 of
@@ -173,6 +178,12 @@ def run_side(side: str, job: dict[str, Any]) -> dict[str, Any]:
     return dict(json.loads(out.read_text()))
 
 
+def _busy_ms(row: dict[str, Any]) -> float | None:
+    """Device milliseconds of the side's two profiled eager updates, idle left out."""
+    sections = row.get("device_time", {}).get("sections")
+    return sum(v for k, v in sections.items() if k != "idle") / 1e3 if sections else None
+
+
 def table(shape: str, rows: list[dict[str, Any]], activations: str = "keep") -> str:
     """The shape's Markdown table. Ratios are to the peers run the way Aner runs: `peft` and
     `unsloth` when Aner keeps its activations, their gradient-checkpointing sides (`peft-gc`,
@@ -181,7 +192,7 @@ def table(shape: str, rows: list[dict[str, Any]], activations: str = "keep") -> 
     ok = {r["side"]: r for r in rows if "tokens_per_s" in r}
     ref_p, ref_u = ("peft", "unsloth") if activations == "keep" else ("peft-gc", "unsloth-gc")
     peft, unsloth = ok.get(ref_p), ok.get(ref_u)
-    aner = next((r for r in ok.values() if r["side"].startswith("aner")), None)
+    aner = next((r for r in rows if "tokens_per_s" in r and r["side"].startswith("aner")), None)
     lines = [f"## {shape}", "",
              f"| side | tok/s | vs {ref_p} | vs {ref_u} | peak CUDA GB | host RSS GB | loss vs Aner |",
              "|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -197,7 +208,8 @@ def table(shape: str, rows: list[dict[str, Any]], activations: str = "keep") -> 
             n = min(len(aner["losses"]), len(r["losses"]))
             d = max(abs(a - b) / abs(a) for a, b in zip(aner["losses"][:n], r["losses"][:n]))
             diff = f"{100 * d:.2f}% over {n}"
-        lines.append(f"| {r['side']} | {tps:,.0f} | {vs_p} | {vs_u} | "
+        label = r["side"] + (f" #{r['repeat']}" if r.get("repeat", 1) > 1 else "")
+        lines.append(f"| {label} | {tps:,.0f} | {vs_p} | {vs_u} | "
                      f"{r['peak_cuda_bytes'] / 1e9:.1f} | {r['host_rss_bytes'] / 1e9:.1f} | {diff} |")  # fmt: skip
     if aner:
         lines += ["", f"{aner['side']}: CUDA graphs {aner.get('cuda_graphs')}; "
@@ -206,9 +218,13 @@ def table(shape: str, rows: list[dict[str, Any]], activations: str = "keep") -> 
                   "beside the updates"]  # fmt: skip
     lines += [f"- {r['side']}: {r['storage']} base weights {r['weights_bytes'] / 1e9:.3f} GB"
               for r in ok.values() if "weights_bytes" in r]  # fmt: skip
-    if "aner" in ok and "aner-gguf" in ok:
-        ratio = ok["aner"]["tokens_per_s"] / ok["aner-gguf"]["tokens_per_s"]
-        lines.append(f"- storage: gguf update time / NF4 update time: {ratio:.3f}")
+    nf4 = [r for r in rows if r["side"] == "aner" and "tokens_per_s" in r]
+    gguf = [r for r in rows if r["side"] == "aner-gguf" and "tokens_per_s" in r]
+    for i, (a, g) in enumerate(zip(nf4, gguf)):  # the repeats in the order they ran
+        busy = [_busy_ms(a), _busy_ms(g)]
+        device = f", {busy[1] / busy[0]:.3f} by device time" if all(busy) else ""
+        lines.append(f"- repeat {i + 1}: storage: gguf update time / NF4 update time "
+                     f"{a['tokens_per_s'] / g['tokens_per_s']:.3f} by wall clock{device}")  # fmt: skip
     if aner and aner.get("device_time"):
         lines += ["", "Aner device time of two profiled eager updates, by section:", ""]
         sections = aner["device_time"]["sections"]
@@ -230,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sides", default=",".join(SIDES))
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=1, help="run the sides in turn this many times")
     ap.add_argument("--compare", type=int, default=20, help="losses compared with Aner's")
     ap.add_argument("--precision", default="bfloat16", choices=("bfloat16", "float16"))
     ap.add_argument("--activations", default="keep", choices=("keep", "checkpoint", "offload"))
@@ -282,11 +299,12 @@ def main(argv: list[str] | None = None) -> int:
                "context": SHAPES[shape]["context"]}  # fmt: skip
         rows: list[dict[str, Any]] = []
         report.append({"shape": shape, "job": job, "rows": rows, "table": ""})
-        for side in sides_here:  # each side's result is shown and written as soon as it is in, so a
-            rows.append(run_side(side, job))  # run stopped by a time limit keeps what it measured
-            print(summary(shape, rows[-1]), flush=True)
-            report[-1]["table"] = table(shape, rows, args.activations)
-            (Path(args.out) / "train_scale.json").write_text(json.dumps(report, indent=1))
+        for repeat in range(args.repeats):  # the sides in turn, again per repeat (A B A B)
+            for side in sides_here:  # each result is shown and written as soon as it is in, so a
+                rows.append({**run_side(side, job), "repeat": repeat + 1})  # run stopped by a
+                print(summary(shape, rows[-1]), flush=True)  # time limit keeps what it measured
+                report[-1]["table"] = table(shape, rows, args.activations)
+                (Path(args.out) / "train_scale.json").write_text(json.dumps(report, indent=1))
         print(report[-1]["table"], flush=True)
     return 0
 
