@@ -134,6 +134,9 @@ class Experts:
     hf_size: str = "moe_intermediate_size"
     """The config.json key of an expert's intermediate size (Mixtral's experts are the size of
     the dense ``intermediate_size``)."""
+    hf_top_k: int = 8
+    """transformers' `num_experts_per_tok` where a config.json leaves it out (Qwen3-MoE's 8,
+    Mixtral's 2)."""
     hf_routing: bool = True
     """Whether config.json says which layers are sparse and whether the top-k routing weights
     are renormalised (Qwen3-MoE's ``mlp_only_layers``, ``decoder_sparse_step``,
@@ -516,7 +519,12 @@ MIXTRAL = _moe(
     "block_sparse_moe",
     ("w1", "w3", "w2"),
     permuted=True,
-    config={"hf_count": "num_local_experts", "hf_size": "intermediate_size", "hf_routing": False},
+    config={
+        "hf_count": "num_local_experts",
+        "hf_size": "intermediate_size",
+        "hf_top_k": 2,
+        "hf_routing": False,
+    },
 )
 """Mixtral: every MLP is top-k of `num_local_experts` experts, the k weights renormalised.
 llama.cpp converts it as ``llama`` with expert tensors (``llama.expert_count`` > 0)."""

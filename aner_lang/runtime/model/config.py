@@ -750,13 +750,13 @@ Qwen3-MoE configs write the first, transformers 5 saves the second)."""
 
 def _hf_experts(source: str, cfg: dict[str, Any], experts: Experts) -> dict[str, Any]:
     """The mixture-of-experts fields of a Mixtral or Qwen3-MoE config.json under the family's
-    keys (`Experts`), with HF's defaults (top 2; routing: `norm_topk_prob` false, every layer
-    sparse)."""
+    keys (`Experts`), with HF's defaults (the family's top k, `Experts.hf_top_k`; routing:
+    `norm_topk_prob` false, every layer sparse)."""
     f = _Fields(source, "E-HF-CONFIG", cfg)
     coef = f.real("router_aux_loss_coef", 0.001) if cfg.get("output_router_logits") else 0.0
     count = next((cfg[k] for k in _COUNT_KEYS if cfg.get(k) is not None), None)
     out = {
-        "num_experts_per_tok": f.integer("num_experts_per_tok", 2),
+        "num_experts_per_tok": f.integer("num_experts_per_tok", experts.hf_top_k),
         "router_aux_loss_coef": coef,
         "num_experts": f.integer(experts.hf_count, count),
         "moe_intermediate_size": f.integer(experts.hf_size),

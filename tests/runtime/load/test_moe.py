@@ -72,6 +72,28 @@ def test_loss_and_logits_equal_transformers(family):
             assert float(want.logits.abs().max()) > 1.0
 
 
+@pytest.mark.parametrize("name", MOE_FAMILIES)
+def test_a_config_without_top_k_routes_as_transformers_defaults(name, tmp_path):
+    """A config.json that leaves `num_experts_per_tok` out gets transformers' default for its
+    family (Mixtral top 2, Qwen3-MoE top 8), read from the architecture table."""
+    folder = write_hf_model(tmp_path / "hf", name, seed=7, config={"num_experts": 8}
+                            if name == "qwen3_moe" else {"num_local_experts": 8})  # fmt: skip
+    path = folder / "config.json"
+    config = json.loads(path.read_text())
+    del config["num_experts_per_tok"]
+    path.write_text(json.dumps(config))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
+    ours = load_model(folder, device="cpu")
+    assert (
+        ours.config.num_experts_per_tok
+        == hf.config.num_experts_per_tok
+        == (8 if name == "qwen3_moe" else 2)
+    )
+    ids = _ids(ours)
+    with torch.no_grad():
+        assert (ours.forward(ids) - hf.eval()(ids).logits).abs().max().item() <= 1e-4
+
+
 def test_routing_renormalises_as_the_family_does(family):
     """Mixtral renormalises the top-k weights; this Qwen3-MoE (norm_topk_prob false) does not."""
     name, folder, _ = family
