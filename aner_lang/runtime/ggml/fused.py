@@ -32,10 +32,17 @@ from aner_lang.runtime.model import dense_matmul
 from aner_lang.runtime.model.precision import compute_dtype
 from aner_lang.runtime.nf4.fused import compiler
 from aner_lang.runtime.nf4.fused.availability import require_fused
-from aner_lang.runtime.nf4.fused.launch import device_index, launch, ptr
+from aner_lang.runtime.nf4.fused.launch import (
+    DT_NAME,
+    aligned_rows,
+    device_index,
+    launch,
+    ptr,
+    sm_count,
+    token_bucket,
+)
 
 FEW_MAX_TOKENS = 16
-_DT_NAME = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}
 _WARPS = 4  # warps per block of the few-token kernels
 
 
@@ -74,17 +81,13 @@ def dequantize(
     k = w.shape[1]
     n = (r1 - r0) * k
     device = w.raw.device
-    out = (
-        dense_matmul.scratch(n, dtype, device)
-        if reuse
-        else torch.empty(n, dtype=dtype, device=device)
-    )
+    out = dense_matmul.buffer(n, dtype, device, reuse)
     groups = n // 8
     threads = 32 * _WARPS
     _launch(
         device,
         w,
-        f"ggml_dequant_{_DT_NAME[dtype]}",
+        f"ggml_dequant_{DT_NAME[dtype]}",
         (-(-groups // threads),),
         [np.int64(r0 * k // 8), np.int64(groups), ptr(out)],
     )
@@ -95,21 +98,11 @@ def _dense_rows(w: GGUFWeight) -> dense_matmul.DenseRows:
     return lambda dtype, r0, r1: dequantize(w, dtype, (r0, r1), reuse=True)
 
 
-def _matrix(t: torch.Tensor, width: int) -> torch.Tensor:
-    """`t` as a contiguous `[rows, width]` matrix starting 16-byte aligned (16-byte loads)."""
-    t = t.reshape(-1, width).contiguous()
-    return t if t.data_ptr() % 16 == 0 else t.clone()
-
-
-def _bucket(m: int) -> int:
-    return next(b for b in (1, 2, 4, 8, 16) if m <= b)
-
-
 def linear(x: torch.Tensor, w: GGUFWeight, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """`x @ W^T` for x `[..., in]`, computed in x's dtype (fp32 accumulation), in `out_dtype`."""
     n, k = w.shape
     out_dtype = out_dtype or x.dtype
-    lead, x2 = x.shape[:-1], _matrix(x, k)
+    lead, x2 = x.shape[:-1], aligned_rows(x, k)
     m = x2.shape[0]
     if m > FEW_MAX_TOKENS:
         return dense_matmul.linear(x2, w.shape, _dense_rows(w), out_dtype).view(*lead, n)
@@ -118,7 +111,7 @@ def linear(x: torch.Tensor, w: GGUFWeight, out_dtype: torch.dtype | None = None)
         _launch(
             x.device,
             w,
-            f"ggml_gemv_{_DT_NAME[x.dtype]}_m{_bucket(m)}",
+            f"ggml_gemv_{DT_NAME[x.dtype]}_m{token_bucket(m)}",
             (-(-n // _WARPS),),
             [ptr(x2), ptr(y), np.int32(m), np.int32(n), np.int32(k)],
         )
@@ -131,19 +124,19 @@ def grad_input(
     """`grad_y @ W` for grad_y `[..., out]`, in grad_y's dtype with fp32 accumulation."""
     n, k = w.shape
     out_dtype = out_dtype or grad_y.dtype
-    lead, g2 = grad_y.shape[:-1], _matrix(grad_y, n)
+    lead, g2 = grad_y.shape[:-1], aligned_rows(grad_y, n)
     m = g2.shape[0]
     if m > FEW_MAX_TOKENS:
         return dense_matmul.grad_input(g2, w.shape, _dense_rows(w), out_dtype).view(*lead, k)
     kblocks = -(-(k // 8) // 32)  # a lane per 8 input features
-    rows = _split_rows(n, kblocks, _sm_count(device_index(grad_y.device)))
+    rows = _split_rows(n, kblocks, sm_count(device_index(grad_y.device)))
     splits = -(-n // rows)
     parts = torch.empty(splits * _WARPS, m, k, dtype=torch.float32, device=grad_y.device)
     if m:
         _launch(
             grad_y.device,
             w,
-            f"ggml_bwd_{_DT_NAME[grad_y.dtype]}_m{_bucket(m)}",
+            f"ggml_bwd_{DT_NAME[grad_y.dtype]}_m{token_bucket(m)}",
             (kblocks, splits),
             [ptr(g2), ptr(parts), np.int32(m), np.int32(n), np.int32(k), np.int32(rows)],
         )
@@ -155,11 +148,6 @@ def _split_rows(n: int, kblocks: int, sms: int) -> int:
     warp (fewer, longer slabs cost memory; more blocks hide the decode's latency)."""
     splits = max(1, (4 * sms) // kblocks)
     return max(_WARPS, -(-n // splits))
-
-
-@cache
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 class GGUFFused:
@@ -180,8 +168,8 @@ class GGUFFused:
     def identity(self, device: torch.device, dtype: torch.dtype) -> str:
         """The kernels' identity for `dtype` inputs on `device`: source, options and architecture
         (the block type's define is the only per-module option, and the file fixes the types)."""
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        arch = compiler.target_arch("".join(map(str, torch.cuda.get_device_capability(index))))
+        capability = torch.cuda.get_device_capability(device_index(device))
+        arch = compiler.target_arch("".join(map(str, capability)))
         compute = str(dtype).removeprefix("torch.")
         return (
             f"aner.gguf.cuda.fused/1;source_sha256={SOURCE.sha256()};"

@@ -23,8 +23,11 @@ DenseRows = Callable[[torch.dtype, int, int], torch.Tensor]
 _BUFFERS: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 
 
-def scratch(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """The reused buffer's first `numel` elements (grown when a larger weight asks)."""
+def buffer(numel: int, dtype: torch.dtype, device: torch.device, reuse: bool) -> torch.Tensor:
+    """Room for a dequantized weight of `numel` elements: with `reuse` the reused buffer's first
+    `numel` elements (grown when a larger weight asks), else a tensor of its own."""
+    if not reuse:
+        return torch.empty(numel, dtype=dtype, device=device)
     buf = _BUFFERS.get((device, dtype))
     if buf is None or buf.numel() < numel:
         buf = _BUFFERS[(device, dtype)] = torch.empty(numel, dtype=dtype, device=device)

@@ -7,6 +7,7 @@ launch never synchronises the host and can be captured in a CUDA graph.
 from __future__ import annotations
 
 from contextlib import nullcontext
+from functools import cache
 
 import numpy as np
 import torch
@@ -21,6 +22,28 @@ def ptr(t: torch.Tensor) -> np.uint64:
 
 def device_index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
+
+
+@cache
+def sm_count(index: int) -> int:
+    """Multiprocessors of CUDA device `index` (the kernels size their grids by it)."""
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+DT_NAME = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}
+"""The dtype part of a kernel's name."""
+
+
+def token_bucket(m: int) -> int:
+    """The few-token kernels' compiled row count that holds `m` (<= 16) rows."""
+    return next(b for b in (1, 2, 4, 8, 16) if m <= b)
+
+
+def aligned_rows(t: torch.Tensor, width: int) -> torch.Tensor:
+    """``t`` as a contiguous [rows, width] matrix whose start is 16-byte aligned (the kernels read
+    it with 16-byte loads; a view into a larger tensor may start anywhere)."""
+    t = t.reshape(-1, width).contiguous()
+    return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
 _STREAMS: dict[int, object] = {}

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from functools import cache
 
 import numpy as np
 import torch
@@ -54,10 +53,17 @@ import torch
 from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.model import dense_matmul
 from aner_lang.runtime.nf4.fused import compiler, tensor_map
-from aner_lang.runtime.nf4.fused.launch import device_index, launch, ptr
+from aner_lang.runtime.nf4.fused.launch import (
+    DT_NAME,
+    aligned_rows,
+    device_index,
+    launch,
+    ptr,
+    sm_count,
+    token_bucket,
+)
 
 SMALL_MAX_TOKENS = 16
-_DT_NAME = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}
 
 
 _POINTERS = ("packed", "qabsmax", "code2", "absmax2", "offset")
@@ -118,22 +124,6 @@ def _module(device: torch.device) -> compiler.CompiledModule:
     return compiler.load(device_index(device))
 
 
-@cache
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def _rows(t: torch.Tensor, width: int) -> torch.Tensor:
-    """``t`` as a contiguous [rows, width] matrix whose start is 16-byte aligned (the kernels read
-    it with 16-byte loads; a view into a larger tensor may start anywhere)."""
-    t = t.reshape(-1, width).contiguous()
-    return t if t.data_ptr() % 16 == 0 else t.clone()
-
-
-def _bucket(m: int) -> int:
-    return next(b for b in (1, 2, 4, 8, 16) if m <= b)
-
-
 # ---- dequantize ------------------------------------------------------------------------------
 
 
@@ -147,15 +137,11 @@ def dequantize(
     k = w.in_features
     n = (r1 - r0) * k
     device = w.packed.device
-    out = (
-        dense_matmul.scratch(n, dtype, device)
-        if reuse
-        else torch.empty(n, dtype=dtype, device=device)
-    )
+    out = dense_matmul.buffer(n, dtype, device, reuse)
     threads = 256
     launch(
         device,
-        f"nf4_dequant_{_DT_NAME[dtype]}",
+        f"nf4_dequant_{DT_NAME[dtype]}",
         ((n // 32 + threads - 1) // threads,),
         threads,
         [*w.args(), np.int64(r0 * k), np.int64(n), ptr(out)],
@@ -205,7 +191,7 @@ def _uses_wgmma(m: int, dtype: torch.dtype, device: torch.device, n: int) -> boo
         and _module(device).has_wgmma
     ):
         return False
-    return -(-n // WGMMA_ROWS) >= 0.75 * _sm_count(device_index(device))
+    return -(-n // WGMMA_ROWS) >= 0.75 * sm_count(device_index(device))
 
 
 def _wgmma_linear(x2: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype) -> torch.Tensor:
@@ -215,7 +201,7 @@ def _wgmma_linear(x2: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype) -> to
         x2,
         w,
         out_dtype,
-        f"nf4_wgmma_fwd_{_DT_NAME[x2.dtype]}_m{tile}",
+        f"nf4_wgmma_fwd_{DT_NAME[x2.dtype]}_m{tile}",
         (-(-n // WGMMA_ROWS), -(-m // tile)),
         256,
         wgmma_smem_bytes(tile),
@@ -260,7 +246,7 @@ def _ws_linear(x2: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype) -> torch
         x2,
         w,
         out_dtype,
-        f"nf4_ws_fwd_{_DT_NAME[x2.dtype]}_m{tile}",
+        f"nf4_ws_fwd_{DT_NAME[x2.dtype]}_m{tile}",
         (-(-n // WGMMA_ROWS), -(-m // tile)),
         512,
         ws_smem_bytes(tile),
@@ -313,7 +299,7 @@ def tma_kernel(m: int, n: int, k: int, device: torch.device) -> tuple[int, int, 
     redundant work, until the grid leaves multiprocessors idle. The rule picks the measured
     fastest shape on nearly all shapes benchmarked (benchmarks/results/h200_nf4_kernels.json);
     the known exception is 4096x4096 at 768 tokens, where a grid just under the threshold wins."""
-    sms = _sm_count(device_index(device))
+    sms = sm_count(device_index(device))
     shapes = [
         c for c in TMA_KERNELS if (c[0] == 128 or m > 128) and (c[2] == 1 or k >= TMA_SPLIT_MIN_K)
     ]
@@ -342,7 +328,7 @@ def _uses_tma(m: int, dtype: torch.dtype, device: torch.device, n: int, k: int) 
         return False
     if m <= TMA_TOKENS[0]:
         return _uses_wgmma(m, dtype, device, n)
-    return math.prod(_tma_grid(m, n, tma_kernel(m, n, k, device))) >= 0.45 * _sm_count(
+    return math.prod(_tma_grid(m, n, tma_kernel(m, n, k, device))) >= 0.45 * sm_count(
         device_index(device)
     )
 
@@ -355,7 +341,7 @@ def _tma_linear(x2: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype) -> torc
         tensor_map.tiled_2d(x2.data_ptr(), 2, k, m, 64, tile, True),
         tensor_map.tiled_2d(w.packed.data_ptr(), 1, k // 2, n, 32, rows, False),
     )
-    name = f"nf4_tma_fwd_{_DT_NAME[x2.dtype]}_m{tile}_r{rows}" + ("_k2" if splits == 2 else "")
+    name = f"nf4_tma_fwd_{DT_NAME[x2.dtype]}_m{tile}_r{rows}" + ("_k2" if splits == 2 else "")
     return _out16_or_32(
         x2, w, out_dtype, name, _tma_grid(m, n, shape), 384, tma_smem_bytes(tile, rows), maps
     )
@@ -387,7 +373,7 @@ def path(
 
 def _matrix(t: torch.Tensor, w: NF4Tensors, width: int, what: str) -> torch.Tensor:
     """``t`` [..., width] checked against the weight and flattened to an aligned [rows, width]."""
-    if t.dtype not in _DT_NAME:
+    if t.dtype not in DT_NAME:
         raise AnerRuntimeError(
             f"fused NF4 kernels take float32, float16 or bfloat16 inputs, not {t.dtype}",
             code="E-KERNEL-DTYPE",
@@ -402,7 +388,7 @@ def _matrix(t: torch.Tensor, w: NF4Tensors, width: int, what: str) -> torch.Tens
             f"weight needs {width}",
             code="E-KERNEL-SHAPE",
         )
-    return _rows(t, width)
+    return aligned_rows(t, width)
 
 
 def linear(x: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -427,7 +413,7 @@ def linear(x: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype | None = None)
         warps = 4
         launch(
             x.device,
-            f"nf4_gemv_f32_m{_bucket(m)}",
+            f"nf4_gemv_f32_m{token_bucket(m)}",
             ((n + warps - 1) // warps,),
             32 * warps,
             [*w.args(), ptr(x2), ptr(y), np.int32(m), np.int32(n), np.int32(k)],
@@ -437,7 +423,7 @@ def linear(x: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype | None = None)
         x2,
         w,
         out_dtype,
-        f"nf4_mma_fwd_{_DT_NAME[x.dtype]}_m{8 if m <= 8 else 16}",
+        f"nf4_mma_fwd_{DT_NAME[x.dtype]}_m{8 if m <= 8 else 16}",
         (-(-n // 16),),
         256,
     ).view(*lead, n)
@@ -503,12 +489,16 @@ def grad_input(
         n % 2 and grad_y.dtype != torch.float32
     ):  # the mma kernel reads gy in pairs
         return _many_grad_input(g2, w, out_dtype).view(*lead, k)
-    sms, threads = _sm_count(device_index(grad_y.device)), 128
+    sms, threads = sm_count(device_index(grad_y.device)), 128
     if grad_y.dtype == torch.float32:  # a thread per 8 k
-        name, kblocks, writers = f"nf4_bwd_f32_m{_bucket(m)}", (k // 8 + threads - 1) // threads, 1
+        name, kblocks, writers = (
+            f"nf4_bwd_f32_m{token_bucket(m)}",
+            (k // 8 + threads - 1) // threads,
+            1,
+        )
         rows = _split_rows(n, kblocks, sms, align=1)
     else:  # a warp per 256 k
-        name = f"nf4_mma_bwd_{_DT_NAME[grad_y.dtype]}_m{8 if m <= 8 else 16}"
+        name = f"nf4_mma_bwd_{DT_NAME[grad_y.dtype]}_m{8 if m <= 8 else 16}"
         kblocks, writers = (k + 255) // 256, threads // 32
         rows = _split_rows(n, kblocks, sms, align=64)
     splits = (n + rows - 1) // rows

@@ -21,7 +21,7 @@ class _Hopper:
 
 @pytest.fixture
 def hopper(monkeypatch) -> torch.device:
-    monkeypatch.setattr(ops, "_sm_count", lambda index: H200_SMS)
+    monkeypatch.setattr(ops, "sm_count", lambda index: H200_SMS)
     monkeypatch.setattr(ops, "device_index", lambda device: 0)
     monkeypatch.setattr(ops, "_module", lambda device: _Hopper())
     return torch.device("cuda", 0)
