@@ -10,7 +10,8 @@ exact dimensions, for benchmarks that must not depend on the model package.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
@@ -184,13 +185,18 @@ def tensor_shapes(shape: Shape, vocab: int, tied: bool) -> dict[str, tuple[int, 
     return out
 
 
+def _norm(rng: np.random.Generator, n: int) -> np.ndarray:
+    """An RMSNorm weight near 1."""
+    return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+
 def hf_tensors(shape: Shape, vocab: int, seed: int, tied: bool) -> dict[str, np.ndarray]:
     """Seeded HF-layout fp32 weights, keyed by GGUF tensor name (q/k not yet permuted)."""
     rng = np.random.default_rng(seed)
 
     def make(dims: tuple[int, ...]) -> np.ndarray:
         if len(dims) == 1:
-            return (1.0 + 0.1 * rng.standard_normal(dims[0])).astype(np.float32)
+            return _norm(rng, dims[0])
         return (rng.standard_normal(dims) * (1.0 / np.sqrt(dims[1]))).astype(np.float32)
 
     return {name: make(dims) for name, dims in tensor_shapes(shape, vocab, tied).items()}
@@ -231,35 +237,35 @@ def write_fixture(
             f"unknown tensor type {tensor_type!r}; choose from {', '.join(TENSOR_TYPES)}",
             code="E-FIXTURE",
         )
-    meta = tokenizer if tokenizer is not None else tokenizer_metadata()
-    vocab = shape.vocab_size or len(meta["tokenizer.ggml.tokens"])
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    w = _writer(path, shape, vocab, meta, f"aner-fixture-{shape.layers}x{shape.hidden}-seed{seed}")
-    config = shape.config(vocab, tied)
-    permuted = {
-        p.gguf_tensor(i): int(getattr(config, p.rope_heads))
-        for p in ARCHITECTURES[config.architecture].projections
-        if p.rope_heads
-        for i in range(shape.layers)
-    }
-    for name, data in hf_tensors(shape, vocab, seed, tied).items():
-        if name in permuted:
-            data = permute_rows(data, permuted[name])
-        _add_tensor(w, name, data, tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    label = f"aner-fixture-{shape.layers}x{shape.hidden}-seed{seed}"
+    with _writer(path, shape, tokenizer, label) as (w, vocab):
+        config = shape.config(vocab, tied)
+        permuted = {
+            p.gguf_tensor(i): int(getattr(config, p.rope_heads))
+            for p in ARCHITECTURES[config.architecture].projections
+            if p.rope_heads
+            for i in range(shape.layers)
+        }
+        for name, data in hf_tensors(shape, vocab, seed, tied).items():
+            if name in permuted:
+                data = permute_rows(data, permuted[name])
+            _add_tensor(w, name, data, tensor_type)
+    return Path(path)
 
 
-def _writer(path: Path, shape: Shape, vocab: int, meta: dict[str, Any], name: str) -> Any:
-    """A GGUFWriter with a fixture's Llama metadata and tokenizer written."""
+@contextmanager
+def _writer(
+    path: str | Path, shape: Shape, tokenizer: dict[str, Any] | None, label: str
+) -> Iterator[tuple[Any, int]]:
+    """A GGUFWriter for `path` with a fixture's Llama metadata and tokenizer (default SmolLM2's)
+    written, and the vocabulary size; the file is written when the block ends."""
     from gguf import GGUFWriter
 
+    meta = tokenizer if tokenizer is not None else tokenizer_metadata()
+    vocab = shape.vocab_size or len(meta["tokenizer.ggml.tokens"])
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     w = GGUFWriter(str(path), "llama")
-    w.add_name(name)
+    w.add_name(label)
     w.add_block_count(shape.layers)
     w.add_context_length(shape.context)
     w.add_embedding_length(shape.hidden)
@@ -271,7 +277,13 @@ def _writer(path: Path, shape: Shape, vocab: int, meta: dict[str, Any], name: st
     w.add_vocab_size(vocab)
     w.add_rope_dimension_count(shape.hidden // shape.heads)
     _write_tokenizer(w, meta)
-    return w
+    try:
+        yield w, vocab
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+    finally:
+        w.close()
 
 
 def q4_k_m_type(name: str, layers: int, in_features: int) -> str:
@@ -309,31 +321,24 @@ def write_random_blocks(
     in numpy would take minutes. The weights are those blocks, whatever they decode to."""
     import gguf
 
-    meta = tokenizer if tokenizer is not None else tokenizer_metadata()
-    vocab = shape.vocab_size or len(meta["tokenizer.ggml.tokens"])
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    w = _writer(path, shape, vocab, meta, f"aner-random-q4_k_m-{shape.layers}x{shape.hidden}")
     rng = np.random.default_rng(seed)
-    for name, dims in tensor_shapes(shape, vocab, tied).items():
-        if len(dims) == 1:
-            w.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(dims[0])).astype(np.float32))
-            continue
-        qtype = gguf.GGMLQuantizationType[q4_k_m_type(name, shape.layers, dims[1])]
-        size, type_size = gguf.GGML_QUANT_SIZES[qtype]
-        n = dims[0] * dims[1] // size
-        raw = rng.integers(0, 256, (n, type_size), dtype=np.uint8)
-        at, spread = _BLOCK_SCALE[qtype.name]
-        scale = np.float16(1.0 / (spread * np.sqrt(dims[1])))
-        raw[:, at : at + 2] = np.full(n, scale, np.float16).view(np.uint8).reshape(n, 2)
-        if qtype.name == "Q4_K":  # dmin beside d
-            raw[:, 2:4] = raw[:, 0:2]
-        w.add_tensor(name, raw.reshape(dims[0], -1), raw_dtype=qtype)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    label = f"aner-random-q4_k_m-{shape.layers}x{shape.hidden}"
+    with _writer(path, shape, tokenizer, label) as (w, vocab):
+        for name, dims in tensor_shapes(shape, vocab, tied).items():
+            if len(dims) == 1:
+                w.add_tensor(name, _norm(rng, dims[0]))
+                continue
+            qtype = gguf.GGMLQuantizationType[q4_k_m_type(name, shape.layers, dims[1])]
+            size, type_size = gguf.GGML_QUANT_SIZES[qtype]
+            n = dims[0] * dims[1] // size
+            raw = rng.integers(0, 256, (n, type_size), dtype=np.uint8)
+            at, spread = _BLOCK_SCALE[qtype.name]
+            scale = np.float16(1.0 / (spread * np.sqrt(dims[1])))
+            raw[:, at : at + 2] = np.full(n, scale, np.float16).view(np.uint8).reshape(n, 2)
+            if qtype.name == "Q4_K":  # dmin beside d
+                raw[:, 2:4] = raw[:, 0:2]
+            w.add_tensor(name, raw.reshape(dims[0], -1), raw_dtype=qtype)
+    return Path(path)
 
 
 def rewrite_gguf(
