@@ -140,16 +140,22 @@ class Adapter:
                 h.remove()
 
     def _hook(self, index: int) -> Callable:
-        def hook(_module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
-            with section("lora"):
-                return self._apply(index, args[0], output)
-
-        return hook
+        return _DeltaHook(self, index)
 
     def _apply(self, index: int, x: torch.Tensor, base_out: torch.Tensor) -> torch.Tensor:
         return base_out + self._delta(index, x)
 
     def _delta(self, index: int, x: torch.Tensor) -> torch.Tensor:  # pragma: no cover
+        raise NotImplementedError
+
+    groups_experts = False
+    """Whether `grouped_delta` serves: the adapter can add its deltas of many targets at once (the
+    experts of a mixture-of-experts projection, see `moe.MoeMLP`)."""
+
+    def grouped_delta(
+        self, indices: list[int], x: torch.Tensor, offs: torch.Tensor
+    ) -> torch.Tensor:  # pragma: no cover - only where groups_experts
+        """Target ``indices[g]``'s delta of rows ``[offs[g-1], offs[g])`` of ``x``, for every g."""
         raise NotImplementedError
 
     # -- what the trainer, the memory report and checkpoints read -------------------------
@@ -205,3 +211,16 @@ class Adapter:
             f"Adapter({self.method}, {self.trainable_parameters} trainable, "
             f"{self.target_tensors} target tensors)"
         )
+
+
+class _DeltaHook:
+    """The forward hook that adds target `index`'s delta of `adapter` to its module's output;
+    it names both, so a mixture-of-experts layer can run an adapter's deltas of all its experts
+    at once instead (`grouped_delta`)."""
+
+    def __init__(self, adapter: Adapter, index: int) -> None:
+        self.adapter, self.index = adapter, index
+
+    def __call__(self, _module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+        with section("lora"):
+            return self.adapter._apply(self.index, args[0], output)

@@ -14,6 +14,8 @@ import torch.nn.functional as F
 
 from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.adapters.base import Adapter, target_modules
+from aner_lang.runtime.model.experts import ALIGN_BYTES, grouped_mm
+from aner_lang.runtime.model.precision import compute_dtype
 
 
 def _kaiming_uniform(shape: tuple[int, int], gen: torch.Generator) -> torch.Tensor:
@@ -95,6 +97,21 @@ class LoRA(Adapter):
         )
         return flat.view(out.shape)
 
+    groups_experts = True
+
+    def grouped_delta(
+        self, indices: list[int], x: torch.Tensor, offs: torch.Tensor
+    ) -> torch.Tensor:
+        """``s * B_e (A_e dropout(x))`` of each expert's rows, two grouped GEMMs for all targets
+        ``indices``, in the compute dtype. The rank is padded with zero
+        rows of A and zero columns of B to the grouped GEMM's 16-byte rows: exact zeros added."""
+        dtype = compute_dtype(x)
+        pad = -self.rank % (ALIGN_BYTES // torch.empty(0, dtype=dtype).element_size())
+        a = F.pad(torch.stack([self._a[i] for i in indices]).to(dtype), (0, 0, 0, pad))
+        b = F.pad(torch.stack([self._b[i] for i in indices]).to(dtype), (0, pad))
+        xa = grouped_mm(self.dropout(x, self.p).to(dtype), a.transpose(1, 2), offs)
+        return (grouped_mm(xa, b.transpose(1, 2), offs) * self.scaling).to(x.dtype)
+
 
 class LoRAFA(LoRA):
     """LoRA with A frozen at its random init and only B trained."""
@@ -107,6 +124,7 @@ class DoRA(LoRA):
     """Weight-decomposed LoRA: trainable magnitude per output row plus a LoRA direction."""
 
     method = "dora"
+    groups_experts = False  # its norm needs each expert's whole adapted weight
 
     def __init__(
         self, model, rank: int, alpha: float, dropout: float, targets: list[str], seed: int

@@ -25,6 +25,7 @@ weight memory is the file's tensor bytes. Norms stay fp32 as everywhere.
 
 from __future__ import annotations
 
+from itertools import groupby
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +54,7 @@ from aner_lang.runtime.model.config import (
     config_from_hf,
     rope_freq_factors,
 )
+from aner_lang.runtime.model.experts import dense_experts
 from aner_lang.runtime.model.linear import STORAGE_DTYPES, DenseLinear, FrozenLinear
 from aner_lang.runtime.model.loaded import LoadedModel
 from aner_lang.runtime.model.moe import MoeMLP
@@ -124,32 +126,72 @@ def read_weights(
         return storage == "nf4_double_quant" and not quantize_embeddings and name in EMBEDDINGS
 
     linear_dtype = torch.float16 if storage == "float16" else torch.float32
+
+    def read_one(w: Any) -> Any:
+        if storage == "gguf" and w.kind is Kind.LINEAR:
+            return _gguf_linear(source, w, config, device)
+        dtype = linear_dtype if w.kind is Kind.LINEAR else torch.float32
+        t = source.read(w, config, dtype, device)
+        if not bool(torch.isfinite(t).all()):  # NaN weights would make training skip forever
+            raise _not_finite(source, w, " in float16" if dtype == torch.float16 else "")
+        if w.kind is Kind.LINEAR and sixteen_bit(w.name):
+            return DenseLinear(t, "bfloat16" if source.is_bfloat16(w) else "float16")
+        if w.kind is Kind.LINEAR:
+            return linear(t)
+        return RMSNorm(t, config.rms_norm_eps) if w.kind is Kind.NORM else t
+
     progress = Progress(
         label or f"loading {source.path.name}", sum(map(source.nbytes, weights)), len(weights)
     )
     out: dict[str, Any] = {}
     with torch.inference_mode(False), torch.no_grad():
-        for w in weights:
-            if storage == "gguf" and w.kind is Kind.LINEAR:
-                out[w.name] = _gguf_linear(source, w, config, device)
-                progress.update(source.nbytes(w))
+        for _, run in groupby(weights, _expert_run):
+            group = list(run)
+            if len(group) > 1 and storage != "gguf":
+                out |= _read_experts(source, group, config, storage, linear_dtype, device)
+                progress.update(sum(map(source.nbytes, group)))
                 continue
-            dtype = linear_dtype if w.kind is Kind.LINEAR else torch.float32
-            t = source.read(w, config, dtype, device)
-            if not bool(torch.isfinite(t).all()):  # NaN weights would make training skip forever
-                raise _not_finite(source, w, " in float16" if dtype == torch.float16 else "")
-            if w.kind is Kind.LINEAR and sixteen_bit(w.name):
-                out[w.name] = DenseLinear(t, "bfloat16" if source.is_bfloat16(w) else "float16")
-            elif w.kind is Kind.LINEAR:
-                out[w.name] = linear(t)
-            elif w.kind is Kind.NORM:
-                out[w.name] = RMSNorm(t, config.rms_norm_eps)
-            else:
-                out[w.name] = t
-            del t
-            progress.update(source.nbytes(w))
+            for w in group:  # every other weight, and experts stored one by one (gguf)
+                out[w.name] = read_one(w)
+                progress.update(source.nbytes(w))
     progress.close()
     return out
+
+
+def _expert_run(w: Any) -> str:
+    """Which run of `read_weights`' list a weight belongs to: one projection's experts of one
+    layer together (the list keeps them adjacent), every other weight alone."""
+    return w.name if w.expert is None else w.name.replace(f".experts.{w.expert}.", ".experts.*.")
+
+
+def _read_experts(
+    source: TensorSource,
+    group: list[Any],
+    config: ModelConfig,
+    storage: str,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> dict[str, FrozenLinear]:
+    """One projection's experts of one layer, read into one ``[E, out, in]`` tensor and stored
+    together (`experts.dense_experts`, `nf4.linear.nf4_experts`), so a grouped GEMM multiplies by
+    all of them at once."""
+    stack: torch.Tensor | None = None
+    for e, w in enumerate(group):
+        t = source.read(w, config, dtype, device)
+        if not bool(torch.isfinite(t).all()):
+            raise _not_finite(source, w, " in float16" if dtype == torch.float16 else "")
+        if stack is None:
+            stack = torch.empty((len(group), *t.shape), dtype=dtype, device=device)
+        stack[e] = t
+        del t
+    assert stack is not None
+    if storage == "nf4_double_quant":
+        from aner_lang.runtime.nf4.linear import nf4_experts
+
+        experts: list[FrozenLinear] = list(nf4_experts(stack))
+    else:
+        experts = list(dense_experts(stack, storage))
+    return {w.name: m for w, m in zip(group, experts)}
 
 
 def _not_finite(source: TensorSource, w: Any, where: str = "") -> AnerRuntimeError:

@@ -22,6 +22,10 @@ class FrozenLinear(nn.Module):
     "nf4_double_quant"), or "bfloat16" for the 16-bit embedding and `lm_head` of an NF4 base
     whose source stores them in bfloat16."""
 
+    expert_group: object | None = None
+    """For a mixture-of-experts expert loaded with its siblings: the `experts.ExpertGroup` that
+    holds all their matrices together (what a grouped GEMM multiplies by)."""
+
     def __init__(self, in_features: int, out_features: int) -> None:
         super().__init__()
         self.in_features = in_features

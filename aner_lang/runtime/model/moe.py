@@ -6,13 +6,18 @@ Qwen3-MoE's ``norm_topk_prob``). Mixtral's paper takes the top k of the logits a
 those k, which is the same numbers.
 
 Each expert is a `LlamaMLP` of three `FrozenLinear` modules, so every storage serves it (one
-`NF4Linear` per expert under NF4, through the same matmul as a dense layer's) and adapters wrap
-each expert's projections as they wrap any projection: a ``gate_proj`` LoRA holds one A/B pair per
-expert. Tokens are grouped by expert (a stable sort of the token-expert pairs by expert id), and
-each expert with tokens runs once on its contiguous group, its outputs weighted and added back
-with `index_add_`. A loop over the experts rather than one `torch.bmm`: the groups are ragged,
-and a batched GEMM would pad every group to the largest (up to k*T rows for each of E experts);
-grouped-GEMM kernels (`torch._grouped_mm`, CUDA only) can replace the loop later.
+`NF4Linear` per expert under NF4) and adapters wrap each expert's projections as they wrap any
+projection: a ``gate_proj`` LoRA holds one A/B pair per expert. Tokens are grouped by expert (a
+stable sort of the token-expert pairs by expert id), the experts' outputs are weighted and added
+back with one `index_add_`.
+
+How the experts run: where every expert projection is a frozen base with at most LoRA-style
+adapters on it (each adapter says so with ``groups_experts``), each projection is one grouped GEMM
+over all the experts' rows (`experts.grouped_frozen` for the base, the adapter's
+``grouped_delta`` for its low-rank part): a few kernels per layer whatever the expert count, and
+no host read of the group sizes. Otherwise (DoRA, TinyLoRA or `full` on the experts) each expert
+with tokens runs its own modules on its contiguous group, which reads the group sizes on the host.
+Both give the same products; the grouped one sums a LoRA's part after rounding the base's.
 
 The load-balancing loss (`load_balancing_loss`) is transformers' `load_balancing_loss_func`
 without an attention mask: E * sum_e f_e * P_e over the layers' tokens together, f_e the fraction
@@ -23,13 +28,20 @@ are collected only inside `collecting_router_logits()`.
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any, cast
 
 import torch
 from torch import nn
 
+from aner_lang.runtime.model.activations import recomputing
+from aner_lang.runtime.model.experts import base_dtype, groupable, grouped_frozen, kernel_runs
 from aner_lang.runtime.model.linear import FrozenLinear
+from aner_lang.runtime.model.sections import section
+
+PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+"""An expert MLP's projections, in the order they run."""
 
 _ROUTER_LOGITS: contextvars.ContextVar[list[torch.Tensor] | None] = contextvars.ContextVar(
     "router_logits", default=None
@@ -73,20 +85,95 @@ class MoeMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
         weights, chosen = self.route(flat)
-        order = chosen.reshape(-1).argsort(stable=True)  # token-expert pairs grouped by expert
+        ids = chosen.reshape(-1)
+        order = ids.argsort(stable=True)  # token-expert pairs grouped by expert
         tokens = order // self.top_k
-        counts = torch.bincount(chosen.reshape(-1), minlength=len(self.experts)).tolist()
-        pair_weights = weights.reshape(-1)[order]
+        # scatter_add_, not bincount: bincount reads the largest id on the host to size its output
+        counts = ids.new_zeros(len(self.experts)).scatter_add_(0, ids, torch.ones_like(ids))
         routed = flat.index_select(0, tokens)
-        out = torch.zeros_like(flat)
+        adapters = self._grouped_adapters()
+        if adapters is None:
+            y = self._looped(routed, counts)
+        else:
+            y = self._grouped(routed, counts.cumsum(0).to(torch.int32), adapters)
+        y = y * weights.reshape(-1)[order, None].to(flat.dtype)
+        return torch.zeros_like(flat).index_add_(0, tokens, y).view(x.shape)
+
+    def _projections(self, name: str) -> list[FrozenLinear]:
+        return [getattr(e, name) for e in self.experts]
+
+    def _grouped_adapters(self) -> dict[str, list[tuple[Any, list[int]]]] | None:
+        """Per projection, the adapters on its experts (each with its target index per expert),
+        in the order their hooks run; None where the experts cannot run grouped (see above)."""
+        out: dict[str, list[tuple[Any, list[int]]]] = {}
+        for name in PROJECTIONS:
+            modules = self._projections(name)
+            if not groupable(modules) or any(m._forward_pre_hooks for m in modules):
+                return None
+            hooks = [list(m._forward_hooks.values()) for m in modules]
+            if len({len(h) for h in hooks}) != 1:
+                return None
+            out[name] = []
+            for column in zip(*hooks):
+                adapter = getattr(column[0], "adapter", None)
+                if not getattr(adapter, "groups_experts", False) or any(
+                    getattr(h, "adapter", None) is not adapter for h in column
+                ):
+                    return None
+                out[name].append((adapter, [h.index for h in column]))
+        return out
+
+    def reads_host(self, dtype: torch.dtype) -> bool:
+        """Whether a forward computing in ``dtype`` (with the adapters now attached) reads group
+        sizes on the host, which a CUDA graph cannot record: the looped path, or a grouped GEMM
+        that `experts.grouped_mm` must run as a loop there."""
+        if self._grouped_adapters() is None:
+            return True
+        for name in PROJECTIONS:
+            modules = self._projections(name)
+            device = next(iter([*modules[0].buffers(), *modules[0].parameters()])).device
+            own = base_dtype(modules, torch.empty(0, dtype=dtype))
+            shape = (modules[0].in_features, modules[0].out_features)
+            if not all(kernel_runs(d, device, *shape) for d in {own, dtype}):
+                return True
+        return False
+
+    def _grouped(
+        self,
+        routed: torch.Tensor,
+        offs: torch.Tensor,
+        adapters: dict[str, list[tuple[Any, list[int]]]],
+    ) -> torch.Tensor:
+        """Every expert's MLP on its rows of ``routed``, a grouped GEMM per projection."""
+
+        def project(name: str, x: torch.Tensor) -> torch.Tensor:
+            y = grouped_frozen(x, offs, self._projections(name))
+            for adapter, indices in adapters[name]:
+                with section("lora"):
+                    y = y + adapter.grouped_delta(indices, x, offs)
+            return y
+
+        activation = self.activation
+        gate, up = project("gate_proj", routed), project("up_proj", routed)
+        with section("norms_activations"):
+            h = activation(gate, up)
+        with recomputing(h, lambda: activation(gate, up)):
+            return project("down_proj", h)
+
+    @property
+    def activation(self) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        """The experts' gated activation (their MLP class's ``activation``)."""
+        return cast(Any, self.experts[0]).activation
+
+    def _looped(self, routed: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Every expert's own modules on its rows of ``routed`` (group sizes read on the host)."""
+        parts = []
         start = 0
-        for expert, n in zip(self.experts, counts):
+        for expert, n in zip(self.experts, counts.tolist()):
             if n:
-                rows = slice(start, start + n)
-                y = expert(routed[rows]) * pair_weights[rows, None].to(flat.dtype)
-                out.index_add_(0, tokens[rows], y)
+                parts.append(expert(routed[start : start + n]))
                 start += n
-        return out.view(x.shape)
+        return torch.cat(parts) if parts else torch.zeros_like(routed)
 
 
 def load_balancing_loss(logits: list[torch.Tensor], num_experts: int, top_k: int) -> torch.Tensor:

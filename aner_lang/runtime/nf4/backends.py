@@ -27,7 +27,7 @@ from aner_lang.builtins import members
 from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.model.sections import section
 from aner_lang.runtime.nf4 import host_tiled
-from aner_lang.runtime.nf4.quant import NF4Weight
+from aner_lang.runtime.nf4.quant import NF4Weight, dequantize_nf4
 
 KERNELS = members("Kernel")
 
@@ -40,6 +40,11 @@ class NF4Backend(Protocol):
     def linear(self, x: torch.Tensor, w: NF4Weight) -> torch.Tensor: ...
 
     def grad_input(self, grad_y: torch.Tensor, w: NF4Weight) -> torch.Tensor: ...
+
+    def dense(self, w: NF4Weight, dtype: torch.dtype) -> torch.Tensor:
+        """The dense `[out, in]` weight in ``dtype``, valid until this backend's next call (it may
+        live in a reused buffer): what a grouped GEMM over experts multiplies by."""
+        ...
 
     def identity(self, device: torch.device, dtype: torch.dtype) -> str:
         """What produced a result bit for bit: the kernel's name and version, its source or
@@ -60,6 +65,9 @@ class HostTiled:
 
     def grad_input(self, grad_y: torch.Tensor, w: NF4Weight) -> torch.Tensor:
         return host_tiled.grad_input(grad_y, w, self.tile_bytes)
+
+    def dense(self, w: NF4Weight, dtype: torch.dtype) -> torch.Tensor:
+        return dequantize_nf4(w, dtype)
 
     def identity(self, device: torch.device, dtype: torch.dtype) -> str:
         # The tile size is part of it: it sets the shapes of the matmuls the tiles go through.

@@ -8,12 +8,19 @@ base serves host_tiled and fused runs alike, at once.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from aner_lang.runtime.model.linear import FrozenLinear
 from aner_lang.runtime.nf4 import host_tiled
 from aner_lang.runtime.nf4.backends import active_backend, nf4_matmul
-from aner_lang.runtime.nf4.quant import NF4Weight, dequantize_nf4, quantize_nf4
+from aner_lang.runtime.nf4.quant import (
+    NESTED_BLOCKSIZE,
+    NF4Weight,
+    dequantize_nf4,
+    quantize_nf4,
+)
 
 _PARTS = ("packed", "qabsmax", "absmax2", "code2", "offset")
 
@@ -63,3 +70,57 @@ class NF4Linear(FrozenLinear):
 
     def nbytes(self) -> dict[str, int]:
         return {"packed_base": self.weight_nf4.packed_nbytes()}
+
+
+class NF4ExpertGroup:
+    """Experts whose NF4 weights are slices of one weight quantized over all of them."""
+
+    def __init__(self, joint: NF4Weight, experts: int) -> None:
+        self.joint, self.experts = joint, experts
+
+    def stack(self, dtype: torch.dtype) -> torch.Tensor:
+        rows, cols = self.joint.shape
+        dense = active_backend(self.joint.packed.device).dense(self.joint, dtype)
+        return dense.view(self.experts, rows // self.experts, cols)
+
+    def holds(self, modules: Sequence[FrozenLinear]) -> bool:
+        step = self.joint.packed.numel() // self.experts
+        return len(modules) == self.experts and all(
+            isinstance(m, NF4Linear)
+            and m.get_buffer("packed").data_ptr() == self.joint.packed.data_ptr() + e * step
+            for e, m in enumerate(modules)
+        )
+
+
+def nf4_experts(weights: torch.Tensor) -> list[NF4Linear]:
+    """E experts ``[E, out, in]`` as `NF4Linear` modules.
+
+    Rule: where each expert fills whole 256-block groups of the double quantization
+    (``out * in`` a multiple of 64 * 256, every real MoE shape), the experts are quantized as one
+    ``[E * out, in]`` weight, as a 3-D expert tensor is stored, and each module holds its slice:
+    the same 4-bit codes and block absmax values as quantizing it alone, the double
+    quantization's offset taken over all the experts. One dequantization then gives a grouped GEMM
+    its whole ``[E, out, in]`` stack. Other shapes are quantized expert by expert, and stacked per
+    use."""
+    count, rows, cols = weights.shape
+    per = rows * cols
+    if per % (64 * NESTED_BLOCKSIZE):
+        return [NF4Linear.from_dense(w) for w in weights]
+    joint = quantize_nf4(weights.reshape(count * rows, cols))
+    blocks, groups = per // 64, per // (64 * NESTED_BLOCKSIZE)
+    group = NF4ExpertGroup(joint, count)
+    experts = []
+    for e in range(count):
+        part = NF4Weight(
+            joint.packed[e * per // 2 : (e + 1) * per // 2],
+            joint.qabsmax[e * blocks : (e + 1) * blocks],
+            joint.absmax2[e * groups : (e + 1) * groups],
+            joint.code2,
+            joint.offset,
+            (rows, cols),
+            joint.blocksize,
+        )
+        module = NF4Linear(part)
+        module.expert_group = group
+        experts.append(module)
+    return experts

@@ -57,6 +57,7 @@ from aner_lang.runtime.io.process_clock import seconds_running
 from aner_lang.runtime.io.world import once, world
 from aner_lang.runtime.model import fused_ops
 from aner_lang.runtime.model.activations import ActivationPolicy, keeping
+from aner_lang.runtime.model.moe import MoeMLP
 from aner_lang.runtime.model.precision import DTYPES, autocast
 from aner_lang.runtime.model.sections import section
 from aner_lang.runtime.nf4.backends import NF4Backend, using_backend
@@ -117,6 +118,16 @@ def _mean_loss(adapter: Any, data: Dataset, micro_batch: int, profile: Profile) 
                 total += float(adapter.loss(batch.input_ids, batch.targets, batch.positions))
             count += batch.scored_tokens
     return total / max(count, 1)
+
+
+def _experts_read_host(adapter: Any, precision: str) -> bool:
+    """Whether a mixture-of-experts layer of the adapter's base reads its group sizes on the
+    host in this run's compute dtype (`MoeMLP.reads_host`)."""
+    layers = [m for m in adapter.base.module.modules() if isinstance(m, MoeMLP)]
+    if not layers:
+        return False
+    with adapter.active():
+        return any(m.reads_host(DTYPES[precision]) for m in layers)
 
 
 def run_identity(adapter: Any, profile: Profile, backend: NF4Backend) -> str:
@@ -432,8 +443,8 @@ class _Loop:
             profile.graphs,
             options["micro_batch"] * data.context,
         )
-        if adapter.base.config.num_experts and not off:  # group sizes are read on the host
-            off = "a mixture-of-experts model sizes its expert groups on the host"
+        if not off and _experts_read_host(adapter, profile.precision):
+            off = "a mixture-of-experts layer sizes its expert groups on the host"
         if objective is not None:
             off = f"the {objective.name} objective runs its steps eagerly"
         self.steps = GraphSteps(self._forward_backward, [p for _, p in self.params], off)

@@ -52,6 +52,9 @@ class FusedBackend:
     def grad_input(self, grad_y: torch.Tensor, w: NF4Weight) -> torch.Tensor:
         return ops.grad_input(grad_y, nf4_tensors(w))  # outside autocast: in the gradient's dtype
 
+    def dense(self, w: NF4Weight, dtype: torch.dtype) -> torch.Tensor:
+        return ops.dequantize(nf4_tensors(w), dtype, reuse=True)
+
     def identity(self, device: torch.device, dtype: torch.dtype = torch.float32) -> str:
         """The kernel identity string for computations in ``dtype`` on ``device``."""
         index = device.index if device.index is not None else torch.cuda.current_device()
