@@ -20,8 +20,11 @@ Rules:
   the GPU busy run eagerly (`EAGER_FROM_TOKENS`). Elsewhere, or when recording fails,
   the step runs eagerly; `GraphSteps.status` says which and why.
 * Recording warms the function up once on a side stream first (kernels compiled, workspaces
-  allocated); the gradients that warm-up leaves are put back to their values before it, which
-  wait in host memory meanwhile (a device copy would add the adapter's size to the run's peak).
+  allocated); the gradients that warm-up leaves are put back to their values before it: those
+  the parameters held wait in host memory meanwhile (a device copy would add the adapter's size
+  to the run's peak), and those made for the recording are zeroed again. A run's first recording
+  finds no gradients, so it copies nothing to the host and back (a round trip per adapter
+  tensor, hundreds to thousands of them, in every `train` call).
 * Python's cyclic garbage collector is held off during a recording: a collection inside it could
   destroy an unreachable earlier graph, and freeing device memory invalidates a capture. Before a
   recording it collects the young generations only (`COLLECT_BEFORE_RECORDING`): a full
@@ -128,11 +131,14 @@ class GraphSteps:
         ids_s, targets_s, scored_s = ids.clone(), targets.clone(), scored.clone()
         positions_s = None if positions is None else positions.clone()
         scale_s = None if scale is None else scale.clone()
+        # what the warm-up must leave as it found: gradients held before (on the host, not
+        # beside the warm-up's peak), and the zeros of those made here
+        saved = [(p.grad, p.grad.to("cpu")) for p in self.params if p.grad is not None]
+        made: list[torch.Tensor] = []
         for p in self.params:  # gradients at fixed addresses, accumulated into by the graph
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        grads = [p.grad for p in self.params if p.grad is not None]
-        saved = [g.to("cpu") for g in grads]  # on the host: not beside the warm-up's peak
+                made.append(p.grad)
         try:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
@@ -155,8 +161,10 @@ class GraphSteps:
             self.status = f"off: recording failed ({type(exc).__name__}: {str(exc)[:200]})"
             loss = None
         with torch.no_grad():  # undo what the warm-up (and a failed recording) accumulated
-            for grad, before in zip(grads, saved):
+            for grad, before in saved:
                 grad.copy_(before)
+            if made:
+                torch._foreach_zero_(made)
         if loss is None:
             return None
         return _Graph(graph, ids_s, targets_s, positions_s, scored_s, scale_s, loss)

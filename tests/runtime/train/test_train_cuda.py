@@ -137,3 +137,35 @@ def test_a_recording_collects_only_young_garbage_and_holds_the_collector_off(
     assert recordings >= 2  # two shapes at least
     assert collected == [graphs.COLLECT_BEFORE_RECORDING] * recordings
     assert all(not enabled for capturing, enabled in seen if capturing)
+
+
+def test_a_recording_leaves_the_gradients_as_it_found_them():
+    """The warm-up before a recording accumulates into the gradients; they are put back: those
+    held before to their values (a mid-window recording of a new shape), those made for the
+    recording to zero. Each micro-batch then adds exactly its own gradient, as eagerly."""
+    from aner_lang.runtime.train.graphs import GraphSteps
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    held = torch.randn(6, 4, device="cuda", generator=gen).requires_grad_()
+    fresh = torch.randn(4, device="cuda", generator=gen).requires_grad_()
+    before = torch.randn(6, 4, device="cuda", generator=gen)
+    held.grad = before.clone()
+
+    def step(ids, targets, positions, scored, scale):  # type: ignore[no-untyped-def]
+        x = ids.float() @ held + fresh
+        loss = ((x - targets.float()) ** 2).sum() / scored
+        loss.backward()
+        return loss.detach()
+
+    ids = torch.randint(0, 5, (3, 6), device="cuda", generator=gen)
+    targets = torch.randint(0, 5, (3, 4), device="cuda", generator=gen)
+    steps = GraphSteps(step, [held, fresh], None)
+    loss = steps(ids, targets, None, 12, None).clone()
+    assert steps.on and len(steps._graphs) == 1
+    assert held.grad is not None and fresh.grad is not None
+    got_held, got_fresh = held.grad.clone(), fresh.grad.clone()
+    held.grad, fresh.grad = before.clone(), None
+    eager = step(ids, targets, None, torch.tensor(12.0, device="cuda"), None)
+    assert torch.equal(loss, eager)
+    assert torch.equal(got_held, held.grad) and torch.equal(got_fresh, fresh.grad)
+    steps.release()

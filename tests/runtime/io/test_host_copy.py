@@ -1,0 +1,74 @@
+"""`host_copies`: detached CPU copies of many tensors, the small CUDA ones through one staging
+buffer. Every copy has the original's bits, dtype and shape, keeps the input's order, and owns
+its storage (safetensors refuses tensors that share memory)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from aner_lang.runtime.io.host_copy import PINNED_MAX_BYTES, host_copies, staged_copies
+
+
+def _tensors(device: str) -> dict[str, torch.Tensor]:
+    """Odd sizes and every dtype a snapshot holds: offsets that need aligning, a 0-d step, an
+    empty tensor, a non-contiguous view, a bool mask, and one above the staging limit."""
+    gen = torch.Generator().manual_seed(0)
+    wide = torch.randn(7, 5, generator=gen)
+    big = torch.randn(PINNED_MAX_BYTES // 4 + 3, generator=gen)
+    cpu = {
+        "b_odd": torch.randint(0, 255, (3,), generator=gen, dtype=torch.uint8),
+        "a_f32": torch.randn(4, 3, generator=gen),
+        "step": torch.tensor(7.0),
+        "empty": torch.empty(0, 8),
+        "bf16": torch.randn(5, 3, generator=gen).to(torch.bfloat16),
+        "f64": torch.randn(3, generator=gen, dtype=torch.float64),
+        "mask": torch.rand(9, generator=gen) > 0.5,
+        "transposed": wide.t(),
+        "big": big,
+    }
+    return {k: v.to(device) for k, v in cpu.items()}
+
+
+def _check_copies(given: dict[str, torch.Tensor], copies: dict[str, torch.Tensor]) -> None:
+    assert list(copies) == list(given)
+    storages = set()
+    for name, t in given.items():
+        c = copies[name]
+        assert c.device.type == "cpu" and c.is_contiguous(), name
+        assert c.dtype == t.dtype and c.shape == t.shape, name
+        assert torch.equal(c, t.cpu()), name
+        if c.numel():
+            assert c.untyped_storage().data_ptr() != t.untyped_storage().data_ptr(), name
+            storages.add(c.untyped_storage().data_ptr())
+    assert len(storages) == sum(1 for c in copies.values() if c.numel())
+
+
+def test_staged_copies_place_every_dtype_and_shape_apart(tmp_path):
+    given = _tensors("cpu")
+    copies = staged_copies(given, pinned=False)
+    _check_copies(given, copies)
+    given["a_f32"].add_(1.0)  # the copies are detached from the originals
+    assert not torch.equal(copies["a_f32"], given["a_f32"])
+    save_file(copies, str(tmp_path / "x.safetensors"))  # no two share memory
+    assert all(torch.equal(v, copies[k]) for k, v in load_file(tmp_path / "x.safetensors").items())
+
+
+def test_host_copies_of_cpu_tensors_are_detached_clones():
+    given = _tensors("cpu")
+    given["grad"] = torch.ones(3, requires_grad=True) * 2
+    copies = host_copies(given)
+    _check_copies(given, copies)
+    assert not copies["grad"].requires_grad
+
+
+@pytest.mark.cuda
+def test_host_copies_of_cuda_tensors_match_their_bits_and_share_no_memory(tmp_path):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    given = _tensors("cuda")
+    copies = host_copies(given)
+    _check_copies(given, copies)
+    assert not any(c.is_pinned() for c in copies.values())  # the staging buffer is not kept
+    save_file(copies, str(tmp_path / "x.safetensors"))
