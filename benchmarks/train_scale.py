@@ -27,7 +27,8 @@ Shapes: smollm2 (context 512), llama3.2-1b, llama3-8b-8 (8 of 32 layers), llama3
 1B: 262k vocabulary, sliding-window layers 5 of every 6, context 2048) and tiny-gemma3.
 Sides: aner, peft, peft-gc (gradient checkpointing), peft-liger, unsloth, unsloth-gc,
 and aner-checkpoint / aner-offload (Aner under that `activations:`, whatever `--activations` says)
-and aner-checkpoint-eager (the same without CUDA graphs).
+and aner-checkpoint-eager (the same without CUDA graphs); on a MoE shape aner-moe-loop (the
+experts one by one, as before the grouped GEMMs).
 The peers need `.peers/site` on PYTHONPATH (shared/device/peers-site.sh) and the offline
 variables that script lists; a side whose packages are missing is reported as skipped.
 """
@@ -89,7 +90,7 @@ SHAPES: dict[str, dict[str, Any]] = {
                       "sliding_window": 512, "query_pre_attn_scalar": 256,
                       "tie_word_embeddings": True, "rope_theta": 1000000.0, "context": 2048},
 }  # fmt: skip
-MOE_SIDES = ("aner", "aner-checkpoint", "aner-offload", "aner-checkpoint-eager")
+MOE_SIDES = ("aner", "aner-checkpoint", "aner-offload", "aner-checkpoint-eager", "aner-moe-loop")
 """The sides of a mixture-of-experts shape: transformers keeps experts as 3-D parameters, which
 the peers' LoRA targets (`gate_proj`...) do not reach, so only Aner's runs are comparable."""
 SIDES = ("aner", "peft", "peft-gc", "peft-liger", "unsloth", "unsloth-gc")
@@ -380,13 +381,19 @@ def aner_worker(
     activations: str | None = None,
     graphs: bool = True,
     storage: str = "nf4_double_quant",
+    moe_loop: bool = False,
 ) -> dict[str, Any]:
     """Aner's own trainer (`train`), as a script runs it, continued across the timed calls;
     `activations` overrides the run's `--activations` (the sides `aner-checkpoint` and
     `aner-offload`, so one run can show both beside the peers' checkpointing); `graphs=False`
     (`aner-checkpoint-eager`) turns CUDA graphs off, to show what recording the step buys;
-    `storage: gguf` (`aner-gguf`) keeps a GGUF file's own blocks."""
+    `storage: gguf` (`aner-gguf`) keeps a GGUF file's own blocks; `moe_loop` (`aner-moe-loop`)
+    runs each expert's own modules in turn instead of the grouped GEMMs, to show what they buy."""
     job = {**job, "activations": activations or job["activations"]}
+    if moe_loop:
+        from aner_lang.runtime.model.moe import MoeMLP
+
+        MoeMLP._grouped_adapters = lambda self: None  # type: ignore[method-assign]
     import torch
     from safetensors.torch import save_file
 
@@ -625,6 +632,7 @@ WORKERS = {  # side -> its worker; the side's name is put into the result by `ma
     "aner-offload": lambda job: aner_worker(job, "offload"),
     "aner-checkpoint-eager": lambda job: aner_worker(job, "checkpoint", graphs=False),
     "aner-gguf": lambda job: aner_worker(job, storage="gguf"),
+    "aner-moe-loop": lambda job: aner_worker(job, moe_loop=True),
     "peft": peft_worker,
     "peft-gc": lambda job: peft_worker(job, checkpointing=True),
     "peft-liger": lambda job: peft_worker(job, liger=True),
