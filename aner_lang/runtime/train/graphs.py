@@ -20,11 +20,10 @@ Rules:
   the GPU busy run eagerly (`EAGER_FROM_TOKENS`). Elsewhere, or when recording fails,
   the step runs eagerly; `GraphSteps.status` says which and why.
 * Recording warms the function up once on a side stream first (kernels compiled, workspaces
-  allocated); the gradients that warm-up leaves are put back to their values before it: those
-  the parameters held wait in host memory meanwhile (a device copy would add the adapter's size
-  to the run's peak), and those made for the recording are zeroed again. A run's first recording
-  finds no gradients, so it copies nothing to the host and back (a round trip per adapter
-  tensor, hundreds to thousands of them, in every `train` call).
+  allocated), on the micro-batch being recorded: that warm-up is this micro-batch's eager step,
+  and its loss and gradients are kept (the same bits a replay gives), so a recorded shape costs
+  one recording beside its steps, not a warm-up step thrown away and its gradients put back. The
+  gradients are made (zeros) before the warm-up, so the graph accumulates at their addresses.
 * Python's cyclic garbage collector is held off during a recording: a collection inside it could
   destroy an unreachable earlier graph, and freeing device memory invalidates a capture. Before a
   recording it collects the young generations only (`COLLECT_BEFORE_RECORDING`): a full
@@ -106,10 +105,10 @@ class GraphSteps:
         if g is None:
             if len(self._graphs) >= MAX_SHAPES:
                 return self.step(ids, targets, positions, scored_t, scale_t)
-            g = self._record(ids, targets, positions, scored_t, scale_t)
-            if g is None:
-                return self.step(ids, targets, positions, scored_t, scale_t)
-            self._graphs[key] = g
+            recorded, loss = self._record(ids, targets, positions, scored_t, scale_t)
+            if recorded is not None:
+                self._graphs[key] = recorded
+            return loss  # the warm-up's: this micro-batch's own step
         g.ids.copy_(ids)
         g.targets.copy_(targets)
         if g.positions is not None and positions is not None:
@@ -127,47 +126,37 @@ class GraphSteps:
         positions: torch.Tensor | None,
         scored: torch.Tensor,
         scale: torch.Tensor | None,
-    ) -> _Graph | None:
+    ) -> tuple[_Graph | None, torch.Tensor]:
+        """The graph of this batch's shape (None where recording fails) and the loss of the
+        warm-up, which ran this micro-batch's step eagerly (see the module's rules)."""
         ids_s, targets_s, scored_s = ids.clone(), targets.clone(), scored.clone()
         positions_s = None if positions is None else positions.clone()
         scale_s = None if scale is None else scale.clone()
-        # what the warm-up must leave as it found: gradients held before (on the host, not
-        # beside the warm-up's peak), and the zeros of those made here
-        saved = [(p.grad, p.grad.to("cpu")) for p in self.params if p.grad is not None]
-        made: list[torch.Tensor] = []
         for p in self.params:  # gradients at fixed addresses, accumulated into by the graph
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-                made.append(p.grad)
-        try:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                self.step(ids_s, targets_s, positions_s, scored_s, scale_s)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            if self._pool is None:
-                self._pool = torch.cuda.graph_pool_handle()
-            collecting = gc.isenabled()
-            gc.collect(COLLECT_BEFORE_RECORDING)
-            gc.disable()
-            try:
-                with torch.cuda.graph(graph, pool=self._pool):
-                    loss = self.step(ids_s, targets_s, positions_s, scored_s, scale_s)
-            finally:
-                if collecting:
-                    gc.enable()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            warm = self.step(ids_s, targets_s, positions_s, scored_s, scale_s)
+        torch.cuda.current_stream().wait_stream(side)
+        warm.record_stream(torch.cuda.current_stream())  # read there, allocated on `side`
+        graph = torch.cuda.CUDAGraph()
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        collecting = gc.isenabled()
+        gc.collect(COLLECT_BEFORE_RECORDING)
+        gc.disable()
+        try:  # a recording runs nothing: the gradients stay as the warm-up left them
+            with torch.cuda.graph(graph, pool=self._pool):
+                loss = self.step(ids_s, targets_s, positions_s, scored_s, scale_s)
         except RuntimeError as exc:  # an operation that cannot be recorded: run eagerly
             self.status = f"off: recording failed ({type(exc).__name__}: {str(exc)[:200]})"
-            loss = None
-        with torch.no_grad():  # undo what the warm-up (and a failed recording) accumulated
-            for grad, before in saved:
-                grad.copy_(before)
-            if made:
-                torch._foreach_zero_(made)
-        if loss is None:
-            return None
-        return _Graph(graph, ids_s, targets_s, positions_s, scored_s, scale_s, loss)
+            return None, warm
+        finally:
+            if collecting:
+                gc.enable()
+        return _Graph(graph, ids_s, targets_s, positions_s, scored_s, scale_s, loss), warm
 
 
 def eligibility(

@@ -139,33 +139,36 @@ def test_a_recording_collects_only_young_garbage_and_holds_the_collector_off(
     assert all(not enabled for capturing, enabled in seen if capturing)
 
 
-def test_a_recording_leaves_the_gradients_as_it_found_them():
-    """The warm-up before a recording accumulates into the gradients; they are put back: those
-    held before to their values (a mid-window recording of a new shape), those made for the
-    recording to zero. Each micro-batch then adds exactly its own gradient, as eagerly."""
+def test_a_recorded_micro_batch_adds_its_own_gradient_once():
+    """The warm-up before a recording is the recorded micro-batch's own step: its gradient is
+    added once to those held before (a mid-window recording of a new shape) and to zeros for
+    those made for the recording, and its loss is the eager step's; the next micro-batch of the
+    shape replays the graph and adds its own, bit for bit as eagerly."""
     from aner_lang.runtime.train.graphs import GraphSteps
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     held = torch.randn(6, 4, device="cuda", generator=gen).requires_grad_()
     fresh = torch.randn(4, device="cuda", generator=gen).requires_grad_()
     before = torch.randn(6, 4, device="cuda", generator=gen)
-    held.grad = before.clone()
+    ref_held, ref_fresh = (t.detach().clone().requires_grad_() for t in (held, fresh))
+    held.grad, ref_held.grad = before.clone(), before.clone()
 
-    def step(ids, targets, positions, scored, scale):  # type: ignore[no-untyped-def]
-        x = ids.float() @ held + fresh
-        loss = ((x - targets.float()) ** 2).sum() / scored
-        loss.backward()
-        return loss.detach()
+    def stepping(w, b):  # type: ignore[no-untyped-def]
+        def step(ids, targets, positions, scored, scale):  # type: ignore[no-untyped-def]
+            loss = (((ids.float() @ w + b) - targets.float()) ** 2).sum() / scored
+            loss.backward()
+            return loss.detach()
+
+        return step
 
     ids = torch.randint(0, 5, (3, 6), device="cuda", generator=gen)
     targets = torch.randint(0, 5, (3, 4), device="cuda", generator=gen)
-    steps = GraphSteps(step, [held, fresh], None)
-    loss = steps(ids, targets, None, 12, None).clone()
-    assert steps.on and len(steps._graphs) == 1
-    assert held.grad is not None and fresh.grad is not None
-    got_held, got_fresh = held.grad.clone(), fresh.grad.clone()
-    held.grad, fresh.grad = before.clone(), None
-    eager = step(ids, targets, None, torch.tensor(12.0, device="cuda"), None)
-    assert torch.equal(loss, eager)
-    assert torch.equal(got_held, held.grad) and torch.equal(got_fresh, fresh.grad)
+    steps = GraphSteps(stepping(held, fresh), [held, fresh], None)
+    eager = stepping(ref_held, ref_fresh)
+    scored = torch.tensor(12.0, device="cuda")
+    for _ in range(2):  # the warm-up of the recording, then a replay
+        loss = steps(ids, targets, None, 12, None).clone()
+        assert torch.equal(loss, eager(ids, targets, None, scored, None))
+        assert torch.equal(held.grad, ref_held.grad) and torch.equal(fresh.grad, ref_fresh.grad)
+        assert steps.on and len(steps._graphs) == 1
     steps.release()
