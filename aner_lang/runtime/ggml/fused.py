@@ -165,6 +165,9 @@ class GGUFFused:
     def grad_input(self, grad_y: torch.Tensor, w: GGUFWeight) -> torch.Tensor:
         return grad_input(grad_y, w)  # outside autocast: in the gradient's dtype
 
+    def dense(self, w: GGUFWeight, dtype: torch.dtype) -> torch.Tensor:
+        return dequantize(w, dtype, reuse=True)
+
     def identity(self, device: torch.device, dtype: torch.dtype) -> str:
         """The kernels' identity for `dtype` inputs on `device`: source, options and architecture
         (the block type's define is the only per-module option, and the file fixes the types)."""

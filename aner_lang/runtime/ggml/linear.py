@@ -8,6 +8,7 @@ dequantizes bounded row tiles in torch, then multiplies (CPU and CUDA).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import cache
 from typing import Protocol
 
@@ -30,6 +31,10 @@ class GGUFBackend(Protocol):
 
     def grad_input(self, grad_y: torch.Tensor, w: GGUFWeight) -> torch.Tensor: ...
 
+    def dense(self, w: GGUFWeight, dtype: torch.dtype) -> torch.Tensor:
+        """The dense `[out, in]` weight (`NF4Backend.dense`)."""
+        ...
+
     def identity(self, device: torch.device, dtype: torch.dtype) -> str: ...
 
 
@@ -46,6 +51,9 @@ class GGUFHostTiled:
 
     def grad_input(self, grad_y: torch.Tensor, w: GGUFWeight) -> torch.Tensor:
         return host_tiled.tiled_grad_input(grad_y, w.shape, lambda dt: w.tiles(dt, self.tile_bytes))
+
+    def dense(self, w: GGUFWeight, dtype: torch.dtype) -> torch.Tensor:
+        return w.rows(0, w.shape[0]).to(dtype)
 
     def identity(self, device: torch.device, dtype: torch.dtype) -> str:
         compute = str(dtype).removeprefix("torch.")
@@ -108,3 +116,42 @@ class GGUFLinear(FrozenLinear):
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, qtype={self.qtype}"
+
+
+class GGUFExpertGroup:
+    """Experts whose blocks are row slices of one `[experts * out, row_bytes]` tensor."""
+
+    def __init__(self, joint: GGUFWeight, experts: int) -> None:
+        self.joint, self.experts = joint, experts
+
+    def stack(self, dtype: torch.dtype) -> torch.Tensor:
+        rows, cols = self.joint.shape
+        backend = gguf_backend(active_backend(self.joint.raw.device))
+        return backend.dense(self.joint, dtype).view(self.experts, rows // self.experts, cols)
+
+    def holds(self, modules: Sequence[FrozenLinear]) -> bool:
+        step = self.joint.raw.numel() // self.experts
+        return len(modules) == self.experts and all(
+            isinstance(m, GGUFLinear)
+            and m.get_buffer("raw").data_ptr() == self.joint.raw.data_ptr() + e * step
+            for e, m in enumerate(modules)
+        )
+
+
+def gguf_experts(weights: list[GGUFWeight]) -> list[GGUFLinear]:
+    """One projection's experts of one layer (blocks of one type, as their 3-D GGUF tensor
+    holds them) as `GGUFLinear` modules over row slices of one tensor, the file's bytes
+    unchanged: a grouped GEMM decodes all of them at once (`GGUFExpertGroup`)."""
+    joint = GGUFWeight(
+        torch.cat([w.raw for w in weights]),
+        weights[0].qtype,
+        (sum(w.shape[0] for w in weights), weights[0].shape[1]),
+    )
+    group = GGUFExpertGroup(joint, len(weights))
+    rows = weights[0].shape[0]
+    experts = []
+    for e, w in enumerate(weights):
+        module = GGUFLinear(GGUFWeight(joint.raw[e * rows : (e + 1) * rows], w.qtype, w.shape))
+        module.expert_group = group
+        experts.append(module)
+    return experts

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from itertools import groupby
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -151,6 +151,11 @@ def read_weights(
                 out |= _read_experts(source, group, config, storage, linear_dtype, device)
                 progress.update(sum(map(source.nbytes, group)))
                 continue
+            if len(group) > 1:  # experts of a GGUF kept as the file's blocks
+                experts = _grouped_blocks([read_one(w) for w in group])
+                out |= {w.name: m for w, m in zip(group, experts)}
+                progress.update(sum(map(source.nbytes, group)))
+                continue
             for w in group:  # every other weight, and experts stored one by one (gguf)
                 out[w.name] = read_one(w)
                 progress.update(source.nbytes(w))
@@ -192,6 +197,19 @@ def _read_experts(
     else:
         experts = list(dense_experts(stack, storage))
     return {w.name: m for w, m in zip(group, experts)}
+
+
+def _grouped_blocks(experts: list[FrozenLinear]) -> list[FrozenLinear]:
+    """Experts read one by one under `storage: gguf`, put together for the grouped GEMMs: their
+    blocks in one tensor (`ggml.linear.gguf_experts`), or F16/BF16/F32 matrices in one stack."""
+    from aner_lang.runtime.ggml.linear import GGUFLinear, gguf_experts
+
+    if all(isinstance(m, GGUFLinear) and m.qtype == experts[0].qtype for m in experts):
+        return list(gguf_experts([cast(GGUFLinear, m).weight_gguf for m in experts]))
+    if all(isinstance(m, DenseLinear) and m.storage == experts[0].storage for m in experts):
+        weights = torch.stack([cast(DenseLinear, m).weight.detach() for m in experts])
+        return list(dense_experts(weights, experts[0].storage))
+    return experts
 
 
 def _not_finite(source: TensorSource, w: Any, where: str = "") -> AnerRuntimeError:

@@ -22,7 +22,7 @@ from aner_lang.runtime.model import experts as ex  # noqa: E402
 from aner_lang.runtime.model.loss import IGNORE  # noqa: E402
 from aner_lang.runtime.model.moe import PROJECTIONS, MoeMLP  # noqa: E402
 from aner_lang.runtime.model.precision import autocast  # noqa: E402
-from aner_lang.testing.hf_fixture import MOE_FAMILIES, TEXTS, write_hf_model  # noqa: E402
+from aner_lang.testing.hf_fixture import LLAMACPP_MOE, MOE_FAMILIES, TEXTS, write_hf_model  # noqa: E402
 
 EXPERT_TARGETS = list(PROJECTIONS)
 ALIGNED = {"hidden_size": 128, "intermediate_size": 128, "moe_intermediate_size": 128}
@@ -228,6 +228,41 @@ def test_unaligned_nf4_experts_are_quantized_alone_and_stacked_per_use(folder):
     assert ex.expert_group(modules) is None
     want = dense.module.layers[0].mlp._projections("down_proj")[1].dense_weight()
     assert torch.equal(modules[1].weight_nf4.qabsmax, quantize_nf4(want).qabsmax)
+
+
+@pytest.mark.parametrize("family", MOE_FAMILIES)
+@pytest.mark.parametrize("dtype", ["q8_0", "f16"])
+def test_gguf_experts_keep_the_files_blocks_in_one_tensor_and_run_grouped(
+    family, tmp_path, dtype, monkeypatch
+):
+    """Under `storage: gguf` a projection's experts are row slices of one tensor of the file's
+    blocks (quantized) or one 16-bit stack (f16): the stack a grouped GEMM multiplies by is every
+    expert's own weight, and a LoRA on them trains grouped with the loop's loss and gradients."""
+    from aner_lang.runtime.export.gguf import export_gguf
+    from aner_lang.runtime.ggml.linear import GGUFExpertGroup, GGUFLinear
+
+    config = LLAMACPP_MOE if family == "qwen3_moe" else None  # what a GGUF of it can hold
+    folder = write_hf_model(tmp_path / "hf", family, seed=3, config=config)
+    path = export_gguf(load_model(folder, device="cpu"), tmp_path / f"{dtype}.gguf", dtype=dtype)
+    model = load_model(path, storage="gguf", device="cpu")
+    mlp = next(m for m in model.module.modules() if isinstance(m, MoeMLP))
+    blocks = 0
+    for name in PROJECTIONS:  # a width q8_0's 32-blocks do not divide is written 16-bit
+        modules = mlp._projections(name)
+        group = ex.expert_group(modules)
+        quantized = isinstance(modules[0], GGUFLinear)
+        assert isinstance(group, GGUFExpertGroup if quantized else ex.DenseExpertGroup)
+        want = torch.stack([m.dense_weight() for m in modules])
+        assert torch.equal(group.stack(torch.float32), want)
+        joint = group.joint.raw.nbytes if quantized else group.weights.nbytes
+        assert sum(sum(m.nbytes().values()) for m in modules) == joint  # no copy beside it
+        blocks += quantized
+    assert (blocks > 0) == (dtype == "q8_0")
+    adapter = adapters.lora(model, rank=2, alpha=4.0, targets=EXPERT_TARGETS)
+    _trained_b(adapter)
+    grouped = _loss_and_grads(adapter)
+    _looped(monkeypatch)
+    _assert_same(grouped, _loss_and_grads(adapter), "float32")
 
 
 @pytest.mark.cuda
