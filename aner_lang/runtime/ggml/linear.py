@@ -15,6 +15,7 @@ from typing import Protocol
 import torch
 
 from aner_lang.runtime.ggml.weight import GGUFWeight
+from aner_lang.runtime.model.experts import holds_slices
 from aner_lang.runtime.model.linear import FrozenLinear
 from aner_lang.runtime.nf4 import host_tiled
 from aner_lang.runtime.nf4.backends import NF4Backend, NF4Matmul, active_backend
@@ -130,12 +131,7 @@ class GGUFExpertGroup:
         return backend.dense(self.joint, dtype).view(self.experts, rows // self.experts, cols)
 
     def holds(self, modules: Sequence[FrozenLinear]) -> bool:
-        step = self.joint.raw.numel() // self.experts
-        return len(modules) == self.experts and all(
-            isinstance(m, GGUFLinear)
-            and m.get_buffer("raw").data_ptr() == self.joint.raw.data_ptr() + e * step
-            for e, m in enumerate(modules)
-        )
+        return holds_slices(modules, GGUFLinear, "raw", self.joint.raw, self.experts)
 
 
 def gguf_experts(weights: list[GGUFWeight]) -> list[GGUFLinear]:

@@ -90,6 +90,18 @@ class DenseExpertGroup:
         )
 
 
+def holds_slices(
+    modules: Sequence[FrozenLinear], kind: type, buffer: str, joint: torch.Tensor, count: int
+) -> bool:
+    """Whether ``modules`` are ``count`` ``kind`` modules whose ``buffer`` is, in order, the
+    equal consecutive slices of the 1-byte-element tensor ``joint``."""
+    step = joint.numel() // count
+    return len(modules) == count and all(
+        isinstance(m, kind) and m.get_buffer(buffer).data_ptr() == joint.data_ptr() + e * step
+        for e, m in enumerate(modules)
+    )
+
+
 def dense_experts(weights: torch.Tensor, storage: str) -> list[DenseLinear]:
     """E `DenseLinear` experts over the slices of ``weights`` ``[E, out, in]`` (converted to the
     storage's dtype once), grouped for the grouped GEMMs."""

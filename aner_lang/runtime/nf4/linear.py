@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
+from aner_lang.runtime.model.experts import holds_slices
 from aner_lang.runtime.model.linear import FrozenLinear
 from aner_lang.runtime.nf4 import host_tiled
 from aner_lang.runtime.nf4.backends import active_backend, nf4_matmul
@@ -84,12 +85,7 @@ class NF4ExpertGroup:
         return dense.view(self.experts, rows // self.experts, cols)
 
     def holds(self, modules: Sequence[FrozenLinear]) -> bool:
-        step = self.joint.packed.numel() // self.experts
-        return len(modules) == self.experts and all(
-            isinstance(m, NF4Linear)
-            and m.get_buffer("packed").data_ptr() == self.joint.packed.data_ptr() + e * step
-            for e, m in enumerate(modules)
-        )
+        return holds_slices(modules, NF4Linear, "packed", self.joint.packed, self.experts)
 
 
 def nf4_experts(weights: torch.Tensor) -> list[NF4Linear]:
