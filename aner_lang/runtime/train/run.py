@@ -34,6 +34,9 @@ class Run:
     best_validation_loss: float | None = None
     accuracy_history: list[tuple[int, float]] = field(default_factory=list)
     """(update, held-out preference accuracy) of each validation of a DPO or ORPO run."""
+    training_tokens_per_second: float | None = None
+    """Tokens per second of this call's updates after its first, each timed alone: the training
+    throughput apart from start-up, validations and checkpoints (None with one update)."""
 
     @property
     def validation_accuracy(self) -> float | None:

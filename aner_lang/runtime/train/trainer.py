@@ -715,6 +715,7 @@ class _Loop:
             best_update=best_update,
             best_validation_loss=best_loss,
             accuracy_history=[(int(u), v) for u, v in c.validation_accuracy],
+            training_tokens_per_second=self.training_tokens_per_second(),
         )
 
 

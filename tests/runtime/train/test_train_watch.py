@@ -77,6 +77,7 @@ def test_epochs_set_the_length_and_events_carry_what_to_watch(tiny_model, tmp_pa
     tokens = [u["tokens"] for u in updates[1:]]
     per_update = [t / u["tokens_per_second"] for t, u in zip(tokens, updates[1:], strict=True)]
     assert end["training_tokens_per_second"] == pytest.approx(sum(tokens) / sum(per_update))
+    assert run.training_tokens_per_second == end["training_tokens_per_second"]  # the same figure
 
 
 def test_steps_or_epochs_not_both(tiny_model):
