@@ -59,6 +59,36 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Te
         return torch.cat(parts) if parts else a.new_zeros(a.shape[0], b.shape[2])
 
 
+def row_alignment(x: torch.Tensor, dtype: torch.dtype) -> int:
+    """Rows each expert's group is padded to a multiple of, for rows of ``x``'s device computed in
+    ``dtype``: on CUDA 16 bytes of them, as the CUTLASS kernels' weight gradients contract over
+    the rows and read each group from a 16-byte boundary (the alignment torchtitan pads MoE token
+    groups to); the CPU kernel takes groups of any size."""
+    if not x.is_cuda:
+        return 1
+    return max(1, ALIGN_BYTES // torch.empty(0, dtype=dtype).element_size())
+
+
+def padded_groups(
+    x: torch.Tensor, counts: torch.Tensor, align: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rows ``x`` grouped by expert (``counts[e]`` rows each, in order) laid out with every group
+    padded by zero rows to a multiple of ``align``: (padded rows, the groups' int32 ends, each
+    row's place there). The padded size is a bound known without reading ``counts`` on the host
+    (``len(x) + E * (align - 1)``), so a CUDA graph can record it; the rows past the last padded
+    group go to the last expert as zeros. Zero rows add nothing to any gradient."""
+    rows, experts = x.shape[0], counts.shape[0]
+    if align == 1:
+        return x, counts.cumsum(0).to(torch.int32), torch.arange(rows, device=x.device)
+    padded = (counts + align - 1) // align * align
+    shift = (padded.cumsum(0) - padded) - (counts.cumsum(0) - counts)
+    place = torch.arange(rows, device=x.device) + shift.repeat_interleave(counts, output_size=rows)
+    size = rows + experts * (align - 1)
+    ends = padded.cumsum(0).to(torch.int32)
+    ends[-1:].fill_(size)
+    return x.new_zeros(size, x.shape[1]).index_copy(0, place, x), ends, place
+
+
 class ExpertGroup(Protocol):
     """The matrices of one projection's E experts, stored together (built by the loader)."""
 

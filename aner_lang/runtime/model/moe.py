@@ -15,9 +15,11 @@ How the experts run: where every expert projection is a frozen base with at most
 adapters on it (each adapter says so with ``groups_experts``), each projection is one grouped GEMM
 over all the experts' rows (`experts.grouped_frozen` for the base, the adapter's
 ``grouped_delta`` for its low-rank part): a few kernels per layer whatever the expert count, and
-no host read of the group sizes. Otherwise (DoRA, TinyLoRA or `full` on the experts) each expert
-with tokens runs its own modules on its contiguous group, which reads the group sizes on the host.
-Both give the same products; the grouped one sums a LoRA's part after rounding the base's.
+no host read of the group sizes. On CUDA each expert's rows are padded with zero rows to 16 bytes'
+worth (`experts.padded_groups`): the kernels' weight gradients read each group from a 16-byte
+boundary. Otherwise (DoRA, TinyLoRA or `full` on the experts) each expert with tokens runs its own
+modules on its contiguous group, which reads the group sizes on the host. Both give the same
+products; the grouped one sums a LoRA's part after rounding the base's.
 
 The load-balancing loss (`load_balancing_loss`) is transformers' `load_balancing_loss_func`
 without an attention mask: E * sum_e f_e * P_e over the layers' tokens together, f_e the fraction
@@ -36,8 +38,16 @@ import torch
 from torch import nn
 
 from aner_lang.runtime.model.activations import recomputing
-from aner_lang.runtime.model.experts import base_dtype, groupable, grouped_frozen, kernel_runs
+from aner_lang.runtime.model.experts import (
+    base_dtype,
+    groupable,
+    grouped_frozen,
+    kernel_runs,
+    padded_groups,
+    row_alignment,
+)
 from aner_lang.runtime.model.linear import FrozenLinear
+from aner_lang.runtime.model.precision import compute_dtype
 from aner_lang.runtime.model.sections import section
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
@@ -95,7 +105,10 @@ class MoeMLP(nn.Module):
         if adapters is None:
             y = self._looped(routed, counts)
         else:
-            y = self._grouped(routed, counts.cumsum(0).to(torch.int32), adapters)
+            align = row_alignment(routed, compute_dtype(routed))
+            rows, offs, place = padded_groups(routed, counts, align)
+            y = self._grouped(rows, offs, adapters)
+            y = y if align == 1 else y.index_select(0, place)
         y = y * weights.reshape(-1)[order, None].to(flat.dtype)
         return torch.zeros_like(flat).index_add_(0, tokens, y).view(x.shape)
 

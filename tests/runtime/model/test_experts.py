@@ -54,6 +54,45 @@ def test_grouped_mm_equals_a_matmul_per_group(dtype, width, counts, transposed):
     assert torch.equal(gw[empty], torch.zeros_like(gw[empty]))  # no rows: no gradient
 
 
+@pytest.mark.parametrize("counts", [[3, 0, 5, 2], [0, 0, 9, 0], [8, 1, 0, 7]])
+@pytest.mark.parametrize("align", [1, 4, 8])
+def test_padded_groups_start_on_the_alignment_with_zero_rows_between(counts, align):
+    x = torch.arange(sum(counts) * 2, dtype=torch.float32).reshape(-1, 2) + 1
+    rows, ends, place = ex.padded_groups(x, torch.tensor(counts), align)
+    assert rows.shape[0] == x.shape[0] + len(counts) * (align - 1) == int(ends[-1])
+    assert torch.equal(rows[place], x)
+    assert int((rows != 0).any(dim=1).sum()) == x.shape[0]  # every other row is zero
+    starts = [0, *ends.tolist()[:-1]]
+    assert all(s % align == 0 for s in starts)
+    done = 0
+    for e, n in enumerate(counts):  # expert e's rows in its own group, in order
+        assert place[done : done + n].tolist() == list(range(starts[e], starts[e] + n))
+        done += n
+
+
+@pytest.mark.parametrize("align", [4, 8])
+def test_padded_groups_give_the_loops_loss_and_gradients(folder, align, monkeypatch):
+    """The CUDA layout (each expert's rows padded to 16 bytes' worth), run on the CPU."""
+    from aner_lang.runtime.model import moe
+
+    model = load_model(folder, device="cpu")
+    adapter = adapters.lora(model, rank=3, alpha=6.0, targets=EXPERT_TARGETS)
+    _trained_b(adapter)
+    with monkeypatch.context() as m:
+        m.setattr(moe, "row_alignment", lambda *_: align)
+        grouped = _loss_and_grads(adapter)
+    _looped(monkeypatch)
+    _assert_same(grouped, _loss_and_grads(adapter), "float32")
+
+
+def test_rows_align_to_16_bytes_on_cuda_only():
+    assert ex.row_alignment(torch.empty(0), torch.bfloat16) == 1
+    if torch.cuda.is_available():
+        x = torch.empty(0, device="cuda")
+        assert ex.row_alignment(x, torch.bfloat16) == 8
+        assert ex.row_alignment(x, torch.float32) == 4
+
+
 def test_kernel_runs_only_where_torch_takes_it():
     cpu = torch.device("cpu")
     assert ex.kernel_runs(torch.bfloat16, cpu, 64, 16)
