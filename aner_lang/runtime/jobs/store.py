@@ -145,9 +145,7 @@ class JobStore:
         self.path = self.root / "jobs.db"
         try:
             self.root.mkdir(parents=True, exist_ok=True)
-            self.db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
-            self.db.execute("PRAGMA journal_mode=WAL")
-            self.db.execute("PRAGMA busy_timeout=30000")
+            self.db = _open(self.path)
             with self.write():
                 if self.db.execute("PRAGMA user_version").fetchone()[0] == 0:
                     for statement in _SCHEMA.split(";"):
@@ -285,6 +283,30 @@ class JobStore:
     def release_gpu(self, job_id: int) -> None:
         with self.write() as db:
             db.execute("DELETE FROM gpu_slots WHERE job_id = ?", (job_id,))
+
+
+BUSY_SECONDS = 30.0
+"""How long a client waits for a busy database, opening it included."""
+
+
+def _open(path: Path) -> sqlite3.Connection:
+    """A connection in WAL mode that waits `BUSY_SECONDS` for a busy database.
+
+    Rule: switching a new file to WAL needs it alone, and SQLite answers "database is locked" at
+    once, without its busy wait, when clients open a new database together (a lock it cannot
+    wait for without deadlocking); such an opening is tried again, until `BUSY_SECONDS`."""
+    deadline = time.monotonic() + BUSY_SECONDS
+    while True:
+        db = sqlite3.connect(path, timeout=BUSY_SECONDS, isolation_level=None)
+        try:
+            if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                db.execute("PRAGMA journal_mode=WAL")
+            return db
+        except sqlite3.OperationalError as e:
+            db.close()
+            if "locked" not in str(e) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.05)
 
 
 def _store_error(path: Path, e: BaseException) -> AnerRuntimeError:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import sqlite3
 import subprocess
 import sys
 import time
@@ -13,6 +14,7 @@ import pytest
 
 from aner_lang.check import analyze
 from aner_lang.interp import ExecContext, run
+from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.jobs import manage
 from aner_lang.runtime.jobs.processes import alive, identity
 from aner_lang.runtime.jobs.store import (
@@ -65,6 +67,46 @@ def test_concurrent_clients_each_see_their_own_writes(data_dir: Path) -> None:
     for j in jobs:
         client, n = j.script[1:-5].split("-")
         assert (j.updates, j.loss) == (int(n), float(client))
+
+
+class _LockedOnce:
+    """A connection whose first switch to WAL answers "database is locked" at once, as SQLite
+    does when clients open a new database together."""
+
+    def __init__(self, db: sqlite3.Connection, refusals: list[str]) -> None:
+        self.db, self.refusals = db, refusals
+
+    def execute(self, sql: str, *args: object) -> sqlite3.Cursor:
+        if sql == "PRAGMA journal_mode=WAL" and not self.refusals:
+            self.refusals.append(sql)
+            raise sqlite3.OperationalError("database is locked")
+        return self.db.execute(sql, *args)
+
+    def close(self) -> None:
+        self.db.close()
+
+
+def test_opening_a_new_database_together_waits_for_the_others(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from aner_lang.runtime.jobs import store
+
+    refusals: list[str] = []
+    connect = sqlite3.connect
+    monkeypatch.setattr(
+        store.sqlite3, "connect", lambda *a, **k: _LockedOnce(connect(*a, **k), refusals)
+    )
+    db = JobStore()
+    assert refusals == ["PRAGMA journal_mode=WAL"]  # refused once, then opened
+    assert db.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    db.close()
+    monkeypatch.setattr(store, "BUSY_SECONDS", 0.0)
+    refusals.clear()
+    (data_dir / "jobs.db").unlink()
+    for leftover in data_dir.glob("jobs.db-*"):
+        leftover.unlink()
+    with pytest.raises(AnerRuntimeError, match="database is locked"):  # not forever
+        JobStore()
 
 
 def test_a_job_whose_supervisor_is_gone_is_interrupted_and_frees_its_gpu(data_dir: Path) -> None:
