@@ -20,6 +20,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from aner_lang.architectures import ARCHITECTURES
 from aner_lang.builtins import registry
 from aner_lang.builtins.spec import Builtin
 from aner_lang.check import Analysis, analyze
@@ -114,6 +115,45 @@ def _target_dims(c: ModelConfig) -> dict[str, tuple[int, int]]:
     }
 
 
+_EXPERT_TARGETS = ("gate_proj", "up_proj", "down_proj")
+
+
+def _expert_inner(c: ModelConfig) -> int:
+    """An expert's intermediate size (Mixtral's experts have the dense one)."""
+    return c.moe_intermediate_size or c.intermediate_size
+
+
+def _layer_matrices(
+    c: ModelConfig, dims: dict[str, tuple[int, int]], experts: int
+) -> list[tuple[str, int, int]]:
+    """(target, in, out) of every projection matrix of a layer whose MLP holds `experts`
+    experts (0: dense): a sparse layer's MLP targets are each expert's, of the experts' own
+    intermediate size."""
+    inner = _expert_inner(c)
+    own = {"gate_proj": (c.hidden_size, inner), "up_proj": (c.hidden_size, inner),
+           "down_proj": (inner, c.hidden_size)}  # fmt: skip
+    out = []
+    for target, (i, o) in dims.items():
+        if experts and target in _EXPERT_TARGETS:
+            out += [(target, *own[target])] * experts
+        else:
+            out.append((target, i, o))
+    return out
+
+
+def _sparse_activation_bytes(
+    c: ModelConfig, tokens: int, act: int, rank: int, targets: list[str]
+) -> int:
+    """What a mixture-of-experts layer keeps for backward: a dense layer's of the routed width
+    (each token's k experts side by side: gate and up of k * the experts' intermediate size, a
+    LoRA's rows once per routed copy on the MLP targets), plus the routed copies of the input."""
+    k, inner = c.num_experts_per_tok, _expert_inner(c)
+    shape = fp.LayerShape(c.hidden_size, c.q_size, c.kv_size, k * inner, c.num_attention_heads)
+    mlp = sum(t in _EXPERT_TARGETS for t in targets)
+    rows = rank * (len(targets) - mlp + k * mlp)
+    return fp.layer_activation_bytes(shape, tokens, act, rows) + k * tokens * c.hidden_size * act
+
+
 def _weight_bytes(numel: int, storage: str) -> int:
     return (
         fp.nf4_bytes(numel)
@@ -144,22 +184,28 @@ def plan(
     one does: through the fused kernels' dequant buffer on CUDA, else bounded dequantized tiles."""
     dims = _target_dims(c)
     layers, vocab, h = c.num_hidden_layers, c.vocab_size, c.hidden_size
+    experts = [c.experts_in(i) for i in range(layers)]
     tables = [vocab * h] * (1 if c.tie_word_embeddings else 2)
     table_storage = storage
     if storage == "nf4_double_quant" and not quantize_embeddings:
         table_storage = "float16"
-    norms = 4 * h * (2 * layers + 1)
-    weights = sum(_weight_bytes(i * o, storage) for i, o in dims.values()) * layers
+    arch = ARCHITECTURES[c.architecture]
+    norms = 4 * h * (len(arch.norms) * layers + 1)  # a layer's (Gemma's four), the final one
+    if arch.qk_norm:  # Qwen3's and Gemma 3's per-head q and k norms
+        norms += 4 * 2 * c.head_dim * layers
+    matrices = [m for e in experts for m in _layer_matrices(c, dims, e)]
+    weights = sum(_weight_bytes(i * o, storage) for _, i, o in matrices)
+    weights += sum(_weight_bytes(e * h, storage) for e in experts if e)  # the routers
     weights += sum(_weight_bytes(n, table_storage) for n in tables) + norms
     if storage == "gguf":
         if file_bytes is None:
             raise ValueError("a storage: gguf plan needs the file's tensor bytes")
         weights = file_bytes
-    a_sizes = [rank * dims[t][0] for t in targets] * layers
-    b_sizes = [rank * dims[t][1] for t in targets] * layers
+    a_sizes = [rank * i for t, i, _ in matrices if t in targets]
+    b_sizes = [rank * o for t, _, o in matrices if t in targets]
     trainable_sizes = (a_sizes if method != "lora_fa" else []) + b_sizes
     if method == "dora":
-        trainable_sizes += [dims[t][1] for t in targets] * layers
+        trainable_sizes += [o for t, _, o in matrices if t in targets]
     trainable = sum(trainable_sizes)
     adapter_numel = trainable + (sum(a_sizes) if method == "lora_fa" else 0)
     half = profile.get("precision") != "float32"
@@ -169,12 +215,14 @@ def plan(
     managed = fp.managed_optimizer_bytes(trainable_sizes, paged)
     shape = fp.LayerShape(h, c.q_size, c.kv_size, c.intermediate_size, c.num_attention_heads)
     layer = fp.layer_activation_bytes(shape, tokens, act, rank * len(targets))
+    per_layer = [layer if not e else _sparse_activation_bytes(c, tokens, act, rank, targets)
+                 for e in experts]  # fmt: skip
     mode = str(profile.get("activations", "keep"))
     inputs = tokens * h * act
     activations = {
-        "keep": layers * layer,
-        "checkpoint": layers * inputs + layer,
-        "offload": layer,
+        "keep": sum(per_layer),
+        "checkpoint": layers * inputs + max(per_layer),
+        "offload": max(per_layer),
     }[mode]
     residual = fp.RESIDUAL_COPIES * inputs
     fused = cuda and profile.get("kernel") in ("fused", "auto")
@@ -200,6 +248,10 @@ def plan(
     shapes = [(o, i) for i, o in dims.values()] + ([(vocab, h)] if table_storage == storage else [])
     largest = max(row_slices(o, i)[0][1] * i for o, i in shapes)  # first slice: (0, most rows)
     dequant = largest * act if packed and fused else tile
+    if any(experts) and ((packed and fused) or (half and storage == "float32")):
+        # a grouped GEMM's [experts, out, in] stack in the compute dtype: the dequantized experts
+        # (`experts.ExpertGroup.stack`), or a float32 stack converted
+        dequant = max(dequant, max(experts) * _expert_inner(c) * h * act)
     categories = {
         "base weights": weights,
         "adapter tensors": 4 * adapter_numel + (2 * adapter_numel if half else 0),

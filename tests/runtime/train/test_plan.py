@@ -302,3 +302,41 @@ let _b = train(lora(base), data, steps: 1)
     assert "train() at line 9: cannot plan: the adapter is not known before the run" in out
     assert "context 256," in out  # the model's context length, the largest a row can be
     assert "the dataset's context is not known before the run; assumed the model's" in out
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe", "qwen3", "gemma3"])
+@pytest.mark.parametrize("storage", ["float32", "nf4_double_quant"])
+def test_plan_counts_weights_and_adapters_as_loaded(tmp_path: Path, family, storage) -> None:
+    """Every expert's matrices, the routers and a LoRA on every expert: the plan's base weights
+    and adapter tensors are what the loaded model and adapter hold (Qwen3-MoE's fixture keeps a
+    dense layer, and its experts are of their own size; Qwen3's and Gemma 3's q/k norms and
+    Gemma's four norms a layer count too); the sparse layers' activations are a dense layer's at
+    k times the experts' width, so they grow with top-k."""
+    pytest.importorskip("transformers")
+    from dataclasses import replace
+
+    from aner_lang.runtime import adapters
+    from aner_lang.runtime.load.loader import load_model
+    from aner_lang.runtime.load.model_header import model_config
+    from aner_lang.runtime.train.memory import memory_report
+    from aner_lang.runtime.train.plan import plan
+    from aner_lang.testing.hf_fixture import write_hf_model
+
+    folder = write_hf_model(tmp_path / "hf", family, seed=3)
+    config = model_config(str(folder), tmp_path)
+    assert config.num_experts == (4 if family in ("mixtral", "qwen3_moe") else 0)
+    targets = ["q_proj", "gate_proj", "up_proj", "down_proj"]
+    model = load_model(folder, storage=storage, device="cpu", quantize_embeddings=True)
+    adapter = adapters.lora(model, rank=4, alpha=8.0, targets=targets)
+
+    def planned(c):  # type: ignore[no-untyped-def]
+        return plan(c, storage=storage, method="lora", rank=4, targets=targets,
+                    profile={"precision": "float32"}, context=32, micro_batch=1,
+                    accumulation=1, updates=1, cuda=False, quantize_embeddings=True)  # fmt: skip
+
+    got = planned(config).categories
+    assert got["base weights"] == memory_report(model).weights
+    assert got["adapter tensors"] == 4 * adapter.trainable_parameters
+    if config.num_experts:
+        wider = planned(replace(config, num_experts_per_tok=config.num_experts_per_tok + 1))
+        assert wider.categories["activations"] > got["activations"]
