@@ -106,7 +106,7 @@ class LoRA(Adapter):
         ``indices``, in the compute dtype. The rank is padded with zero
         rows of A and zero columns of B to the grouped GEMM's 16-byte rows: exact zeros added."""
         dtype = compute_dtype(x)
-        pad = -self.rank % (ALIGN_BYTES // torch.empty(0, dtype=dtype).element_size())
+        pad = -self.rank % (ALIGN_BYTES // dtype.itemsize)
         a = F.pad(torch.stack([self._a[i] for i in indices]).to(dtype), (0, 0, 0, pad))
         b = F.pad(torch.stack([self._b[i] for i in indices]).to(dtype), (0, pad))
         xa = grouped_mm(self.dropout(x, self.p).to(dtype), a.transpose(1, 2), offs)

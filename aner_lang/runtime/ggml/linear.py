@@ -15,7 +15,7 @@ from typing import Protocol
 import torch
 
 from aner_lang.runtime.ggml.weight import GGUFWeight
-from aner_lang.runtime.model.experts import holds_slices
+from aner_lang.runtime.model.experts import holds_slices, joined
 from aner_lang.runtime.model.linear import FrozenLinear
 from aner_lang.runtime.nf4 import host_tiled
 from aner_lang.runtime.nf4.backends import NF4Backend, NF4Matmul, active_backend
@@ -143,11 +143,9 @@ def gguf_experts(weights: list[GGUFWeight]) -> list[GGUFLinear]:
         weights[0].qtype,
         (sum(w.shape[0] for w in weights), weights[0].shape[1]),
     )
-    group = GGUFExpertGroup(joint, len(weights))
     rows = weights[0].shape[0]
-    experts = []
-    for e, w in enumerate(weights):
-        module = GGUFLinear(GGUFWeight(joint.raw[e * rows : (e + 1) * rows], w.qtype, w.shape))
-        module.expert_group = group
-        experts.append(module)
-    return experts
+    experts = [
+        GGUFLinear(GGUFWeight(joint.raw[e * rows : (e + 1) * rows], w.qtype, w.shape))
+        for e, w in enumerate(weights)
+    ]
+    return joined(experts, GGUFExpertGroup(joint, len(weights)))

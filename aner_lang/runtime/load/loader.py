@@ -130,10 +130,9 @@ def read_weights(
     def read_one(w: Any) -> Any:
         if storage == "gguf" and w.kind is Kind.LINEAR:
             return _gguf_linear(source, w, config, device)
-        dtype = linear_dtype if w.kind is Kind.LINEAR else torch.float32
-        t = source.read(w, config, dtype, device)
-        if not bool(torch.isfinite(t).all()):  # NaN weights would make training skip forever
-            raise _not_finite(source, w, " in float16" if dtype == torch.float16 else "")
+        t = _read_finite(
+            source, w, config, linear_dtype if w.kind is Kind.LINEAR else torch.float32, device
+        )
         if w.kind is Kind.LINEAR and sixteen_bit(w.name):
             return DenseLinear(t, "bfloat16" if source.is_bfloat16(w) else "float16")
         if w.kind is Kind.LINEAR:
@@ -182,9 +181,7 @@ def _read_experts(
     all of them at once."""
     stack: torch.Tensor | None = None
     for e, w in enumerate(group):
-        t = source.read(w, config, dtype, device)
-        if not bool(torch.isfinite(t).all()):
-            raise _not_finite(source, w, " in float16" if dtype == torch.float16 else "")
+        t = _read_finite(source, w, config, dtype, device)
         if stack is None:
             stack = torch.empty((len(group), *t.shape), dtype=dtype, device=device)
         stack[e] = t
@@ -210,6 +207,17 @@ def _grouped_blocks(experts: list[FrozenLinear]) -> list[FrozenLinear]:
         weights = torch.stack([cast(DenseLinear, m).weight.detach() for m in experts])
         return list(dense_experts(weights, experts[0].storage))
     return experts
+
+
+def _read_finite(
+    source: TensorSource, w: Any, config: ModelConfig, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """Weight `w` read as `dtype` on `device`, refused when a value is not finite (NaN weights
+    would make training skip every update)."""
+    t = source.read(w, config, dtype, device)
+    if not bool(torch.isfinite(t).all()):
+        raise _not_finite(source, w, " in float16" if dtype == torch.float16 else "")
+    return t
 
 
 def _not_finite(source: TensorSource, w: Any, where: str = "") -> AnerRuntimeError:

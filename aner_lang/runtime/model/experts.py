@@ -19,12 +19,14 @@ NF4 matmul re-dequantizes.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol, cast
+from typing import Any, Protocol, TypeVar, cast
 
 import torch
 
 from aner_lang.runtime.model.linear import DenseLinear, FrozenLinear
 from aner_lang.runtime.model.precision import compute_dtype
+
+Expert = TypeVar("Expert", bound=FrozenLinear)
 
 ALIGN_BYTES = 16
 """`torch._grouped_mm` reads rows with 16-byte loads: each operand's row width, in bytes, must be
@@ -42,8 +44,7 @@ def kernel_runs(dtype: torch.dtype, device: torch.device, k: int, n: int) -> boo
             return False
     elif device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
         return False
-    size = torch.empty(0, dtype=dtype).element_size()
-    return (k * size) % ALIGN_BYTES == 0 and (n * size) % ALIGN_BYTES == 0
+    return (k * dtype.itemsize) % ALIGN_BYTES == 0 and (n * dtype.itemsize) % ALIGN_BYTES == 0
 
 
 def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
@@ -66,7 +67,7 @@ def row_alignment(x: torch.Tensor, dtype: torch.dtype) -> int:
     groups to); the CPU kernel takes groups of any size."""
     if not x.is_cuda:
         return 1
-    return max(1, ALIGN_BYTES // torch.empty(0, dtype=dtype).element_size())
+    return max(1, ALIGN_BYTES // dtype.itemsize)
 
 
 def padded_groups(
@@ -112,35 +113,36 @@ class DenseExpertGroup:
         return self.weights.to(dtype)
 
     def holds(self, modules: Sequence[FrozenLinear]) -> bool:
-        return len(modules) == self.weights.shape[0] and all(
-            isinstance(m, DenseLinear)
-            and not m.weight.requires_grad
-            and m.weight.data_ptr() == self.weights[e].data_ptr()
-            for e, m in enumerate(modules)
+        count = self.weights.shape[0]
+        return holds_slices(modules, DenseLinear, "weight", self.weights, count) and not any(
+            m.weight.requires_grad for m in modules
         )
 
 
 def holds_slices(
-    modules: Sequence[FrozenLinear], kind: type, buffer: str, joint: torch.Tensor, count: int
+    modules: Sequence[FrozenLinear], kind: type, tensor: str, joint: torch.Tensor, count: int
 ) -> bool:
-    """Whether ``modules`` are ``count`` ``kind`` modules whose ``buffer`` is, in order, the
-    equal consecutive slices of the 1-byte-element tensor ``joint``."""
-    step = joint.numel() // count
+    """Whether ``modules`` are ``count`` ``kind`` modules whose ``tensor`` (a buffer or the
+    weight) is, in order, one of the equal consecutive slices of ``joint``."""
+    step = joint.numel() // count * joint.element_size()
     return len(modules) == count and all(
-        isinstance(m, kind) and m.get_buffer(buffer).data_ptr() == joint.data_ptr() + e * step
+        isinstance(m, kind) and getattr(m, tensor).data_ptr() == joint.data_ptr() + e * step
         for e, m in enumerate(modules)
     )
+
+
+def joined(experts: list[Expert], group: ExpertGroup) -> list[Expert]:
+    """``experts``, each marked as one of ``group`` (`FrozenLinear.expert_group`)."""
+    for m in experts:
+        m.expert_group = group
+    return experts
 
 
 def dense_experts(weights: torch.Tensor, storage: str) -> list[DenseLinear]:
     """E `DenseLinear` experts over the slices of ``weights`` ``[E, out, in]`` (converted to the
     storage's dtype once), grouped for the grouped GEMMs."""
     stacked = DenseLinear(weights.flatten(0, 1), storage).weight.detach().view(weights.shape)
-    group = DenseExpertGroup(stacked)
-    experts = [DenseLinear(w, storage) for w in stacked]
-    for m in experts:
-        m.expert_group = group
-    return experts
+    return joined([DenseLinear(w, storage) for w in stacked], DenseExpertGroup(stacked))
 
 
 def expert_group(modules: Sequence[FrozenLinear]) -> ExpertGroup | None:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
-from aner_lang.runtime.model.experts import holds_slices
+from aner_lang.runtime.model.experts import holds_slices, joined
 from aner_lang.runtime.model.linear import FrozenLinear
 from aner_lang.runtime.nf4 import host_tiled
 from aner_lang.runtime.nf4.backends import active_backend, nf4_matmul
@@ -104,10 +104,8 @@ def nf4_experts(weights: torch.Tensor) -> list[NF4Linear]:
         return [NF4Linear.from_dense(w) for w in weights]
     joint = quantize_nf4(weights.reshape(count * rows, cols))
     blocks, groups = per // 64, per // (64 * NESTED_BLOCKSIZE)
-    group = NF4ExpertGroup(joint, count)
-    experts = []
-    for e in range(count):
-        part = NF4Weight(
+    parts = [
+        NF4Weight(
             joint.packed[e * per // 2 : (e + 1) * per // 2],
             joint.qabsmax[e * blocks : (e + 1) * blocks],
             joint.absmax2[e * groups : (e + 1) * groups],
@@ -116,7 +114,6 @@ def nf4_experts(weights: torch.Tensor) -> list[NF4Linear]:
             (rows, cols),
             joint.blocksize,
         )
-        module = NF4Linear(part)
-        module.expert_group = group
-        experts.append(module)
-    return experts
+        for e in range(count)
+    ]
+    return joined([NF4Linear(p) for p in parts], NF4ExpertGroup(joint, count))
