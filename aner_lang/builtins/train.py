@@ -72,7 +72,9 @@ ACTIVATIONS = EnumDecl(
         Member(
             "checkpoint",
             "per decoder layer only its input is kept; the layer runs again in backward "
-            "(gradients bit-identical, about a third more compute, far less memory)",
+            "(about a third more compute, far less memory; gradients bit-identical, but a "
+            "micro-batch of more tokens than one MLP tile runs its MLPs tile by tile, whose "
+            "sums over tokens round otherwise)",
         ),
         Member(
             "offload",

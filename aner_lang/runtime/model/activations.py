@@ -26,6 +26,12 @@ Rules:
   checkpointing these are the layer inputs, one `[batch, tokens, hidden]` tensor per layer. The
   copies run on a side stream, ordered by events, so the host never waits for them and the GPU
   computes while they move; backward fetches each layer's input one layer ahead.
+* Under checkpointing a long micro-batch runs each MLP a tile of tokens at a time (`run_tiled`,
+  `chunking.mlp_tile_tokens`), each tile a checkpoint nested in its layer's: the layer's
+  recomputation stops once it has the tiles' inputs, and backward recomputes one tile's gate, up
+  and product at a time, so a layer's `[tokens, intermediate]` activations never exist whole.
+  The tiles' gradients sum over tokens in another order than the whole MLP's, so tiling is not
+  bit-identical to the untiled step; a micro-batch within one tile runs untiled, bit for bit.
 * Outside a gradient computation (evaluation, generation) nothing is checkpointed.
 * Under `keep`, a cheap elementwise result that a consumer would save for backward can be
   recomputed there instead (`recomputing`), where its inputs are kept anyway: each RMSNorm's
@@ -116,6 +122,27 @@ def run_layer(layer: Callable[..., torch.Tensor], *args: Any) -> torch.Tensor:
     if not policy.checkpointing or not torch.is_grad_enabled():
         return layer(*args)
     return _Checkpoint(layer, args, policy.generators).forward(args)
+
+
+def run_tiled(
+    mlp: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, tile_tokens: int
+) -> torch.Tensor:
+    """`mlp(x)` for a token-wise `mlp`, over tiles of at most `tile_tokens` of `x`'s tokens,
+    each checkpointed, when the enclosing policy checkpoints, gradients are on and `x` has more
+    tokens than one tile; else `mlp(x)` as it is.
+
+    Every tile's checkpoint saves its input before any tile runs: those saves are the last its
+    layer's checkpoint makes, so the layer's recomputation ends there and never runs the MLP,
+    which each tile's own recomputation does, one tile at a time."""
+    policy = _POLICY.get() or _KEEP
+    tokens = x.shape[:-1].numel()
+    if not policy.checkpointing or not torch.is_grad_enabled() or tokens <= tile_tokens:
+        return mlp(x)
+    flat = x.reshape(tokens, x.shape[-1])
+    tiles = [(flat[r : r + tile_tokens],) for r in range(0, tokens, tile_tokens)]
+    checkpoints = [_Checkpoint(mlp, tile, policy.generators) for tile in tiles]
+    out = torch.cat([c.forward(tile) for c, tile in zip(checkpoints, tiles)])
+    return out.view(*x.shape[:-1], out.shape[-1])
 
 
 class _SaveInputs(torch.autograd.Function):

@@ -19,7 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from aner_lang.problems.errors import AnerRuntimeError
-from aner_lang.runtime.model.activations import recomputing, run_layer
+from aner_lang.runtime.model.activations import recomputing, run_layer, run_tiled
+from aner_lang.runtime.model.chunking import mlp_tile_tokens
 from aner_lang.runtime.model.config import ModelConfig
 from aner_lang.runtime.model.fused_ops import rms_norm, rope, swiglu
 from aner_lang.runtime.model.linear import FrozenLinear
@@ -358,10 +359,22 @@ class LlamaMLP(nn.Module):
         super().__init__()
         self.gate_proj, self.up_proj, self.down_proj = gate_proj, up_proj, down_proj
 
+    @property
+    def intermediate(self) -> int:
+        """The width of the gate, the up projection and their product."""
+        return self.gate_proj.out_features
+
     def _gate_up(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.gate_proj(x), self.up_proj(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The MLP of `x`, a tile of tokens at a time where a checkpointed micro-batch is long
+        (`activations.run_tiled`)."""
+        half = torch.is_autocast_enabled(x.device.type)
+        size = torch.get_autocast_dtype(x.device.type).itemsize if half else x.element_size()
+        return run_tiled(self._forward, x, mlp_tile_tokens(self.intermediate, size))
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self._gate_up(x)
         with section("norms_activations"):
             h = self.activation(gate, up)
@@ -389,6 +402,10 @@ class FusedGateUpMLP(LlamaMLP):
     def __init__(self, gate_up_proj: FrozenLinear, down_proj: FrozenLinear) -> None:
         nn.Module.__init__(self)
         self.gate_up_proj, self.down_proj = gate_up_proj, down_proj
+
+    @property
+    def intermediate(self) -> int:
+        return self.gate_up_proj.out_features // 2
 
     def _gate_up(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # strided views: the SwiGLU takes them

@@ -18,6 +18,8 @@ Rules:
   target. The normed inputs, o_proj's copy of attention's output and the SwiGLU product are
   recomputed in backward (`model.activations.recomputing`). `checkpoint` keeps each layer's input
   and one layer's worth during its recomputation; `offload` keeps only that one layer on the GPU.
+  A checkpointed layer's MLP holds gate and up for one tile of tokens at a time
+  (`model.chunking.mlp_tile_tokens`).
 * Backward of one layer holds the gradients of what the layer kept, in fp32 (the fused NF4
   backward and the norm and SwiGLU backward compute in fp32): twice that layer's activations.
   Beside a checkpointed layer's recomputation it holds one layer's worth
@@ -104,20 +106,21 @@ class LayerShape:
 
 
 def layer_activation_bytes(
-    shape: LayerShape, tokens: int, act_bytes: int, adapter_rows: int
+    shape: LayerShape, tokens: int, act_bytes: int, adapter_rows: int, mlp_tokens: int = 0
 ) -> int:
     """Bytes one decoder layer keeps for backward over `tokens` tokens in half precision.
 
     `adapter_rows` is the per-token width the adapters keep beside their inputs (LoRA: the rank
-    once per target)."""
+    once per target); `mlp_tokens`, where less than `tokens`, the tokens of the MLP's tile."""
     s = shape
     half = (
         2 * s.hidden  # the two RMSNorm inputs (their normed outputs are recomputed in backward)
         + s.q_size  # rotated queries
         + 2 * s.kv_size  # rotated keys, values
         + s.q_size  # attention's output (o_proj's merged copy of it is recomputed in backward)
-        + 2 * s.intermediate  # gate and up (their SwiGLU product is recomputed in backward)
         + adapter_rows
     )
     fp32 = 2 + s.heads  # 1/rms of each norm, logsumexp per head
-    return tokens * (act_bytes * half + 4 * fp32)
+    mlp = 2 * s.intermediate  # gate and up (their SwiGLU product is recomputed in backward)
+    mlp_tokens = min(mlp_tokens or tokens, tokens)
+    return tokens * (act_bytes * half + 4 * fp32) + mlp_tokens * act_bytes * mlp

@@ -33,7 +33,7 @@ from aner_lang.host.units import human_bytes
 from aner_lang.problems.diagnostics import render
 from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.load.model_header import gguf_base_bytes, model_config
-from aner_lang.runtime.model.chunking import CHUNK_BYTES, row_slices
+from aner_lang.runtime.model.chunking import CHUNK_BYTES, mlp_tile_tokens, row_slices
 from aner_lang.runtime.model.config import ModelConfig
 from aner_lang.runtime.train import accuracy
 from aner_lang.runtime.train import footprint as fp
@@ -214,10 +214,11 @@ def plan(
     paged = profile.get("optimizer") == "paged_adamw" and cuda
     managed = fp.managed_optimizer_bytes(trainable_sizes, paged)
     shape = fp.LayerShape(h, c.q_size, c.kv_size, c.intermediate_size, c.num_attention_heads)
-    layer = fp.layer_activation_bytes(shape, tokens, act, rank * len(targets))
+    mode = str(profile.get("activations", "keep"))
+    tile = mlp_tile_tokens(c.intermediate_size, act) if mode != "keep" else tokens
+    layer = fp.layer_activation_bytes(shape, tokens, act, rank * len(targets), tile)
     per_layer = [layer if not e else _sparse_activation_bytes(c, tokens, act, rank, targets)
                  for e in experts]  # fmt: skip
-    mode = str(profile.get("activations", "keep"))
     inputs = tokens * h * act
     activations = {
         "keep": sum(per_layer),

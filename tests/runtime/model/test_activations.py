@@ -328,3 +328,123 @@ def test_offloaded_layer_inputs_go_to_the_host_and_come_back_as_the_same_bits(
     assert len(copies) >= cuda.config.num_hidden_layers
     for name, g in keep.items():
         assert torch.equal(g, ours[name]), name
+
+
+def _tiles_without_checkpoints(
+    mlp: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, tile_tokens: int
+) -> torch.Tensor:
+    """The oracle of `run_tiled`: the same tiles, in the same order, kept whole for backward."""
+    flat = x.reshape(-1, x.shape[-1])
+    out = torch.cat([mlp(flat[r : r + tile_tokens]) for r in range(0, len(flat), tile_tokens)])
+    return out.view(*x.shape[:-1], out.shape[-1])
+
+
+def _tile_tokens(model, tokens: int, monkeypatch) -> int:
+    """Make the MLPs tile every `tokens` tokens (the tiny model's tiles would hold millions)."""
+    from aner_lang.runtime.model import chunking
+
+    width = model.module.layers[0].mlp.intermediate
+    monkeypatch.setattr(chunking, "MLP_TILE_BYTES", tokens * width * 4)
+    assert chunking.mlp_tile_tokens(width, 4) == tokens
+    return tokens
+
+
+ON_CUDA = pytest.param(
+    "cuda",
+    marks=[
+        pytest.mark.cuda,
+        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    ],
+)
+
+
+@pytest.mark.parametrize("device", ["cpu", ON_CUDA])
+@pytest.mark.parametrize("mode", ["checkpoint", "offload"])
+def test_a_long_checkpointed_micro_batch_runs_the_mlp_in_tiles(
+    model, tiny_bytes_gguf, device, mode, monkeypatch
+):
+    """Each tile checkpointed inside its layer's checkpoint gives the gradients of the same tiles
+    kept whole, bit for bit, dropout included (on CUDA, offloaded layer inputs too); and the
+    untiled gradients up to the order of the sums over tokens."""
+    if device == "cuda":
+        model = load_model(tiny_bytes_gguf, storage="nf4_double_quant", device="cuda")
+    monkeypatch.setattr(transformer, "recomputing", lambda *_: contextlib.nullcontext())
+    untiled, _ = _grads(model, "keep")
+    _tile_tokens(model, 7, monkeypatch)  # 40 tokens: five tiles of 7 and one of 5
+    tiled, _ = _grads(model, mode)
+    monkeypatch.setattr(transformer, "run_tiled", _tiles_without_checkpoints)
+    kept_tiles, _ = _grads(model, "keep")
+    assert tiled.keys() == kept_tiles.keys() == untiled.keys()
+    for name, g in kept_tiles.items():
+        assert torch.equal(g, tiled[name]), name
+        # fp32 sums over 40 tokens in another order: differences of a few ulps of the largest
+        assert (g - untiled[name]).abs().max() <= 1e-5 * untiled[name].abs().max(), name
+
+
+class _WidestRows(torch.utils._python_dispatch.TorchDispatchMode):
+    """The most rows (tokens) of any tensor of `width` columns an op makes, but for `weight`
+    (down_proj's shape, dequantized)."""
+
+    def __init__(self, width: int, weight: tuple[int, int]) -> None:
+        super().__init__()
+        self.width, self.weight, self.rows = width, weight, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if (
+                isinstance(t, torch.Tensor)
+                and t.dim()
+                and t.shape[-1] == self.width
+                and tuple(t.shape) != self.weight
+            ):
+                self.rows = max(self.rows, t.shape[:-1].numel())
+        return out
+
+
+@pytest.mark.parametrize("mode", ["checkpoint", "offload"])
+def test_a_tiled_mlp_never_makes_a_whole_micro_batchs_intermediate(model, mode, monkeypatch):
+    """Forward and backward (recomputations included): no `[tokens, intermediate]` tensor of more
+    tokens than a tile, where the untiled step makes them of all 40."""
+    width = model.module.layers[0].mlp.intermediate
+    weight = (model.config.hidden_size, width)
+    widest = _WidestRows(width, weight)
+    with widest:
+        _grads(model, mode)
+    assert widest.rows == 40
+    _tile_tokens(model, 8, monkeypatch)
+    widest = _WidestRows(width, weight)
+    with widest:
+        _grads(model, mode)
+    assert widest.rows == 8
+
+
+def test_outside_checkpointing_the_mlp_runs_whole(model, monkeypatch):
+    """Under `keep` (everything is kept anyway) and without gradients (evaluation), no tiles."""
+    _tile_tokens(model, 8, monkeypatch)
+    width = model.module.layers[0].mlp.intermediate
+    kept, evaluated = (_WidestRows(width, (model.config.hidden_size, width)) for _ in range(2))
+    with kept:
+        _grads(model, "keep")
+    ids, _ = _batch(model)
+    with evaluated, torch.no_grad(), keeping(ActivationPolicy("checkpoint")):
+        model.module(ids)
+    assert kept.rows == evaluated.rows == 40
+
+
+@pytest.mark.parametrize("mode", ["checkpoint", "offload"])
+def test_each_tile_runs_twice_and_the_layers_recomputation_none(model, mode, monkeypatch):
+    """A tile's MLP runs in the forward and once more in backward: the layer's recomputation
+    stops at the tiles' saved inputs, before any tile runs."""
+    _tile_tokens(model, 8, monkeypatch)  # 40 tokens: five tiles
+    calls = 0
+    forward = transformer.LlamaMLP._forward
+
+    def counted(self, x):  # type: ignore[no-untyped-def]
+        nonlocal calls
+        calls += 1
+        return forward(self, x)
+
+    monkeypatch.setattr(transformer.LlamaMLP, "_forward", counted)
+    _grads(model, mode)
+    assert calls == 2 * 5 * len(model.module.layers)

@@ -340,3 +340,31 @@ def test_plan_counts_weights_and_adapters_as_loaded(tmp_path: Path, family, stor
     if config.num_experts:
         wider = planned(replace(config, num_experts_per_tok=config.num_experts_per_tok + 1))
         assert wider.categories["activations"] > got["activations"]
+
+
+@pytest.mark.parametrize("mode", ["checkpoint", "offload"])
+def test_a_checkpointed_plan_counts_one_tile_of_the_mlp(tmp_path: Path, mode, monkeypatch) -> None:
+    """Past one tile of tokens a checkpointed layer's MLP holds one tile's gate and up
+    (`activations.run_tiled`): its backward grows per token by a layer's bytes less those, which
+    `keep` counts for every token; within one tile the layer is counted as before."""
+    from aner_lang.runtime.load.model_header import model_config
+    from aner_lang.runtime.model import chunking
+    from aner_lang.runtime.train.plan import plan
+
+    _script(tmp_path, TINY, "")
+    config = model_config(str(tmp_path / "model"), tmp_path)
+    width = int(TINY["intermediate_size"])  # type: ignore[call-overload]
+    monkeypatch.setattr(chunking, "MLP_TILE_BYTES", 16 * width * 4)  # 16 fp32 tokens
+
+    def layer(activations: str, context: int) -> int:
+        return plan(config, storage="float32", method="lora", rank=4, targets=["q_proj"],
+                    profile={"precision": "float32", "activations": activations},
+                    context=context, micro_batch=1, accumulation=1, updates=1,
+                    cuda=False).categories["layer backward"]  # fmt: skip
+
+    one_layer = {c: layer("keep", c) // footprint.BACKWARD_FACTOR for c in (16, 32, 64)}
+    assert layer(mode, 16) == one_layer[16] * footprint.CHECKPOINTED_BACKWARD_FACTOR
+    gate_up = 2 * width * 4
+    for context in (32, 64):
+        expected = one_layer[context] - (context - 16) * gate_up
+        assert layer(mode, context) == expected * footprint.CHECKPOINTED_BACKWARD_FACTOR
