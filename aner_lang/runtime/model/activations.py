@@ -25,7 +25,10 @@ Rules:
 * `offload` keeps the tensors backward needs in pinned host memory (`HostCopies`); with
   checkpointing these are the layer inputs, one `[batch, tokens, hidden]` tensor per layer. The
   copies run on a side stream, ordered by events, so the host never waits for them and the GPU
-  computes while they move; backward fetches each layer's input one layer ahead.
+  computes while they move; backward fetches each layer's input one layer ahead. What every
+  layer gets alike (the rotary angles, a packing mask) is held as it is, not saved per layer: a
+  copy per layer would move the same bytes once per layer (a packing mask's are tokens squared)
+  and put them between the layer inputs, whose order the fetching ahead follows.
 * Under checkpointing a long micro-batch runs each MLP a tile of tokens at a time (`run_tiled`,
   `chunking.mlp_tile_tokens`), each tile a checkpoint nested in its layer's: the layer's
   recomputation stops once it has the tiles' inputs, and backward recomputes one tile's gate, up
@@ -116,12 +119,14 @@ class _Generators:
                 g.set_state(state)
 
 
-def run_layer(layer: Callable[..., torch.Tensor], *args: Any) -> torch.Tensor:
-    """`layer(*args)`, checkpointed when the enclosing policy says so and gradients are on."""
+def run_layer(layer: Callable[..., torch.Tensor], x: torch.Tensor, *shared: Any) -> torch.Tensor:
+    """`layer(x, *shared)`, checkpointed when the enclosing policy says so and gradients are on:
+    `x`, the layer's own input, is saved for its recomputation through the saved-tensor hooks
+    around it (`offload` moves it); `shared`, what every layer gets alike, is held as it is."""
     policy = _POLICY.get() or _KEEP
     if not policy.checkpointing or not torch.is_grad_enabled():
-        return layer(*args)
-    return _Checkpoint(layer, args, policy.generators).forward(args)
+        return layer(x, *shared)
+    return _Checkpoint(layer, x, shared, policy.generators).forward()
 
 
 def run_tiled(
@@ -139,29 +144,25 @@ def run_tiled(
     if not policy.checkpointing or not torch.is_grad_enabled() or tokens <= tile_tokens:
         return mlp(x)
     flat = x.reshape(tokens, x.shape[-1])
-    tiles = [(flat[r : r + tile_tokens],) for r in range(0, tokens, tile_tokens)]
-    checkpoints = [_Checkpoint(mlp, tile, policy.generators) for tile in tiles]
-    out = torch.cat([c.forward(tile) for c, tile in zip(checkpoints, tiles)])
+    tiles = [flat[r : r + tile_tokens] for r in range(0, tokens, tile_tokens)]
+    checkpoints = [_Checkpoint(mlp, tile, (), policy.generators) for tile in tiles]
+    out = torch.cat([c.forward() for c in checkpoints])
     return out.view(*x.shape[:-1], out.shape[-1])
 
 
-class _SaveInputs(torch.autograd.Function):
-    """Saves a checkpointed layer's tensor inputs for backward, through the saved-tensor hooks
-    active around the layer (`offload`'s host copies), and nothing else. Its output is never
-    used: only its node's saved tensors are read, by the recomputation."""
+class _SaveInput(torch.autograd.Function):
+    """Saves a checkpointed layer's input for backward, through the saved-tensor hooks active
+    around the layer (`offload`'s host copies), and nothing else. Its output is never used: only
+    its node's saved tensor is read, by the recomputation."""
 
     @staticmethod
-    def forward(ctx: Any, anchor: torch.Tensor, *tensors: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(*tensors)
+    def forward(ctx: Any, anchor: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
         return anchor.new_empty((0,))
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> Any:
-        raise AssertionError("a checkpoint's saved inputs are never differentiated")
-
-
-_TENSOR = object()
-"""A tensor argument's place in a checkpoint's arguments: the tensor itself is saved."""
+        raise AssertionError("a checkpoint's saved input is never differentiated")
 
 
 class _Slot:
@@ -184,9 +185,10 @@ class _StopRecomputation(Exception):
 class _Checkpoint:
     """One checkpointed call of a layer (the module docstring's rules).
 
-    Rules: the inputs are saved once, before the layer runs (so `offload` moves them, and only
-    them); slots are held weakly, so a slot autograd has already released is not filled again;
-    the recomputation runs at most once and frees the saved inputs after it. A recomputation that
+    Rules: the input is saved once, before the layer runs (so `offload` moves it, and only it);
+    the shared arguments are held as they are; slots are held weakly, so a slot autograd has
+    already released is not filled again; the recomputation runs at most once and frees the saved
+    input and the shared arguments after it. A recomputation that
     saves other tensors than the forward (another count, shape, dtype or device: a forward that
     depends on state the replay does not restore) is an error, as is a slot unpacked a second
     time (a second backward through the same graph): never gradients from other values."""
@@ -194,31 +196,32 @@ class _Checkpoint:
     def __init__(
         self,
         layer: Callable[..., torch.Tensor],
-        args: tuple[Any, ...],
+        x: torch.Tensor,
+        shared: tuple[Any, ...],
         generators: tuple[torch.Generator, ...],
     ) -> None:
-        self.layer = layer
+        self.layer, self.shared = layer, shared
+        self.x: torch.Tensor | None = x
         self.states = _Generators(generators)
         self.context = contextvars.copy_context()
-        tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        device = tensors[0].device.type if tensors else "cpu"
         self.autocast = [
             (kind, torch.is_autocast_enabled(kind), torch.get_autocast_dtype(kind))
-            for kind in dict.fromkeys((device, "cpu"))
+            for kind in dict.fromkeys((x.device.type, "cpu"))
         ]
         self.autocast_cache = torch.is_autocast_cache_enabled()
-        self.args = [_TENSOR if isinstance(a, torch.Tensor) else a for a in args]
         anchor = torch.empty((0,), requires_grad=True)  # the saver records a node, always
-        self.inputs: torch.Tensor | None = _SaveInputs.apply(anchor, *tensors)
+        self.inputs: torch.Tensor | None = _SaveInput.apply(anchor, x)
         self.slots: list[weakref.ref[_Slot]] = []
 
-    def forward(self, args: tuple[Any, ...]) -> torch.Tensor:
-        """`layer(*args)`, its autograd graph saving slots instead of tensors."""
+    def forward(self) -> torch.Tensor:
+        """`layer(x, *shared)`, its autograd graph saving slots instead of tensors."""
+        x, self.x = self.x, None  # from here on only the saved input holds it
+        assert x is not None, "a checkpoint runs its forward once"
         with (
             torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack),
             self.states.forward(),
         ):
-            return self.layer(*args)
+            return self.layer(x, *self.shared)
 
     def _pack(self, t: torch.Tensor) -> _Slot:
         slot = _Slot(t)
@@ -240,10 +243,8 @@ class _Checkpoint:
         """Run the layer again and fill every live slot with the tensor saved in its place."""
         if self.inputs is None or self.inputs.grad_fn is None:
             raise AssertionError("a checkpoint recomputes once, from its saved inputs")
-        saved = cast(Any, self.inputs.grad_fn).saved_tensors
-        self.inputs = None
-        fill = iter(saved)
-        args = [next(fill) if a is _TENSOR else a for a in self.args]
+        (x,) = cast(Any, self.inputs.grad_fn).saved_tensors
+        shared, self.inputs, self.shared = self.shared, None, ()
         filled = 0
 
         def pack(t: torch.Tensor) -> torch.Tensor:
@@ -267,7 +268,7 @@ class _Checkpoint:
                     )
                 stack.enter_context(_replaying(self.context, self.states))
                 stack.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t))
-                self.layer(*args)
+                self.layer(x, *shared)
         except _StopRecomputation:
             pass
         if filled != len(self.slots):

@@ -107,7 +107,8 @@ def test_gradients_are_the_bits_of_torchs_checkpoint(model, mode, precision, mon
     """The run's own recomputation against torch.utils.checkpoint's, with dropout, under autocast
     too (the forward runs under it, backward outside it as a run's does: the recomputation must
     run in the forward's autocast state): the same gradients, bit for bit, and the same bytes
-    saved for backward."""
+    saved for backward but the rotary angles, which torch's saves in every layer and ours holds
+    once for all."""
     monkeypatch.setattr(transformer, "recomputing", lambda *_: contextlib.nullcontext())
 
     def outside_autocast(loss: torch.Tensor) -> None:
@@ -124,7 +125,11 @@ def test_gradients_are_the_bits_of_torchs_checkpoint(model, mode, precision, mon
     assert ours.keys() == theirs.keys()
     for name, g in theirs.items():
         assert torch.equal(g, ours[name]), name
-    assert ours_bytes == theirs_bytes
+    ids, _ = _batch(model)
+    angles = 2 * ids.shape[1] * model.config.head_dim * 4  # cos and sin, fp32
+    if mode == "offload":  # offload's own hooks, inside the counting ones, take every save
+        angles = 0
+    assert ours_bytes == theirs_bytes - model.config.num_hidden_layers * angles
 
 
 def test_a_recomputation_runs_in_the_forwards_autocast_state():
@@ -448,3 +453,48 @@ def test_each_tile_runs_twice_and_the_layers_recomputation_none(model, mode, mon
     monkeypatch.setattr(transformer.LlamaMLP, "_forward", counted)
     _grads(model, mode)
     assert calls == 2 * 5 * len(model.module.layers)
+
+
+def test_offload_moves_each_layers_input_and_not_what_layers_share(model, monkeypatch):
+    """The rotary angles every layer gets are held once, not copied to the host per layer."""
+    packed: list[tuple[int, ...]] = []
+    pack = activations.HostCopies.pack
+
+    def spy(self, t):  # type: ignore[no-untyped-def]
+        packed.append(tuple(t.shape))
+        return pack(self, t)
+
+    monkeypatch.setattr(activations.HostCopies, "pack", spy)
+    _grads(model, "offload")
+    ids, _ = _batch(model)
+    layer_input = (*ids.shape, model.config.hidden_size)
+    assert packed.count(layer_input) >= model.config.num_hidden_layers
+    assert (ids.shape[1], model.config.head_dim) not in packed
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_offload_fetches_each_layer_input_once_and_one_layer_ahead(tiny_bytes_gguf, monkeypatch):
+    """Backward brings each offloaded copy back once, and every layer's input but the first one
+    backward reaches was on its way before its layer's recomputation asked for it."""
+    cuda = load_model(tiny_bytes_gguf, storage="nf4_double_quant", device="cuda")
+    ids, _ = _batch(cuda)
+    layer_input = (*ids.shape, cuda.config.hidden_size)  # the final norm's input too, first
+    fetches: list[int] = []
+    ahead: list[bool] = []
+    fetch, unpack = activations.HostCopies._fetch, activations.HostCopies.unpack
+
+    def fetching(self, copy):  # type: ignore[no-untyped-def]
+        fetches.append(id(copy))
+        return fetch(self, copy)
+
+    def unpacking(self, packed):  # type: ignore[no-untyped-def]
+        if isinstance(packed, activations._Copy) and tuple(packed.host.shape) == layer_input:
+            ahead.append(packed.fetched is not None)
+        return unpack(self, packed)
+
+    monkeypatch.setattr(activations.HostCopies, "_fetch", fetching)
+    monkeypatch.setattr(activations.HostCopies, "unpack", unpacking)
+    _grads(cuda, "offload")
+    assert len(fetches) == len(set(fetches))
+    assert len(ahead) >= cuda.config.num_hidden_layers and all(ahead[1:]), ahead
