@@ -193,6 +193,7 @@ def aner_attempt(side: str, job: dict[str, Any]) -> dict[str, Any]:
     policy = side.removeprefix("aner-") if side != "aner" else "keep"
     prof = profile(precision="bfloat16", activations=policy, memory_budget=budget)
     log = Path(job["dir"]) / "train.jsonl"
+    log.unlink(missing_ok=True)  # the log appends: its first event is then this run's start
     run = train(adapter, data, prof, steps=job["steps"], learning_rate=bench.LR, clip_norm=None,
                 seed=0, log=str(log))  # fmt: skip
     start = json.loads(log.read_text().splitlines()[0])
@@ -232,7 +233,9 @@ def run_attempt(side: str, job: dict[str, Any], timeout: float) -> dict[str, Any
     seconds = time.perf_counter() - start
     if code == 0 and out.exists():
         return {**json.loads(out.read_text()), "ok": True, "seconds": seconds}
-    tail = text[-1500:] if code is None or code >= 0 else f"killed by signal {-code}\n{text[-1400:]}"
+    tail = (
+        text[-1500:] if code is None or code >= 0 else f"killed by signal {-code}\n{text[-1400:]}"
+    )
     return {"ok": False, "kind": classify(text, timed_out), "seconds": seconds, "tail": tail}
 
 
@@ -354,7 +357,9 @@ def main(argv: list[str] | None = None) -> int:
                      "(set_per_process_memory_fraction); CUDA context and non-torch memory "
                      "are outside the cap"})  # fmt: skip
     config = plan_config(args.shape)
-    planned = planned_longest(config, map(_bytes, caps), args.max, args.resolution, device == "cuda")
+    planned = planned_longest(
+        config, map(_bytes, caps), args.max, args.resolution, device == "cuda"
+    )
     report.data["planned"] = {p: {f"{c:g}": v[_bytes(c)] for c in caps} for p, v in planned.items()}
     report.write()
     print(planned_table(planned, caps), flush=True)
