@@ -12,6 +12,11 @@
 #   --attention   also benchmarks/attention_backends.py (torch's SDPA backends at the 8B layer shape)
 #   --e2e S       benchmarks/train_e2e.py on shapes S instead of the kernel benchmarks: whole runs of
 #                 aner run, Unsloth + TRL and PEFT + TRL (E2E_ARGS adds options, e.g. --repeats 2)
+#   --longest S   benchmarks/longest_context.py on shape S instead of the kernel benchmarks: the
+#                 longest context that trains within each GPU memory cap, Aner beside Unsloth
+#                 (LONGEST_ARGS adds options, e.g. --caps 24 --sides aner,unsloth-gc; LONGEST_S,
+#                 default 560, bounds it, and it stops starting attempts 20 s before):
+#                 longest_context.json + longest_context.log
 #   --no-bench    the tests only; --no-tests: the benchmarks only (a device call can carry only so
 #                 much, so the two halves may run in back-to-back calls on the same machine)
 #   --qualify     `aner qualify` alone (every test suite, the component benchmarks and every adapter
@@ -26,7 +31,7 @@
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
-bench=() run_tests=1 run_bench=1 run_qualify=0 scale="" attention=0 e2e=""
+bench=() run_tests=1 run_bench=1 run_qualify=0 scale="" attention=0 e2e="" longest=""
 while [[ "${1:-}" == --* ]]; do
   case "$1" in
     --quick) bench+=("$1") ;;
@@ -35,6 +40,7 @@ while [[ "${1:-}" == --* ]]; do
     --no-tests) run_tests=0 ;;
     --scale) scale="$2"; shift ;;
     --e2e) e2e="$2"; shift ;;
+    --longest) longest="$2"; shift ;;
     --qualify) run_qualify=1 run_tests=0 run_bench=0; shift; break ;;
     *) break ;;
   esac
@@ -94,6 +100,11 @@ elif [[ -n "$e2e" ]]; then
   timeout "${E2E_S:-560}" python3 benchmarks/train_e2e.py --shapes "$e2e" --out /tmp/train_e2e \
     ${E2E_ARGS:-} 2>&1 | tee "$OUT/train_e2e.log" || rc=1
   cp /tmp/train_e2e/train_e2e.json "$OUT/" 2>/dev/null
+elif [[ -n "$longest" ]]; then
+  timeout "${LONGEST_S:-560}" python3 benchmarks/longest_context.py --shape "$longest" \
+    --out /tmp/longest_context --deadline $(( ${LONGEST_S:-560} - 20 )) ${LONGEST_ARGS:-} 2>&1 \
+    | tee "$OUT/longest_context.log" || rc=1
+  cp /tmp/longest_context/longest_context.json "$OUT/" 2>/dev/null
 elif (( run_bench )); then
   timeout "${KERNEL_BENCH_S:-150}" python3 benchmarks/nf4_kernels.py "${bench[@]}" --out "$OUT/nf4_kernels.json" 2>&1 | tee "$OUT/nf4_kernels.log" || rc=1
   timeout "${BACKWARD_BENCH_S:-120}" python3 benchmarks/nf4_backward.py --out "$OUT/nf4_backward.json" 2>&1 | tee "$OUT/nf4_backward.log" || rc=1

@@ -100,25 +100,26 @@ SIDES = ("aner", "peft", "peft-gc", "peft-liger", "unsloth", "unsloth-gc")
 # ---- the parent: model folder, batches, one process per side, the table -----------------------
 
 
-def make_model(shape: str, folder: Path, device: str) -> None:
-    """Random weights of `shape` in bf16 (fp32 on the CPU), saved with a tokenizer whose vocabulary
-    has the model's size (the batches are token ids; Unsloth wants a tokenizer in the folder)."""
-    import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import (
-        AutoModelForCausalLM,
-        Gemma3TextConfig,
-        LlamaConfig,
-        PreTrainedTokenizerFast,
-        Qwen3MoeConfig,
-    )
+def hf_config(shape: str) -> Any:
+    """The transformers config of `shape`, positions up to its context (at least 8192)."""
+    from transformers import Gemma3TextConfig, LlamaConfig, Qwen3MoeConfig
 
     CONFIGS = {"llama": LlamaConfig, "qwen3_moe": Qwen3MoeConfig, "gemma3_text": Gemma3TextConfig}
 
     cfg = {k: v for k, v in SHAPES[shape].items() if k != "context"}
     kind = cfg.pop("model_type", "llama")
-    config = CONFIGS[kind](**cfg, max_position_embeddings=max(8192, SHAPES[shape]["context"]),
-                           bos_token_id=1, eos_token_id=2, pad_token_id=0)  # fmt: skip
+    return CONFIGS[kind](**cfg, max_position_embeddings=max(8192, SHAPES[shape]["context"]),
+                         bos_token_id=1, eos_token_id=2, pad_token_id=0)  # fmt: skip
+
+
+def make_model(shape: str, folder: Path, device: str) -> None:
+    """Random weights of `shape` in bf16 (fp32 on the CPU), saved with a tokenizer whose vocabulary
+    has the model's size (the batches are token ids; Unsloth wants a tokenizer in the folder)."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    config = hf_config(shape)
     torch.manual_seed(0)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     with torch.device(device):
@@ -352,6 +353,7 @@ def _measure(step: Any, ids: Any, job: dict[str, Any]) -> dict[str, Any]:
         step(ids[i : i + 1])
     if cuda:
         torch.cuda.synchronize()
+        warmup_peak = torch.cuda.max_memory_allocated()
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
     for i in range(job["warmup"], job["warmup"] + job["steps"]):
@@ -366,6 +368,7 @@ def _measure(step: Any, ids: Any, job: dict[str, Any]) -> dict[str, Any]:
     return {
         "tokens_per_s": job["steps"] * ids.shape[1] / seconds,
         "peak_cuda_bytes": torch.cuda.max_memory_allocated() if cuda else 0,
+        "warmup_peak_cuda_bytes": warmup_peak if cuda else 0,  # loading and warm-up included
         "host_rss_bytes": _peak_rss(),
         "losses": losses,
     }
@@ -399,18 +402,13 @@ def aner_worker(
     import torch
     from safetensors.torch import save_file
 
-    from aner_lang.runtime import adapters as A
-    from aner_lang.runtime.load.loader import load_model
     from aner_lang.runtime.model.sections import sections_on
     from aner_lang.runtime.train.memory import memory_report
     from aner_lang.runtime.train.profile import profile
     from aner_lang.runtime.train.trainer import train
 
-    start = time.perf_counter()
-    model = load_model(job["model"], storage=storage, device=job["device"])
-    load_s = time.perf_counter() - start
+    model, adapter, load_s = aner_adapter(job, storage)
     prof = profile(precision=job["precision"], activations=job["activations"], graphs=graphs)
-    adapter = A.lora(model, rank=RANK, alpha=ALPHA, targets=TARGETS, seed=0)
     save_file(adapter.tensors(), str(Path(job["dir"]) / "init_adapter.safetensors"))
     data = _token_dataset(_batches(job))
     cuda = job["device"] == "cuda"
@@ -455,6 +453,18 @@ def aner_worker(
         with sections_on():
             result["device_time"] = _profile(lambda: run(2, eager))
     return result
+
+
+def aner_adapter(job: dict[str, Any], storage: str = "nf4_double_quant") -> tuple[Any, Any, float]:
+    """The job's model loaded in `storage` on its device, the benchmark's LoRA on it (seed 0),
+    and the seconds the load took."""
+    from aner_lang.runtime import adapters as A
+    from aner_lang.runtime.load.loader import load_model
+
+    start = time.perf_counter()
+    model = load_model(job["model"], storage=storage, device=job["device"])
+    load_s = time.perf_counter() - start
+    return model, A.lora(model, rank=RANK, alpha=ALPHA, targets=TARGETS, seed=0), load_s
 
 
 def _timed(call: Any, cuda: bool) -> tuple[float, Any]:
@@ -616,7 +626,9 @@ def peft_worker(job: dict[str, Any], liger: bool = False, checkpointing: bool = 
     return {**result, "base": quant}
 
 
-def unsloth_worker(job: dict[str, Any], checkpointing: bool = False) -> dict[str, Any]:
+def unsloth_model(job: dict[str, Any], checkpointing: bool) -> Any:
+    """Unsloth's NF4 model of the job's folder, sequences up to `job["context"]`, with the
+    benchmark's LoRA (`checkpointing`: Unsloth's own gradient checkpointing, which offloads)."""
     from unsloth import FastLanguageModel
 
     from aner_lang.runtime.model.precision import DTYPES
@@ -627,6 +639,11 @@ def unsloth_worker(job: dict[str, Any], checkpointing: bool = False) -> dict[str
     model = FastLanguageModel.get_peft_model(
         model, r=RANK, lora_alpha=ALPHA, lora_dropout=0, target_modules=TARGETS,
         use_gradient_checkpointing="unsloth" if checkpointing else False)  # fmt: skip
+    return model
+
+
+def unsloth_worker(job: dict[str, Any], checkpointing: bool = False) -> dict[str, Any]:
+    model = unsloth_model(job, checkpointing)
     _copy_initial_adapter(model, job)
     return _measure(_hf_step(model, job), _batches(job), job)
 
