@@ -186,10 +186,10 @@ def aner_attempt(side: str, job: dict[str, Any]) -> dict[str, Any]:
     data = bench._token_dataset(bench._batches(job))
     cuda = job["device"] == "cuda"
     budget = None
-    if side == "aner":  # the budget a cap allows, no more than is free (profile.validate's rule)
+    if side == "aner":  # the cap, no more than the GPU can give (profile.validate's rule)
         budget = job["cap_bytes"]
         if cuda:
-            budget = min(budget, torch.cuda.mem_get_info()[0])
+            budget = min(budget, torch.cuda.mem_get_info()[0] + torch.cuda.memory_reserved())
     policy = side.removeprefix("aner-") if side != "aner" else "keep"
     prof = profile(precision="bfloat16", activations=policy, memory_budget=budget)
     log = Path(job["dir"]) / "train.jsonl"

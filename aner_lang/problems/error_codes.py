@@ -1742,11 +1742,13 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         """
         `memory_budget:` states how much GPU memory the run may use. The run takes the fastest
         activation policy, from the profile's `activations:` on (keep, checkpoint, offload), whose
-        planned peak fits the budget (the peak `aner plan` prints); training refuses to start when
-        none fits (the message gives each policy's planned peak), or when the GPU has less than
-        the budget free (the message gives both numbers). Raise the budget, or lower
-        `micro_batch`, the data's context, the adapter's rank or targets; or free GPU memory
-        (other processes, other models loaded by the script).
+        planned peak fits the budget (the peak `aner plan` prints); `offload` fits only where
+        the host memory available can also hold its pinned copies of the layer inputs. Training
+        refuses to start when none fits (the message gives each policy's planned peak), or when
+        the GPU cannot give the run the budget: its free memory plus what the run's process
+        already holds, the loaded model included (the message gives the numbers). Raise the
+        budget, or lower `micro_batch`, the data's context, the adapter's rank or targets; or
+        free GPU memory (other processes, other models loaded by the script).
         """,
         """
         # on a GPU with 80 GB of memory

@@ -8,6 +8,9 @@ Rules:
 * A candidate's peak is the plan's (`plan.plan`, the counting rules `aner plan` prints) for the
   run's model, adapter, data context, micro-batch and device; of the candidates whose planned
   peak is at most the budget, the fastest runs (`by_speed`).
+* `offload` fits only where the host can hold its pinned copies of the layer inputs too (the
+  plan's `pinned_host` within `host.memory.available_bytes()`, where that is known): pinned memory
+  cannot be swapped out, and a run that outgrows it is killed without a word.
 * When none fits, the call stops before any training with E-PROFILE-BUDGET, giving the budget
   and each candidate's planned peak.
 * An adapter the plan does not cover (a full fine-tune) runs the policy asked for: the budget
@@ -20,8 +23,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from aner_lang.builtins import members
+from aner_lang.host import memory as host_memory
 from aner_lang.problems.errors import AnerRuntimeError
-from aner_lang.runtime.train.footprint import EAGER_FROM_TOKENS
+from aner_lang.runtime.train.footprint import EAGER_FROM_TOKENS, offload_host_bytes
 from aner_lang.runtime.train.memory import human_bytes
 from aner_lang.runtime.train.plan import plan
 
@@ -75,7 +79,7 @@ def pick(
             f"(the plan does not cover a {adapter.method} adapter)",
         )
     base = adapter.base
-    peaks = {
+    plans = {
         mode: plan(
             base.config,
             storage=base.storage,
@@ -89,11 +93,21 @@ def pick(
             updates=None,
             cuda=adapter.device.type == "cuda",
             quantize_embeddings=getattr(base.module.embed_tokens, "storage", None) == base.storage,
-        ).peak
+        )
         for mode in candidates
     }
+    peaks = {mode: p.peak for mode, p in plans.items()}
+    host = host_memory.available_bytes()
     planned = ", ".join(f"{mode} {human_bytes(peak)}" for mode, peak in peaks.items())
+    pinned = plans["offload"].pinned_host
+    if host is not None and pinned > host:
+        planned += (
+            f"; offload would pin {human_bytes(pinned)} of host memory, "
+            f"{human_bytes(host)} available"
+        )
     for mode in by_speed(adapter.device.type == "cuda", micro_batch * context):
+        if host is not None and mode in plans and plans[mode].pinned_host > host:
+            continue
         if mode in peaks and peaks[mode] <= budget:
             return Pick(
                 mode,
@@ -109,4 +123,22 @@ def pick(
             "raise the budget, or lower micro_batch or the data's context, or train a smaller "
             "rank or fewer targets",
         ),
+    )
+
+
+def host_warning(model: Any, profile: Any, tokens: int, cuda: bool) -> str | None:
+    """What to say before an `offload` run on CUDA of micro-batches of `tokens` tokens whose
+    pinned copies of the layer inputs need more host memory than is available (None: nothing)."""
+    if profile.activations != "offload" or not cuda:
+        return None
+    c = model.config
+    act = 4 if profile.precision == "float32" else 2
+    pinned = offload_host_bytes(c.num_hidden_layers, tokens, c.hidden_size, act)
+    host = host_memory.available_bytes()
+    if host is None or pinned <= host:
+        return None
+    return (
+        f"activations offload pins {human_bytes(pinned)} of host memory for the layer inputs, "
+        f"more than the {human_bytes(host)} this machine has available: the run may be killed "
+        f"for memory (checkpoint keeps them on the GPU instead)"
     )

@@ -67,6 +67,11 @@ RESIDUAL_COPIES = 4
 output, and the gradient to the hidden states the loss keeps."""
 
 
+def offload_host_bytes(layers: int, tokens: int, hidden: int, act_bytes: int) -> int:
+    """Pinned host memory `offload` keeps: every decoder layer's `[tokens, hidden]` input."""
+    return layers * tokens * hidden * act_bytes
+
+
 def workspace_bytes(graphs: bool) -> int:
     """The cuBLAS workspaces of one `train` call on CUDA: the training stream's, the precision
     check's and, with CUDA graphs, the recording's side stream's."""

@@ -29,6 +29,7 @@ from aner_lang.check.consteval import STATIC_FAILURES, evaluate
 from aner_lang.check.core import registry_expr
 from aner_lang.check.environment import written_arguments
 from aner_lang.host import files, gpus
+from aner_lang.host import memory as host_memory
 from aner_lang.host.units import human_bytes
 from aner_lang.problems.diagnostics import render
 from aner_lang.problems.errors import AnerRuntimeError
@@ -62,11 +63,13 @@ class Call:
 
 @dataclass(frozen=True)
 class Plan:
-    """Predicted peak GPU bytes of one `train` call, by category."""
+    """Predicted peak GPU bytes of one `train` call, by category, and the pinned host memory
+    `offload` keeps the layer inputs in (not part of the GPU's peak)."""
 
     categories: dict[str, int]
     tokens_per_update: int
     updates: int | None
+    pinned_host: int = 0
 
     @property
     def peak(self) -> int:
@@ -269,7 +272,8 @@ def plan(
         "nf4 dequant buffer": dequant,
         "CUDA workspaces": fp.workspace_bytes(graphs) if cuda else 0,
     }
-    return Plan(categories, tokens * accumulation, updates)
+    pinned = fp.offload_host_bytes(layers, tokens, h, act) if mode == "offload" and cuda else 0
+    return Plan(categories, tokens * accumulation, updates, pinned)
 
 
 def _updates(train: Call, examples: int | None) -> int | None:
@@ -386,6 +390,11 @@ def plan_call(tracer: Tracer, info: CallInfo, frame: Frame | None, script_dir: P
     ]
     out += [f"  {name:<20} {human_bytes(n):>12}" for name, n in result.categories.items()]
     out.append(f"  {'peak':<20} {human_bytes(result.peak):>12}")
+    if result.pinned_host:
+        out.append(
+            f"  pinned host memory {human_bytes(result.pinned_host)}: offload's copies of the "
+            f"layer inputs, beside the peak{_host_note(result.pinned_host)}"
+        )
     out.append(f"  tokens per update: {result.tokens_per_update}")
     updates = "not known before the run" if result.updates is None else str(result.updates)
     out.append(f"  updates: {updates}")
@@ -397,6 +406,15 @@ def plan_call(tracer: Tracer, info: CallInfo, frame: Frame | None, script_dir: P
         ]
     out += [f"  {n}" for n in notes]
     return PlannedCall(out, result.peak)
+
+
+def _host_note(pinned: int) -> str:
+    """What this machine's available host memory says of `pinned` bytes of pinned copies."""
+    available = host_memory.available_bytes()
+    if available is None:
+        return ""
+    verdict = "more than" if pinned > available else "within"
+    return f" ({verdict} the {human_bytes(available)} this machine has available)"
 
 
 def main(argv: list[str] | None = None) -> int:

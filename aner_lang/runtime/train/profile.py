@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from aner_lang.builtins import members
+from aner_lang.host.units import human_bytes
 from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.model.precision import DTYPES
 from aner_lang.runtime.nf4.backends import (
@@ -141,11 +142,15 @@ class Profile:
         self.resolved_kernel(device)
         check_precision_supported(self.precision, device)
         if self.memory_budget is not None and device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info()
-            if self.memory_budget > free:
+            # The budget is the run's whole peak, the model this process has loaded included:
+            # what the GPU can give it is what is free plus what torch already holds here.
+            free, _ = torch.cuda.mem_get_info(device)
+            held = torch.cuda.memory_reserved(device)
+            if self.memory_budget > free + held:
                 raise AnerRuntimeError(
-                    f"profile: memory_budget {self.memory_budget} bytes is "
-                    f"more than the {free} bytes free on the GPU",
+                    f"profile: memory_budget {human_bytes(self.memory_budget)} "
+                    f"({self.memory_budget} bytes) is more than the GPU can give this run: "
+                    f"{human_bytes(free)} free and {human_bytes(held)} this process holds",
                     code="E-PROFILE-BUDGET",
                 )
 

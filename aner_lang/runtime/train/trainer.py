@@ -294,6 +294,10 @@ def train(
             first["memory_budget"] = picked.event(profile.memory_budget)
             if main:
                 print(f"train: {picked.reason}", file=sys.stderr, flush=True)
+        tokens = micro_batch * data.context
+        warning = budget.host_warning(adapter.base, profile, tokens, device.type == "cuda")
+        if warning is not None and main:
+            print(f"train: warning: {warning}", file=sys.stderr, flush=True)
         events.add(first)
         run_control.emit({**first, "steps": total})
         with using_backend(backend), keeping(loop.activations), run_control.stop_signals():

@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from dataclasses import replace
 
 import pytest
+import torch
 
 from aner_lang.cli import main
 from aner_lang.problems.errors import AnerRuntimeError
@@ -109,3 +111,114 @@ def test_a_run_whose_budget_no_policy_fits_stops_before_training(tmp_path, tiny_
     assert re.search(r"script\.aner:4:11: error\[E-PROFILE-BUDGET\]: .*memory_budget 4\.0 KiB", err)
     assert "Traceback" not in err
     assert events == ""  # train never started
+
+
+def _on_cuda(adapter):  # type: ignore[no-untyped-def]
+    """The CPU adapter as the picker sees one on CUDA (where offload pins host memory)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        method=adapter.method, config=adapter.config, base=adapter.base,
+        device=torch.device("cuda"),
+    )  # fmt: skip
+
+
+def test_offload_fits_only_where_the_host_can_hold_its_pinned_copies(adapter, monkeypatch):
+    """Offload's pinned copies of the layer inputs (layers x tokens x hidden, 16-bit) must fit in
+    the host memory available, or the budget does not pick it; unknown host memory is no limit."""
+    from aner_lang.host import memory
+
+    cuda = _on_cuda(adapter)
+    p = profile(activations="keep", precision="bfloat16")
+    c = adapter.base.config
+    pinned = c.num_hidden_layers * 4 * 64 * c.hidden_size * 2
+    peaks = budget.pick(cuda, replace(p, memory_budget=1 << 40), context=64, micro_batch=4,
+                        accumulation=1).peaks  # fmt: skip
+    tight = replace(p, memory_budget=peaks["offload"])  # only offload fits the GPU
+    for host, picked in ((None, "offload"), (pinned, "offload"), (pinned - 1, None)):
+        monkeypatch.setattr(memory, "available_bytes", lambda host=host: host)
+        if picked is None:
+            with pytest.raises(AnerRuntimeError) as e:
+                budget.pick(cuda, tight, context=64, micro_batch=4, accumulation=1)
+            assert e.value.code == "E-PROFILE-BUDGET"
+            assert "offload would pin" in str(e.value)
+        else:
+            chosen = budget.pick(cuda, tight, context=64, micro_batch=4, accumulation=1)
+            assert chosen.policy == picked
+
+
+def test_an_offload_run_is_warned_when_the_host_cannot_hold_its_copies(adapter, monkeypatch):
+    from aner_lang.host import memory
+
+    c = adapter.base.config
+    pinned = c.num_hidden_layers * 256 * c.hidden_size * 2
+    offload = profile(activations="offload", precision="bfloat16")
+    monkeypatch.setattr(memory, "available_bytes", lambda: pinned - 1)
+    warning = budget.host_warning(adapter.base, offload, 256, cuda=True)
+    assert warning is not None and "may be killed for memory" in warning
+    assert budget.host_warning(adapter.base, offload, 256, cuda=False) is None
+    assert budget.host_warning(adapter.base, profile(activations="checkpoint"), 256, True) is None
+    monkeypatch.setattr(memory, "available_bytes", lambda: pinned)
+    assert budget.host_warning(adapter.base, offload, 256, cuda=True) is None
+    monkeypatch.setattr(memory, "available_bytes", lambda: None)
+    assert budget.host_warning(adapter.base, offload, 256, cuda=True) is None
+
+
+def test_host_memory_available_is_read_from_meminfo_or_unknown(tmp_path):
+    from aner_lang.host.memory import available_bytes
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       32768 kB\nMemAvailable:    1024 kB\nSwapTotal: 0 kB\n")
+    assert available_bytes(meminfo) == 1024 * 1024
+    meminfo.write_text("MemTotal:       32768 kB\nMemAvailable:    lots\n")
+    assert available_bytes(meminfo) is None
+    assert available_bytes(tmp_path / "missing") is None
+    meminfo.write_bytes(b"MemTotal: 1 kB\n" * 100_000)  # read within its bound, then unknown
+    assert available_bytes(meminfo) is None
+
+
+def test_plan_says_what_offload_pins_on_the_host(tmp_path, capsys, monkeypatch):
+    """`aner plan` of an offloaded CUDA run gives its pinned copies of the layer inputs, beside
+    the peak, and whether this machine has that much available."""
+    from aner_lang.host import memory
+    from aner_lang.runtime.train.plan import main as plan_main
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "vocab_size": 512, "max_position_embeddings": 256}))  # fmt: skip
+    script = tmp_path / "s.aner"
+    script.write_text(
+        'let base = load_model("model", storage: nf4_double_quant, device: cuda)\n'
+        'let data = texts(["one", "two"], context: 32)\n'
+        "let _run = train(lora(base, rank: 4, targets: [q_proj]), data,\n"
+        "                 profile(precision: bfloat16, activations: offload), micro_batch: 2)\n"
+    )
+    pinned = 2 * 64 * 64 * 2  # layers x tokens x hidden x bf16
+    monkeypatch.setattr(memory, "available_bytes", lambda: pinned - 1)
+    assert plan_main([str(script), "--gpu-memory", "24GB"]) == 0
+    out = capsys.readouterr().out
+    assert "pinned host memory 16.0 KiB: offload's copies of the layer inputs" in out
+    assert "more than the 16.0 KiB this machine has available" in out
+    script.write_text(script.read_text().replace("offload", "checkpoint"))
+    assert plan_main([str(script), "--gpu-memory", "24GB"]) == 0
+    assert "pinned host memory" not in capsys.readouterr().out
+
+
+def test_a_budget_counts_the_memory_the_loaded_model_already_holds(monkeypatch):
+    """The budget is the run's whole peak: on a GPU with 10 GiB free after the model took 5, a
+    budget of 15 GiB is accepted and one of 15 GiB and a byte is not."""
+    from aner_lang.runtime.train import profile as profiles
+
+    gib = 1 << 30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10 * gib, 80 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 5 * gib)
+    monkeypatch.setattr(profiles, "check_precision_supported", lambda *_: None)
+    monkeypatch.setattr(profiles.Profile, "resolved_kernel", lambda *_: "fused")
+    cuda = torch.device("cuda")
+    profile(memory_budget=15 * gib).validate(cuda)
+    with pytest.raises(AnerRuntimeError) as e:
+        profile(memory_budget=15 * gib + 1).validate(cuda)
+    assert e.value.code == "E-PROFILE-BUDGET"
+    assert "10.00 GiB free and 5.00 GiB this process holds" in str(e.value)
