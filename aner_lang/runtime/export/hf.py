@@ -27,7 +27,7 @@ store.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,13 @@ from aner_lang.host import files
 from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.export.files import module_tensor, require_model
 from aner_lang.runtime.io.world import once
-from aner_lang.runtime.model.config import EXPERT_FIELDS, hf_expert_config
+from aner_lang.runtime.model.config import (
+    EXPERT_FIELDS,
+    RopeScaling,
+    hf_expert_config,
+    rope_freq_factors,
+    scaling_of_factors,
+)
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 WEIGHTS = "model.safetensors"
@@ -98,7 +104,8 @@ def _sliding_config(c: Any, arch: Architecture) -> dict[str, Any]:
     }
 
 
-def _config(model: Any, dtype: str) -> dict[str, Any]:
+def _config(model: Any, dtype: str, rope: RopeScaling | None) -> dict[str, Any]:
+    """config.json of `model`, its rope scaling `rope` (`_rope_scaling`)."""
     c, tok = model.config, model.tokenizer
     fields = asdict(c)
     arch = fields.pop("architecture")
@@ -106,20 +113,14 @@ def _config(model: Any, dtype: str) -> dict[str, Any]:
         fields.pop(key)
     for key in _SLIDING_FIELDS + (() if model.architecture.softcapping else _SOFTCAP_FIELDS):
         fields.pop(key)
+    fields.pop("rope_scaling")
     sliding: dict[str, Any] = {}
     if model.architecture.sliding_pattern:
-        fields.pop("rope_scaling")
         sliding = _sliding_config(c, model.architecture)
-    s = c.rope_scaling
-    if s is not None and s.rope_type == "longrope":  # as Phi-3's own configs write it
-        fields["original_max_position_embeddings"] = s.original_max_position_embeddings
-        fields["rope_scaling"] = {
-            "rope_type": "longrope",
-            "short_factor": list(s.short_factor),
-            "long_factor": list(s.long_factor),
-            "factor": s.factor,
-            "attention_factor": s.attention_factor,
-        }
+    elif rope is not None:
+        fields["rope_scaling"] = _hf_rope_scaling(rope)
+        if rope.rope_type == "longrope":  # as Phi-3's own configs write it
+            fields["original_max_position_embeddings"] = rope.original_max_position_embeddings
     return {
         "architectures": [_model_class(arch)],
         "model_type": arch,
@@ -173,18 +174,52 @@ def _tokenizer_config(model: Any) -> dict[str, Any]:
     }
 
 
-def _scaled_rope(model: Any) -> bool:
-    """Whether the model's rotary frequencies differ from plain ``theta ** (-2i / d)`` in a way
-    config.json cannot say (LongRoPE's factors are config fields, `_config`)."""
+def _rope_scaling(model: Any) -> RopeScaling | None:
+    """The rope scaling config.json states for `model` (None: plain frequencies): the config's
+    own, or, for a GGUF whose ``rope_freqs`` hold Llama 3's factors in place of the parameters,
+    the parameters that reproduce them (`scaling_of_factors`). The model's frequencies must be
+    the ones transformers computes from what is written, else E-EXPORT: nothing else could
+    say them (LongRoPE's own factors are written as they are)."""
     c = model.config
-    if c.rope_scaling is not None and c.rope_scaling.rope_type == "longrope":
-        return False
+    s = c.rope_scaling
+    if s is not None and s.rope_type == "longrope":
+        return s
+    if s is None and model.rope_freqs is not None:
+        s = scaling_of_factors(c, model.rope_freqs)
     d = c.rotary_dim
     plain = 1.0 / (c.rope_theta ** (torch.arange(0, d, 2).float() / d))
-    if model.architecture.sliding_pattern and c.rope_scaling is not None:  # in rope_parameters
-        plain = plain / c.rope_scaling.factor
+    factors = rope_freq_factors(replace(c, rope_scaling=s))
+    expected = plain if factors is None else plain / factors
     used = model.module.rotary.get_buffer("inv_freq").float().cpu()
-    return not torch.allclose(used, plain, rtol=1e-6, atol=0.0)
+    if not torch.allclose(used, expected, rtol=1e-6, atol=0.0):
+        raise AnerRuntimeError(
+            "export_hf: this model's rotary frequencies are scaled in a way no Hugging Face "
+            "rope_scaling (linear, llama3) reproduces",
+            code="E-EXPORT",
+            notes=("export it as GGUF instead: export_gguf(model, path)",),
+        )
+    return s
+
+
+def _hf_rope_scaling(s: RopeScaling) -> dict[str, Any]:
+    """`s` as config.json's ``rope_scaling`` (transformers' keys for its type)."""
+    if s.rope_type == "longrope":  # as Phi-3's own configs write it
+        return {
+            "rope_type": "longrope",
+            "short_factor": list(s.short_factor),
+            "long_factor": list(s.long_factor),
+            "factor": s.factor,
+            "attention_factor": s.attention_factor,
+        }
+    if s.rope_type == "linear":
+        return {"rope_type": "linear", "factor": s.factor}
+    return {
+        "rope_type": "llama3",
+        "factor": s.factor,
+        "low_freq_factor": s.low_freq_factor,
+        "high_freq_factor": s.high_freq_factor,
+        "original_max_position_embeddings": s.original_max_position_embeddings,
+    }
 
 
 def export_hf(
@@ -197,13 +232,7 @@ def export_hf(
             f"export_hf: unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}",
             code="E-EXPORT",
         )
-    if _scaled_rope(model):
-        raise AnerRuntimeError(
-            "export_hf: this model scales its rotary frequencies (Llama 3.1+), which its GGUF "
-            "stores as factors, not as the parameters a Hugging Face config needs",
-            code="E-EXPORT",
-            notes=("export it as GGUF instead: export_gguf(model, path)",),
-        )
+    rope = _rope_scaling(model)
     tok = model.tokenizer
 
     def dump(obj: Any) -> str:
@@ -216,7 +245,8 @@ def export_hf(
         torch.no_grad(),
     ):
         save_file(_hf_tensors(model, DTYPES[dtype]), folder / WEIGHTS, metadata={"format": "pt"})
-        (folder / "config.json").write_text(dump(_config(model, dtype)), encoding="utf-8")
+        config = _config(model, dtype, rope)
+        (folder / "config.json").write_text(dump(config), encoding="utf-8")
         generation = {"bos_token_id": tok.bos_id, "eos_token_id": _stops(tok)}
         (folder / "generation_config.json").write_text(dump(generation), encoding="utf-8")
         _tokenizer(tok).save(str(folder / "tokenizer.json"))

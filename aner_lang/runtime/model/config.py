@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeGuard
 
@@ -187,6 +187,52 @@ def rope_freq_factors(config: ModelConfig) -> torch.Tensor | None:
             )
             factors.append(1 / ((1 - smooth) / s.factor + smooth))
     return torch.tensor(factors, dtype=torch.float32)
+
+
+def scaling_of_factors(config: ModelConfig, factors: torch.Tensor) -> RopeScaling | None:
+    """The ``linear`` or ``llama3`` rope scaling whose `rope_freq_factors` are `factors` (a GGUF's
+    ``rope_freqs``, which llama.cpp's converter writes in place of the parameters), or None when
+    neither reproduces them to float32 precision.
+
+    Rules: equal factors are ``linear``. For ``llama3``, `factor` is the largest factor; a factor
+    f strictly between 1 and it lies on the ramp, where smooth = (1/f - 1/factor) / (1 -
+    1/factor) = (original / wavelength - low) / (high - low) is linear in 1 / wavelength: two
+    ramp points give its slope a = original / (high - low) and intercept b = -low / (high - low),
+    which is all the factors say (the three parameters scaled alike give the same factors), so
+    `low_freq_factor` is taken as 1, as in every Llama 3.1 and later: high = 1 - 1/b and original
+    = -a/b. Fewer than two ramp points leave the parameters open: None."""
+    import torch
+
+    f = [float(x) for x in factors.double()]
+    candidates: list[RopeScaling] = []
+    if all(math.isclose(x, f[0], rel_tol=1e-6) for x in f) and f[0] > 0:
+        candidates.append(RopeScaling("linear", f[0]))
+    factor = max(f)
+    ramp = [
+        (2 * math.pi / config.rope_theta ** (-2.0 * i / config.head_dim), x)
+        for i, x in enumerate(f)
+        if 1 + 1e-6 < x < factor * (1 - 1e-6)
+    ]
+    if factor > 1 and len(ramp) >= 2:
+        (w0, f0), (w1, f1) = ramp[0], ramp[-1]
+
+        def smooth(x: float) -> float:
+            return (1 / x - 1 / factor) / (1 - 1 / factor)
+
+        a = (smooth(f1) - smooth(f0)) / (1 / w1 - 1 / w0)
+        b = smooth(f0) - a / w0
+        if b < 0:
+            original, high = round(-a / b), 1 - 1 / b
+            candidates += [  # the round figure a config would say first, then the exact one
+                RopeScaling("llama3", factor, 1.0, round(high, 4), original),
+                RopeScaling("llama3", factor, 1.0, high, original),
+            ]
+    want = torch.tensor(f, dtype=torch.float32)
+    for scaling in candidates:
+        got = rope_freq_factors(replace(config, rope_scaling=scaling))
+        if got is not None and torch.allclose(got, want, rtol=1e-6, atol=0.0):
+            return scaling
+    return None
 
 
 @dataclass(frozen=True)
