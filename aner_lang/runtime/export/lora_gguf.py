@@ -14,10 +14,12 @@ the base weight: no per-method formula) and factored by SVD at that rank, ``B = 
 not fit in that rank (dora rescales whole rows, full changes every weight) is refused: export the
 merged model instead.
 
-On a mixture-of-experts base the attention targets export as on a dense one; an adapter on the
-experts is refused: llama.cpp stores a projection's experts as one 3-D tensor, so its LoRA would
-be 3-D ``lora_a``/``lora_b`` per expert tensor, a layout Aner does not write (export the merged
-model instead).
+On a mixture-of-experts base llama.cpp stores a projection's experts as one 3-D tensor
+(``blk.N.ffn_gate_exps.weight``, `Architecture.weights`), and applies a LoRA on it per routed
+expert (``ggml_mul_mat_id`` over the adapter's tensors, as over the weight's): each expert's
+change is factored alone, and the factors of one projection's experts are stacked in expert
+order into ``lora_a`` [experts, rank, in] and ``lora_b`` [experts, out, rank], the layout
+llama.cpp's ``convert_lora_to_gguf.py`` writes for MoE adapters.
 """
 
 from __future__ import annotations
@@ -64,19 +66,14 @@ def export_lora_gguf(adapter: Any, path: str | Path, *, overwrite: bool = False)
         )
     base = adapter.base
     arch, config = base.architecture, base.config
-    experts = [name for name, _ in adapter.targets if ".experts." in name]
-    if experts:
-        raise _fail(
-            f"the {adapter.method} adapter adapts mixture-of-experts experts ({experts[0]}, "
-            "...): llama.cpp stores a projection's experts as one 3-D tensor, and Aner writes "
-            "LoRA tensors for 2-D weights only",
-            "export its merged model instead: export_gguf(merge(adapter), path)",
-            "or target only the attention projections (q_proj, k_proj, v_proj, o_proj)",
-        )
     weights = effective_weights(adapter)
-    by_module = {
-        p.module(i): (p, i) for i in range(config.num_hidden_layers) for p in arch.projections
+    tensors = {
+        w.name: w
+        for w in arch.weights(
+            config.num_hidden_layers, config.tie_word_embeddings, config.experts_in
+        )
     }
+    stacked: dict[str, list[tuple[int, np.ndarray, np.ndarray]]] = {}
     with (
         gguf_writer(
             path, arch.gguf_architectures[0], overwrite=overwrite, protected=[base.path]
@@ -88,7 +85,7 @@ def export_lora_gguf(adapter: Any, path: str | Path, *, overwrite: bool = False)
         writer.add_string("adapter.type", "lora")
         writer.add_float32("adapter.lora.alpha", float(rank))
         for name, module in adapter.targets:
-            projection, layer = by_module[name]
+            weight = tensors[name]
             delta = weights[name] - module.dense_weight().cpu()
             b, a, error = low_rank_factors(delta, rank)
             if error > _FIT:
@@ -98,11 +95,18 @@ def export_lora_gguf(adapter: Any, path: str | Path, *, overwrite: bool = False)
                     "apply it",
                     "export its merged model instead: export_gguf(merge(adapter), path)",
                 )
-            if projection.rope_heads:
-                b = permute_rows(b, int(getattr(config, projection.rope_heads)))
-            stem = projection.gguf_tensor(layer)
-            writer.add_tensor(f"{stem}.lora_a", np.ascontiguousarray(a.numpy()))
-            writer.add_tensor(f"{stem}.lora_b", np.ascontiguousarray(b.numpy()))
+            if weight.rope_heads:
+                b = permute_rows(b, int(getattr(config, weight.rope_heads)))
+            if weight.expert is None:
+                writer.add_tensor(f"{weight.gguf}.lora_a", np.ascontiguousarray(a.numpy()))
+                writer.add_tensor(f"{weight.gguf}.lora_b", np.ascontiguousarray(b.numpy()))
+            else:
+                stacked.setdefault(weight.gguf, []).append((weight.expert, a.numpy(), b.numpy()))
+        for stem, experts in stacked.items():
+            experts.sort(key=lambda e: e[0])
+            assert [e for e, _, _ in experts] == list(range(len(experts))), stem
+            writer.add_tensor(f"{stem}.lora_a", np.stack([a for _, a, _ in experts]))
+            writer.add_tensor(f"{stem}.lora_b", np.stack([b for _, _, b in experts]))
     return Path(path)
 
 

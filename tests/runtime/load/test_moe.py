@@ -510,22 +510,35 @@ def test_bad_expert_metadata_is_refused_with_the_file_and_key(exported, tmp_path
     assert e.value.code == "E-GGUF-ARCH" and str(dense) in e.value.message
 
 
-def test_attention_lora_exports_to_llama_cpp_lora_and_expert_lora_is_refused(
+def test_a_lora_on_experts_exports_each_projections_experts_stacked(
     exported, tmp_path, trained_like
 ):
+    """Attention targets export as on a dense model; each expert's change is factored alone and
+    one projection's experts stacked in expert order, `lora_a` [experts, rank, in] and `lora_b`
+    [experts, out, rank], whose products are each expert's change."""
+    from aner_lang.runtime.adapters.merge import effective_weights
     from aner_lang.runtime.export.lora_gguf import export_lora_gguf
     from aner_lang.runtime.io.gguf import GGUFFile
 
     model = load_model(exported[1], device="cpu")
-    attention = trained_like(adapters.lora(model, rank=2, targets=["q_proj", "v_proj"], seed=4))
-    out = export_lora_gguf(attention, tmp_path / "attn.gguf")
-    names = set(GGUFFile(out).tensors)
-    assert "blk.1.attn_q.weight.lora_a" in names and not any("exps" in n for n in names)
-    experts = adapters.lora(model, rank=2, targets=["q_proj", "down_proj"])
-    with pytest.raises(AnerRuntimeError, match="3-D tensor") as e:
-        export_lora_gguf(experts, tmp_path / "experts.gguf")
-    assert e.value.code == "E-EXPORT" and "merge(adapter)" in " ".join(e.value.notes)
-    assert not (tmp_path / "experts.gguf").exists()
+    c = model.config
+    adapter = trained_like(adapters.lora(model, rank=2, targets=["q_proj", "down_proj"], seed=4))
+    out = GGUFFile(export_lora_gguf(adapter, tmp_path / "lora.gguf"))
+    assert "blk.1.attn_q.weight.lora_a" in out.tensors
+    assert "blk.0.ffn_down.weight.lora_a" not in out.tensors  # the experts' tensor is 3-D
+    a = out.tensor("blk.0.ffn_down_exps.weight.lora_a", (c.num_experts, 2, _expert_width(c)))
+    b = out.tensor("blk.0.ffn_down_exps.weight.lora_b", (c.num_experts, c.hidden_size, 2))
+    changed = effective_weights(adapter)
+    for e in range(c.num_experts):
+        name = f"layers.0.mlp.experts.{e}.down_proj"
+        module = model.module.get_submodule(name)
+        delta = changed[name] - module.dense_weight()
+        assert float(delta.abs().max()) > 1e-4
+        torch.testing.assert_close(b[e] @ a[e], delta, atol=1e-5, rtol=1e-4)
+
+
+def _expert_width(c) -> int:  # type: ignore[no-untyped-def]
+    return c.moe_intermediate_size or c.intermediate_size
 
 
 @pytest.mark.slow
@@ -546,6 +559,21 @@ def test_llama_cpp_applies_the_attention_lora_gguf_as_aner_does(exported, tmp_pa
     model = load_model(exported[1], device="cpu")
     adapter = trained_like(adapters.lora(model, rank=2, targets=["q_proj", "o_proj"], seed=5))
     lora = export_lora_gguf(adapter, tmp_path / "attn.gguf")
+    ids = _ids(model)
+    with torch.no_grad():
+        assert (adapter.forward(ids) - model.forward(ids)).abs().max() > 1e-2
+    _agrees_with_llama_cpp(exported[1], adapter.forward, model.config, loras=[lora])
+
+
+@pytest.mark.slow
+def test_llama_cpp_applies_a_lora_on_the_experts_as_aner_does(exported, tmp_path, trained_like):
+    pytest.importorskip("xllamacpp")
+    from aner_lang.runtime.export.lora_gguf import export_lora_gguf
+
+    model = load_model(exported[1], device="cpu")
+    targets = ["gate_proj", "up_proj", "down_proj"]
+    adapter = trained_like(adapters.lora(model, rank=2, targets=targets, seed=6))
+    lora = export_lora_gguf(adapter, tmp_path / "experts.gguf")
     ids = _ids(model)
     with torch.no_grad():
         assert (adapter.forward(ids) - model.forward(ids)).abs().max() > 1e-2
