@@ -9,7 +9,8 @@
 #   --quick       the kernel benchmark on the seed shapes only
 #   --scale S     instead of the kernel benchmarks, benchmarks/train_scale.py on shapes S (comma
 #                 separated; SIDES=aner,peft,... picks the sides, SCALE_ARGS adds options)
-#   --attention   also benchmarks/attention_backends.py (torch's SDPA backends at the 8B layer shape)
+#   --attention   also benchmarks/attention_backends.py (torch's SDPA backends at the 8B layer shape;
+#                 ATTENTION_ARGS adds options, e.g. "--packed 8 --contexts 8192,16384" for packed rows)
 #   --e2e S       benchmarks/train_e2e.py on shapes S instead of the kernel benchmarks: whole runs of
 #                 aner run, Unsloth + TRL and PEFT + TRL (E2E_ARGS adds options, e.g. --repeats 2)
 #   --longest S   benchmarks/longest_context.py on shape S instead of the kernel benchmarks: the
@@ -112,7 +113,7 @@ elif (( run_bench )); then
   timeout "${TRAIN_BENCH_S:-130}" python3 benchmarks/train_gpu.py "${model[@]}" 2>&1 | tee "$OUT/train_gpu.log" || rc=1
 fi
 if (( attention )); then
-  timeout "${ATTENTION_S:-120}" python3 benchmarks/attention_backends.py --out "$OUT/attention_backends.json" 2>&1 \
+  timeout "${ATTENTION_S:-120}" python3 benchmarks/attention_backends.py ${ATTENTION_ARGS:-} --out "$OUT/attention_backends.json" 2>&1 \
     | tee "$OUT/attention_backends.log" || rc=1
 fi
 exit $rc
