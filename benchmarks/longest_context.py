@@ -52,9 +52,11 @@ from typing import Any
 
 import train_scale as bench  # this directory is on sys.path when run as a script
 
+from aner_lang.builtins import members
+
 GIB = 1 << 30
-POLICIES = ("keep", "checkpoint", "offload")
-"""Aner's activation policies, largest first (`runtime.train.budget.POLICIES`)."""
+POLICIES = tuple(members("Activations"))
+"""Aner's activation policies, largest first."""
 SIDES = ("aner", "aner-keep", "aner-checkpoint", "aner-offload", "unsloth", "unsloth-gc")
 FAILURES = ("oom", "budget", "timeout", "error", "deadline")
 DRY_CAPS = "0.012,0.02"
@@ -143,17 +145,19 @@ def planned_longest(
     config: Any, caps: Iterable[int], most: int, step: int, cuda: bool = True
 ) -> dict[str, dict[int, int | None]]:
     """Per policy and cap (bytes), the longest context among `step`, 2 `step`... `most` whose
-    planned peak fits the cap (None: not even `step`). Every context is planned, none inferred:
-    the peak need not grow evenly (CUDA graphs' pool ends at `EAGER_FROM_TOKENS`)."""
-    caps = sorted(caps)
-    out: dict[str, dict[int, int | None]] = {p: dict.fromkeys(caps) for p in POLICIES}
-    for policy in POLICIES:
-        for context in range(step, most + 1, step):
-            peak = planned_peak(config, policy, context, cuda)
-            for cap in caps:
-                if peak <= cap:
-                    out[policy][cap] = context
-    return out
+    planned peak fits the cap (None: not even `step`), as `aner plan` finds it
+    (`plan.longest_context`)."""
+    from aner_lang.runtime.train.plan import longest_context
+
+    return {
+        policy: {
+            cap: longest_context(
+                lambda c, p=policy, cap=cap: planned_peak(config, p, c, cuda) <= cap, most, step
+            )
+            for cap in sorted(caps)
+        }
+        for policy in POLICIES
+    }
 
 
 # ---- one attempt: a process --------------------------------------------------------------------

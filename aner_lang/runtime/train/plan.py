@@ -17,11 +17,12 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from aner_lang.architectures import ARCHITECTURES
-from aner_lang.builtins import registry
+from aner_lang.builtins import members, registry
 from aner_lang.builtins.spec import Builtin
 from aner_lang.check import Analysis, analyze
 from aner_lang.check.analysis import CallInfo
@@ -301,10 +302,14 @@ def plan_calls(analysis: Analysis, info: CallInfo, script_dir: Path) -> list[Pla
 
 @dataclass(frozen=True)
 class PlannedCall:
-    """The report lines of one planned `train` call and its predicted peak (None: not planned)."""
+    """The report lines of one planned `train` call and its predicted peak (None: not planned);
+    `at(activations, context)`, the plan of the same call under another activation policy and
+    data context, up to `max_context` (the model's context length)."""
 
     lines: list[str]
     peak: int | None
+    at: Callable[[str, int], Plan] | None = None
+    max_context: int = 0
 
 
 def plan_call(tracer: Tracer, info: CallInfo, frame: Frame | None, script_dir: Path) -> PlannedCall:
@@ -363,23 +368,29 @@ def plan_call(tracer: Tracer, info: CallInfo, frame: Frame | None, script_dir: P
     else:
         context = data.context
     cuda = model.args.get("device") != "cpu"
-    result = plan(
-        config,
-        storage=storage,
-        method=adapter.name,
-        rank=int(str(adapter.args["rank"])),
-        targets=[str(t) for t in adapter.args["targets"]]  # type: ignore[attr-defined]
-        if isinstance(adapter.args.get("targets"), list)
-        else [],
-        profile=profile_args,
-        context=context,
-        micro_batch=int(str(train.args["micro_batch"])),
-        accumulation=int(str(train.args["accumulation"])),
-        updates=_updates(train, data.examples),
-        cuda=cuda,
-        quantize_embeddings=model.args.get("quantize_embeddings") is True,
-        file_bytes=file_bytes,
-    )
+    def planned(settings: dict[str, object], context: int) -> Plan:
+        return plan(
+            config,
+            storage=storage,
+            method=adapter.name,
+            rank=int(str(adapter.args["rank"])),
+            targets=[str(t) for t in adapter.args["targets"]]  # type: ignore[attr-defined]
+            if isinstance(adapter.args.get("targets"), list)
+            else [],
+            profile=settings,
+            context=context,
+            micro_batch=int(str(train.args["micro_batch"])),
+            accumulation=int(str(train.args["accumulation"])),
+            updates=_updates(train, data.examples),
+            cuda=cuda,
+            quantize_embeddings=model.args.get("quantize_embeddings") is True,
+            file_bytes=file_bytes,
+        )
+
+    def at(activations: str, context: int) -> Plan:
+        return planned({**profile_args, "activations": activations}, context)
+
+    result = planned(profile_args, context)
     through = f" (through {', '.join(reversed(data.path))})" if data.path else ""
     out = [
         f"{head}: {adapter.name} rank {adapter.args['rank']} on {model.args['path']} "
@@ -405,7 +416,27 @@ def plan_call(tracer: Tracer, info: CallInfo, frame: Frame | None, script_dir: P
             for n in call.assumed
         ]
     out += [f"  {n}" for n in notes]
-    return PlannedCall(out, result.peak)
+    return PlannedCall(out, result.peak, at if cuda else None, config.max_position_embeddings)
+
+
+CONTEXT_STEP = 256
+"""The resolution of `longest_context`."""
+
+
+def longest_context(fits: Callable[[int], bool], most: int, step: int = CONTEXT_STEP) -> int | None:
+    """The longest context among `step`, 2 `step`, ... and `most` for which `fits(context)`
+    (None: not even the shortest), by bisection. A planned peak grows with the context but
+    where micro-batches reach `EAGER_FROM_TOKENS` tokens and stop recording CUDA graphs (one
+    workspace less), so bisection may miss a context just below that which fits; the answer
+    always fits."""
+    contexts = list(range(step, most, step)) + [most]
+    if not fits(contexts[0]):
+        return None
+    good, bad = 0, len(contexts)
+    while bad - good > 1:
+        middle = (good + bad) // 2
+        good, bad = (middle, bad) if fits(contexts[middle]) else (good, middle)
+    return contexts[good]
 
 
 def _host_note(pinned: int) -> str:
@@ -478,4 +509,17 @@ def _verdict(planned: PlannedCall, limit: int | None, gpu: str) -> bool:
         return False
     fits = planned.peak <= limit
     print(f"  {'fits' if fits else 'will NOT fit'} on {gpu}")
+    if planned.at is not None:
+        at, cap = planned.at, limit
+
+        def fitting(mode: str) -> Callable[[int], bool]:
+            return lambda context: at(mode, context).peak <= cap
+
+        said = []
+        for mode in members("Activations"):
+            n = longest_context(fitting(mode), planned.max_context)
+            pinned = at(mode, n).pinned_host if n is not None else 0
+            host = f" (pinning {human_bytes(pinned)} of host memory)" if pinned else ""
+            said.append(f"{mode} {'none' if n is None else f'{n:,}'}{host}")
+        print(f"  longest context that fits on {gpu}, by activations: {', '.join(said)}")
     return not fits

@@ -368,3 +368,51 @@ def test_a_checkpointed_plan_counts_one_tile_of_the_mlp(tmp_path: Path, mode, mo
     for context in (32, 64):
         expected = one_layer[context] - (context - 16) * gate_up
         assert layer(mode, context) == expected * footprint.CHECKPOINTED_BACKWARD_FACTOR
+
+
+def test_longest_context_is_the_last_that_fits_of_the_steps_and_the_most() -> None:
+    from aner_lang.runtime.train.plan import longest_context
+
+    for limit in (256, 300, 1000, 4096, 4097):
+        assert longest_context(lambda c, cap=limit: c <= cap, 5000) == limit // 256 * 256
+    assert longest_context(lambda c: c <= 9999, 5000) == 5000
+    assert longest_context(lambda c: c <= 5000, 5000) == 5000  # the model's length itself
+    assert longest_context(lambda c: False, 5000) is None
+    assert longest_context(lambda c: c <= 100, 5000) is None  # not even one step
+
+
+def test_plan_gives_the_longest_context_each_policy_fits(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """For a CUDA run and a GPU size, each activation policy's longest context: its plan fits
+    there and one step more does not; offload's names the host memory it pins."""
+    import re
+
+    from aner_lang.runtime.load.model_header import model_config
+    from aner_lang.runtime.train.plan import CONTEXT_STEP, plan
+
+    config = {**TINY, "max_position_embeddings": 1 << 16}
+    script = _script(
+        tmp_path,
+        config,
+        """let base = load_model("model", storage: nf4_double_quant, device: cuda)
+let data = texts(["one", "two"], context: 64)
+let _run = train(lora(base, rank: 4, targets: [q_proj, v_proj]), data, profile(precision: bfloat16))
+""",
+    )
+    assert main([str(script), "--gpu-memory", "200MiB"]) == 0
+    out = capsys.readouterr().out
+    line = re.search(r"longest context that fits on the named GPU \(200\.0 MiB\), by activations: "
+                     r"keep ([\d,]+), checkpoint ([\d,]+), offload ([\d,]+) \(pinning ", out)  # fmt: skip
+    assert line is not None, out
+    keep, checkpoint, offload = (int(g.replace(",", "")) for g in line.groups())
+    assert keep < checkpoint < offload < config["max_position_embeddings"]
+    c = model_config(str(tmp_path / "model"), tmp_path)
+    for mode, longest in (("keep", keep), ("checkpoint", checkpoint), ("offload", offload)):
+
+        def peak(context: int, mode: str = mode) -> int:
+            return plan(c, storage="nf4_double_quant", method="lora", rank=4,
+                        targets=["q_proj", "v_proj"],
+                        profile={"precision": "bfloat16", "activations": mode, "graphs": True,
+                                 "kernel": "auto"},
+                        context=context, micro_batch=1, accumulation=1, updates=None).peak  # fmt: skip
+
+        assert peak(longest) <= 200 << 20 < peak(longest + CONTEXT_STEP), mode
