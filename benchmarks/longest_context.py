@@ -149,12 +149,13 @@ def planned_longest(
     (`plan.longest_context`)."""
     from aner_lang.runtime.train.plan import longest_context
 
+    caps = sorted(caps)
     return {
         policy: {
             cap: longest_context(
                 lambda c, p=policy, cap=cap: planned_peak(config, p, c, cuda) <= cap, most, step
             )
-            for cap in sorted(caps)
+            for cap in caps
         }
         for policy in POLICIES
     }

@@ -368,6 +368,7 @@ def plan_call(tracer: Tracer, info: CallInfo, frame: Frame | None, script_dir: P
     else:
         context = data.context
     cuda = model.args.get("device") != "cpu"
+
     def planned(settings: dict[str, object], context: int) -> Plan:
         return plan(
             config,
