@@ -72,14 +72,18 @@ def _error(got: torch.Tensor, ref: torch.Tensor) -> float:
     return float((got.float() - ref).abs().max() / ref.abs().max())
 
 
-def bench(t: int) -> list[dict]:
+def _inputs(t: int) -> tuple[torch.Tensor, ...]:
+    """Seeded bf16 queries, keys, values and output gradient of one `t`-token layer."""
     gen = torch.Generator(device="cuda").manual_seed(0)
     shape = lambda h: (1, h, t, HEAD_DIM)  # noqa: E731
-    q, k, v = (
+    return tuple(
         torch.randn(shape(h), device="cuda", generator=gen, dtype=torch.bfloat16)
-        for h in (HEADS, KV_HEADS, KV_HEADS)
+        for h in (HEADS, KV_HEADS, KV_HEADS, HEADS)
     )
-    g = torch.randn(shape(HEADS), device="cuda", generator=gen, dtype=torch.bfloat16)
+
+
+def bench(t: int) -> list[dict]:
+    q, k, v, g = _inputs(t)
     ref = _grads(SDPBackend.MATH, q.float(), k.float(), v.float(), g.float(), False)
     rows = []
     for name, backend in BACKENDS.items():
@@ -160,13 +164,7 @@ def _peak_over(fn) -> int:
 
 
 def bench_packed(t: int, documents: int) -> list[dict]:
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    shape = lambda h: (1, h, t, HEAD_DIM)  # noqa: E731
-    q, k, v = (
-        torch.randn(shape(h), device="cuda", generator=gen, dtype=torch.bfloat16)
-        for h in (HEADS, KV_HEADS, KV_HEADS)
-    )
-    g = torch.randn(shape(HEADS), device="cuda", generator=gen, dtype=torch.bfloat16)
+    q, k, v, g = _inputs(t)
     mask = segment_mask(t, documents)
     ways = {
         "mask-gqa": lambda q, k, v: _masked(q, k, v, mask, repeat=False),
