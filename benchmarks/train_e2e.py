@@ -37,6 +37,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import threading
@@ -129,7 +130,8 @@ class GpuMemory(threading.Thread):
 def run_side(side: str, job: dict[str, Any], repeat: int) -> dict[str, Any]:
     """Launch one side as its users would, wait for it, and read what it recorded."""
     work = Path(job["dir"]) / f"{side}-{repeat}"
-    work.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(work, ignore_errors=True)  # this benchmark's own scratch: a run starts afresh
+    work.mkdir(parents=True)
     job = {**job, "dir": str(work)}
     if side == "aner":
         script = work / "script.aner"
