@@ -26,6 +26,7 @@ from aner_lang.runtime.model.fused_ops import rms_norm, rope, swiglu
 from aner_lang.runtime.model.linear import FrozenLinear
 from aner_lang.runtime.model.loss import IGNORE, head_loss_sum, logits_loss_sum
 from aner_lang.runtime.model.moe import collecting_router_logits, load_balancing_loss
+from aner_lang.runtime.model.packing import Segments, packed_attention
 from aner_lang.runtime.model.sections import section
 
 
@@ -132,15 +133,6 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + _rotate_half(x) * sin
 
 
-def segment_mask(positions: torch.Tensor) -> torch.Tensor:
-    """`[B, 1, T, T]`: query i sees key j when j <= i and no position 0 lies in (j, i] (the same
-    example of a packed row)."""
-    segment = torch.cumsum(positions == 0, dim=1)
-    t = positions.shape[1]
-    causal = torch.ones(t, t, dtype=torch.bool, device=positions.device).tril()
-    return ((segment[:, :, None] == segment[:, None, :]) & causal)[:, None]
-
-
 def window_mask(
     t: int,
     past: int,
@@ -223,7 +215,7 @@ class LlamaAttention(nn.Module):
         sin: torch.Tensor,
         layer: int,
         cache: KVCache | None,
-        mask: torch.Tensor | None = None,
+        mask: torch.Tensor | Segments | None = None,
     ) -> torch.Tensor:
         q, k, v = self._qkv(x)
         v = v.transpose(1, 2)
@@ -251,17 +243,33 @@ class LlamaAttention(nn.Module):
         sin: torch.Tensor,
         layer: int,
         cache: KVCache | None,
-        mask: torch.Tensor | None,
+        mask: torch.Tensor | Segments | None,
     ) -> torch.Tensor:
         """Rotary positions, the cache, causal attention over `[B, heads, T, head_dim]` inputs:
-        `[B, heads, T, head_dim]`. `mask` (`[B, 1, T, T]`, True where a query may see a key)
-        replaces the causal rule: packed rows (no cache)."""
-        t = q.shape[2]
+        `[B, heads, T, head_dim]`. Packed rows (no cache) give `mask` (`[B, 1, T, T]`, True where
+        a query may see a key), which replaces the causal rule, or their `Segments`, each then
+        attended alone (`packing`)."""
         q, k = _rotate(q, k, cos, sin)
+        if isinstance(mask, Segments):
+            return mask.attend(q, k, v, lambda q, k, v: self._scores(q, k, v, None, 0))
         past = 0
         if cache is not None:
             past = cache.length
             k, v = cache.update(layer, k, v)
+        return self._scores(q, k, v, mask, past)
+
+    def _scores(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: torch.Tensor | None,
+        past: int,
+    ) -> torch.Tensor:
+        """Attention of rotated `[B, heads, T, head_dim]` queries over keys and values that
+        follow `past` cached positions: causal, or as `mask` says, within the window, soft-capped
+        where the model caps."""
+        t = q.shape[2]
         if self.window is not None and past + t > self.window:
             mask = window_mask(t, past, self.window, q.device, mask)
         groups = self.num_heads // self.num_kv_heads
@@ -435,7 +443,7 @@ class LlamaDecoderLayer(nn.Module):
         sin: torch.Tensor,
         layer: int,
         cache: KVCache | None,
-        mask: torch.Tensor | None = None,
+        mask: torch.Tensor | Segments | None = None,
     ) -> torch.Tensor:
         # The projections and their adapters would keep each normed input; the norms keep their
         # own inputs anyway, so backward normalizes again instead (one elementwise pass).
@@ -470,7 +478,7 @@ class GemmaDecoderLayer(LlamaDecoderLayer):
         sin: torch.Tensor,
         layer: int,
         cache: KVCache | None,
-        mask: torch.Tensor | None = None,
+        mask: torch.Tensor | Segments | None = None,
     ) -> torch.Tensor:
         normed = self.input_layernorm(x)
         with recomputing(normed, lambda: self.input_layernorm(x)):
@@ -542,7 +550,7 @@ class LlamaModel(nn.Module):
         if positions is None:
             positions, length = torch.arange(past, past + t, device=input_ids.device), past + t
         else:
-            mask = segment_mask(positions)
+            mask = packed_attention(positions)
         cos, sin = self.rotary(positions, length)
         local = None if self.local_rotary is None else self.local_rotary(positions, length)
         dev = input_ids.device.type
