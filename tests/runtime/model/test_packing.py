@@ -9,6 +9,7 @@ import torch
 
 from aner_lang.runtime import adapters as A
 from aner_lang.runtime.model import packing
+from aner_lang.runtime.model.activations import ActivationPolicy, keeping
 from aner_lang.runtime.model.loss import IGNORE
 from aner_lang.runtime.model.packing import Segments, packed_attention
 from aner_lang.runtime.model.precision import autocast
@@ -43,14 +44,15 @@ def _batch(vocab: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return ids, targets, positions
 
 
-def _loss_and_grads(adapter, batch, precision: str):  # type: ignore[no-untyped-def]
+def _loss_and_grads(adapter, batch, precision: str, activations: str = "keep"):  # type: ignore[no-untyped-def]
     device = next(iter(adapter.params.values())).device
     ids, targets, positions = (t.to(device) for t in batch)
     for p in adapter.params.values():
         p.grad = None
-    with adapter.active(), autocast(precision, device):
-        loss = adapter.model.module.loss(ids, targets, positions)
-    loss.backward()
+    with keeping(ActivationPolicy(activations)), adapter.active():
+        with autocast(precision, device):
+            loss = adapter.model.module.loss(ids, targets, positions)
+        loss.backward()
     return float(loss.detach()), {n: p.grad.clone() for n, p in adapter.params.items()}
 
 
@@ -91,3 +93,18 @@ def test_segments_give_the_masks_losses_and_gradients(
         scale = float(g.abs().max())
         assert scale > 0, name
         assert float((segmented[1][name] - g).abs().max()) <= tolerance * scale, name
+
+
+def test_segments_recompute_under_checkpointing_as_they_ran(tiny_model, monkeypatch):
+    """A checkpointed layer holds the segments as the forward had them and recomputes the same
+    attention calls: the gradients of keeping everything, bit for bit."""
+    monkeypatch.setattr(packing, "SEGMENTS_FROM_TOKENS", 1)
+    adapter = A.lora(tiny_model, rank=2, alpha=4.0, targets=["q_proj", "v_proj"], seed=2)
+    for p in adapter.params.values():
+        torch.nn.init.normal_(p.data, std=0.05, generator=torch.Generator().manual_seed(1))
+    batch = _batch(tiny_model.config.vocab_size)
+    kept = _loss_and_grads(adapter, batch, "float32")
+    for mode in ("checkpoint", "offload"):
+        again = _loss_and_grads(adapter, batch, "float32", mode)
+        assert again[0] == kept[0]
+        assert all(torch.equal(again[1][n], g) for n, g in kept[1].items()), mode
