@@ -11,9 +11,12 @@ process started from scratch and timed from launch to exit:
 The same work on every side: LoRA rank 16, alpha 32, no dropout, the seven linear targets;
 AdamW (torch's, fp32 moments) at a constant 2e-4 with weight decay 0.0, clipping at 1.0; bf16
 compute; batch 1, no packing, activations kept (no gradient checkpointing: TRL turns it on by
-default, so it is turned off here); `--updates` updates, validation every `--every` on
-`--val-rows` rows, a checkpoint (adapter and optimizer state) every `--every`. Aner also
-validates after its first update, as its `train` always does: extra work on its side.
+default, so it is turned off here), or with `--checkpointing` each side's own gradient
+checkpointing (Aner's `activations: checkpoint`, Unsloth's offloaded "unsloth" checkpointing,
+transformers' through TRL's `gradient_checkpointing`), as long contexts need; `--updates`
+updates, validation every `--every` on `--val-rows` rows, a checkpoint (adapter and optimizer
+state) every `--every`. Aner also validates after its first update, as its `train` always does:
+extra work on its side.
 
 Reported per side and repeat (`--repeats`, every side once per repeat, in turn): time from
 launch to the first update, training tokens/s between the first and last update (validation
@@ -77,12 +80,14 @@ def aner_script(job: dict[str, Any]) -> str:
     """The Aner side's whole program."""
     targets = ", ".join(bench.TARGETS)
     precision = "bfloat16" if job["device"] == "cuda" else "float32"
+    activations = "checkpoint" if job["checkpointing"] else "keep"
     return f"""
 let base = load_model("{job["model"]}", storage: nf4_double_quant, device: auto)
 let data = load_jsonl("{job["train"]}", field: "text", context: {job["context"]})
 let held_out = load_jsonl("{job["val"]}", field: "text", context: {job["context"]})
 let adapter = lora(base, rank: {bench.RANK}, alpha: {bench.ALPHA}, targets: [{targets}], seed: 0)
-let run = train(adapter, data, profile(precision: {precision}), steps: {job["updates"]},
+let run = train(adapter, data, profile(precision: {precision}, activations: {activations}),
+                steps: {job["updates"]},
                 learning_rate: {bench.LR}, clip_norm: 1.0, weight_decay: 0.0, seed: 0,
                 validation: held_out, eval_every: {job["every"]},
                 checkpoints: "{job["dir"]}/ckpt", checkpoint_every: {job["every"]},
@@ -249,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--every", type=int, default=100, help="validation and checkpoint interval")
     ap.add_argument("--val-rows", type=int, default=16)
     ap.add_argument("--context", type=int, default=0, help="override the shape's context")
+    ap.add_argument("--checkpointing", action="store_true",
+                    help="every side with its own gradient checkpointing")  # fmt: skip
     ap.add_argument("--out", default="/tmp/train_e2e")
     ap.add_argument("--timeout", type=int, default=900)
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny shape, aner and peft")
@@ -280,7 +287,8 @@ def main(argv: list[str] | None = None) -> int:
         job = {"model": str(model), "train": str(work / "train.jsonl"),
                "val": str(work / "val.jsonl"), "dir": str(work), "device": device,
                "context": bench.SHAPES[shape]["context"], "updates": args.updates,
-               "every": args.every, "timeout": args.timeout}  # fmt: skip
+               "every": args.every, "timeout": args.timeout,
+               "checkpointing": args.checkpointing}  # fmt: skip
         per_token = flops_per_token(shape, job["context"])
         entry: dict[str, Any] = {"shape": shape, "job": job, "rows": [], "table": ""}
         report["shapes"].append(entry)
@@ -315,9 +323,12 @@ def _commit() -> str:
 # ---- the peers: TRL's SFTTrainer, as their users run it ---------------------------------------
 
 
-def _sft(model: Any, tokenizer: Any, job: dict[str, Any], peft_config: Any = None) -> None:
+def _sft(
+    model: Any, tokenizer: Any, job: dict[str, Any], peft_config: Any = None, unsloth: bool = False
+) -> None:
     """Train with TRL's SFTTrainer under the shared settings, record each update's time and
-    loss and each validation's loss, and save the adapter."""
+    loss and each validation's loss, and save the adapter. An `unsloth` model checkpoints (or
+    not) as `get_peft_model` set it up; TRL's own checkpointing stays off for it."""
     from datasets import load_dataset
     from transformers import TrainerCallback
     from trl import SFTConfig, SFTTrainer
@@ -341,7 +352,8 @@ def _sft(model: Any, tokenizer: Any, job: dict[str, Any], peft_config: Any = Non
         output_dir=f"{job['dir']}/ckpt", max_steps=job["updates"], per_device_train_batch_size=1,
         per_device_eval_batch_size=1, gradient_accumulation_steps=1, learning_rate=bench.LR,
         lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
-        optim="adamw_torch", bf16=cuda, use_cpu=not cuda, gradient_checkpointing=False,
+        optim="adamw_torch", bf16=cuda, use_cpu=not cuda,
+        gradient_checkpointing=job["checkpointing"] and not unsloth,
         max_length=job["context"], packing=False, dataset_text_field="text", logging_steps=1,
         eval_strategy="steps", eval_steps=job["every"], save_strategy="steps",
         save_steps=job["every"], report_to="none", seed=0, dataloader_num_workers=0)  # fmt: skip
@@ -372,8 +384,9 @@ def unsloth_worker(job: dict[str, Any]) -> None:
         load_in_4bit=True)  # fmt: skip
     model = FastLanguageModel.get_peft_model(
         model, r=bench.RANK, lora_alpha=bench.ALPHA, lora_dropout=0, target_modules=bench.TARGETS,
-        use_gradient_checkpointing=False, random_state=0)  # fmt: skip
-    _sft(model, tokenizer, job)
+        use_gradient_checkpointing="unsloth" if job["checkpointing"] else False,
+        random_state=0)  # fmt: skip
+    _sft(model, tokenizer, job, unsloth=True)
 
 
 def peft_worker(job: dict[str, Any]) -> None:
