@@ -245,6 +245,8 @@ def train(
     _validate_options(
         tokenizer, data, total, micro_batch, accumulation, schedule, validation, patience
     )
+    if objective is None:
+        _check_lengths(adapter.base.config.max_position_embeddings, tokenizer, data, validation)
     device = adapter.device
     profile.validate(device)
     picked = None
@@ -364,6 +366,22 @@ def _reporter(run_control: control.RunControl) -> Callable[[Written], None]:
             run_control.checkpointed(written.folder, written.updates)
 
     return report
+
+
+def _check_lengths(context: int, tokenizer: Any, data: Dataset, validation: Dataset | None) -> None:
+    """Every example fits the model's `context`, or E-CONTEXT now, at the call: a longer one
+    would fail at its first forward pass, after the start-up (seconds to minutes on a GPU)."""
+    for name, dataset in (("training", data), ("validation", validation)):
+        if dataset is None:
+            continue
+        longest = max((len(e.ids) for e in dataset.examples(tokenizer)), default=0)
+        if longest > context:
+            raise AnerRuntimeError(
+                f"train: the longest {name} example has {longest} tokens, more than the "
+                f"model's context length {context}",
+                code="E-CONTEXT",
+                notes=(f"give the dataset a context: of at most {context}",),
+            )
 
 
 def _examples(data: Dataset, tokenizer: Any, objective: Objective | None) -> list[Any]:

@@ -168,3 +168,18 @@ def test_graphs_record_short_micro_batches_and_leave_long_ones_eager():
     assert "dropout" in str(eligibility(cuda, 0.1, "keep", True, 64))
     assert "cpu" in str(eligibility(torch.device("cpu"), 0.0, "keep", True, 64))
     assert "graphs: false" in str(eligibility(cuda, 0.0, "keep", False, 64))
+
+
+def test_an_example_longer_than_the_models_context_is_refused_before_training(tiny_model):
+    """At the call, naming the data and the limit: not at the first update, after the start-up."""
+    limit = tiny_model.config.max_position_embeddings
+    long = from_texts([" ".join(["word"] * 2 * limit)], context=4 * limit)
+    short = from_texts(["a few words"], context=16)
+    for data, validation, name in ((long, None, "training"), (short, long, "validation")):
+        adapter = A.lora(tiny_model, rank=2)
+        with pytest.raises(AnerRuntimeError) as e:
+            train(adapter, data, Profile("float32"), steps=1, validation=validation)
+        assert e.value.code == "E-CONTEXT"
+        assert f"the longest {name} example has" in e.value.message
+        assert f"more than the model's context length {limit}" in e.value.message
+        assert adapter.state is None  # nothing trained
