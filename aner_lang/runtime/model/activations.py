@@ -292,6 +292,8 @@ class _Copy:
     def __init__(self, host: torch.Tensor, device: torch.device, stored: torch.cuda.Event) -> None:
         self.host, self.device, self.stored = host, device, stored
         self.fetched: tuple[torch.Tensor, torch.cuda.Event] | None = None
+        self.used = False
+        """Whether backward has unpacked it: then it is not fetched ahead again."""
         self.before: weakref.ref[_Copy] | None = None
         """The copy packed just before this one: backward is likely to need it next."""
 
@@ -305,7 +307,9 @@ class HostCopies:
     the host once per layer). The device tensor is marked as used by the side stream, so the
     allocator does not hand its memory out before the copy has read it. Unpacking a copy starts
     fetching the copy packed before it, which under checkpointing is the next layer backward
-    reaches: its transfer overlaps this layer's backward. CPU tensors are kept as they are."""
+    reaches: its transfer overlaps this layer's backward. A copy backward has unpacked already
+    (its consumers need not run in the reverse order of its producers) is not fetched again.
+    CPU tensors are kept as they are."""
 
     def __init__(self) -> None:
         self._streams: dict[torch.device, torch.cuda.Stream] = {}
@@ -346,12 +350,12 @@ class HostCopies:
         if not isinstance(packed, _Copy):
             return cast(torch.Tensor, packed)
         back, arrived = packed.fetched or self._fetch(packed)
-        packed.fetched = None
+        packed.fetched, packed.used = None, True
         current = torch.cuda.current_stream(packed.device)
         current.wait_event(arrived)
         back.record_stream(current)
         ahead = packed.before() if packed.before is not None else None
-        if ahead is not None and ahead.fetched is None:
+        if ahead is not None and ahead.fetched is None and not ahead.used:
             self._fetch(ahead)
         return back
 

@@ -315,6 +315,7 @@ def test_offloaded_layer_inputs_go_to_the_host_and_come_back_as_the_same_bits(
 ):
     """On CUDA, `offload` moves every checkpointed layer's input to pinned host memory on a side
     stream, and backward fetches it back: the gradients are the bits of keeping everything."""
+    _deterministic()
     cuda = load_model(tiny_bytes_gguf, storage="nf4_double_quant", device="cuda")
     monkeypatch.setattr(transformer, "recomputing", lambda *_: contextlib.nullcontext())
     copies: list[torch.Tensor] = []
@@ -333,6 +334,14 @@ def test_offloaded_layer_inputs_go_to_the_host_and_come_back_as_the_same_bits(
     assert len(copies) >= cuda.config.num_hidden_layers
     for name, g in keep.items():
         assert torch.equal(g, ours[name]), name
+
+
+def _deterministic() -> None:
+    """Deterministic CUDA kernels, as a training run sets them (attention's backward otherwise
+    differs in the last bits from one call to the next)."""
+    from aner_lang.runtime.train.trainer import set_deterministic
+
+    set_deterministic(torch.device("cuda"))
 
 
 def _tiles_without_checkpoints(
@@ -372,6 +381,7 @@ def test_a_long_checkpointed_micro_batch_runs_the_mlp_in_tiles(
     kept whole, bit for bit, dropout included (on CUDA, offloaded layer inputs too); and the
     untiled gradients up to the order of the sums over tokens."""
     if device == "cuda":
+        _deterministic()
         model = load_model(tiny_bytes_gguf, storage="nf4_double_quant", device="cuda")
     monkeypatch.setattr(transformer, "recomputing", lambda *_: contextlib.nullcontext())
     untiled, _ = _grads(model, "keep")
@@ -382,8 +392,9 @@ def test_a_long_checkpointed_micro_batch_runs_the_mlp_in_tiles(
     assert tiled.keys() == kept_tiles.keys() == untiled.keys()
     for name, g in kept_tiles.items():
         assert torch.equal(g, tiled[name]), name
-        # fp32 sums over 40 tokens in another order: differences of a few ulps of the largest
-        assert (g - untiled[name]).abs().max() <= 1e-5 * untiled[name].abs().max(), name
+        if device == "cpu":  # CUDA's generator draws other dropout masks per tile than whole
+            # fp32 sums over 40 tokens in another order: differences of a few ulps of the largest
+            assert (g - untiled[name]).abs().max() <= 1e-5 * untiled[name].abs().max(), name
 
 
 class _WidestRows(torch.utils._python_dispatch.TorchDispatchMode):

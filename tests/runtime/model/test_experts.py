@@ -112,7 +112,7 @@ def _batch(model):
 
 
 def _loss_and_grads(adapter, precision="float32"):
-    ids, targets = _batch(adapter.model)
+    ids, targets = (t.to(adapter.device) for t in _batch(adapter.model))
     adapter.train_mode(True)
     with autocast(precision, adapter.device):
         loss = adapter.loss(ids, targets)

@@ -81,8 +81,9 @@ def test_segments_give_the_masks_losses_and_gradients(
     model = load_model(write_hf_model(tmp_path, family, seed=4, config=config), device=device)
     assert model.config.num_attention_heads > model.config.num_key_value_heads
     adapter = A.lora(model, rank=2, alpha=4.0, targets=["q_proj", "v_proj", "o_proj"], seed=2)
+    gen = torch.Generator().manual_seed(1)
     for p in adapter.params.values():  # a trained-like B, so every target's gradient flows
-        torch.nn.init.normal_(p.data, std=0.05, generator=torch.Generator().manual_seed(1))
+        p.data.copy_(0.05 * torch.randn(p.shape, generator=gen))
     batch = _batch(model.config.vocab_size)
     masked = _loss_and_grads(adapter, batch, precision)
     monkeypatch.setattr(packing, "SEGMENTS_FROM_TOKENS", 1)
@@ -100,8 +101,9 @@ def test_segments_recompute_under_checkpointing_as_they_ran(tiny_model, monkeypa
     attention calls: the gradients of keeping everything, bit for bit."""
     monkeypatch.setattr(packing, "SEGMENTS_FROM_TOKENS", 1)
     adapter = A.lora(tiny_model, rank=2, alpha=4.0, targets=["q_proj", "v_proj"], seed=2)
+    gen = torch.Generator().manual_seed(1)
     for p in adapter.params.values():
-        torch.nn.init.normal_(p.data, std=0.05, generator=torch.Generator().manual_seed(1))
+        p.data.copy_(0.05 * torch.randn(p.shape, generator=gen))
     batch = _batch(tiny_model.config.vocab_size)
     kept = _loss_and_grads(adapter, batch, "float32")
     for mode in ("checkpoint", "offload"):
