@@ -25,8 +25,10 @@ from aner_lang.runtime.model.precision import autocast  # noqa: E402
 from aner_lang.testing.hf_fixture import LLAMACPP_MOE, MOE_FAMILIES, TEXTS, write_hf_model  # noqa: E402
 
 EXPERT_TARGETS = list(PROJECTIONS)
-ALIGNED = {"hidden_size": 128, "intermediate_size": 128, "moe_intermediate_size": 128}
-"""Experts of 128x128 = 64 * 256 elements: NF4 quantizes them together."""
+ALIGNED = {"hidden_size": 128, "intermediate_size": 128, "moe_intermediate_size": 128,
+           "head_dim": 32}  # fmt: skip
+"""Experts of 128x128 = 64 * 256 elements: NF4 quantizes them together; heads of 32 (4 of them
+fill the hidden size), so every weight has the 64-multiple rows the fused NF4 kernels take."""
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
