@@ -1,7 +1,9 @@
 """Measured peak CUDA memory of one QLoRA update against `aner plan`'s, per activation policy and
 context, on a random-weight model of a train_scale shape (default: Llama-3-8B at 8 of 32 layers).
 
-    python benchmarks/peak_by_context.py [--shape llama3-8b-8] [--contexts 8192,16384]
+    python benchmarks/peak_by_context.py [--shape llama3-8b-8] [--contexts 4096,8192]
+
+The shapes' configs allow 8,192 positions: a longer context is refused (E-CONTEXT).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from aner_lang.runtime.train.trainer import train
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="llama3-8b-8")
-    ap.add_argument("--contexts", default="8192,16384")
+    ap.add_argument("--contexts", default="4096,8192")
     ap.add_argument("--policies", default="offload,checkpoint")
     ap.add_argument("--out")
     args = ap.parse_args()
