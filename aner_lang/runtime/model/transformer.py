@@ -27,6 +27,7 @@ from aner_lang.runtime.model.linear import FrozenLinear
 from aner_lang.runtime.model.loss import IGNORE, head_loss_sum, logits_loss_sum
 from aner_lang.runtime.model.moe import collecting_router_logits, load_balancing_loss
 from aner_lang.runtime.model.packing import Segments, packed_attention
+from aner_lang.runtime.model.precision import compute_dtype
 from aner_lang.runtime.model.sections import section
 
 
@@ -378,8 +379,7 @@ class LlamaMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The MLP of `x`, a tile of tokens at a time where a checkpointed micro-batch is long
         (`activations.run_tiled`)."""
-        half = torch.is_autocast_enabled(x.device.type)
-        size = torch.get_autocast_dtype(x.device.type).itemsize if half else x.element_size()
+        size = compute_dtype(x).itemsize
         return run_tiled(self._forward, x, mlp_tile_tokens(self.intermediate, size))
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
