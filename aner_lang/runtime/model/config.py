@@ -155,6 +155,15 @@ class ModelConfig:
         return tuple(int(getattr(self, f)) for f in fields)
 
 
+def rope_wavelengths(config: ModelConfig) -> list[float]:
+    """The wavelength, in positions, of each of the `head_dim // 2` rope frequencies
+    (``2 pi / theta ** (-2i / head_dim)``): what Llama 3's scaling rules are stated in."""
+    return [
+        2 * math.pi / config.rope_theta ** (-2.0 * i / config.head_dim)
+        for i in range(config.head_dim // 2)
+    ]
+
+
 def rope_freq_factors(config: ModelConfig) -> torch.Tensor | None:
     """Per-frequency divisors of the rope inverse frequencies (`head_dim // 2` values), or None.
 
@@ -168,15 +177,12 @@ def rope_freq_factors(config: ModelConfig) -> torch.Tensor | None:
     s = config.rope_scaling
     if s is None or s.rope_type == "longrope":  # LongRoPE's factors live in the config
         return None
-    half = config.head_dim // 2
     if s.rope_type == "linear":
-        return torch.full((half,), float(s.factor))
-    freqs = [config.rope_theta ** (-2.0 * i / config.head_dim) for i in range(half)]
+        return torch.full((config.head_dim // 2,), float(s.factor))
     low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
     high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
     factors = []
-    for freq in freqs:
-        wavelen = 2 * math.pi / freq
+    for wavelen in rope_wavelengths(config):
         if wavelen < high_wavelen:
             factors.append(1.0)
         elif wavelen > low_wavelen:
@@ -209,8 +215,8 @@ def scaling_of_factors(config: ModelConfig, factors: torch.Tensor) -> RopeScalin
         candidates.append(RopeScaling("linear", f[0]))
     factor = max(f)
     ramp = [
-        (2 * math.pi / config.rope_theta ** (-2.0 * i / config.head_dim), x)
-        for i, x in enumerate(f)
+        (w, x)
+        for w, x in zip(rope_wavelengths(config), f, strict=True)
         if 1 + 1e-6 < x < factor * (1 - 1e-6)
     ]
     if factor > 1 and len(ramp) >= 2:
