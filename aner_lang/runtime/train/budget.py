@@ -25,7 +25,11 @@ from typing import Any
 from aner_lang.builtins import members
 from aner_lang.host import memory as host_memory
 from aner_lang.problems.errors import AnerRuntimeError
-from aner_lang.runtime.train.footprint import EAGER_FROM_TOKENS, offload_host_bytes
+from aner_lang.runtime.train.footprint import (
+    EAGER_FROM_TOKENS,
+    activation_bytes,
+    offload_host_bytes,
+)
 from aner_lang.runtime.train.memory import human_bytes
 from aner_lang.runtime.train.plan import plan
 
@@ -132,7 +136,7 @@ def host_warning(model: Any, profile: Any, tokens: int, cuda: bool) -> str | Non
     if profile.activations != "offload" or not cuda:
         return None
     c = model.config
-    act = 4 if profile.precision == "float32" else 2
+    act = activation_bytes(profile.precision)
     pinned = offload_host_bytes(c.num_hidden_layers, tokens, c.hidden_size, act)
     host = host_memory.available_bytes()
     if host is None or pinned <= host:

@@ -67,6 +67,11 @@ RESIDUAL_COPIES = 4
 output, and the gradient to the hidden states the loss keeps."""
 
 
+def activation_bytes(precision: str) -> int:
+    """Bytes of one activation element under `precision`: 16-bit but in float32."""
+    return 4 if precision == "float32" else 2
+
+
 def offload_host_bytes(layers: int, tokens: int, hidden: int, act_bytes: int) -> int:
     """Pinned host memory `offload` keeps: every decoder layer's `[tokens, hidden]` input."""
     return layers * tokens * hidden * act_bytes

@@ -213,7 +213,7 @@ def plan(
     trainable = sum(trainable_sizes)
     adapter_numel = trainable + (sum(a_sizes) if method == "lora_fa" else 0)
     half = profile.get("precision") != "float32"
-    act = 2 if half else 4
+    act = fp.activation_bytes(str(profile.get("precision")))
     tokens = micro_batch * context
     paged = profile.get("optimizer") == "paged_adamw" and cuda
     managed = fp.managed_optimizer_bytes(trainable_sizes, paged)
