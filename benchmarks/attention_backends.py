@@ -6,7 +6,11 @@ context T and backend, the device time of forward and of forward + backward, whe
 passes on the same inputs give the same bits (exact resume needs that), and the largest error of
 the output and the gradients against an fp32 computation of the same inputs, beside flash's.
 Backends that cannot take grouped heads get keys and values repeated per query head (the copy is
-timed with them). Needs CUDA.
+timed with them). `auto` is torch's own pick among them, as the trainer calls it. Each row runs
+under torch's deterministic algorithms (`deterministic: true`, warn_only off, as the trainer
+sets them: cuDNN's backward then has no deterministic kernel and is refused, flash and the
+memory-efficient kernel take their deterministic backward) and, with `--modes free,strict`,
+without them. Needs CUDA.
 
 `--packed N` measures packed rows instead: each row holds N documents of equal length, and
 attention must not cross them. Per context, the ways to compute it side by side, each with its
@@ -24,25 +28,28 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS under deterministic algorithms
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
 BACKENDS = {
+    "auto": None,
     "flash": SDPBackend.FLASH_ATTENTION,
     "cudnn": SDPBackend.CUDNN_ATTENTION,
     "efficient": SDPBackend.EFFICIENT_ATTENTION,
 }
 
 
-def _attend(backend: SDPBackend, q, k, v, gqa: bool) -> torch.Tensor:
+def _attend(backend: SDPBackend | None, q, k, v, gqa: bool) -> torch.Tensor:
     if not gqa:
         k = k.repeat_interleave(HEADS // KV_HEADS, dim=1)
         v = v.repeat_interleave(HEADS // KV_HEADS, dim=1)
-    with sdpa_kernel([backend]):
+    with sdpa_kernel([backend] if backend else [b for b in BACKENDS.values() if b]):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
 
 
@@ -82,13 +89,15 @@ def _inputs(t: int) -> tuple[torch.Tensor, ...]:
     )
 
 
-def bench(t: int) -> list[dict]:
+def bench(t: int, strict: bool) -> list[dict]:
+    """Every backend at context `t`, under torch's deterministic algorithms when `strict`."""
+    torch.use_deterministic_algorithms(strict)
     q, k, v, g = _inputs(t)
     ref = _grads(SDPBackend.MATH, q.float(), k.float(), v.float(), g.float(), False)
     rows = []
     for name, backend in BACKENDS.items():
         for gqa in (True, False):
-            row: dict = {"context": t, "backend": name, "gqa": gqa}
+            row: dict = {"context": t, "backend": name, "gqa": gqa, "strict": strict}
             try:
                 first = _grads(backend, q, k, v, g, gqa)
             except RuntimeError as exc:
@@ -207,13 +216,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--contexts", default="2048,8192")
     parser.add_argument("--packed", type=int, default=0, help="documents per packed row")
+    parser.add_argument("--modes", default="strict", help="strict and/or free, comma separated")
     parser.add_argument("--out")
     args = parser.parse_args()
     contexts = [int(t) for t in args.contexts.split(",")]
     if args.packed:
         rows = [r for t in contexts for r in bench_packed(t, args.packed)]
     else:
-        rows = [r for t in contexts for r in bench(t)]
+        modes = args.modes.split(",")
+        rows = [r for t in contexts for m in modes for r in bench(t, m == "strict")]
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, cudnn "
           f"{torch.backends.cudnn.version()}")  # fmt: skip
     if args.out:

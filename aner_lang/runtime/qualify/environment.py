@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from aner_lang.runtime.nf4.fused.availability import unavailable_reason
+from aner_lang.runtime.train import determinism
 
 PACKAGES = (
     "aner",
@@ -66,7 +67,7 @@ def toolchain() -> dict[str, Any]:
             if not torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction
             else "reduced-precision reduction allowed"
         ),
-        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "deterministic_algorithms": determinism.WHILE_TRAINING,
     }
 
 

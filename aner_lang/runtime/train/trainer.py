@@ -38,7 +38,6 @@ progress and writes checkpoints, and `distributed.Parallel` says what else diffe
 from __future__ import annotations
 
 import math
-import os
 import signal
 import sys
 import time
@@ -65,6 +64,7 @@ from aner_lang.runtime.tasks.batches import collate
 from aner_lang.runtime.tasks.data import Dataset, no_scored_tokens
 from aner_lang.runtime.train import budget, control
 from aner_lang.runtime.train.checkpoint_writer import CheckpointWriter, Written
+from aner_lang.runtime.train.determinism import deterministic
 from aner_lang.runtime.train.distributed import Parallel, for_run
 from aner_lang.runtime.train.graphs import GraphSteps, eligibility
 from aner_lang.runtime.train.loss_scale import LossScaler
@@ -81,29 +81,6 @@ from aner_lang.runtime.train.watch import EventLog, Progress, clock_text
 
 BEST = "best"
 """The folder under `checkpoints` that holds the best validation checkpoint."""
-
-
-def set_deterministic(device: torch.device) -> None:
-    """TF32 off and deterministic kernels, so one seed on one machine kind gives one result."""
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cudnn.benchmark = False
-    deterministic_algorithms()
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
-        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
-
-
-def deterministic_algorithms() -> None:
-    """`torch.use_deterministic_algorithms(True, warn_only=True)` without its import of
-    `torch._inductor.config`, which loads dynamo, sympy and FSDP (about 2.5 s) for a flag only
-    inductor-compiled code reads. Aner compiles nothing with inductor; where something else has
-    loaded the config already, its flag is set as torch would."""
-    torch._C._set_deterministic_algorithms(True, warn_only=True)
-    inductor = sys.modules.get("torch._inductor.config")
-    if inductor is not None:
-        setattr(inductor, "deterministic", True)  # noqa: B010 (a module attribute torch sets)
 
 
 def _mean_loss(adapter: Any, data: Dataset, micro_batch: int, profile: Profile) -> float:
@@ -259,7 +236,6 @@ def train(
             accumulation=accumulation,
         )
         profile = replace(profile, activations=picked.policy)
-    set_deterministic(device)
     backend = profile.backend(device)
     options = {
         "steps": total,
@@ -302,7 +278,12 @@ def train(
             print(f"train: warning: {warning}", file=sys.stderr, flush=True)
         events.add(first)
         run_control.emit({**first, "steps": total})
-        with using_backend(backend), keeping(loop.activations), run_control.stop_signals():
+        with (
+            deterministic(device),
+            using_backend(backend),
+            keeping(loop.activations),
+            run_control.stop_signals(),
+        ):
             while loop.counters.updates < total and not loop.counters.stopped_early:
                 event = loop.update()
                 updates = loop.counters.updates

@@ -8,7 +8,7 @@ import contextvars
 import gc
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -311,11 +311,10 @@ def test_a_checkpointed_recomputation_uses_the_runs_nf4_backend(model):
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_offloaded_layer_inputs_go_to_the_host_and_come_back_as_the_same_bits(
-    tiny_bytes_gguf, monkeypatch
+    tiny_bytes_gguf, monkeypatch, deterministic_cuda
 ):
     """On CUDA, `offload` moves every checkpointed layer's input to pinned host memory on a side
     stream, and backward fetches it back: the gradients are the bits of keeping everything."""
-    _deterministic()
     cuda = load_model(tiny_bytes_gguf, storage="nf4_double_quant", device="cuda")
     monkeypatch.setattr(transformer, "recomputing", lambda *_: contextlib.nullcontext())
     copies: list[torch.Tensor] = []
@@ -336,12 +335,14 @@ def test_offloaded_layer_inputs_go_to_the_host_and_come_back_as_the_same_bits(
         assert torch.equal(g, ours[name]), name
 
 
-def _deterministic() -> None:
+@pytest.fixture
+def deterministic_cuda() -> Iterator[None]:
     """Deterministic CUDA kernels, as a training run sets them (attention's backward otherwise
     differs in the last bits from one call to the next)."""
-    from aner_lang.runtime.train.trainer import set_deterministic
+    from aner_lang.runtime.train.determinism import deterministic
 
-    set_deterministic(torch.device("cuda"))
+    with deterministic(torch.device("cuda")):
+        yield
 
 
 def _tiles_without_checkpoints(
@@ -375,13 +376,13 @@ ON_CUDA = pytest.param(
 @pytest.mark.parametrize("device", ["cpu", ON_CUDA])
 @pytest.mark.parametrize("mode", ["checkpoint", "offload"])
 def test_a_long_checkpointed_micro_batch_runs_the_mlp_in_tiles(
-    model, tiny_bytes_gguf, device, mode, monkeypatch
+    model, tiny_bytes_gguf, device, mode, monkeypatch, request
 ):
     """Each tile checkpointed inside its layer's checkpoint gives the gradients of the same tiles
     kept whole, bit for bit, dropout included (on CUDA, offloaded layer inputs too); and the
     untiled gradients up to the order of the sums over tokens."""
     if device == "cuda":
-        _deterministic()
+        request.getfixturevalue("deterministic_cuda")
         model = load_model(tiny_bytes_gguf, storage="nf4_double_quant", device="cuda")
     monkeypatch.setattr(transformer, "recomputing", lambda *_: contextlib.nullcontext())
     untiled, _ = _grads(model, "keep")

@@ -1,0 +1,76 @@
+"""Deterministic kernels while a run trains: one seed on one machine kind gives one result.
+
+Rules (`deterministic`):
+
+* TF32 and reduced-precision reductions are off and cuDNN does not benchmark its algorithms.
+* torch's deterministic algorithms are on strictly (`warn_only` off): an op with no
+  deterministic kernel fails instead of warning, and `scaled_dot_product_attention` takes a
+  deterministic backward (flash or memory-efficient; cuDNN's has none, so torch does not pick it).
+  With `warn_only` on, the attention backward on CUDA differs in the last bits from one call to
+  the next, and so would a resumed run.
+* Uninitialised memory is not filled. Under deterministic algorithms torch fills every
+  `torch.empty` (NaN), so that a kernel reading memory it never wrote gives the same wrong result
+  each time: one more pass over every such buffer, the offload's pinned host copies included,
+  which the host thread would fill before it queues the next layer. A run's kernels read only
+  what they write; the bit-identity tests (resume, CUDA graphs, offload) would show otherwise.
+* Outside the run the process's own settings come back: after `train()` a script's other CUDA
+  work (generation's top-p cumsum, for one) runs as it would without it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+WHILE_TRAINING = "on while a run trains, strictly (warn_only off); off outside it"
+"""What a run's report says of torch's deterministic algorithms (`deterministic`)."""
+
+_CUBLAS = "CUBLAS_WORKSPACE_CONFIG"
+"""cuBLAS's deterministic workspace: strict deterministic algorithms refuse a cuBLAS call
+without it."""
+
+
+@contextmanager
+def deterministic(device: torch.device) -> Iterator[None]:
+    """Run the enclosed training under the module docstring's settings, then restore them."""
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    before = (
+        matmul.allow_tf32,
+        cudnn.allow_tf32,
+        cudnn.benchmark,
+        matmul.allow_fp16_reduced_precision_reduction,
+        matmul.allow_bf16_reduced_precision_reduction,
+        torch._C._get_deterministic_algorithms(),
+        torch._C._get_deterministic_algorithms_warn_only(),
+        torch._C._get_deterministic_fill_uninitialized_memory(),
+    )
+    os.environ.setdefault(_CUBLAS, ":4096:8")
+    matmul.allow_tf32 = cudnn.allow_tf32 = cudnn.benchmark = False
+    if device.type == "cuda":
+        matmul.allow_fp16_reduced_precision_reduction = False
+        matmul.allow_bf16_reduced_precision_reduction = False
+    _algorithms(True, warn_only=False)
+    torch._C._set_deterministic_fill_uninitialized_memory(False)
+    try:
+        yield
+    finally:
+        (matmul.allow_tf32, cudnn.allow_tf32, cudnn.benchmark) = before[:3]
+        matmul.allow_fp16_reduced_precision_reduction = before[3]
+        matmul.allow_bf16_reduced_precision_reduction = before[4]
+        _algorithms(before[5], warn_only=before[6])
+        torch._C._set_deterministic_fill_uninitialized_memory(before[7])
+
+
+def _algorithms(on: bool, warn_only: bool) -> None:
+    """`torch.use_deterministic_algorithms(on, warn_only=...)` without its import of
+    `torch._inductor.config`, which loads dynamo, sympy and FSDP (about 2.5 s) for a flag only
+    inductor-compiled code reads. Aner compiles nothing with inductor; where something else has
+    loaded the config already, its flag is set as torch would."""
+    torch._C._set_deterministic_algorithms(on, warn_only=warn_only)
+    inductor = sys.modules.get("torch._inductor.config")
+    if inductor is not None:
+        setattr(inductor, "deterministic", on)  # noqa: B010 (a module attribute torch sets)
