@@ -247,7 +247,11 @@ class _Checkpoint:
         shared, self.inputs, self.shared = self.shared, None, ()
         filled = 0
 
-        def pack(t: torch.Tensor) -> torch.Tensor:
+        def pack(t: torch.Tensor) -> None:
+            """Fill the next slot; the recomputation's own graph keeps nothing (it never runs
+            backward), least of all `t`: a node saving its own output would hold itself
+            through it, a reference cycle in C++ no collector sees, and with it every tensor
+            the recomputation saved."""
             nonlocal filled
             slot = self.slots[filled]() if filled < len(self.slots) else None
             filled += 1
@@ -257,7 +261,6 @@ class _Checkpoint:
                 slot.value = t.detach() if t.requires_grad else t
             if filled >= len(self.slots):
                 raise _StopRecomputation
-            return t
 
         try:
             with ExitStack() as stack:
@@ -267,7 +270,7 @@ class _Checkpoint:
                         torch.autocast(kind, dtype, enabled, cache_enabled=self.autocast_cache)
                     )
                 stack.enter_context(_replaying(self.context, self.states))
-                stack.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t))
+                stack.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, _never))
                 self.layer(x, *shared)
         except _StopRecomputation:
             pass
@@ -276,6 +279,10 @@ class _Checkpoint:
                 f"a checkpointed layer saved {filled} tensors when recomputed, "
                 f"{len(self.slots)} in its forward: its forward is not deterministic"
             )
+
+
+def _never(packed: None) -> torch.Tensor:
+    raise AssertionError("a checkpoint's recomputation is never differentiated")
 
 
 def _different(recomputed: str, slot: _Slot) -> RuntimeError:

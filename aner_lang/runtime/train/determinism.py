@@ -1,20 +1,24 @@
-"""Deterministic kernels while a run trains: one seed on one machine kind gives one result.
+"""Deterministic kernels while a run trains: one seed gives one result, bit for bit on the CPU
+and on CUDA up to attention's backward (below).
 
 Rules (`deterministic`):
 
 * TF32 and reduced-precision reductions are off and cuDNN does not benchmark its algorithms.
-* torch's deterministic algorithms are on strictly (`warn_only` off): an op with no
-  deterministic kernel fails instead of warning, and `scaled_dot_product_attention` takes a
-  deterministic backward (flash or memory-efficient; cuDNN's has none, so torch does not pick it).
-  With `warn_only` on, the attention backward on CUDA differs in the last bits from one call to
-  the next, and so would a resumed run.
+* torch's deterministic algorithms are on, warning only (`warn_only`): every op that has a
+  deterministic kernel takes it, and one that has none warns and runs. On CUDA that one is the
+  backward of `scaled_dot_product_attention`: cuDNN's and the memory-efficient kernel's sum in
+  an order that varies from call to call, so gradients differ in their last bits between two
+  runs, and a resumed run continues to the last bits, not bit for bit. Strictly (warn_only off)
+  torch takes flash's deterministic backward, which made the attention of a Llama-3-8B layer
+  2.9x slower at context 8192 (`benchmarks/results/h100_session11.md`): a quarter of the step
+  at that length, which no run is made to pay.
 * Uninitialised memory is not filled. Under deterministic algorithms torch fills every
   `torch.empty` (NaN), so that a kernel reading memory it never wrote gives the same wrong result
   each time: one more pass over every such buffer, the offload's pinned host copies included,
   which the host thread would fill before it queues the next layer. A run's kernels read only
   what they write; the bit-identity tests (resume, CUDA graphs, offload) would show otherwise.
-* Outside the run the process's own settings come back: after `train()` a script's other CUDA
-  work (generation's top-p cumsum, for one) runs as it would without it.
+* Outside the run the process's own settings come back: a script's other work after `train()`
+  runs as it would without it.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from contextlib import contextmanager
 
 import torch
 
-WHILE_TRAINING = "on while a run trains, strictly (warn_only off); off outside it"
+WHILE_TRAINING = "on while a run trains, warning only (attention's CUDA backward is not)"
 """What a run's report says of torch's deterministic algorithms (`deterministic`)."""
 
 _CUBLAS = "CUBLAS_WORKSPACE_CONFIG"
@@ -53,7 +57,7 @@ def deterministic(device: torch.device) -> Iterator[None]:
     if device.type == "cuda":
         matmul.allow_fp16_reduced_precision_reduction = False
         matmul.allow_bf16_reduced_precision_reduction = False
-    _algorithms(True, warn_only=False)
+    _algorithms(True, warn_only=True)
     torch._C._set_deterministic_fill_uninitialized_memory(False)
     try:
         yield

@@ -192,6 +192,32 @@ def test_a_second_backward_through_a_checkpointed_layer_is_an_error(model):
             loss.backward()
 
 
+def test_a_layers_recomputed_tensors_are_freed_by_its_backward(model, monkeypatch):
+    """What a checkpointed layer's recomputation saved is freed once that layer's backward has
+    used it: none of it is alive when the next layer recomputes. (The recomputation's own graph
+    once held it until the whole backward ended: a layer's activations for every layer.)"""
+    layers: list[list[weakref.ref[torch.Tensor]]] = []
+    alive: list[int] = []
+    recompute = activations._Checkpoint._recompute
+    tokens = _batch(model)[0].shape[1]
+
+    def recording(self: activations._Checkpoint) -> None:
+        shared = {t.untyped_storage().data_ptr() for t in self.shared if torch.is_tensor(t)}
+        recompute(self)
+        alive.append(sum(r() is not None for layer in layers for r in layer))
+        # the layer's own activations: not the angles every layer shares, nor its weights
+        values = [
+            s.value for s in (w() for w in self.slots) if s is not None and s.value is not None
+        ]
+        mine = [v for v in values if v.untyped_storage().data_ptr() not in shared]
+        layers.append([weakref.ref(v) for v in mine if tokens in v.shape])
+
+    monkeypatch.setattr(activations._Checkpoint, "_recompute", recording)
+    _grads(model, "checkpoint")
+    assert len(layers) == model.config.num_hidden_layers and all(layers)
+    assert alive == [0] * len(layers)
+
+
 def test_outside_training_nothing_is_checkpointed(model):
     ids = torch.tensor([[1, 2, 3, 4]])
     with keeping(ActivationPolicy("checkpoint")), torch.no_grad():
