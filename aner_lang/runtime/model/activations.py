@@ -311,7 +311,8 @@ class HostCopies:
     Rules: a copy in either direction runs on one side stream per device, after an event of the
     stream that produced or will consume the tensor, so neither the host nor the compute stream
     waits for it (`torch.autograd.graph.save_on_cpu` copies to the host synchronously, stalling
-    the host once per layer). The device tensor is marked as used by the side stream, so the
+    the host once per layer). A copy keeps the tensor's strides, so backward gets the layout the
+    forward saved and runs the same kernels on it, bit for bit. The device tensor is marked as used by the side stream, so the
     allocator does not hand its memory out before the copy has read it. Unpacking a copy starts
     fetching the copy packed before it, which under checkpointing is the next layer backward
     reaches: its transfer overlaps this layer's backward. A copy backward has unpacked already
@@ -332,7 +333,9 @@ class HostCopies:
             return t
         side = self._stream(t.device)
         side.wait_stream(torch.cuda.current_stream(t.device))
-        host = torch.empty(t.shape, dtype=t.dtype, layout=t.layout, pin_memory=True)
+        # its strides too: a matmul saves transposed views, and the same values in another
+        # layout take another GEMM in backward, whose sums round otherwise
+        host = torch.empty_like(t, device="cpu", pin_memory=True)
         with torch.cuda.stream(side):
             host.copy_(t, non_blocking=True)
             stored = torch.cuda.Event()

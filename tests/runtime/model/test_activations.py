@@ -512,6 +512,19 @@ def test_offload_moves_each_layers_input_and_not_what_layers_share(model, monkey
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_host_copy_comes_back_in_the_layout_it_was_saved_in():
+    """A transposed view (as a matmul saves one) goes to the host and comes back with its
+    strides: backward multiplies the same layout, so it takes the same kernels."""
+    copies = activations.HostCopies()
+    saved = torch.arange(12.0, device="cuda").view(3, 4).t()
+    packed = copies.pack(saved)
+    assert packed.host.is_pinned() and packed.host.stride() == saved.stride()
+    back = copies.unpack(packed)
+    assert back.stride() == saved.stride() and torch.equal(back, saved)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_offload_fetches_each_layer_input_once_and_one_layer_ahead(tiny_bytes_gguf, monkeypatch):
     """Backward brings each offloaded copy back once, and every layer's input but the first one
     backward reaches was on its way before its layer's recomputation asked for it."""
