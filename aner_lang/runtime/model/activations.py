@@ -312,12 +312,13 @@ class HostCopies:
     stream that produced or will consume the tensor, so neither the host nor the compute stream
     waits for it (`torch.autograd.graph.save_on_cpu` copies to the host synchronously, stalling
     the host once per layer). A copy keeps the tensor's strides, so backward gets the layout the
-    forward saved and runs the same kernels on it, bit for bit. The device tensor is marked as used by the side stream, so the
-    allocator does not hand its memory out before the copy has read it. Unpacking a copy starts
-    fetching the copy packed before it, which under checkpointing is the next layer backward
-    reaches: its transfer overlaps this layer's backward. A copy backward has unpacked already
-    (its consumers need not run in the reverse order of its producers) is not fetched again.
-    CPU tensors are kept as they are."""
+    forward saved and runs the same kernels on it, bit for bit. The device tensor is marked as
+    used by the side stream, so the allocator does not hand its memory out before the copy has
+    read it. Unpacking a copy starts fetching the copy packed before it, which under
+    checkpointing is the next layer backward reaches: its transfer overlaps this layer's
+    backward. A copy backward has unpacked already (its consumers need not run in the reverse
+    order of its producers) is not fetched again. CPU tensors are kept as they are.
+    """
 
     def __init__(self) -> None:
         self._streams: dict[torch.device, torch.cuda.Stream] = {}
