@@ -34,8 +34,8 @@ WHILE_TRAINING = "on while a run trains, warning only (attention's CUDA backward
 """What a run's report says of torch's deterministic algorithms (`deterministic`)."""
 
 _CUBLAS = "CUBLAS_WORKSPACE_CONFIG"
-"""cuBLAS's deterministic workspace: strict deterministic algorithms refuse a cuBLAS call
-without it."""
+"""cuBLAS's fixed workspace, without which its results may vary from call to call (torch's
+deterministic algorithms warn at each cuBLAS call without it)."""
 
 
 @contextmanager
