@@ -7,10 +7,10 @@ passes on the same inputs give the same bits (exact resume needs that), and the 
 the output and the gradients against an fp32 computation of the same inputs, beside flash's.
 Backends that cannot take grouped heads get keys and values repeated per query head (the copy is
 timed with them). `auto` is torch's own pick among them, as the trainer calls it. Each row runs
-under torch's deterministic algorithms (`deterministic: true`, warn_only off, as the trainer
-sets them: cuDNN's backward then has no deterministic kernel and is refused, flash and the
-memory-efficient kernel take their deterministic backward) and, with `--modes free,strict`,
-without them. Needs CUDA.
+under torch's deterministic algorithms strictly (`strict: true`, warn_only off, which the
+trainer does not set: cuDNN's backward then has no deterministic kernel and is refused, flash and
+the memory-efficient kernel take their deterministic backward) and, with `--modes strict,free`,
+without them too. Needs CUDA.
 
 `--packed N` measures packed rows instead: each row holds N documents of equal length, and
 attention must not cross them. Per context, the ways to compute it side by side, each with its

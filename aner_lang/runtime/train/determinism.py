@@ -27,6 +27,7 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -38,35 +39,65 @@ _CUBLAS = "CUBLAS_WORKSPACE_CONFIG"
 deterministic algorithms warn at each cuBLAS call without it)."""
 
 
+@dataclass(frozen=True)
+class _Settings:
+    """The process-wide switches a run sets, read and written together."""
+
+    tf32_matmul: bool
+    tf32_cudnn: bool
+    cudnn_benchmark: bool
+    fp16_reduction: bool
+    bf16_reduction: bool
+    algorithms: bool
+    warn_only: bool
+    fill_uninitialized: bool
+
+    @classmethod
+    def current(cls) -> _Settings:
+        matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+        return cls(
+            matmul.allow_tf32,
+            cudnn.allow_tf32,
+            cudnn.benchmark,
+            matmul.allow_fp16_reduced_precision_reduction,
+            matmul.allow_bf16_reduced_precision_reduction,
+            torch._C._get_deterministic_algorithms(),
+            torch._C._get_deterministic_algorithms_warn_only(),
+            torch._C._get_deterministic_fill_uninitialized_memory(),
+        )
+
+    def apply(self) -> None:
+        matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+        matmul.allow_tf32, cudnn.allow_tf32 = self.tf32_matmul, self.tf32_cudnn
+        cudnn.benchmark = self.cudnn_benchmark
+        matmul.allow_fp16_reduced_precision_reduction = self.fp16_reduction
+        matmul.allow_bf16_reduced_precision_reduction = self.bf16_reduction
+        _algorithms(self.algorithms, warn_only=self.warn_only)
+        torch._C._set_deterministic_fill_uninitialized_memory(self.fill_uninitialized)
+
+
 @contextmanager
 def deterministic(device: torch.device) -> Iterator[None]:
-    """Run the enclosed training under the module docstring's settings, then restore them."""
-    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
-    before = (
-        matmul.allow_tf32,
-        cudnn.allow_tf32,
-        cudnn.benchmark,
-        matmul.allow_fp16_reduced_precision_reduction,
-        matmul.allow_bf16_reduced_precision_reduction,
-        torch._C._get_deterministic_algorithms(),
-        torch._C._get_deterministic_algorithms_warn_only(),
-        torch._C._get_deterministic_fill_uninitialized_memory(),
-    )
+    """Run the enclosed training under the module docstring's settings, then restore them (all
+    but the cuBLAS workspace variable, which cuBLAS reads when it makes a handle: it stays set)."""
+    before = _Settings.current()
+    cuda = device.type == "cuda"
     os.environ.setdefault(_CUBLAS, ":4096:8")
-    matmul.allow_tf32 = cudnn.allow_tf32 = cudnn.benchmark = False
-    if device.type == "cuda":
-        matmul.allow_fp16_reduced_precision_reduction = False
-        matmul.allow_bf16_reduced_precision_reduction = False
-    _algorithms(True, warn_only=True)
-    torch._C._set_deterministic_fill_uninitialized_memory(False)
+    replace(
+        before,
+        tf32_matmul=False,
+        tf32_cudnn=False,
+        cudnn_benchmark=False,
+        fp16_reduction=before.fp16_reduction and not cuda,
+        bf16_reduction=before.bf16_reduction and not cuda,
+        algorithms=True,
+        warn_only=True,
+        fill_uninitialized=False,
+    ).apply()
     try:
         yield
     finally:
-        (matmul.allow_tf32, cudnn.allow_tf32, cudnn.benchmark) = before[:3]
-        matmul.allow_fp16_reduced_precision_reduction = before[3]
-        matmul.allow_bf16_reduced_precision_reduction = before[4]
-        _algorithms(before[5], warn_only=before[6])
-        torch._C._set_deterministic_fill_uninitialized_memory(before[7])
+        before.apply()
 
 
 def _algorithms(on: bool, warn_only: bool) -> None:
