@@ -258,7 +258,7 @@ class _Checkpoint:
             if slot is not None:
                 if (t.shape, t.dtype, t.device) != slot.saved:
                     raise _different(f"{tuple(t.shape)} {t.dtype}", slot)
-                slot.value = t.detach() if t.requires_grad else t
+                slot.value = _held(t)
             if filled >= len(self.slots):
                 raise _StopRecomputation
 
@@ -279,6 +279,13 @@ class _Checkpoint:
                 f"a checkpointed layer saved {filled} tensors when recomputed, "
                 f"{len(self.slots)} in its forward: its forward is not deterministic"
             )
+
+
+def _held(t: torch.Tensor) -> torch.Tensor:
+    """`t` as a pack hook keeps it: detached, so a node that saves its own output does not hold
+    itself through it (a reference cycle in C++ that no collector sees) when its graph is dropped
+    without a backward, as after an error mid-step; the values and storage are the same."""
+    return t.detach()
 
 
 def _never(packed: None) -> torch.Tensor:
@@ -331,7 +338,7 @@ class HostCopies:
 
     def pack(self, t: torch.Tensor) -> Any:
         if t.device.type != "cuda":
-            return t
+            return _held(t)
         side = self._stream(t.device)
         side.wait_stream(torch.cuda.current_stream(t.device))
         # its strides too: a matmul saves transposed views, and the same values in another
@@ -414,7 +421,7 @@ def recomputing(value: torch.Tensor, compute: Callable[[], torch.Tensor]) -> Ite
 
     def pack(t: torch.Tensor) -> Any:
         same = t.is_contiguous() and (t.data_ptr(), t.numel(), t.dtype, t.device) == key
-        return _Recomputed(t.shape) if same else t
+        return _Recomputed(t.shape) if same else _held(t)
 
     def unpack(saved: Any) -> torch.Tensor:
         if not isinstance(saved, _Recomputed):

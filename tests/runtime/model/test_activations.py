@@ -218,6 +218,32 @@ def test_a_layers_recomputed_tensors_are_freed_by_its_backward(model, monkeypatc
     assert alive == [0] * len(layers)
 
 
+@pytest.mark.parametrize("mode", ["keep", "offload"])
+def test_a_forward_dropped_without_backward_frees_what_it_saved(model, mode, monkeypatch):
+    """A step whose forward is dropped without a backward (an error mid-step) frees every tensor
+    the hooks kept (`keep`'s recomputed copies, `offload` on the CPU; a checkpoint's forward
+    keeps slots, not tensors): held as they are, a node saving its own output (an exp, attention's output)
+    would hold itself through it, a cycle in C++ that outlives the step."""
+    held: list[weakref.ref[torch.Tensor]] = []
+    hold = activations._held
+
+    def recording(t: torch.Tensor) -> torch.Tensor:
+        kept = hold(t)
+        held.append(weakref.ref(kept))
+        return kept
+
+    monkeypatch.setattr(activations, "_held", recording)
+    adapter = A.lora(model, rank=2, alpha=4.0, targets=["q_proj", "down_proj"], seed=1)
+    adapter.train_mode(True)
+    ids, targets = _batch(model)
+    with keeping(ActivationPolicy(mode)), adapter.active():
+        loss = adapter.loss(ids, targets)
+    assert loss.requires_grad and held
+    del loss
+    gc.collect()
+    assert [r for r in held if r() is not None] == []
+
+
 def test_outside_training_nothing_is_checkpointed(model):
     ids = torch.tensor([[1, 2, 3, 4]])
     with keeping(ActivationPolicy("checkpoint")), torch.no_grad():
