@@ -141,7 +141,8 @@ def run_side(side: str, job: dict[str, Any], repeat: int) -> dict[str, Any]:
     if side == "aner":
         script = work / "script.aner"
         script.write_text(aner_script(job))
-        cmd = [sys.executable, "-m", "aner_lang.cli", "run", str(script)]
+        profiled = ["-m", "cProfile", "-o", str(work / "aner.prof")] if job["profile"] else []
+        cmd = [sys.executable, *profiled, "-m", "aner_lang.cli", "run", str(script)]
     else:
         cmd = [sys.executable, __file__, "--worker", side, "--job", json.dumps(job)]
     memory = GpuMemory()
@@ -259,6 +260,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="/tmp/train_e2e")
     ap.add_argument("--timeout", type=int, default=900)
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny shape, aner and peft")
+    ap.add_argument("--profile", action="store_true",
+                    help="aner under cProfile (aner.prof, top functions printed): where its "
+                    "start-up goes; its times are not comparable")  # fmt: skip
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--job", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -288,19 +292,31 @@ def main(argv: list[str] | None = None) -> int:
                "val": str(work / "val.jsonl"), "dir": str(work), "device": device,
                "context": bench.SHAPES[shape]["context"], "updates": args.updates,
                "every": args.every, "timeout": args.timeout,
-               "checkpointing": args.checkpointing}  # fmt: skip
+               "checkpointing": args.checkpointing, "profile": args.profile}  # fmt: skip
         per_token = flops_per_token(shape, job["context"])
         entry: dict[str, Any] = {"shape": shape, "job": job, "rows": [], "table": ""}
         report["shapes"].append(entry)
         for repeat in range(1, args.repeats + 1):
             for side in sides:  # written as each side finishes: a stopped run keeps the rest
                 row = run_side(side, job, repeat)
+                if args.profile and side == "aner":
+                    _print_profile(Path(job["dir"]) / f"aner-{repeat}" / "aner.prof")
                 entry["rows"].append(row)
                 print(json.dumps(row)[:400], flush=True)
                 entry["table"] = table(shape, entry["rows"], per_token, peak)
                 (Path(args.out) / "train_e2e.json").write_text(json.dumps(report, indent=1))
         print(entry["table"], flush=True)
     return 0
+
+
+def _print_profile(path: Path, top: int = 40) -> None:
+    """The profiled run's functions by cumulative time: imports, loading, NVRTC and Triton
+    compiles, graph recording and training each show as a subtree."""
+    import pstats
+
+    if path.exists():
+        print(f"profile {path}", flush=True)
+        pstats.Stats(str(path), stream=sys.stdout).sort_stats("cumulative").print_stats(top)
 
 
 def _machine(device: str) -> dict[str, Any]:
