@@ -22,7 +22,10 @@ Reported per side and repeat (`--repeats`, every side once per repeat, in turn):
 launch to the first update, training tokens/s between the first and last update (validation
 and checkpoint stalls included), the whole process's wall time, peak GPU memory while the side
 runs as `nvidia-smi` sees the device, over what was in use before (the same count for every
-side: CUDA context, allocator cache and all),
+side: CUDA context, allocator cache and all), the pause per validation and checkpoint (the time
+between updates beyond the median gap, over `updates // every` of them; Aner's extra validation
+after its first update counts in its pauses) and, for Aner, the longest pause its event log names
+for a checkpoint (`checkpoint_seconds`: the snapshot and the hand-over to the background writer),
 the final training loss and the last validation loss, and the achieved model TFLOP/s and MFU
 against this GPU's measured dense bf16 GEMM rate. Model FLOPs per token: 4 x the base's matmul
 parameters (forward and the input gradient; the frozen base has no weight gradient) + 6 x the
@@ -37,6 +40,7 @@ The peers need `.peers/site` on PYTHONPATH and the offline variables (shared/dev
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
@@ -171,7 +175,7 @@ def run_side(side: str, job: dict[str, Any], repeat: int) -> dict[str, Any]:
 
 def _aner_events(work: Path) -> dict[str, Any]:
     """Aner's event log as the peers' record: update times and losses, validation losses."""
-    updates, validations = [], []
+    updates, validations, checkpoints = [], [], []
     for line in (work / "events.jsonl").read_text().splitlines():
         e = json.loads(line)
         stamp = datetime.fromisoformat(e["time"].replace("Z", "+00:00")).timestamp()
@@ -179,17 +183,24 @@ def _aner_events(work: Path) -> dict[str, Any]:
             updates.append((stamp, e["loss"]))
         if e.get("validation_loss") is not None:
             validations.append(e["validation_loss"])
-    return {"updates": updates, "validations": validations}
+        if "checkpoint_seconds" in e:
+            checkpoints.append(e["checkpoint_seconds"])
+    return {"updates": updates, "validations": validations, "checkpoint_s": checkpoints}
 
 
 def _timeline(record: dict[str, Any], launched: float, job: dict[str, Any]) -> dict[str, Any]:
     """Time to the first update, tokens/s from the first to the last, the last losses."""
     times = [t for t, _ in record["updates"]]
     tokens = (len(times) - 1) * job["context"]
+    gaps = sorted(b - a for a, b in itertools.pairwise(times))
+    pauses = len(times) // job["every"]
     return {
         "updates": len(times),
         "first_update_s": times[0] - launched,
         "train_tokens_per_s": tokens / max(times[-1] - times[0], 1e-9),
+        # the time between updates beyond the median gap, per validation and checkpoint
+        "pause_s": (sum(gaps) - len(gaps) * gaps[len(gaps) // 2]) / pauses if pauses else None,
+        "checkpoint_s": record.get("checkpoint_s"),
         "final_loss": record["updates"][-1][1],
         "validation_loss": record["validations"][-1] if record["validations"] else None,
     }
@@ -228,21 +239,24 @@ def dense_peak_flops() -> float:
 def table(shape: str, rows: list[dict[str, Any]], per_token: float, peak: float) -> str:
     lines = [f"## {shape}", "",
              "| side | repeat | first update s | train tok/s | MFU | whole process s | vs Aner | "
-             "peak GPU GB | final loss | validation loss |",
-             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "peak GPU GB | pause s | checkpoint s | final loss | validation loss |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     aner_wall = {r["repeat"]: r["wall_s"] for r in rows if r["side"] == "aner" and "updates" in r}
     for r in rows:
         if "updates" not in r:
             lines.append(
-                f"| {r['side']} | {r['repeat']} | {r.get('error', '?')[-120:]!r} |||||||| "
+                f"| {r['side']} | {r['repeat']} | {r.get('error', '?')[-120:]!r} |||||||||| "
             )
             continue
         mfu = f"{100 * r['train_tokens_per_s'] * per_token / peak:.0f}%" if peak else "-"
         ratio = f"{r['wall_s'] / aner_wall[r['repeat']]:.2f}x" if r["repeat"] in aner_wall else "-"
         val = f"{r['validation_loss']:.4f}" if r["validation_loss"] is not None else "-"
+        pause = f"{r['pause_s']:.2f}" if r.get("pause_s") is not None else "-"
+        saved = f"{max(r['checkpoint_s']):.2f}" if r.get("checkpoint_s") else "-"
         lines.append(f"| {r['side']} | {r['repeat']} | {r['first_update_s']:.1f} | "
                      f"{r['train_tokens_per_s']:,.0f} | {mfu} | {r['wall_s']:.1f} | {ratio} | "
-                     f"{r['peak_gpu_bytes'] / 1e9:.2f} | {r['final_loss']:.4f} | {val} |")  # fmt: skip
+                     f"{r['peak_gpu_bytes'] / 1e9:.2f} | {pause} | {saved} | {r['final_loss']:.4f} | "
+                     f"{val} |")  # fmt: skip
     return "\n".join(lines)
 
 

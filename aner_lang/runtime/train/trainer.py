@@ -288,13 +288,14 @@ def train(
                 event = loop.update()
                 updates = loop.counters.updates
                 done = updates == total
-                state = None
+                best = False
                 if validation is not None and (
                     done or updates == 1 or (eval_every and updates % eval_every == 0)
                 ):
+                    began = time.perf_counter()
                     event.update(loop.validate(validation))
-                    if checkpoints and loop.best()[0] == updates:
-                        state = loop.snapshot()
+                    event["validation_seconds"] = time.perf_counter() - began
+                    best = bool(checkpoints) and loop.best()[0] == updates
                     if patience and loop.validations_since_best() >= patience:
                         loop.counters.stopped_early = True
                         stop = "early_stopping"
@@ -302,23 +303,24 @@ def train(
                     run_control.stop_requested = True
                     stop = "interrupted" if stop == "done" and not done else stop
                 writer.poll()
-                events.add(event)
-                run_control.emit({**event, "steps": total})
-                if progress is not None:
-                    progress.update(event)
                 end = done or stop != "done"
                 due = end or bool(
                     checkpoints and checkpoint_every and updates % checkpoint_every == 0
                 )
-                if due:
-                    adapter.state = state or loop.snapshot()
-                written = adapter.state if due else state
-                if main and checkpoints and written is not None:
-                    writer.submit(
-                        checkpoints if due else None,
-                        written,
-                        best_dir if state is not None else None,
-                    )
+                if best or due:
+                    began = time.perf_counter()
+                    state = loop.snapshot()
+                    if due:
+                        adapter.state = state
+                    if main and checkpoints:
+                        writer.submit(
+                            checkpoints if due else None, state, best_dir if best else None
+                        )
+                        event["checkpoint_seconds"] = time.perf_counter() - began
+                events.add(event)
+                run_control.emit({**event, "steps": total})
+                if progress is not None:
+                    progress.update(event)
                 if end:
                     break
         once(writer.close)  # the last checkpoint is on disk before the run's end is logged

@@ -80,6 +80,37 @@ def test_epochs_set_the_length_and_events_carry_what_to_watch(tiny_model, tmp_pa
     assert run.training_tokens_per_second == end["training_tokens_per_second"]  # the same figure
 
 
+def test_events_say_how_long_the_loop_paused_to_validate_and_checkpoint(tiny_model, tmp_path):
+    """`validation_seconds` where an update validated; `checkpoint_seconds` where the loop took a
+    checkpoint's snapshot and handed it to the background writer (a new best, or one due)."""
+    log = tmp_path / "run.jsonl"
+    run = train(
+        _adapter(tiny_model),
+        from_texts(TEXTS, context=24),
+        Profile(),
+        steps=5,
+        learning_rate=1e-2,
+        validation=from_texts(HELD_OUT, context=24),
+        eval_every=3,
+        checkpoints=str(tmp_path / "ckpt"),
+        checkpoint_every=2,
+        log=str(log),
+    )
+    updates = [json.loads(line) for line in log.read_text().splitlines()][1:-1]
+    validated = [u["update"] for u in updates if "validation_loss" in u]
+    assert validated == [1, 3, 5] == [u["update"] for u in updates if "validation_seconds" in u]
+    best, lowest = set(), float("inf")  # the updates whose validation was a new best
+    for u in updates:
+        if u.get("validation_loss", lowest) < lowest:
+            best.add(u["update"])
+            lowest = u["validation_loss"]
+    paused = [u["update"] for u in updates if "checkpoint_seconds" in u]
+    assert paused == sorted(best | {2, 4, 5})
+    assert all(u["checkpoint_seconds"] > 0 for u in updates if "checkpoint_seconds" in u)
+    assert all(u["validation_seconds"] > 0 for u in updates if "validation_seconds" in u)
+    assert run.updates == 5 and checkpoint.has_checkpoint(tmp_path / "ckpt")
+
+
 def test_steps_or_epochs_not_both(tiny_model):
     with pytest.raises(AnerRuntimeError, match="steps or epochs, not both"):
         train(_adapter(tiny_model), from_texts(TEXTS, 16), Profile(), steps=2, epochs=1.0)
