@@ -12,7 +12,9 @@ angles, the loss (`loss`), and the trainable masters (owned by adapters).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -445,14 +447,19 @@ class LlamaDecoderLayer(nn.Module):
         cache: KVCache | None,
         mask: torch.Tensor | Segments | None = None,
     ) -> torch.Tensor:
-        # The projections and their adapters would keep each normed input; the norms keep their
-        # own inputs anyway, so backward normalizes again instead (one elementwise pass).
-        normed = self.input_layernorm(x)
-        with recomputing(normed, lambda: self.input_layernorm(x)):
-            mid = x + self.self_attn(normed, cos, sin, layer, cache, mask)
-        normed = self.post_attention_layernorm(mid)
-        with recomputing(normed, lambda: self.post_attention_layernorm(mid)):
-            return mid + self.mlp(normed)
+        mid = x + _normed(self.input_layernorm, x, self.self_attn, cos, sin, layer, cache, mask)
+        return mid + _normed(self.post_attention_layernorm, mid, self.mlp)
+
+
+def _normed(
+    norm: RMSNorm, x: torch.Tensor, block: Callable[..., torch.Tensor], *args: Any
+) -> torch.Tensor:
+    """`block(norm(x), *args)`. The block's projections and their adapters would keep the normed
+    input; the norm keeps its own input anyway, so backward normalizes again instead (one
+    elementwise pass, `recomputing`)."""
+    normed = norm(x)
+    with recomputing(normed, lambda: norm(x)):
+        return block(normed, *args)
 
 
 class GemmaDecoderLayer(LlamaDecoderLayer):
@@ -480,13 +487,9 @@ class GemmaDecoderLayer(LlamaDecoderLayer):
         cache: KVCache | None,
         mask: torch.Tensor | Segments | None = None,
     ) -> torch.Tensor:
-        normed = self.input_layernorm(x)
-        with recomputing(normed, lambda: self.input_layernorm(x)):
-            attn = self.self_attn(normed, cos, sin, layer, cache, mask)
+        attn = _normed(self.input_layernorm, x, self.self_attn, cos, sin, layer, cache, mask)
         mid = x + self.post_attention_layernorm(attn)
-        normed = self.pre_feedforward_layernorm(mid)
-        with recomputing(normed, lambda: self.pre_feedforward_layernorm(mid)):
-            out = self.mlp(normed)
+        out = _normed(self.pre_feedforward_layernorm, mid, self.mlp)
         return mid + self.post_feedforward_layernorm(out)
 
 
