@@ -19,7 +19,9 @@ state) every `--every`. Aner also validates after its first update, as its `trai
 extra work on its side.
 
 Reported per side and repeat (`--repeats`, every side once per repeat, in turn): time from
-launch to the first update, training tokens/s between the first and last update (validation
+launch to the end of the first update (Aner logs an update after its validation and checkpoint,
+whose seconds the event names and which are taken off here; the peers' callback fires before
+theirs), training tokens/s between the first and last update (validation
 and checkpoint stalls included), the whole process's wall time, peak GPU memory while the side
 runs as `nvidia-smi` sees the device, over what was in use before (the same count for every
 side: CUDA context, allocator cache and all), the pause per validation and checkpoint (the time
@@ -176,16 +178,22 @@ def run_side(side: str, job: dict[str, Any], repeat: int) -> dict[str, Any]:
 def _aner_events(work: Path) -> dict[str, Any]:
     """Aner's event log as the peers' record: update times and losses, validation losses."""
     updates, validations, checkpoints = [], [], []
+    torch_peak: list[int | None] = [None, None]
     for line in (work / "events.jsonl").read_text().splitlines():
         e = json.loads(line)
         stamp = datetime.fromisoformat(e["time"].replace("Z", "+00:00")).timestamp()
         if e["event"] == "update":
-            updates.append((stamp, e["loss"]))
+            # logged after the update's validation and checkpoint: the update ended before them
+            paused = e.get("validation_seconds", 0.0) + e.get("checkpoint_seconds", 0.0)
+            updates.append((stamp - paused if not updates else stamp, e["loss"]))
         if e.get("validation_loss") is not None:
             validations.append(e["validation_loss"])
         if "checkpoint_seconds" in e:
             checkpoints.append(e["checkpoint_seconds"])
-    return {"updates": updates, "validations": validations, "checkpoint_s": checkpoints}
+        if e["event"] == "end":
+            torch_peak = [e.get("peak_gpu_allocated_bytes"), e.get("peak_gpu_reserved_bytes")]
+    return {"updates": updates, "validations": validations, "checkpoint_s": checkpoints,
+            "torch_peak_bytes": torch_peak}  # fmt: skip
 
 
 def _timeline(record: dict[str, Any], launched: float, job: dict[str, Any]) -> dict[str, Any]:
@@ -201,6 +209,8 @@ def _timeline(record: dict[str, Any], launched: float, job: dict[str, Any]) -> d
         # the time between updates beyond the median gap, per validation and checkpoint
         "pause_s": (sum(gaps) - len(gaps) * gaps[len(gaps) // 2]) / pauses if pauses else None,
         "checkpoint_s": record.get("checkpoint_s"),
+        # Aner's own count, allocated and reserved (its end event), beside the device's
+        "torch_peak_bytes": record.get("torch_peak_bytes"),
         "final_loss": record["updates"][-1][1],
         "validation_loss": record["validations"][-1] if record["validations"] else None,
     }

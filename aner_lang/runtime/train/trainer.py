@@ -49,6 +49,7 @@ from typing import Any
 import torch
 
 from aner_lang.host import files
+from aner_lang.host.units import human_bytes
 from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.ggml.linear import STORAGE as GGUF_STORAGE
 from aner_lang.runtime.ggml.linear import gguf_backend
@@ -667,6 +668,20 @@ class _Loop:
             "best_validation_loss": best_loss,
             "startup_seconds": self.startup,
             "training_tokens_per_second": self.training_tokens_per_second(),
+            **self.gpu_memory(),
+        }
+
+    def gpu_memory(self) -> dict[str, int]:
+        """On CUDA, the process's peak GPU bytes so far as torch's allocator counts them: those
+        tensors held (`peak_gpu_allocated_bytes`) and those it reserved from the device
+        (`peak_gpu_reserved_bytes`, the larger: its cache and CUDA graphs' pools). The device's
+        own count (nvidia-smi) adds the CUDA context and the libraries' modules."""
+        device = self.adapter.device
+        if device.type != "cuda":
+            return {}
+        return {
+            "peak_gpu_allocated_bytes": torch.cuda.max_memory_allocated(device),
+            "peak_gpu_reserved_bytes": torch.cuda.max_memory_reserved(device),
         }
 
     def summary(self, stop: str, seconds: float) -> str:
@@ -691,6 +706,12 @@ class _Loop:
         if steady is not None:
             parts.append(f"{steady:.0f} tokens/s training")
         parts.append(f"{self.tokens_seen / max(seconds, 1e-9):.0f} tokens/s overall")
+        memory = self.gpu_memory()
+        if memory:
+            parts.append(
+                f"peak GPU memory {human_bytes(memory['peak_gpu_allocated_bytes'])} "
+                f"({human_bytes(memory['peak_gpu_reserved_bytes'])} reserved)"
+            )
         return ", ".join(parts)
 
     def result(self, seconds: float, log_path: str | None, stop: str) -> Run:

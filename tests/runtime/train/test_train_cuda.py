@@ -96,8 +96,10 @@ def test_cuda_graphs_replay_the_eager_bits(tiny_bytes_gguf, tmp_path, precision,
         prof = profile(precision=precision, graphs=graphs, activations=activations)
         run = train(adapter, data, prof, steps=5, learning_rate=1e-2, micro_batch=2,
                     accumulation=2, seed=3, log=str(log))  # fmt: skip
-        start = json.loads(log.read_text().splitlines()[0])
+        start, *_, end = (json.loads(line) for line in log.read_text().splitlines())
         out[graphs] = (adapter, run, start["cuda_graphs"])
+        # the process's peak so far as torch's allocator counts it: held, and reserved around it
+        assert 0 < end["peak_gpu_allocated_bytes"] <= end["peak_gpu_reserved_bytes"]
     assert out[False][2].startswith("off") and out[True][2] == "on"
     assert out[False][1].loss_history == out[True][1].loss_history
     for name, p in out[False][0].params.items():
