@@ -78,24 +78,11 @@ from aner_lang.runtime.train.profile import Profile
 from aner_lang.runtime.train.run import Run
 from aner_lang.runtime.train.schedule import SCHEDULES, learning_rate_at
 from aner_lang.runtime.train.state import STATE_FORMAT, Counters, TrainState
+from aner_lang.runtime.train.validation import mean_loss as validation_loss
 from aner_lang.runtime.train.watch import EventLog, Progress, clock_text
 
 BEST = "best"
 """The folder under `checkpoints` that holds the best validation checkpoint."""
-
-
-def _mean_loss(adapter: Any, data: Dataset, micro_batch: int, profile: Profile) -> float:
-    """Mean next-token loss over all scored tokens of `data` (no gradients, eval mode)."""
-    total, count = 0.0, 0
-    pad = adapter.tokenizer.pad_id or 0
-    examples = data.examples(adapter.tokenizer)
-    with torch.no_grad():
-        for i in range(0, len(examples), micro_batch):
-            batch = collate(examples[i : i + micro_batch], pad, adapter.device)
-            with autocast(profile.precision, adapter.device):
-                total += float(adapter.loss(batch.input_ids, batch.targets, batch.positions))
-            count += batch.scored_tokens
-    return total / max(count, 1)
 
 
 def _experts_read_host(adapter: Any, precision: str) -> bool:
@@ -408,6 +395,8 @@ class _Loop:
         self.objective, self.parallel = objective, parallel
         self.drawn = options["micro_batch"] * parallel.world.size
         """Examples a micro-step draws, all ranks' shares together."""
+        self.step_tokens = options["micro_batch"] * data.context
+        """Tokens of one micro-batch on one rank."""
         self.examples = _examples(data, adapter.tokenizer, objective)
         self.preference = (
             None if objective is None else PreferenceSteps(adapter, objective, profile.precision)
@@ -447,7 +436,7 @@ class _Loop:
             dropout,
             profile.activations,
             profile.graphs,
-            options["micro_batch"] * data.context,
+            self.step_tokens,
         )
         if not off and _experts_read_host(adapter, profile.precision):
             off = "a mixture-of-experts layer sizes its expert groups on the host"
@@ -605,7 +594,9 @@ class _Loop:
         """The validation event fields: the loss (and the objective's held-out metrics)."""
         micro_batch = self.options["micro_batch"]
         if self.preference is None:
-            v = _mean_loss(self.adapter, validation, micro_batch, self.profile)
+            v = validation_loss(
+                self.adapter, validation, micro_batch, self.step_tokens, self.profile
+            )
             values = {"validation_loss": v}
         else:
             rows = _examples(validation, self.adapter.tokenizer, self.objective)

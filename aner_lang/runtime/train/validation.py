@@ -1,0 +1,76 @@
+"""The held-out loss a training run reports (`validation_loss`): the mean over every scored token
+of the validation set, in the run's precision, without gradients.
+
+Rules and reasons:
+
+* Rows go through the model in groups of similar length (shortest first), each group one forward
+  of at most `VALIDATION_TOKENS` tokens (its rows times its longest row), and never fewer rows
+  than the run's micro-batch. An eager forward of a large model launches thousands of kernels,
+  each from Python, so one row at a time the host, not the GPU, sets the pace (the trainer replays
+  its steps from CUDA graphs for the same reason; validation runs eagerly). Grouping by length
+  keeps a group's padding small.
+* Groups grow beyond the micro-batch only under `activations: keep`, and to at most
+  `KEEP_MULTIPLE` times the tokens of a training micro-batch: a forward without gradients holds
+  one layer's transient tensors at a time, where a `keep` step holds every layer's saved
+  activations, so the larger forward stays below the step's peak, which the plan and
+  `memory_budget` count. Under `checkpoint` and `offload` a step holds about one layer's worth,
+  so validation keeps to the micro-batch.
+* Grouping changes the order of the float sums, never what is summed. Rows of one length are
+  ordered by their tokens, so the groups depend on the rows and settings only, not on the order
+  the rows come in: a resumed run validates to the same bits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from aner_lang.runtime.model.precision import autocast
+from aner_lang.runtime.tasks.batches import collate
+from aner_lang.runtime.tasks.data import Dataset, Example
+from aner_lang.runtime.train.profile import Profile
+
+VALIDATION_TOKENS = 8192
+"""The most tokens (rows times the longest row) of one validation forward beyond a micro-batch."""
+KEEP_MULTIPLE = 4
+"""Under `keep`, a validation forward holds at most this many times a training micro-batch's
+tokens."""
+
+
+def groups(examples: Sequence[Example], rows: int, tokens: int) -> list[list[Example]]:
+    """`examples` by ascending length (then tokens), in groups of at least `rows` rows (the last may have fewer)
+    and otherwise as many as keep rows times the longest within `tokens`."""
+    ordered = sorted(examples, key=lambda e: (len(e.ids), e.ids))  # the rows', not their order
+    out: list[list[Example]] = []
+    for example in ordered:
+        group = out[-1] if out else None
+        if group is not None and (
+            len(group) < rows or (len(group) + 1) * len(example.ids) <= tokens
+        ):
+            group.append(example)
+        else:
+            out.append([example])
+    return out
+
+
+def mean_loss(
+    adapter: Any, data: Dataset, micro_batch: int, step_tokens: int, profile: Profile
+) -> float:
+    """Mean next-token loss over all scored tokens of `data` (the module's rules); `step_tokens`
+    are the tokens of one training micro-batch."""
+    examples = data.examples(adapter.tokenizer)
+    tokens = 0
+    if profile.activations == "keep":
+        tokens = min(VALIDATION_TOKENS, KEEP_MULTIPLE * step_tokens)
+    pad = adapter.tokenizer.pad_id or 0
+    total = torch.zeros((), dtype=torch.float64, device=adapter.device)
+    count = 0
+    with torch.no_grad():
+        for group in groups(examples, micro_batch, tokens):
+            batch = collate(group, pad, adapter.device)
+            with autocast(profile.precision, adapter.device):
+                total += adapter.loss(batch.input_ids, batch.targets, batch.positions).double()
+            count += batch.scored_tokens
+    return float(total) / max(count, 1)
