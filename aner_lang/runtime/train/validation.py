@@ -6,8 +6,8 @@ Rules and reasons:
 * Rows go through the model in groups of similar length (shortest first), each group one forward
   of at most `VALIDATION_TOKENS` tokens (its rows times its longest row), and never fewer rows
   than the run's micro-batch. An eager forward of a large model launches thousands of kernels,
-  each from Python, so one row at a time the host, not the GPU, sets the pace (the trainer replays
-  its steps from CUDA graphs for the same reason; validation runs eagerly). Grouping by length
+  each from Python, so at one row a forward the host rather than the GPU can set the pace (the
+  trainer replays its steps from CUDA graphs for that reason; validation runs eagerly). Grouping by length
   keeps a group's padding small.
 * Groups grow beyond the micro-batch only under `activations: keep`, and to at most
   `KEEP_MULTIPLE` times the tokens of a training micro-batch: a forward without gradients holds
