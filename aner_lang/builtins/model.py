@@ -199,7 +199,13 @@ _FORWARD_BUILTINS = (
         (
             _receiver("Model"),
             Param("dataset", "Dataset", doc="held-out examples"),
-            Param("batch_size", "Int", "8", "examples per forward pass", keyword_only=True),
+            Param(
+                "batch_size",
+                "Int",
+                "8",
+                "examples per forward pass, those of similar length together",
+                keyword_only=True,
+            ),
         ),
         "Evaluation",
         "Mean next-token loss and perplexity over the dataset's scored tokens.",

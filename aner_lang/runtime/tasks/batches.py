@@ -50,3 +50,21 @@ def collate(examples: Sequence[Example], pad_id: int, device: torch.device | str
         targets.to(device),
         None if positions is None else positions.to(device),
     )
+
+
+def length_groups(examples: Sequence[Example], rows: int, tokens: int) -> list[list[Example]]:
+    """`examples` by ascending length, in groups of at least `rows` rows (the last may have
+    fewer) and beyond that as many as keep rows times the longest row within `tokens`: one
+    forward each, with little padding. Rows of one length are ordered by their tokens, so the
+    groups depend on the rows only, not on the order they come in."""
+    ordered = sorted(examples, key=lambda e: (len(e.ids), e.ids))  # the rows', not their order
+    out: list[list[Example]] = []
+    for example in ordered:
+        group = out[-1] if out else None
+        if group is not None and (
+            len(group) < rows or (len(group) + 1) * len(example.ids) <= tokens
+        ):
+            group.append(example)
+        else:
+            out.append([example])
+    return out

@@ -10,21 +10,23 @@ from typing import Any
 
 import torch
 
-from aner_lang.runtime.tasks.batches import collate
+from aner_lang.runtime.tasks.batches import collate, length_groups
 from aner_lang.runtime.tasks.data import Dataset
 from aner_lang.runtime.tasks.scores import Evaluation, evaluation
 
 
 def evaluate(model: Any, dataset: Dataset, batch_size: int = 8) -> Evaluation:
-    """Loss over every scored target token of `dataset`, in batches of `batch_size` examples."""
+    """Loss over every scored target token of `dataset`, in batches of `batch_size` examples of
+    similar length (`length_groups`: little padding, and the same sums whatever the order of
+    the examples)."""
     tokenizer = model.tokenizer
     examples = dataset.examples(tokenizer)
     pad = tokenizer.pad_id if tokenizer.pad_id is not None else 0
     total = torch.zeros((), dtype=torch.float64)
     count = 0
     with torch.no_grad():
-        for start in range(0, len(examples), batch_size):
-            batch = collate(examples[start : start + batch_size], pad, model.device)
+        for group in length_groups(examples, batch_size, 0):
+            batch = collate(group, pad, model.device)
             total += model.loss(batch.input_ids, batch.targets, batch.positions).double().cpu()
             count += batch.scored_tokens
     return evaluation(float(total), count)

@@ -15,21 +15,20 @@ Rules and reasons:
   activations, so the larger forward stays below the step's peak, which the plan and
   `memory_budget` count. Under `checkpoint` and `offload` a step holds about one layer's worth,
   so validation keeps to the micro-batch.
-* Grouping changes the order of the float sums, never what is summed. Rows of one length are
-  ordered by their tokens, so the groups depend on the rows and settings only, not on the order
-  the rows come in: a resumed run validates to the same bits.
+* Grouping (`tasks.batches.length_groups`) changes the order of the float sums, never what is
+  summed, and depends on the rows and settings only, not on the order the rows come in: a
+  resumed run validates to the same bits.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from aner_lang.runtime.model.precision import autocast
-from aner_lang.runtime.tasks.batches import collate
-from aner_lang.runtime.tasks.data import Dataset, Example
+from aner_lang.runtime.tasks.batches import collate, length_groups
+from aner_lang.runtime.tasks.data import Dataset
 from aner_lang.runtime.train.profile import Profile
 
 VALIDATION_TOKENS = 8192
@@ -37,22 +36,6 @@ VALIDATION_TOKENS = 8192
 KEEP_MULTIPLE = 4
 """Under `keep`, a validation forward holds at most this many times a training micro-batch's
 tokens."""
-
-
-def groups(examples: Sequence[Example], rows: int, tokens: int) -> list[list[Example]]:
-    """`examples` by ascending length (then tokens), in groups of at least `rows` rows (the last may have fewer)
-    and otherwise as many as keep rows times the longest within `tokens`."""
-    ordered = sorted(examples, key=lambda e: (len(e.ids), e.ids))  # the rows', not their order
-    out: list[list[Example]] = []
-    for example in ordered:
-        group = out[-1] if out else None
-        if group is not None and (
-            len(group) < rows or (len(group) + 1) * len(example.ids) <= tokens
-        ):
-            group.append(example)
-        else:
-            out.append([example])
-    return out
 
 
 def mean_loss(
@@ -68,7 +51,7 @@ def mean_loss(
     total = torch.zeros((), dtype=torch.float64, device=adapter.device)
     count = 0
     with torch.no_grad():
-        for group in groups(examples, micro_batch, tokens):
+        for group in length_groups(examples, micro_batch, tokens):
             batch = collate(group, pad, adapter.device)
             with autocast(profile.precision, adapter.device):
                 total += adapter.loss(batch.input_ids, batch.targets, batch.positions).double()

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from aner_lang.runtime import adapters as A
 from aner_lang.runtime.model.precision import autocast
-from aner_lang.runtime.tasks.batches import collate
+from aner_lang.runtime.tasks.batches import collate, length_groups
 from aner_lang.runtime.tasks.data import Example, from_texts
 from aner_lang.runtime.train import validation
 from aner_lang.runtime.train.profile import Profile, profile
@@ -26,7 +26,7 @@ def _rows(lengths: list[int]) -> list[Example]:
     st.sampled_from([0, 64, 512, 2048]),
 )
 def test_groups_hold_every_row_once_by_length_within_the_token_bound(lengths, rows, tokens):
-    groups = validation.groups(_rows(lengths), rows, tokens)
+    groups = length_groups(_rows(lengths), rows, tokens)
     flat = [len(e.ids) for g in groups for e in g]
     assert flat == sorted(lengths)
     for g in groups[:-1]:
