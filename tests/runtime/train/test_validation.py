@@ -17,7 +17,8 @@ from aner_lang.runtime.train.profile import Profile, profile
 
 
 def _rows(lengths: list[int]) -> list[Example]:
-    return [Example(tuple(range(n)), (True,) * n) for n in lengths]
+    """Rows of these lengths, each of its own tokens (rows of one length differ)."""
+    return [Example((i,) * n, (True,) * n) for i, n in enumerate(lengths)]
 
 
 @given(
@@ -35,6 +36,9 @@ def test_groups_hold_every_row_once_by_length_within_the_token_bound(lengths, ro
         # beyond the micro-batch a group grows only while rows x its longest row fit the bound
         assert len(g) <= rows or len(g) * max(len(e.ids) for e in g) <= tokens
     assert len(groups[-1]) >= 1
+    # the groups come from the rows, not the order they come in
+    again = length_groups(_rows(lengths)[::-1], rows, tokens)
+    assert [[e.ids for e in g] for g in again] == [[e.ids for e in g] for g in groups]
 
 
 def _one_row_at_a_time(adapter, data, precision: str) -> float:
