@@ -179,6 +179,7 @@ def _aner_events(work: Path) -> dict[str, Any]:
     """Aner's event log as the peers' record: update times and losses, validation losses."""
     updates, validations, checkpoints = [], [], []
     torch_peak: list[int | None] = [None, None]
+    started = None
     for line in (work / "events.jsonl").read_text().splitlines():
         e = json.loads(line)
         stamp = datetime.fromisoformat(e["time"].replace("Z", "+00:00")).timestamp()
@@ -192,8 +193,10 @@ def _aner_events(work: Path) -> dict[str, Any]:
             checkpoints.append(e["checkpoint_seconds"])
         if e["event"] == "end":
             torch_peak = [e.get("peak_gpu_allocated_bytes"), e.get("peak_gpu_reserved_bytes")]
+        if e["event"] == "start":
+            started = stamp
     return {"updates": updates, "validations": validations, "checkpoint_s": checkpoints,
-            "torch_peak_bytes": torch_peak}  # fmt: skip
+            "torch_peak_bytes": torch_peak, "started": started}  # fmt: skip
 
 
 def _timeline(record: dict[str, Any], launched: float, job: dict[str, Any]) -> dict[str, Any]:
@@ -211,6 +214,9 @@ def _timeline(record: dict[str, Any], launched: float, job: dict[str, Any]) -> d
         "checkpoint_s": record.get("checkpoint_s"),
         # Aner's own count, allocated and reserved (its end event), beside the device's
         "torch_peak_bytes": record.get("torch_peak_bytes"),
+        # Aner's start-up in two parts: imports, loading and data until `train` starts; then
+        # compiles, warm-up and graph recording until the first update has ended
+        "before_start_s": record["started"] - launched if record.get("started") else None,
         "final_loss": record["updates"][-1][1],
         "validation_loss": record["validations"][-1] if record["validations"] else None,
     }
