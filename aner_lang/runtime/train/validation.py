@@ -24,11 +24,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from aner_lang.runtime.model.precision import autocast
-from aner_lang.runtime.tasks.batches import collate, length_groups
 from aner_lang.runtime.tasks.data import Dataset
+from aner_lang.runtime.tasks.evaluate import evaluate
 from aner_lang.runtime.train.profile import Profile
 
 VALIDATION_TOKENS = 8192
@@ -41,19 +39,10 @@ tokens."""
 def mean_loss(
     adapter: Any, data: Dataset, micro_batch: int, step_tokens: int, profile: Profile
 ) -> float:
-    """Mean next-token loss over all scored tokens of `data` (the module's rules); `step_tokens`
-    are the tokens of one training micro-batch."""
-    examples = data.examples(adapter.tokenizer)
+    """Mean next-token loss over all scored tokens of `data` (`tasks.evaluate`, under the
+    module's rules); `step_tokens` are the tokens of one training micro-batch."""
     tokens = 0
     if profile.activations == "keep":
         tokens = min(VALIDATION_TOKENS, KEEP_MULTIPLE * step_tokens)
-    pad = adapter.tokenizer.pad_id or 0
-    total = torch.zeros((), dtype=torch.float64, device=adapter.device)
-    count = 0
-    with torch.no_grad():
-        for group in length_groups(examples, micro_batch, tokens):
-            batch = collate(group, pad, adapter.device)
-            with autocast(profile.precision, adapter.device):
-                total += adapter.loss(batch.input_ids, batch.targets, batch.positions).double()
-            count += batch.scored_tokens
-    return float(total) / max(count, 1)
+    with autocast(profile.precision, adapter.device):
+        return evaluate(adapter, data, micro_batch, tokens).loss

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from aner_lang.runtime import adapters as A
 from aner_lang.runtime.model.precision import autocast
+from aner_lang.runtime.tasks import evaluate as evaluate_module
 from aner_lang.runtime.tasks.batches import collate, length_groups
 from aner_lang.runtime.tasks.data import Example, from_texts
 from aner_lang.runtime.train import validation
@@ -62,13 +63,13 @@ def test_the_grouped_loss_is_the_mean_of_one_row_at_a_time(tiny_model, activatio
     adapter = A.lora(tiny_model, rank=2, alpha=4.0, targets=["q_proj", "v_proj"], seed=1)
     data = from_texts(TEXTS, context=96)
     seen: list[int] = []
-    collated = validation.collate
+    collated = evaluate_module.collate
 
     def counting(rows, *args, **kw):
         seen.append(len(rows))
         return collated(rows, *args, **kw)
 
-    monkeypatch.setattr(validation, "collate", counting)
+    monkeypatch.setattr(evaluate_module, "collate", counting)
     prof = profile(activations=activations)
     got = validation.mean_loss(adapter, data, 2, 2 * 96, prof)
     assert got == pytest.approx(_one_row_at_a_time(adapter, data, prof.precision), rel=1e-6)
