@@ -3,13 +3,17 @@ longer touches) and a thread writes, verifies and publishes it (`checkpoint.save
 
 Rules:
 
-* At most one write is in flight: handing over the next checkpoint first waits for the previous
-  one, so checkpoints are published in order and at most one snapshot waits in host memory
-  besides the one being written.
+* At most `PENDING` checkpoints are handed over and not yet published: one being written and one
+  waiting for it. Handing over a third first waits for the oldest, so a write slower than the
+  interval between checkpoints (a disk still flushing what was written before the run) holds
+  the loop only when it is slower than two intervals, and at most two snapshots wait in host
+  memory. Each write starts after the previous one has ended: checkpoints are published in
+  order.
 * A failed write is raised in the training thread, as an Aner error naming the directory, when
-  the next checkpoint is handed over or when the writer is closed: no checkpoint is silently lost.
+  a later checkpoint waits for it, at the next update's `poll` or when the writer is closed: no
+  checkpoint is silently lost.
 * `close()` at the end of a run, and `abandon()` when it fails or is interrupted, wait for the
-  write in flight, so every thread is joined before `train` returns and a checkpoint reported written is
+  writes in flight, so every thread is joined before `train` returns and a checkpoint reported written is
   on disk. The thread is not a daemon: a process that exits while it writes finishes the write
   first. A process killed mid-write leaves the previous checkpoint as the latest one
   (`checkpoint` publishes a folder only once it is complete).
@@ -20,6 +24,7 @@ Rules:
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,28 +44,32 @@ class Written:
     latest: bool
 
 
-class CheckpointWriter:
-    """One `train` call's background checkpoint writes (see the module docstring)."""
+PENDING = 2
+"""Checkpoints handed over and not yet published, at most (see the module docstring)."""
 
-    def __init__(self, on_written: Callable[[Written], None]) -> None:
-        self._on_written = on_written
-        """Called in the training thread for every published checkpoint, in order."""
-        self._thread: threading.Thread | None = None
-        self._outcome: Written | BaseException | None = None
-        self.last: Written | None = None
-        """The run's latest checkpoint known to be published."""
 
-    def submit(self, directory: str | Path | None, state: TrainState, best: Path | None) -> None:
-        """Write `state` as the latest checkpoint of `directory` (when given) and publish it as
-        `best` too (when given) in the background, after the previous write has finished."""
-        self.wait()
-        thread = threading.Thread(
-            target=self._write, args=(directory, state, best), name="aner-checkpoint"
-        )
-        self._thread = thread
-        thread.start()
+class _Write(threading.Thread):
+    """One handed-over checkpoint, written after `before` has ended; `outcome` once it has."""
 
-    def _write(self, directory: str | Path | None, state: TrainState, best: Path | None) -> None:
+    def __init__(
+        self,
+        before: threading.Thread | None,
+        directory: str | Path | None,
+        state: TrainState,
+        best: Path | None,
+    ) -> None:
+        super().__init__(name="aner-checkpoint")
+        self.before, self.directory, self.best = before, directory, best
+        self.state: TrainState | None = state
+        self.outcome: Written | BaseException | None = None
+
+    def run(self) -> None:
+        if self.before is not None:
+            self.before.join()
+        directory, state, best = self.directory, self.state, self.best
+        assert state is not None  # a write runs once
+        # no chain of ended writes, each holding its snapshot, stays reachable from this one
+        self.before, self.state = None, None
         where = directory if directory is not None else best
         try:
             if directory is not None:
@@ -70,44 +79,65 @@ class CheckpointWriter:
             else:
                 assert best is not None
                 folder = checkpoint.save(best, state, keep=0)
-            self._outcome = Written(folder, state.updates, latest=directory is not None)
+            self.outcome = Written(folder, state.updates, latest=directory is not None)
         except OSError as e:
-            self._outcome = AnerRuntimeError(
+            self.outcome = AnerRuntimeError(
                 f"checkpoint {where}: cannot be written: {e.strerror or e}",
                 code="E-IO",
                 notes=("the previous checkpoint, if any, is still the latest one",),
             )
-        except BaseException as e:  # raised again in the training thread by `wait`
-            self._outcome = e
+        except BaseException as e:  # raised again in the training thread by `_finish`
+            self.outcome = e
+
+
+class CheckpointWriter:
+    """One `train` call's background checkpoint writes (see the module docstring)."""
+
+    def __init__(self, on_written: Callable[[Written], None]) -> None:
+        self._on_written = on_written
+        """Called in the training thread for every published checkpoint, in order."""
+        self._pending: deque[_Write] = deque()
+        self.last: Written | None = None
+        """The run's latest checkpoint known to be published."""
+
+    def submit(self, directory: str | Path | None, state: TrainState, best: Path | None) -> None:
+        """Write `state` as the latest checkpoint of `directory` (when given) and publish it as
+        `best` too (when given) in the background, after the previous write has ended."""
+        while len(self._pending) >= PENDING:
+            self._finish()
+        write = _Write(self._pending[-1] if self._pending else None, directory, state, best)
+        self._pending.append(write)
+        write.start()
+
+    def _finish(self) -> None:
+        """Wait for the oldest write in flight; report what it wrote, or raise what it raised."""
+        write = self._pending.popleft()
+        write.join()
+        if isinstance(write.outcome, BaseException):
+            raise write.outcome
+        if write.outcome is not None:
+            if write.outcome.latest:
+                self.last = write.outcome
+            self._on_written(write.outcome)
 
     def wait(self) -> None:
-        """Wait for the write in flight; report what it wrote, or raise what it raised."""
-        if self._thread is None:
-            return
-        self._thread.join()
-        self._thread = None
-        outcome, self._outcome = self._outcome, None
-        if isinstance(outcome, BaseException):
-            raise outcome
-        if outcome is not None:
-            if outcome.latest:
-                self.last = outcome
-            self._on_written(outcome)
+        """Wait for every write in flight, reporting each in order (see `_finish`)."""
+        while self._pending:
+            self._finish()
 
     def poll(self) -> None:
-        """Report a write that has finished (see `wait`), without waiting for one in flight:
+        """Report the writes that have ended (see `_finish`), without waiting for one in flight:
         called every update, so a job's supervisor learns of a checkpoint while the run goes on,
         not only at the next one (a run killed in between resumes from it)."""
-        if self._thread is not None and not self._thread.is_alive():
-            self.wait()
+        while self._pending and not self._pending[0].is_alive():
+            self._finish()
 
     def close(self) -> None:
-        """Wait for the write in flight (see `wait`)."""
+        """Wait for the writes in flight (see `wait`)."""
         self.wait()
 
     def abandon(self) -> None:
-        """Wait for the write in flight without reporting it: the run is failing already, and
-        its own error is the one to show. A no-op after `close`."""
-        if self._thread is not None:
-            self._thread.join()
-            self._thread, self._outcome = None, None
+        """Wait for the writes in flight without reporting them: the run is failing already,
+        and its own error is the one to show. A no-op after `close`."""
+        while self._pending:
+            self._pending.popleft().join()

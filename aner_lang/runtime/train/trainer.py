@@ -53,6 +53,7 @@ from aner_lang.host.units import human_bytes
 from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.ggml.linear import STORAGE as GGUF_STORAGE
 from aner_lang.runtime.ggml.linear import gguf_backend
+from aner_lang.runtime.io.host_copy import keeping_staging, staging_bytes
 from aner_lang.runtime.io.process_clock import seconds_running
 from aner_lang.runtime.io.world import once, world
 from aner_lang.runtime.model import fused_ops
@@ -270,6 +271,7 @@ def train(
             deterministic(device),
             using_backend(backend),
             keeping(loop.activations),
+            keeping_staging(loop.staging_bytes()),
             run_control.stop_signals(),
         ):
             while loop.counters.updates < total and not loop.counters.stopped_early:
@@ -621,6 +623,13 @@ class _Loop:
         history = self.counters.validation_history
         best = min(range(len(history)), key=lambda i: history[i][1])
         return len(history) - 1 - best
+
+    def staging_bytes(self) -> int:
+        """Pinned staging bytes this run's snapshots will use (`host_copy`): the larger of their
+        two copies, the adapter's tensors or the optimizer's two moments of each trainable one."""
+        adapter = self.adapter
+        trained = staging_bytes(adapter.params)
+        return max(staging_bytes({**adapter.params, **adapter.frozen}), 2 * trained)
 
     def snapshot(self) -> TrainState:
         """The state after this update (consistent: optimizer stepped, scale updated)."""

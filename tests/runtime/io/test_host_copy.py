@@ -8,7 +8,14 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from aner_lang.runtime.io.host_copy import PINNED_MAX_BYTES, host_copies, staged_copies
+from aner_lang.runtime.io import host_copy
+from aner_lang.runtime.io.host_copy import (
+    PINNED_MAX_BYTES,
+    host_copies,
+    keeping_staging,
+    staged_copies,
+    staging_bytes,
+)
 
 
 def _tensors(device: str) -> dict[str, torch.Tensor]:
@@ -72,3 +79,23 @@ def test_host_copies_of_cuda_tensors_match_their_bits_and_share_no_memory(tmp_pa
     _check_copies(given, copies)
     assert not any(c.is_pinned() for c in copies.values())  # the staging buffer is not kept
     save_file(copies, str(tmp_path / "x.safetensors"))
+
+
+@pytest.mark.cuda
+def test_a_run_keeps_one_pinned_staging_buffer_between_its_snapshots():
+    """Inside `keeping_staging` the staging buffer is pinned ahead (in the background) at the
+    size given and reused by every copy; outside it no pinned memory stays held."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    given = _tensors("cuda")
+    need = staging_bytes(given)
+    assert 0 < need < sum(t.numel() * t.element_size() + 64 for t in given.values())
+    with keeping_staging(need):
+        first = host_copies(given)
+        buffer = host_copy._STAGING.buffer
+        assert buffer is not None and buffer.is_pinned() and buffer.numel() == need
+        second = host_copies(given)
+        assert host_copy._STAGING.buffer is buffer
+    assert host_copy._STAGING.buffer is None
+    _check_copies(given, first)
+    _check_copies(given, second)

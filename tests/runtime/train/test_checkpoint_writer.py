@@ -84,6 +84,42 @@ def test_the_loop_runs_on_while_a_checkpoint_is_written(tiny_model, tmp_path, mo
         assert torch.equal(ck.tensors[key], t), key
 
 
+def test_two_checkpoints_may_wait_for_a_slow_disk_and_a_third_waits_for_them(
+    tiny_model, tmp_path, monkeypatch
+):
+    """The first write is held until update 3 has run: the checkpoint of update 2 is handed over
+    without waiting for it (update 3 would never come otherwise), the one of update 3 waits, so
+    never more than `PENDING` writes are in flight, and every checkpoint is published in order."""
+    from aner_lang.runtime.train.checkpoint_writer import PENDING
+
+    update_three = threading.Event()
+    waited: list[bool] = []
+    saved: list[int] = []
+    in_flight: list[int] = []
+    save, update = checkpoint.save, trainer._Loop.update
+
+    def slow_save(directory, state, **kwargs):
+        if not waited:
+            waited.append(update_three.wait(timeout=120))
+        saved.append(state.updates)
+        return save(directory, state, **kwargs)
+
+    def counting_update(loop):
+        event = update(loop)
+        in_flight.append(len(_writer_threads()))
+        if loop.counters.updates == 3:
+            update_three.set()
+        return event
+
+    monkeypatch.setattr(checkpoint, "save", slow_save)
+    monkeypatch.setattr(trainer._Loop, "update", counting_update)
+    train(_adapter(tiny_model), from_texts(TEXTS, 16), Profile(), steps=5,
+          checkpoints=str(tmp_path / "c"), checkpoint_every=1)  # fmt: skip
+    assert waited == [True] and saved == [1, 2, 3, 4, 5]
+    assert in_flight[2] == PENDING == 2 and max(in_flight) <= PENDING
+    assert checkpoint.load(tmp_path / "c").updates == 5 and not _writer_threads()
+
+
 @pytest.mark.parametrize("every, learning_rate", [(1, 1e-3), (4, 0.3)])
 def test_best_is_a_second_name_for_its_checkpoint_files(tiny_model, tmp_path, every, learning_rate):
     """Small steps on the data it validates on improve every update, so the best is the latest
