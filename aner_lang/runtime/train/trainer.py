@@ -585,12 +585,15 @@ class _Loop:
         return loss.detach()
 
     def _zero_grads(self) -> None:
-        """Gradients dropped, or zeroed where they live when graphs accumulate into them."""
+        """Gradients dropped, or zeroed where they live when graphs accumulate into them (one
+        multi-tensor launch, not one per tensor: the GPU waits for the host between updates)."""
+        if self.steps.on:
+            grads = [p.grad for _, p in self.params if p.grad is not None]
+            if grads:
+                torch._foreach_zero_(grads)
+            return
         for _, p in self.params:
-            if self.steps.on and p.grad is not None:
-                p.grad.zero_()
-            else:
-                p.grad = None
+            p.grad = None
 
     def validate(self, validation: Dataset) -> dict[str, float]:
         """The validation event fields: the loss (and the objective's held-out metrics)."""
