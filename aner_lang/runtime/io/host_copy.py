@@ -16,9 +16,10 @@ Rules and reasons:
   after each recording.
 * The buffer is kept from one snapshot to the next while `keeping_staging` says so (a `train`
   call, which snapshots at every checkpoint and at its end), grown when a call needs more, and
-  freed when the last one leaves: pinned memory is scarcer than pageable memory, so nothing holds
-  it between runs. `keeping_staging(bytes)` pins the expected size in a background thread while
-  the run starts (compiles, graph recording), off the training loop's path.
+  given back to torch's pinned cache when the last keeper leaves: pinned memory is scarcer than
+  pageable memory, so no run holds it for the next. `keeping_staging(bytes)` pins the expected
+  size as the run starts, before any graph is recorded, in the calling thread: pinning from
+  another thread while a graph records is one of the calls a global-mode capture forbids.
 * The copies never share storage with each other or alias the originals: a snapshot's tensors are
   written by safetensors, which refuses tensors that share memory, and outlive the staging
   buffer's next use.
@@ -28,7 +29,6 @@ Rules and reasons:
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -41,22 +41,21 @@ ALIGN = 64
 
 
 class _Staging:
-    """The process's pinned staging buffer (see the rules): one user at a time, under `lock`."""
+    """The process's pinned staging buffer (see the rules), used by the training thread only."""
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
         self.buffer: torch.Tensor | None = None
         self.keepers = 0
 
     def take(self, nbytes: int) -> torch.Tensor:
-        """At least `nbytes` of pinned memory (call with `lock` held)."""
+        """At least `nbytes` of pinned memory."""
         if self.buffer is None or self.buffer.numel() < nbytes:
-            self.buffer = None  # the old one is unpinned before the larger one is pinned
+            self.buffer = None  # back to torch's cache before the larger one is pinned
             self.buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
         return self.buffer[:nbytes]
 
     def done(self) -> None:
-        """After a use (call with `lock` held): drop the buffer unless a keeper holds it."""
+        """After a use: drop the buffer unless a keeper holds it."""
         if not self.keepers:
             self.buffer = None
 
@@ -67,26 +66,16 @@ _STAGING = _Staging()
 @contextmanager
 def keeping_staging(expected: int) -> Iterator[None]:
     """Keep the pinned staging buffer between snapshots inside the block, pinning `expected`
-    bytes (`staging_bytes` of what will be copied) in a background thread from its start; the
-    thread is joined and, with the last keeper, the buffer freed when the block ends."""
-    with _STAGING.lock:
-        _STAGING.keepers += 1
-
-    def pin() -> None:
-        with _STAGING.lock:
-            _STAGING.take(expected)
-
-    thread = threading.Thread(target=pin, name="aner-pin-staging", daemon=True)
-    if expected > 0:
-        thread.start()
+    bytes (`staging_bytes` of what will be copied) as it begins; with the last keeper, the
+    buffer goes back to torch's cache when the block ends."""
+    _STAGING.keepers += 1
     try:
+        if expected > 0:
+            _STAGING.take(expected)
         yield
     finally:
-        if thread.ident is not None:
-            thread.join()
-        with _STAGING.lock:
-            _STAGING.keepers -= 1
-            _STAGING.done()
+        _STAGING.keepers -= 1
+        _STAGING.done()
 
 
 def staging_bytes(tensors: dict[str, torch.Tensor]) -> int:
@@ -126,11 +115,10 @@ def staged_copies(tensors: dict[str, torch.Tensor], pinned: bool) -> dict[str, t
     nbytes = max(sum(_aligned(t) for t in tensors.values()), 1)
     if not pinned:
         return _copied_through(torch.empty(nbytes, dtype=torch.uint8), tensors)
-    with _STAGING.lock:
-        try:
-            return _copied_through(_STAGING.take(nbytes), tensors)
-        finally:
-            _STAGING.done()
+    try:
+        return _copied_through(_STAGING.take(nbytes), tensors)
+    finally:
+        _STAGING.done()
 
 
 def _copied_through(

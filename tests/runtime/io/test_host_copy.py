@@ -83,8 +83,8 @@ def test_host_copies_of_cuda_tensors_match_their_bits_and_share_no_memory(tmp_pa
 
 @pytest.mark.cuda
 def test_a_run_keeps_one_pinned_staging_buffer_between_its_snapshots():
-    """Inside `keeping_staging` the staging buffer is pinned ahead (in the background) at the
-    size given and reused by every copy; outside it no pinned memory stays held."""
+    """Inside `keeping_staging` the staging buffer is pinned ahead at the size given and reused
+    by every copy; outside it no pinned memory stays held."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     given = _tensors("cuda")
