@@ -9,9 +9,9 @@ copied out of it into its own pageable tensor.
 
 Rules and reasons:
 
-* One pinned staging buffer, not one allocation per tensor: pinning locks pages (a system call
-  costing ~0.3 s for the ~0.5 GB of a LoRA on every projection of an 8B model and its AdamW
-  moments), and torch empties its own pinned-memory cache at every CUDA graph recording
+* One pinned staging buffer, not one allocation per tensor: pinning locks pages, a system call
+  whose cost grows with the bytes pinned (about 0.5 GB for a LoRA on every projection of an 8B
+  model and its AdamW moments), and torch empties its own pinned-memory cache at every CUDA graph recording
   (`torch.cuda.graph`), so a buffer from that cache would be pinned again at the first snapshot
   after each recording.
 * The buffer is kept from one snapshot to the next while `keeping_staging` says so (a `train`
