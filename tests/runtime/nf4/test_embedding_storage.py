@@ -92,3 +92,27 @@ def test_a_16_bit_table_meets_the_other_16_bit_type_in_its_own() -> None:
         assert not torch.equal(
             torch.nn.functional.linear(x.half(), table.weight).bfloat16(), want
         )  # what autocast alone would have computed
+
+
+def test_a_float32_table_beyond_float16_is_refused_not_stored_as_infinity(tmp_path: Path) -> None:
+    """A float32 folder's tables become float16 under NF4: a value float16 cannot hold would be
+    an infinite logit, so the load refuses it, naming the weight, where float32 storage keeps it."""
+    from safetensors.torch import load_file, save_file
+
+    from aner_lang.problems.errors import AnerRuntimeError
+    from aner_lang.testing.hf_fixture import write_hf_model
+
+    folder = write_hf_model(tmp_path, "llama3")
+    weights = folder / "model.safetensors"
+    tensors = load_file(str(weights))
+    table = tensors["model.embed_tokens.weight"].float()
+    table[3, 2] = 1.0e6  # float16 tops out at 65504
+    tensors["model.embed_tokens.weight"] = table
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(weights))
+    assert (
+        load_model(folder, storage="float32", device="cpu").module.embed_tokens.weight[3, 2] == 1e6
+    )
+    with pytest.raises(AnerRuntimeError) as err:
+        load_model(folder, storage="nf4_double_quant", device="cpu")
+    assert err.value.code == "E-MODEL-WEIGHTS"
+    assert "embed_tokens" in err.value.message and "in float16" in err.value.message
