@@ -24,6 +24,12 @@ Rules:
   and its loss and gradients are kept (the same bits a replay gives), so a recorded shape costs
   one recording beside its steps, not a warm-up step thrown away and its gradients put back. The
   gradients are made (zeros) before the warm-up, so the graph accumulates at their addresses.
+* The graphs record into one memory pool, on one stream of their own. Their transient tensors
+  (a step's activations: GBs at 8B) are free in that pool between replays, so eager work between
+  updates (validation) runs there, on that stream (`sharing_memory`), instead of allocating as
+  much again beside it. Such work must free everything it allocates before it ends: the next
+  replay writes over the pool's free blocks. The caching allocator hands a block only to the
+  stream it was allocated on, hence the one stream.
 * Python's cyclic garbage collector is held off during a recording: a collection inside it could
   destroy an unreachable earlier graph, and freeing device memory invalidates a capture. Before a
   recording it collects the young generations only (`COLLECT_BEFORE_RECORDING`): a full
@@ -37,9 +43,9 @@ Rules:
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -75,8 +81,10 @@ class GraphSteps:
     def __init__(self, step: Step, params: list[torch.Tensor], reason_off: str | None) -> None:
         self.step, self.params = step, params
         self.status = "off: " + reason_off if reason_off else "on"
+        # `_graphs` before `_pool`: on deletion the graphs release the pool before it goes
         self._graphs: dict[tuple[tuple[int, ...], bool], _Graph] = {}
-        self._pool: Any = None
+        self._pool: torch.cuda.MemPool | None = None
+        self._stream: torch.cuda.Stream | None = None
 
     @property
     def on(self) -> bool:
@@ -85,7 +93,21 @@ class GraphSteps:
     def release(self) -> None:
         """Drop the recorded graphs and their memory pool."""
         self._graphs.clear()
-        self._pool = None
+        self._pool = self._stream = None
+
+    @contextmanager
+    def sharing_memory(self) -> Iterator[None]:
+        """The enclosed eager work allocates from the recorded graphs' pool, on their stream
+        (the module's rules); as usual where nothing is recorded yet. Everything it allocates
+        must be freed when it ends."""
+        if self._pool is None or self._stream is None:
+            yield
+            return
+        current = torch.cuda.current_stream()
+        self._stream.wait_stream(current)
+        with torch.cuda.stream(self._stream), torch.cuda.use_mem_pool(self._pool):
+            yield
+        current.wait_stream(self._stream)
 
     def __call__(
         self,
@@ -142,13 +164,15 @@ class GraphSteps:
         torch.cuda.current_stream().wait_stream(side)
         warm.record_stream(torch.cuda.current_stream())  # read there, allocated on `side`
         graph = torch.cuda.CUDAGraph()
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
+        if self._pool is None or self._stream is None:
+            self._pool, self._stream = torch.cuda.MemPool(), torch.cuda.Stream()
         collecting = gc.isenabled()
         gc.collect(COLLECT_BEFORE_RECORDING)
         gc.disable()
         try:  # a recording runs nothing: the gradients stay as the warm-up left them
-            with torch.cuda.graph(graph, pool=self._pool):
+            # a MemPool's id is a graph pool token (torch's stubs type only graph_pool_handle's)
+            pool = self._pool.id
+            with torch.cuda.graph(graph, pool=pool, stream=self._stream):  # type: ignore[arg-type]
                 loss = self.step(ids_s, targets_s, positions_s, scored_s, scale_s)
         except RuntimeError as exc:  # an operation that cannot be recorded: run eagerly
             self.status = f"off: recording failed ({type(exc).__name__}: {str(exc)[:200]})"

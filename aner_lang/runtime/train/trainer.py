@@ -599,11 +599,12 @@ class _Loop:
         """The validation event fields: the loss (and the objective's held-out metrics)."""
         micro_batch = self.options["micro_batch"]
         if self.preference is None:
-            v = validation_loss(
-                self.adapter, validation, micro_batch, self.step_tokens, self.profile
-            )
+            with self.steps.sharing_memory():  # no tensor outlives it: the loss is a float
+                v = validation_loss(
+                    self.adapter, validation, micro_batch, self.step_tokens, self.profile
+                )
             values = {"validation_loss": v}
-        else:
+        else:  # preference objectives run eagerly: no graphs, no pool to share
             rows = _examples(validation, self.adapter.tokenizer, self.objective)
             found = self.preference.evaluate(rows, micro_batch)
             values = {f"validation_{k}": v for k, v in found.items()}

@@ -14,7 +14,9 @@ Rules and reasons:
   one layer's transient tensors at a time, where a `keep` step holds every layer's saved
   activations, so the larger forward stays below the step's peak, which the plan and
   `memory_budget` count. Under `checkpoint` and `offload` a step holds about one layer's worth,
-  so validation keeps to the micro-batch.
+  so validation keeps to the micro-batch. Where the steps replay from CUDA graphs, the step's
+  transient memory is the graphs' own pool, which the trainer lends to validation
+  (`GraphSteps.sharing_memory`): the same bytes serve both.
 * Grouping (`tasks.batches.length_groups`) changes the order of the float sums, never what is
   summed, and depends on the rows and settings only, not on the order the rows come in: a
   resumed run validates to the same bits.

@@ -79,7 +79,9 @@ def test_qlora_on_cuda_learns_and_is_deterministic(nf4_model, precision):
 def test_cuda_graphs_replay_the_eager_bits(tiny_bytes_gguf, tmp_path, precision, activations):
     """Updates replayed from CUDA graphs (one per batch shape, accumulation included) give the
     same adapter, bit for bit, as the same updates run eagerly; with checkpointed layers too,
-    whose recomputation the graph records inside the backward."""
+    whose recomputation the graph records inside the backward. Validation after every update
+    runs in the graphs' pool between replays (`GraphSteps.sharing_memory`) and corrupts
+    nothing: the same validation losses and the same adapter."""
     import json
 
     from aner_lang.runtime.load.loader import load_model
@@ -95,13 +97,16 @@ def test_cuda_graphs_replay_the_eager_bits(tiny_bytes_gguf, tmp_path, precision,
         log = tmp_path / f"{precision}-{activations}-{graphs}.jsonl"
         prof = profile(precision=precision, graphs=graphs, activations=activations)
         run = train(adapter, data, prof, steps=5, learning_rate=1e-2, micro_batch=2,
-                    accumulation=2, seed=3, log=str(log))  # fmt: skip
+                    accumulation=2, seed=3, log=str(log), validation=data,
+                    eval_every=1)  # fmt: skip
         start, *_, end = (json.loads(line) for line in log.read_text().splitlines())
         out[graphs] = (adapter, run, start["cuda_graphs"])
         # the process's peak so far as torch's allocator counts it: held, and reserved around it
         assert 0 < end["peak_gpu_allocated_bytes"] <= end["peak_gpu_reserved_bytes"]
     assert out[False][2].startswith("off") and out[True][2] == "on"
     assert out[False][1].loss_history == out[True][1].loss_history
+    assert out[False][1].validation_history == out[True][1].validation_history
+    assert len(out[True][1].validation_history) == 5
     for name, p in out[False][0].params.items():
         assert torch.equal(p, out[True][0].params[name]), name
 
@@ -173,4 +178,44 @@ def test_a_recorded_micro_batch_adds_its_own_gradient_once():
         assert torch.equal(loss, eager(ids, targets, None, scored, None))
         assert torch.equal(held.grad, ref_held.grad) and torch.equal(fresh.grad, ref_fresh.grad)
         assert steps.on and len(steps._graphs) == 1
+    steps.release()
+
+
+def test_eager_work_between_replays_reuses_the_graphs_memory_and_leaves_their_bits():
+    """Work inside `sharing_memory` (validation's place) allocates from the blocks the recorded
+    step frees, on the graphs' stream: no memory is reserved for it beside them, and the next
+    replay gives the eager step's loss and gradient as before."""
+    from aner_lang.runtime.train.graphs import GraphSteps
+
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    w = torch.randn(1024, 1024, device="cuda", generator=gen).requires_grad_()
+    ref = w.detach().clone().requires_grad_()
+
+    def stepping(weight):  # type: ignore[no-untyped-def]
+        def step(ids, targets, positions, scored, scale):  # type: ignore[no-untyped-def]
+            h = torch.tanh(ids.float() @ weight) @ weight  # 8 MB transients, freed in the step
+            loss = ((h - targets.float()) ** 2).sum() / scored
+            loss.backward()
+            return loss.detach()
+
+        return step
+
+    ids = torch.randn(2048, 1024, device="cuda", generator=gen).half()  # .float() copies
+    targets = torch.randn(2048, 1024, device="cuda", generator=gen)
+    steps = GraphSteps(stepping(w), [w], None)
+    eager = stepping(ref)
+    scored = torch.tensor(7.0, device="cuda")
+    steps(ids, targets, None, 7, None)  # the recording's warm-up
+    eager(ids, targets, None, scored, None)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()  # no cached block outside the graphs' pool could serve the work
+    reserved = torch.cuda.memory_reserved()
+    with steps.sharing_memory():
+        junk = torch.full((2048, 1024), float("nan"), device="cuda")  # in the step's free blocks
+        total = float(junk.nan_to_num().sum())
+        del junk
+    assert total == 0.0 and torch.cuda.memory_reserved() == reserved
+    loss = steps(ids, targets, None, 7, None).clone()
+    assert torch.equal(loss, eager(ids, targets, None, scored, None))
+    assert torch.equal(w.grad, ref.grad)
     steps.release()
