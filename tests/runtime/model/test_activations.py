@@ -416,16 +416,6 @@ def _tile_tokens(model, tokens: int, monkeypatch) -> int:
     return tokens
 
 
-ON_CUDA = pytest.param(
-    "cuda",
-    marks=[
-        pytest.mark.cuda,
-        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-    ],
-)
-
-
-@pytest.mark.parametrize("device", ["cpu", ON_CUDA])
 @pytest.mark.parametrize("mode", ["checkpoint", "offload"])
 def test_a_long_checkpointed_micro_batch_runs_the_mlp_in_tiles(
     model, tiny_bytes_gguf, device, mode, monkeypatch, request

@@ -56,18 +56,8 @@ def _loss_and_grads(adapter, batch, precision: str, activations: str = "keep"): 
     return float(loss.detach()), {n: p.grad.clone() for n, p in adapter.params.items()}
 
 
-ON_CUDA = pytest.param(
-    "cuda",
-    marks=[
-        pytest.mark.cuda,
-        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-    ],
-)
-
-
 @pytest.mark.parametrize("family", ["llama3", "qwen3", "gemma3", "gemma2"])
 @pytest.mark.parametrize("precision", ["float32", "bfloat16"])
-@pytest.mark.parametrize("device", ["cpu", ON_CUDA])
 def test_segments_give_the_masks_losses_and_gradients(
     family, precision, device, tmp_path, monkeypatch
 ):
