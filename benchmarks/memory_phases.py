@@ -1,6 +1,6 @@
 """Where a CUDA run's device memory goes: torch's allocated and reserved bytes around each phase of
-one `aner run` (the first updates, the CUDA graph recording, validations, snapshots), and at the
-end the reserved segments by pool (the default pool or a CUDA graph's) and stream.
+one `aner run` (loading, the first updates, the CUDA graph recording, validations, snapshots), and
+at the end the reserved segments by pool (the default pool or a CUDA graph's) and stream.
 
 A diagnostic, not a comparison: it runs train_e2e's Aner script in this process with the trainer's
 phases wrapped, so the figures are those of the same run a user makes, phase by phase.
@@ -24,6 +24,7 @@ import torch
 import train_e2e  # this directory is on sys.path when run as a script
 
 from aner_lang import cli
+from aner_lang.runtime.load import loader
 from aner_lang.runtime.train import graphs, trainer
 
 GB = 1e9
@@ -92,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
            "every": args.every, "checkpointing": args.checkpointing}  # fmt: skip
     script = work / "run.aner"
     script.write_text(train_e2e.aner_script(job))
+    _watch(loader, "read_weights", 1, segments=True)  # the load: its peak and what it leaves
     _watch(trainer._Loop, "update", 3, segments=True)
     _watch(trainer._Loop, "validate", 2, segments=True)
     _watch(trainer._Loop, "snapshot", 2)
