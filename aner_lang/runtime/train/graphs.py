@@ -105,9 +105,11 @@ class GraphSteps:
             return
         current = torch.cuda.current_stream()
         self._stream.wait_stream(current)
-        with torch.cuda.stream(self._stream), torch.cuda.use_mem_pool(self._pool):
-            yield
-        current.wait_stream(self._stream)
+        try:
+            with torch.cuda.stream(self._stream), torch.cuda.use_mem_pool(self._pool):
+                yield
+        finally:  # the next replay, on `current`, comes after the work it may write over
+            current.wait_stream(self._stream)
 
     def __call__(
         self,
