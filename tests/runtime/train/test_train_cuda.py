@@ -213,8 +213,11 @@ def test_eager_work_between_replays_reuses_the_graphs_memory_and_leaves_their_bi
     with steps.sharing_memory():
         junk = torch.full((2048, 1024), float("nan"), device="cuda")  # in the step's free blocks
         total = float(junk.nan_to_num().sum())
+        size = junk.nbytes
         del junk
-    assert total == 0.0 and torch.cuda.memory_reserved() == reserved
+    # 16 MB of work: outside the pool it would reserve a 20 MB segment at least; inside, at most
+    # a small-block segment for the scalar (2 MB) if the step left none free
+    assert total == 0.0 and torch.cuda.memory_reserved() - reserved < size
     loss = steps(ids, targets, None, 7, None).clone()
     assert torch.equal(loss, eager(ids, targets, None, scored, None))
     assert torch.equal(w.grad, ref.grad)
