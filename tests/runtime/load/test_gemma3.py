@@ -130,6 +130,7 @@ continuation reads as the model's own text: the float32 model scores natural Eng
 its own greedy text near 1, and the same tokens reversed above 5."""
 
 
+@pytest.mark.slow
 def test_real_gemma_generates_sensible_text_under_nf4(gemma, gemma_path):
     """The base model (not instruction-tuned) continues three prompts greedily under NF4; the
     float32 model finds each continuation likely (it is fluent text, not what NF4's error made

@@ -103,6 +103,7 @@ def _nvrtc_check():
     return module
 
 
+@pytest.mark.slow  # NVRTC compiles every kernel on the CPU: ~30 s
 def test_kernels_build_for_hopper_without_spills_or_serialized_wgmma() -> None:
     """Compiled as on the GPU machine (sm_90a, ptxas -v) with the pip NVRTC: every kernel builds,
     none spills registers, and ptxas keeps the wgmma pipeline asynchronous (an earlier version
@@ -131,6 +132,7 @@ def test_kernels_build_for_hopper_without_spills_or_serialized_wgmma() -> None:
     assert check.compile_report(lib, "sm_80").ok
 
 
+@pytest.mark.slow  # NVRTC compiles every kernel on the CPU: ~30 s
 def test_ggml_kernels_build_for_every_block_type_without_spills() -> None:
     """The GGUF block kernels (`runtime/ggml/kernels/ggml.cu`), one module per block type, build
     for Hopper as the GPU machine builds them, every entry point there, no register spilled; a
