@@ -222,7 +222,8 @@ def _read_finite(
     """Weight `w` read as `dtype` on `device`, refused when a value is not finite (NaN weights
     would make training skip every update). Checked through the smallest and largest value
     (a NaN anywhere makes both NaN), a reduction: `isfinite` would hold a full-size mask and
-    an absolute-value copy, twice the largest weight (the 8B embedding: 4 GB in fp32)."""
+    an absolute-value copy, twice the largest weight (the 8B embedding: 4 GB in fp32). No weight
+    is empty (the config's sizes are positive), so the reduction always has a value."""
     t = source.read(w, config, dtype, device)
     if not bool(torch.isfinite(torch.stack(torch.aminmax(t))).all()):
         raise _not_finite(source, w, " in float16" if dtype == torch.float16 else "")

@@ -81,10 +81,10 @@ class GraphSteps:
     def __init__(self, step: Step, params: list[torch.Tensor], reason_off: str | None) -> None:
         self.step, self.params = step, params
         self.status = "off: " + reason_off if reason_off else "on"
-        # `_graphs` before `_pool`: on deletion the graphs release the pool before it goes
+        # `_graphs` before `_memory`: on deletion the graphs release the pool before it goes
         self._graphs: dict[tuple[tuple[int, ...], bool], _Graph] = {}
-        self._pool: torch.cuda.MemPool | None = None
-        self._stream: torch.cuda.Stream | None = None
+        self._memory: tuple[torch.cuda.MemPool, torch.cuda.Stream] | None = None
+        """The graphs' pool and the stream they record on, made at the first recording."""
 
     @property
     def on(self) -> bool:
@@ -93,23 +93,24 @@ class GraphSteps:
     def release(self) -> None:
         """Drop the recorded graphs and their memory pool."""
         self._graphs.clear()
-        self._pool = self._stream = None
+        self._memory = None
 
     @contextmanager
     def sharing_memory(self) -> Iterator[None]:
         """The enclosed eager work allocates from the recorded graphs' pool, on their stream
         (the module's rules); as usual where nothing is recorded yet. Everything it allocates
         must be freed when it ends."""
-        if self._pool is None or self._stream is None:
+        if self._memory is None:
             yield
             return
+        pool, stream = self._memory
         current = torch.cuda.current_stream()
-        self._stream.wait_stream(current)
+        stream.wait_stream(current)
         try:
-            with torch.cuda.stream(self._stream), torch.cuda.use_mem_pool(self._pool):
+            with torch.cuda.stream(stream), torch.cuda.use_mem_pool(pool):
                 yield
         finally:  # the next replay, on `current`, comes after the work it may write over
-            current.wait_stream(self._stream)
+            current.wait_stream(stream)
 
     def __call__(
         self,
@@ -166,15 +167,15 @@ class GraphSteps:
         torch.cuda.current_stream().wait_stream(side)
         warm.record_stream(torch.cuda.current_stream())  # read there, allocated on `side`
         graph = torch.cuda.CUDAGraph()
-        if self._pool is None or self._stream is None:
-            self._pool, self._stream = torch.cuda.MemPool(), torch.cuda.Stream()
+        if self._memory is None:
+            self._memory = torch.cuda.MemPool(), torch.cuda.Stream()
+        pool, stream = self._memory
         collecting = gc.isenabled()
         gc.collect(COLLECT_BEFORE_RECORDING)
         gc.disable()
         try:  # a recording runs nothing: the gradients stay as the warm-up left them
             # a MemPool's id is a graph pool token (torch's stubs type only graph_pool_handle's)
-            pool = self._pool.id
-            with torch.cuda.graph(graph, pool=pool, stream=self._stream):  # type: ignore[arg-type]
+            with torch.cuda.graph(graph, pool=pool.id, stream=stream):  # type: ignore[arg-type]
                 loss = self.step(ids_s, targets_s, positions_s, scored_s, scale_s)
         except RuntimeError as exc:  # an operation that cannot be recorded: run eagerly
             self.status = f"off: recording failed ({type(exc).__name__}: {str(exc)[:200]})"
