@@ -9,6 +9,10 @@ the adapted output by m / ||W + s B A||_row with the norm detached, as in the pa
 
 from __future__ import annotations
 
+import contextvars
+from collections.abc import Callable
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
@@ -75,17 +79,23 @@ class LoRA(Adapter):
         return self._lora(index, self.dropout(x, self.p))
 
     def _apply(self, index: int, x: torch.Tensor, base_out: torch.Tensor) -> torch.Tensor:
-        """In half precision `base_out + s * B (A x)` is one GEMM that accumulates into the base
-        output in place (`addmm_`/`baddbmm_` on the output itself, fp32 accumulation, one
-        rounding) instead of a GEMM, a scaling pass and an addition pass over the output, or the
-        copy of the base output an out-of-place `addmm` makes first (no backward needs the base
-        output itself). Never in place on a reshaped view of it: autograd would record that as a
-        slice copy, and its backward copies the whole gradient twice. float32 keeps PEFT's
-        separate operations, the reference arithmetic."""
+        """In half precision without dropout, `base_out + s * B (A x)` is one autograd node with
+        the frozen base's own input gradient (`_OnBase`); with dropout, one GEMM that accumulates
+        into the base output in place (`addmm_`/`baddbmm_` on the output itself, fp32
+        accumulation, one rounding) instead of a GEMM, a scaling pass and an addition pass over
+        the output, or the copy of the base output an out-of-place `addmm` makes first (no
+        backward needs the base output itself). Never in place on a reshaped view of it: autograd
+        would record that as a slice copy, and its backward copies the whole gradient twice.
+        float32 keeps PEFT's separate operations, the reference arithmetic."""
         if base_out.dtype == torch.float32:
             return super()._apply(index, x, base_out)
         a, b = self._a[index], self._b[index]
-        xa = F.linear(self.dropout(x, self.p), a.to(x.dtype))
+        xd = self.dropout(x, self.p)
+        if xd is x:
+            module = self.targets[index][1]
+            out = base_out.detach().contiguous()
+            return _OnBase.apply(x, a, b, out, module.grad_input, self.scaling)
+        xa = F.linear(xd, a.to(x.dtype))
         bt = b.to(x.dtype).t()
         out = base_out.contiguous()
         if out.dim() == 2:
@@ -148,3 +158,53 @@ class DoRA(LoRA):
         if xd is not x:  # PEFT: with dropout the base output is taken on the dropped-out input
             base_out = module.forward(xd)  # not module(): that would re-enter this hook
         return scale * (base_out + self._lora(index, xd))
+
+
+class _OnBase(torch.autograd.Function):
+    """A frozen target's output with its LoRA delta, `base_out + s * (x A^T) B^T`, as one node
+    whose backward also takes the base's input gradient: `dx = grad_input(g) + (s g B) A`,
+    accumulated in place into the base's fresh gradient (one GEMM with beta 1), where a node per
+    operation would write the delta's input gradient apart and autograd would add the two, three
+    more passes over an `[tokens, in_features]` tensor per target. The base's forward already
+    ran (its output arrives detached and contiguous, the base's own node is dropped unused) and
+    the delta accumulates into that output in place. `grad_input` runs in the forward's context: on CUDA
+    backward runs on autograd's own thread, which does not see the run's context variables (the
+    NF4 backend). Rounding: each product in fp32 accumulation, rounded once to the compute
+    dtype; `A` and `B` (fp32 masters) meet the input in its dtype, their gradients return in
+    fp32, as the cast's own backward gives them."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        x: torch.Tensor,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        base_out: torch.Tensor,
+        grad_input: Callable[[torch.Tensor], torch.Tensor],
+        scaling: float,
+    ) -> torch.Tensor:
+        dtype = x.dtype
+        flat = x.reshape(-1, x.shape[-1])
+        xa = flat @ a.to(dtype).t()
+        base_out.view(-1, base_out.shape[-1]).addmm_(xa, b.to(dtype).t(), alpha=scaling)
+        ctx.save_for_backward(x, xa, a, b)
+        ctx.grad_input, ctx.scaling = grad_input, scaling
+        ctx.context = contextvars.copy_context()
+        ctx.mark_dirty(base_out)
+        return base_out
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x, xa, a, b = ctx.saved_tensors
+        dtype = g.dtype
+        grads = g.reshape(-1, g.shape[-1])
+        gb = (grads @ b.to(dtype)).mul_(ctx.scaling)
+        dx = da = db = None
+        if ctx.needs_input_grad[0]:
+            dx = ctx.context.run(ctx.grad_input, g).contiguous()
+            dx.view(-1, dx.shape[-1]).addmm_(gb, a.to(dtype))
+        if ctx.needs_input_grad[1]:
+            da = (gb.t() @ x.reshape(-1, x.shape[-1])).float()
+        if ctx.needs_input_grad[2]:
+            db = (grads.t() @ xa).mul_(ctx.scaling).float()
+        return dx, da, db, None, None, None

@@ -116,24 +116,63 @@ def test_half_precision_lora_trains_and_its_first_gradients_track_fp32(nf4_model
         assert err < 0.05, (name, float(err))
 
 
-def test_half_precision_lora_adds_into_the_nf4_output_in_place_with_the_same_bits(nf4_model):
-    """The bf16 LoRA adds `s * B (A x)` into the base output in place; output and gradients are
-    the bits of the out-of-place `baddbmm` on the same operands (the same GEMM, one rounding). The
-    NF4 output of a 3-D input is a tensor of its own, which autograd lets be changed in place."""
-    adapter = A.lora(nf4_model, rank=4, alpha=8.0, targets=["up_proj"])
+def _up_proj_lora(nf4_model, dropout: float, b_scale: float):
+    """A LoRA on `up_proj` whose B is random (not PEFT's zeros), a bf16 input needing its
+    gradient and an output gradient."""
+    adapter = A.lora(nf4_model, rank=4, alpha=8.0, dropout=dropout, targets=["up_proj"])
     (name, module) = adapter.targets[0]
     a, b = adapter.params[f"{name}.lora_A"], adapter.params[f"{name}.lora_B"]
     with torch.no_grad():
-        b.copy_(torch.randn(b.shape, generator=torch.Generator().manual_seed(5)) * 0.05)
+        b.copy_(torch.randn(b.shape, generator=torch.Generator().manual_seed(5)) * b_scale)
     gen = torch.Generator().manual_seed(6)
     x = torch.randn(2, 5, module.in_features, generator=gen).to(torch.bfloat16).requires_grad_()
     g = torch.randn(2, 5, module.out_features, generator=gen).to(torch.bfloat16)
+    return adapter, module, a, b, x, g
+
+
+def test_half_precision_lora_is_one_node_with_the_base_input_gradient(nf4_model):
+    """Without dropout the bf16 LoRA adds `s * B (A x)` into the NF4 output in place, and its one
+    autograd node also gives the base's input gradient (`x`'s only producer of a gradient here):
+    output and the gradients of x, A and B within a few bf16 roundings of the exact values, the
+    delta's share of each large enough that leaving it out, or the base's, would show."""
+    adapter, module, a, b, x, g = _up_proj_lora(nf4_model, dropout=0.0, b_scale=0.5)
+    with torch.autocast("cpu", dtype=torch.bfloat16), adapter.active():
+        ours = module(x)
+    assert type(ours.grad_fn).__name__ == "_OnBaseBackward"
+    feeders = {type(f).__name__ for f, _ in ours.grad_fn.next_functions if f is not None}
+    assert feeders == {"AccumulateGrad"}  # x, A and B themselves: no base node, no addition
+    got = torch.autograd.grad(ours, (x, a, b), g)
+    w, xe, ge = module.dense_weight().double(), x.double(), g.double()
+    ae, be = a.detach().double(), b.detach().double()
+    xa = xe @ ae.t()
+    delta = 2.0 * xa @ be.t()
+    exact = (xe @ w.t() + delta, ge @ w + 2.0 * (ge @ be) @ ae,
+             2.0 * (ge @ be).flatten(0, 1).t() @ xe.flatten(0, 1),
+             2.0 * ge.flatten(0, 1).t() @ xa.flatten(0, 1))  # fmt: skip
+    assert delta.norm() > 0.5 * (xe @ w.t()).norm()  # the delta is no rounding of the base
+    for ours_t, exact_t in zip((ours, *got), exact):
+        err = (ours_t.double() - exact_t).norm() / exact_t.norm()
+        assert err < 4 * BF16_U, float(err)
+    assert got[1].dtype == got[2].dtype == torch.float32  # the masters' gradients
+
+
+def test_half_precision_lora_with_dropout_adds_into_the_nf4_output_in_place_with_the_same_bits(
+    nf4_model,
+):
+    """With dropout the bf16 LoRA adds `s * B (A dropout(x))` into the base output in place;
+    output and gradients are the bits of the out-of-place `baddbmm` on the same operands (the
+    same GEMM, one rounding). The NF4 output of a 3-D input is a tensor of its own, which
+    autograd lets be changed in place."""
+    adapter, module, a, b, x, g = _up_proj_lora(nf4_model, dropout=0.25, b_scale=0.05)
+    adapter.train_mode(True)
+    adapter.dropout_generator = torch.Generator().manual_seed(8)
     with torch.autocast("cpu", dtype=torch.bfloat16), adapter.active():
         base = module.forward(x)
         ours = module(x)
     assert base._base is None
     assert type(ours.grad_fn).__name__ == "BaddbmmBackward0"  # not a slice copy of a view
-    xa = x @ a.to(torch.bfloat16).t()
+    keep = torch.empty(x.shape).bernoulli_(0.75, generator=torch.Generator().manual_seed(8))
+    xa = (x * keep.to(x.dtype) / 0.75) @ a.to(torch.bfloat16).t()
     bt = b.to(torch.bfloat16).t().expand(2, 4, module.out_features)
     ref = torch.baddbmm(base, xa, bt, alpha=2.0)
     assert torch.equal(ours, ref)
