@@ -58,6 +58,10 @@ GIB = 1 << 30
 POLICIES = tuple(members("Activations"))
 """Aner's activation policies, largest first."""
 SIDES = ("aner", "aner-keep", "aner-checkpoint", "aner-offload", "unsloth", "unsloth-gc")
+OUTSIDE_TORCH = 512 * 2**20
+"""Bytes a run allocates outside torch's allocator before its profile checks the budget against
+what is free (NVRTC modules, library workspaces): an uncapped attempt's budget leaves them out."""
+
 FAILURES = ("oom", "budget", "timeout", "error", "deadline")
 DRY_CAPS = "0.012,0.02"
 """The dry run's caps (GiB): a few MiB, where the tiny shape's plan crosses them at a few hundred
@@ -193,8 +197,9 @@ def aner_attempt(side: str, job: dict[str, Any]) -> dict[str, Any]:
     budget = None
     if side == "aner":  # the cap, no more than the GPU can give (profile.validate's rule)
         budget = job["cap_bytes"]
-        if cuda:
-            budget = min(budget, torch.cuda.mem_get_info()[0] + torch.cuda.memory_reserved())
+        if cuda:  # less what the run allocates outside torch before it checks (kernel modules)
+            free = torch.cuda.mem_get_info()[0] + torch.cuda.memory_reserved()
+            budget = min(budget, free - OUTSIDE_TORCH)
     policy = side.removeprefix("aner-") if side != "aner" else "keep"
     prof = profile(precision="bfloat16", activations=policy, memory_budget=budget)
     log = Path(job["dir"]) / "train.jsonl"

@@ -39,6 +39,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -114,7 +115,9 @@ def hf_config(shape: str) -> Any:
 
 def make_model(shape: str, folder: Path, device: str) -> None:
     """Random weights of `shape` in bf16 (fp32 on the CPU), saved with a tokenizer whose vocabulary
-    has the model's size (the batches are token ids; Unsloth wants a tokenizer in the folder)."""
+    has the model's size (the batches are token ids; Unsloth wants a tokenizer in the folder).
+    Written beside `folder` and renamed to it once complete: the callers take a folder with a
+    `config.json` as built, which a write cut short (a full disk) must not leave behind."""
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
@@ -124,14 +127,18 @@ def make_model(shape: str, folder: Path, device: str) -> None:
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config).to(dtype)
-    model.save_pretrained(folder, safe_serialization=True)
+    partial = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    model.save_pretrained(partial, safe_serialization=True)
     vocab = {f"<t{i}>": i for i in range(config.vocab_size)}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<t0>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<t1>", eos_token="<t2>",
                                    pad_token="<t0>", unk_token="<t0>")  # fmt: skip
-    fast.save_pretrained(folder)
+    fast.save_pretrained(partial)
     del model
+    shutil.rmtree(folder, ignore_errors=True)  # an earlier build's remains, never a complete one
+    partial.rename(folder)
 
 
 def make_gguf(shape: str, path: Path, kind: str) -> None:

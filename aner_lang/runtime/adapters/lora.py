@@ -20,6 +20,7 @@ from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.adapters.base import Adapter, target_modules
 from aner_lang.runtime.model.experts import ALIGN_BYTES, grouped_mm
 from aner_lang.runtime.model.precision import compute_dtype
+from aner_lang.runtime.model.sections import section
 
 
 def _kaiming_uniform(shape: tuple[int, int], gen: torch.Generator) -> torch.Tensor:
@@ -198,13 +199,16 @@ class _OnBase(torch.autograd.Function):
         x, xa, a, b = ctx.saved_tensors
         dtype = g.dtype
         grads = g.reshape(-1, g.shape[-1])
-        gb = (grads @ b.to(dtype)).mul_(ctx.scaling)
         dx = da = db = None
         if ctx.needs_input_grad[0]:
-            dx = ctx.context.run(ctx.grad_input, g).contiguous()
-            dx.view(-1, dx.shape[-1]).addmm_(gb, a.to(dtype))
-        if ctx.needs_input_grad[1]:
-            da = (gb.t() @ x.reshape(-1, x.shape[-1])).float()
-        if ctx.needs_input_grad[2]:
-            db = (grads.t() @ xa).mul_(ctx.scaling).float()
+            with section("nf4_backward"):
+                dx = ctx.context.run(ctx.grad_input, g).contiguous()
+        with section("lora"):
+            gb = (grads @ b.to(dtype)).mul_(ctx.scaling)
+            if dx is not None:
+                dx.view(-1, dx.shape[-1]).addmm_(gb, a.to(dtype))
+            if ctx.needs_input_grad[1]:
+                da = (gb.t() @ x.reshape(-1, x.shape[-1])).float()
+            if ctx.needs_input_grad[2]:
+                db = (grads.t() @ xa).mul_(ctx.scaling).float()
         return dx, da, db, None, None, None
