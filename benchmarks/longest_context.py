@@ -234,12 +234,15 @@ def run_attempt(side: str, job: dict[str, Any], timeout: float) -> dict[str, Any
     out = Path(job["dir"]) / "result.json"
     out.unlink(missing_ok=True)
     cmd = [sys.executable, __file__, "--worker", side, "--job", json.dumps(job), "--json", str(out)]
+    if job["device"] == "cuda":
+        _wait_for_released(job["idle_bytes"])
     start = time.perf_counter()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-        text, timed_out, code = proc.stderr + proc.stdout, False, proc.returncode
+        # the error last, where the kept tail is: a peer's banner goes to stdout
+        text, timed_out, code = proc.stdout + proc.stderr, False, proc.returncode
     except subprocess.TimeoutExpired as e:
-        text, timed_out, code = _text(e.stderr) + _text(e.stdout), True, None
+        text, timed_out, code = _text(e.stdout) + _text(e.stderr), True, None
     seconds = time.perf_counter() - start
     if code == 0 and out.exists():
         return {**json.loads(out.read_text()), "ok": True, "seconds": seconds}
@@ -247,6 +250,25 @@ def run_attempt(side: str, job: dict[str, Any], timeout: float) -> dict[str, Any
         text[-1500:] if code is None or code >= 0 else f"killed by signal {-code}\n{text[-1400:]}"
     )
     return {"ok": False, "kind": classify(text, timed_out), "seconds": seconds, "tail": tail}
+
+
+def _wait_for_released(idle: int | None, most: float = 60.0) -> None:
+    """Wait (at most `most` seconds) until the GPU holds no more than `idle` bytes (what was in use
+    before the search), so that the memory of the attempt before, whose process may still be
+    giving it back, is not counted against this one: an attempt under a budget checks what is
+    free before it trains."""
+    if idle is None:
+        return
+    deadline = time.monotonic() + most
+    while time.monotonic() < deadline:
+        used = bench.device_memory_used()
+        if used is None or used <= idle + RELEASED_SLACK:
+            return
+        time.sleep(0.5)
+
+
+RELEASED_SLACK = 256 * 2**20
+"""What the GPU may hold beyond the search's starting level when an attempt begins."""
 
 
 def _text(data: bytes | str | None) -> str:
@@ -332,7 +354,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--job", help=argparse.SUPPRESS)
     ap.add_argument("--json", help=argparse.SUPPRESS)
+    ap.add_argument("--build", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.build:  # the model folder, on the GPU, in a process of its own (see below)
+        bench.SHAPES[args.shape]["context"] = args.max
+        bench.make_model(args.shape, Path(args.build), "cuda")
+        return 0
     if args.worker:
         from aner_lang.problems.errors import AnerRuntimeError
 
@@ -377,8 +404,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     bench.SHAPES[args.shape]["context"] = args.max  # the folder's positions reach --max
     model = work / f"model-{args.max}"
-    if not (model / "config.json").exists():
+    if not (model / "config.json").exists() and device == "cuda":
+        # built by a process of its own: this one then holds no GPU memory (CUDA context, the
+        # allocator's cache of the weights it made) that the attempts would not have
+        build = ["--shape", args.shape, "--max", str(args.max), "--build", str(model)]
+        subprocess.run([sys.executable, __file__, *build], check=True)
+    elif not (model / "config.json").exists():
         bench.make_model(args.shape, model, device)
+    idle = bench.device_memory_used() if device == "cuda" else None
     for cap in caps:
         for side in sides:
             folder = work / f"{side}-{cap:g}"
@@ -391,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
                 job = {"dir": str(folder), "model": str(model), "shape": args.shape,
                        "batches": str(folder / "batches.safetensors"), "context": context,
                        "steps": args.steps, "precision": "bfloat16", "device": device,
-                       "cap_bytes": _bytes(cap)}  # fmt: skip
+                       "cap_bytes": _bytes(cap), "idle_bytes": idle}  # fmt: skip
                 limit = args.timeout if left is None else min(args.timeout, left)
                 row = run_attempt(side, job, limit)
                 if row.get("kind") == "timeout" and limit < args.timeout:

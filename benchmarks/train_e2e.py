@@ -112,27 +112,12 @@ class GpuMemory(threading.Thread):
 
     def __init__(self) -> None:
         super().__init__()
-        self.baseline = self._used() or 0
+        self.baseline = bench.device_memory_used() or 0
         self.peak, self.done = 0, threading.Event()
-
-    @staticmethod
-    def _used() -> int | None:
-        query = [
-            "nvidia-smi",
-            "--query-gpu=memory.used",
-            "--format=csv,noheader,nounits",
-            "-i",
-            "0",
-        ]
-        try:
-            out = subprocess.run(query, capture_output=True, text=True, timeout=5).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return None
-        return int(out) * 2**20 if out.isdigit() else None
 
     def run(self) -> None:
         while not self.done.wait(0.2):
-            used = self._used()
+            used = bench.device_memory_used()
             if used is None:
                 return
             self.peak = max(self.peak, used - self.baseline)

@@ -113,6 +113,17 @@ def hf_config(shape: str) -> Any:
                          bos_token_id=1, eos_token_id=2, pad_token_id=0)  # fmt: skip
 
 
+def device_memory_used() -> int | None:
+    """Bytes in use on GPU 0 as `nvidia-smi` reports them (every process's, CUDA contexts
+    included; container PID namespaces hide which process holds what), None without one."""
+    query = ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"]
+    try:
+        out = subprocess.run(query, capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return int(out) * 2**20 if out.isdigit() else None
+
+
 def make_model(shape: str, folder: Path, device: str) -> None:
     """Random weights of `shape` in bf16 (fp32 on the CPU), saved with a tokenizer whose vocabulary
     has the model's size (the batches are token ids; Unsloth wants a tokenizer in the folder).
