@@ -77,7 +77,11 @@ fi
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
   python3 -c 'import torch, cupy; print("torch", torch.__version__, "cupy", cupy.__version__, torch.cuda.get_device_name())'
   python3 -c 'import bitsandbytes; print("bitsandbytes", bitsandbytes.__version__)'
-  sha256sum "$gguf" 2>/dev/null; } > "$OUT/env.txt" 2>&1
+  sha256sum "$gguf" 2>/dev/null
+  # the code that ran, by content: a device copy's git metadata can be older than its files
+  # (compare with the same line run in a checkout of the commit meant)
+  echo "source $(find aner_lang benchmarks -name '*.py' -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)"
+  } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
 rc=0
