@@ -166,13 +166,15 @@ class _OnBase(torch.autograd.Function):
     whose backward also takes the base's input gradient: `dx = grad_input(g) + (s g B) A`,
     accumulated in place into the base's fresh gradient (one GEMM with beta 1), where a node per
     operation would write the delta's input gradient apart and autograd would add the two, three
-    more passes over an `[tokens, in_features]` tensor per target. The base's forward already
-    ran (its output arrives detached and contiguous, the base's own node is dropped unused) and
-    the delta accumulates into that output in place. `grad_input` runs in the forward's context: on CUDA
-    backward runs on autograd's own thread, which does not see the run's context variables (the
-    NF4 backend). Rounding: each product in fp32 accumulation, rounded once to the compute
-    dtype; `A` and `B` (fp32 masters) meet the input in its dtype, their gradients return in
-    fp32, as the cast's own backward gives them."""
+    more passes over an `[tokens, in_features]` tensor per target.
+
+    The base's forward already ran: its output arrives detached and contiguous (the base's own
+    node is dropped unused) and the delta accumulates into it in place. `grad_input` runs in
+    the forward's context: on CUDA, backward runs on autograd's own thread, which does not see
+    the run's context variables (the NF4 backend). Rounding is that of the separate operations
+    (each product rounded to the compute dtype, then scaled), except the input gradient, whose
+    two products are summed in fp32 and rounded once. `A` and `B` (fp32 masters) meet the input
+    in its dtype; their gradients return in fp32, as the cast's own backward gives them."""
 
     @staticmethod
     def forward(

@@ -135,7 +135,7 @@ class CollectiveDataParallel(DataParallel):
 
 def _on_cuda(tensors: list[torch.Tensor]) -> bool:
     """Whether norms and clipping take torch's multi-tensor kernels: on CUDA, as torch's own
-    default there does (what transformers' Trainer runs), since a LoRA on every projection has
-    hundreds of small tensors and a kernel each is device time each; on the CPU the per-tensor
-    loop, the reference arithmetic the CPU tests compare bit for bit."""
+    default does there (what transformers' Trainer runs), since a LoRA on every projection has
+    hundreds of small tensors and one kernel per tensor costs device time per tensor; on the CPU
+    the per-tensor loop, the reference arithmetic the CPU tests compare bit for bit."""
     return bool(tensors) and tensors[0].is_cuda
