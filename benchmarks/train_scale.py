@@ -446,9 +446,9 @@ def aner_worker(
     # Steady state by the trainer's own clock: the long call's updates after its first, each
     # timed alone (what a long run gets). Two calls of S and 2S updates also give it as their
     # difference, S updates without the per-call cost (recording the CUDA graph, the final
-    # state snapshot), but that cost differs between calls (by ~0.15 s at 8B on an H100, first
-    # page faults of a snapshot's fresh host memory): over 10 updates it read 10% above the
-    # device's own busy time (results/h100_session15.md), so it is kept beside the headline.
+    # state snapshot), but that cost differs between calls (by 0.15 s at 8B on an H100): over 10
+    # updates it read 10% above the trainer's clock and the event log's timestamps, which agreed
+    # (results/h100_session15.md), so it is kept beside the headline.
     short, timed_run = _timed(lambda: run(job["steps"]), cuda)
     long, long_run = _timed(lambda: run(2 * job["steps"]), cuda)
     per_update = (long - short) / job["steps"]
