@@ -354,12 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--job", help=argparse.SUPPRESS)
     ap.add_argument("--json", help=argparse.SUPPRESS)
-    ap.add_argument("--build", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.build:  # the model folder, on the GPU, in a process of its own (see below)
-        bench.SHAPES[args.shape]["context"] = args.max
-        bench.make_model(args.shape, Path(args.build), "cuda")
-        return 0
     if args.worker:
         from aner_lang.problems.errors import AnerRuntimeError
 
@@ -404,13 +399,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     bench.SHAPES[args.shape]["context"] = args.max  # the folder's positions reach --max
     model = work / f"model-{args.max}"
-    if not (model / "config.json").exists() and device == "cuda":
-        # built by a process of its own: this one then holds no GPU memory (CUDA context, the
-        # allocator's cache of the weights it made) that the attempts would not have
-        build = ["--shape", args.shape, "--max", str(args.max), "--build", str(model)]
-        subprocess.run([sys.executable, __file__, *build], check=True)
-    elif not (model / "config.json").exists():
-        bench.make_model(args.shape, model, device)
+    if not (model / "config.json").exists():  # on CUDA by a process of its own: this one
+        bench.make_model(args.shape, model, device)  # holds no GPU memory through the attempts
     idle = bench.device_memory_used() if device == "cuda" else None
     for cap in caps:
         for side in sides:

@@ -128,7 +128,19 @@ def make_model(shape: str, folder: Path, device: str) -> None:
     """Random weights of `shape` in bf16 (fp32 on the CPU), saved with a tokenizer whose vocabulary
     has the model's size (the batches are token ids; Unsloth wants a tokenizer in the folder).
     Written beside `folder` and renamed to it once complete: the callers take a folder with a
-    `config.json` as built, which a write cut short (a full disk) must not leave behind."""
+    `config.json` as built, which a write cut short (a full disk) must not leave behind. On CUDA
+    the weights are made by a process of its own (`SHAPES[shape]` as it stands is handed over),
+    so the caller holds no GPU memory (a CUDA context, the allocator's cache of the weights it
+    made) while the processes it starts next measure theirs."""
+    if device == "cuda":
+        build = ["--build-model", shape, "--spec", json.dumps(SHAPES[shape]), "--out", str(folder)]
+        subprocess.run([sys.executable, __file__, *build], check=True)
+        return
+    _write_model(shape, folder, device)
+
+
+def _write_model(shape: str, folder: Path, device: str) -> None:
+    """`make_model`'s work, in this process."""
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
@@ -284,7 +296,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--job", help=argparse.SUPPRESS)
     ap.add_argument("--json", help=argparse.SUPPRESS)
+    ap.add_argument("--build-model", help=argparse.SUPPRESS)
+    ap.add_argument("--spec", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.build_model:  # make_model's process on CUDA: the folder is --out
+        SHAPES[args.build_model] = json.loads(args.spec)
+        _write_model(args.build_model, Path(args.out), "cuda")
+        return 0
     if args.worker:
         result = {**WORKERS[args.worker](json.loads(args.job)), "side": args.worker}
         Path(args.json).write_text(json.dumps(result))
