@@ -80,11 +80,12 @@ class LoRA(Adapter):
         return self._lora(index, self.dropout(x, self.p))
 
     def _apply(self, index: int, x: torch.Tensor, base_out: torch.Tensor) -> torch.Tensor:
-        """In half precision without dropout, `base_out + s * B (A x)` is one autograd node with
-        the frozen base's own input gradient (`_OnBase`); with dropout, one GEMM that accumulates
-        into the base output in place (`addmm_`/`baddbmm_` on the output itself, fp32
-        accumulation, one rounding) instead of a GEMM, a scaling pass and an addition pass over
-        the output, or the copy of the base output an out-of-place `addmm` makes first (no
+        """In half precision, training without dropout, `base_out + s * B (A x)` is one autograd
+        node with the frozen base's own input gradient (`_OnBase`); otherwise (dropout, or no
+        gradients: evaluation and generation, where a node's cost per call buys nothing) one GEMM
+        that accumulates into the base output in place (`addmm_`/`baddbmm_` on the output itself,
+        fp32 accumulation, one rounding) instead of a GEMM, a scaling pass and an addition pass
+        over the output, or the copy of the base output an out-of-place `addmm` makes first (no
         backward needs the base output itself). Never in place on a reshaped view of it: autograd
         would record that as a slice copy, and its backward copies the whole gradient twice.
         float32 keeps PEFT's separate operations, the reference arithmetic."""
@@ -92,7 +93,7 @@ class LoRA(Adapter):
             return super()._apply(index, x, base_out)
         a, b = self._a[index], self._b[index]
         xd = self.dropout(x, self.p)
-        if xd is x:
+        if xd is x and torch.is_grad_enabled():
             module = self.targets[index][1]
             out = base_out.detach().contiguous()
             return _OnBase.apply(x, a, b, out, module.grad_input, self.scaling)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from aner_lang.runtime import adapters as A
+from aner_lang.runtime.adapters.lora import _OnBase
 from aner_lang.runtime.load.loader import load_model
 from aner_lang.runtime.model import fused_cross_entropy
 from aner_lang.runtime.model import loss as L
@@ -154,6 +155,19 @@ def test_half_precision_lora_is_one_node_with_the_base_input_gradient(nf4_model)
         err = (ours_t.double() - exact_t).norm() / exact_t.norm()
         assert err < 4 * BF16_U, float(err)
     assert got[1].dtype == got[2].dtype == torch.float32  # the masters' gradients
+
+
+def test_half_precision_lora_without_gradients_takes_no_autograd_node(nf4_model, monkeypatch):
+    """Evaluation and generation (no gradients) add the delta by the in-place GEMM alone: the
+    one-node path, whose cost per call buys nothing there, is not entered."""
+    adapter, module, _, _, x, _ = _up_proj_lora(nf4_model, dropout=0.0, b_scale=0.5)
+
+    def entered(*args):
+        raise AssertionError("the autograd node ran without gradients")
+
+    monkeypatch.setattr(_OnBase, "apply", entered)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16), adapter.active():
+        assert module(x).dtype == torch.bfloat16
 
 
 def test_half_precision_lora_with_dropout_adds_into_the_nf4_output_in_place_with_the_same_bits(
