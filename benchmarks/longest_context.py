@@ -61,7 +61,8 @@ SIDES = ("aner", "aner-keep", "aner-checkpoint", "aner-offload", "unsloth", "uns
 OUTSIDE_TORCH = 512 * 2**20
 """Bytes a run allocates outside torch's allocator before its profile checks the budget against
 what is free (NVRTC modules, library workspaces): an uncapped attempt's budget leaves them out."""
-
+RELEASED_SLACK = 256 * 2**20
+"""What the GPU may hold beyond the search's starting level when an attempt begins."""
 FAILURES = ("oom", "budget", "timeout", "error", "deadline")
 DRY_CAPS = "0.012,0.02"
 """The dry run's caps (GiB): a few MiB, where the tiny shape's plan crosses them at a few hundred
@@ -265,10 +266,6 @@ def _wait_for_released(idle: int | None, most: float = 60.0) -> None:
         if used is None or used <= idle + RELEASED_SLACK:
             return
         time.sleep(0.5)
-
-
-RELEASED_SLACK = 256 * 2**20
-"""What the GPU may hold beyond the search's starting level when an attempt begins."""
 
 
 def _text(data: bytes | str | None) -> str:
