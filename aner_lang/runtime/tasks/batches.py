@@ -31,7 +31,8 @@ class Batch:
 
 
 def collate(examples: Sequence[Example], pad_id: int, device: torch.device | str = "cpu") -> Batch:
-    """Pad examples on the right into one batch; causal attention keeps pads out of the loss."""
+    """Pad examples on the right into one batch on `device`; causal attention keeps pads out of
+    the loss."""
     width = max(len(e.ids) for e in examples)
     ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
     targets = torch.full((len(examples), width), IGNORE, dtype=torch.long)
@@ -46,10 +47,20 @@ def collate(examples: Sequence[Example], pad_id: int, device: torch.device | str
         if positions is not None:
             positions[row, :n] = torch.cat([torch.arange(k) for k in e.segments or (n,)])
     return Batch(
-        ids.to(device),
-        targets.to(device),
-        None if positions is None else positions.to(device),
+        _to(ids, device),
+        _to(targets, device),
+        None if positions is None else _to(positions, device),
     )
+
+
+def _to(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """`t` on `device`. To CUDA through pinned memory, asynchronously: a copy from pageable
+    memory makes the host wait until the device has finished all the work queued before it,
+    and the trainer issues its next step while the last one's optimizer runs. The pinned block
+    goes back to torch's pool once the copy is done (its host allocator tracks that)."""
+    if torch.device(device).type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 def length_groups(examples: Sequence[Example], rows: int, tokens: int) -> list[list[Example]]:

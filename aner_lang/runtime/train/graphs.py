@@ -121,8 +121,11 @@ class GraphSteps:
         scale: float | None,
     ) -> torch.Tensor:
         device = ids.device
-        scored_t = torch.tensor(float(scored), dtype=torch.float32, device=device)
-        scale_t = None if scale is None else torch.tensor(scale, dtype=torch.float32, device=device)
+        # filled on the device: a host tensor copied there would make the host wait for it
+        scored_t = torch.full((), float(scored), dtype=torch.float32, device=device)
+        scale_t = (
+            None if scale is None else torch.full((), scale, dtype=torch.float32, device=device)
+        )
         if not self.on:
             return self.step(ids, targets, positions, scored_t, scale_t)
         key = (tuple(ids.shape), positions is not None)

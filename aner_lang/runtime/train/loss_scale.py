@@ -75,14 +75,13 @@ class LossScaler:
         groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
         for g in grads:
             groups.setdefault((g.device, g.dtype), []).append(g)
-        found = torch.zeros((), dtype=torch.float32)
+        found: torch.Tensor | None = None
         for (device, _), group in groups.items():
             flag = torch.zeros(1, dtype=torch.float32, device=device)
-            torch._amp_foreach_non_finite_check_and_unscale_(
-                group, flag, torch.tensor(inv, dtype=torch.float32, device=device)
-            )
-            found = found.to(device) + flag.sum()
-        return found
+            inv_t = torch.full((), inv, dtype=torch.float32, device=device)  # no host copy
+            torch._amp_foreach_non_finite_check_and_unscale_(group, flag, inv_t)
+            found = flag.sum() if found is None else found.to(device) + flag.sum()
+        return torch.zeros((), dtype=torch.float32) if found is None else found
 
     def update(self, found_inf: bool) -> None:
         """GradScaler.update: back off on overflow, grow after growth_interval good updates."""

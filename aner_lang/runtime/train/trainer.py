@@ -477,10 +477,15 @@ class _Loop:
         to `max_retries`), then the optimizer step or the skip; returns the update's event.
 
         The host waits for the device once per update: to read the window's loss and overflow
-        flag together, which decide between the step and the skip."""
+        flag together, which decide between the step and the skip. Everything that does not
+        depend on that decision is issued before the wait, while the device still computes the
+        window: the clipping (it only scales gradients that a skip then drops) and the
+        optimizer's host-side preparation. After the wait only the optimizer's launches are
+        left, so the device idles little between one update's window and the next."""
         c, o, scaler = self.counters, self.options, self.scaler
         began = time.perf_counter()
         mark = self.cursor.mark()
+        lr = learning_rate_at(c.applied, o["learning_rate"], o["steps"], o["warmup"], o["schedule"])
         for attempt in range(scaler.state.max_retries + 1):
             self.cursor.restore(mark)
             self.adapter.train_mode(True)
@@ -488,9 +493,15 @@ class _Loop:
             grads = self.parallel.gradients(self.params)
             with section("optimizer"):
                 found = scaler.unscale_(grads.values())
-            flags = self.parallel.total(
-                torch.stack([loss_sum, found.to(loss_sum.device, torch.float64)])
-            )
+                flags = self.parallel.total(
+                    torch.stack([loss_sum, found.to(loss_sum.device, torch.float64)])
+                )
+                trained = [p for _, p in self.params if p.grad is not None]
+                if o["clip_norm"] is not None and o["clip_norm"] > 0:
+                    norm = self.parallel.clip_grad_norm(trained, grads, o["clip_norm"])
+                else:
+                    norm = self.parallel.grad_norm(grads)
+                prepared = self.opt.prepare(grads, lr=lr)
             loss, found_inf = flags.tolist()
             overflow = bool(found_inf) or not math.isfinite(loss)
             scaler.update(overflow)
@@ -498,7 +509,6 @@ class _Loop:
                 break
             c.retries += attempt < scaler.state.max_retries
             self._zero_grads()
-        lr = learning_rate_at(c.applied, o["learning_rate"], o["steps"], o["warmup"], o["schedule"])
         event: dict[str, Any] = {
             "event": "update",
             "update": c.updates + 1,
@@ -514,14 +524,9 @@ class _Loop:
         if overflow:
             c.skipped_updates += 1
         else:
+            event["grad_norm"] = norm  # read when the event is written (`EventLog`)
             with section("optimizer"):
-                trained = [p for _, p in self.params if p.grad is not None]
-                if o["clip_norm"] is not None and o["clip_norm"] > 0:
-                    norm = self.parallel.clip_grad_norm(trained, grads, o["clip_norm"])
-                else:
-                    norm = self.parallel.grad_norm(grads)
-                event["grad_norm"] = norm  # read when the event is written (`EventLog`)
-                self.opt.step(grads, lr=lr)
+                prepared.apply()
             c.applied += 1
             c.loss_history.append(loss)
             c.scored_tokens += scored

@@ -39,6 +39,24 @@ def test_adamw_is_bit_identical_to_torch_adamw(foreach):
         assert torch.equal(opt.state[name].step, ref.state[p]["step"])
 
 
+def test_a_prepared_step_is_the_step_and_one_never_applied_changes_nothing():
+    """The trainer prepares each update's step before it knows whether the update is skipped:
+    preparing alone must leave the optimizer as it was, and applying must equal `step`."""
+    gen = torch.Generator().manual_seed(1)
+    start = {"a": torch.randn(4, 3, generator=gen), "b": torch.randn(5, generator=gen)}
+    stepped = AdamW({k: v.clone() for k, v in start.items()}, lr=1e-2, weight_decay=0.1)
+    prepared = AdamW({k: v.clone() for k, v in start.items()}, lr=1e-2, weight_decay=0.1)
+    for _ in range(3):
+        grads = {k: torch.randn(v.shape, generator=gen) for k, v in start.items()}
+        stepped.step(grads, lr=5e-3)
+        prepared.prepare(grads, lr=5e-3)  # a skipped update: never applied
+        prepared.prepare(grads, lr=5e-3).apply()
+    for name in start:
+        assert torch.equal(stepped.params[name], prepared.params[name])
+        assert torch.equal(stepped.state[name].exp_avg_sq, prepared.state[name].exp_avg_sq)
+        assert stepped.state[name].count == prepared.state[name].count == 3
+
+
 def test_paged_adamw_on_cpu_is_plain_adamw_and_says_so():
     opt = make_optimizer("paged_adamw", {"w": torch.zeros(3)}, page_bytes=1 << 21)
     assert opt.managed_bytes() == 0 and "plain AdamW" in opt.report()

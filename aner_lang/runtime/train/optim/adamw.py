@@ -20,11 +20,49 @@ from aner_lang.runtime.io.host_copy import host_copies
 
 @dataclass
 class AdamWState:
-    """Moments and step count of one tensor; `step` is a 0-d fp32 CPU tensor, as in torch."""
+    """Moments and step count of one tensor. The count is a Python int: torch keeps it as a 0-d
+    fp32 CPU tensor, whose values are these ints exactly (below 2**24 updates), and incrementing
+    hundreds of such tensors is host time the GPU waits through (`step` gives torch's form)."""
 
     exp_avg: torch.Tensor
     exp_avg_sq: torch.Tensor
-    step: torch.Tensor
+    count: int
+
+    @property
+    def step(self) -> torch.Tensor:
+        """The count as torch keeps it: a 0-d fp32 CPU tensor."""
+        return torch.tensor(float(self.count), dtype=torch.float32)
+
+
+@dataclass
+class StepGroup:
+    """The tensors of one device and dtype that an update steps, with their states."""
+
+    params: list[torch.Tensor]
+    grads: list[torch.Tensor]
+    states: list[AdamWState]
+
+
+@dataclass
+class PreparedStep:
+    """An update's host-side work done ahead (`AdamW.prepare`): the tensors grouped, and the
+    per-tensor scalars for the step counts it would reach. `apply` launches it; a skipped
+    update never applies it, and the counts stay."""
+
+    optimizer: AdamW
+    groups: list[StepGroup]
+    lr: float
+    step_size: list[list[float]]
+    bias_correction2_sqrt: list[list[float]]
+
+    def apply(self) -> None:
+        """Launch the update (asynchronously on the device) and count it."""
+        for group, step_size, correction in zip(
+            self.groups, self.step_size, self.bias_correction2_sqrt
+        ):
+            self.optimizer._update_group(group, self.lr, step_size, correction)
+            for st in group.states:
+                st.count += 1
 
 
 class AdamW:
@@ -50,49 +88,56 @@ class AdamW:
 
     def _state_for(self, name: str, p: torch.Tensor) -> AdamWState:
         if name not in self.state:
-            self.state[name] = AdamWState(
-                self._zeros(p), self._zeros(p), torch.tensor(0.0, dtype=torch.float32)
-            )
+            self.state[name] = AdamWState(self._zeros(p), self._zeros(p), 0)
         return self.state[name]
 
-    @torch.no_grad()
     def step(self, grads: dict[str, torch.Tensor], lr: float | None = None) -> None:
         """One update of every tensor that has a gradient, in the order of `params`."""
+        self.prepare(grads, lr).apply()
+
+    def prepare(self, grads: dict[str, torch.Tensor], lr: float | None = None) -> PreparedStep:
+        """The host-side part of `step(grads, lr)`, which the trainer does while the device still
+        computes the gradients; the scalars are torch's, from the counts the step would reach
+        (`torch/optim/adam.py::_multi_tensor_adam`: `(lr / (1 - beta1**n)) * -1` and
+        `(1 - beta2**n) ** 0.5` in Python floats)."""
         lr = self.lr if lr is None else lr
         beta1, beta2 = self.betas
-        groups: dict[tuple[torch.device, torch.dtype], list[tuple[torch.Tensor, ...]]] = {}
+        by_kind: dict[tuple[torch.device, torch.dtype], StepGroup] = {}
         for name, p in self.params.items():
             grad = grads.get(name)
             if grad is None:
                 continue
-            st = self._state_for(name, p)
-            groups.setdefault((p.device, p.dtype), []).append(
-                (p, grad, st.exp_avg, st.exp_avg_sq, st.step)
-            )
-        for group in groups.values():
-            params, grad_list, exp_avgs, exp_avg_sqs, steps = (list(x) for x in zip(*group))
-            self._update_group(params, grad_list, exp_avgs, exp_avg_sqs, steps, lr, beta1, beta2)
+            group = by_kind.setdefault((p.device, p.dtype), StepGroup([], [], []))
+            group.params.append(p)
+            group.grads.append(grad)
+            group.states.append(self._state_for(name, p))
+        groups = list(by_kind.values())
+        counts = [[st.count + 1 for st in g.states] for g in groups]
+        return PreparedStep(
+            self,
+            groups,
+            lr,
+            [[(lr / (1 - beta1**n)) * -1 for n in c] for c in counts],
+            [[(1 - beta2**n) ** 0.5 for n in c] for c in counts],
+        )
 
+    @torch.no_grad()
     def _update_group(
         self,
-        params: list[torch.Tensor],
-        grads: list[torch.Tensor],
-        exp_avgs: list[torch.Tensor],
-        exp_avg_sqs: list[torch.Tensor],
-        steps: list[torch.Tensor],
+        group: StepGroup,
         lr: float,
-        beta1: float,
-        beta2: float,
+        step_size: list[float],
+        bias_correction2_sqrt: list[float],
     ) -> None:
         # torch/optim/adam.py::_multi_tensor_adam, decoupled_weight_decay=True, capturable=False
-        torch._foreach_add_(steps, 1)
+        params, grads = group.params, group.grads
+        exp_avgs = [st.exp_avg for st in group.states]
+        exp_avg_sqs = [st.exp_avg_sq for st in group.states]
+        beta1, beta2 = self.betas
         torch._foreach_mul_(params, 1 - lr * self.weight_decay)
         torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
         torch._foreach_mul_(exp_avg_sqs, beta2)
         torch._foreach_addcmul_(exp_avg_sqs, grads, grads, 1 - beta2)
-        counts = [s.item() for s in steps]  # CPU tensors: no device synchronisation
-        step_size = [(lr / (1 - beta1**n)) * -1 for n in counts]
-        bias_correction2_sqrt = [(1 - beta2**n) ** 0.5 for n in counts]
         denom = torch._foreach_sqrt(exp_avg_sqs)
         torch._foreach_div_(denom, bias_correction2_sqrt)
         torch._foreach_add_(denom, self.eps)
@@ -113,7 +158,7 @@ class AdamW:
             key = f"optim/step/{name}"
             if key not in tensors:
                 continue
-            st = AdamWState(self._zeros(p), self._zeros(p), tensors[key].clone().float().cpu())
+            st = AdamWState(self._zeros(p), self._zeros(p), int(tensors[key].item()))
             st.exp_avg.copy_(tensors[f"optim/exp_avg/{name}"])
             st.exp_avg_sq.copy_(tensors[f"optim/exp_avg_sq/{name}"])
             self.state[name] = st

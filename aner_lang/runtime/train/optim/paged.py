@@ -21,7 +21,7 @@ import torch
 
 from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.train.footprint import PAGE_MIN_ELEMENTS
-from aner_lang.runtime.train.optim.adamw import AdamW
+from aner_lang.runtime.train.optim.adamw import AdamW, StepGroup
 
 MANAGED_FRACTION = 0.5
 _CPU_DEVICE_ID = -1  # cudaCpuDeviceId
@@ -111,21 +111,17 @@ class PagedAdamW(AdamW):
 
     def _update_group(
         self,
-        params: list[torch.Tensor],
-        grads: list[torch.Tensor],
-        exp_avgs: list[torch.Tensor],
-        exp_avg_sqs: list[torch.Tensor],
-        steps: list[torch.Tensor],
+        group: StepGroup,
         lr: float,
-        beta1: float,
-        beta2: float,
+        step_size: list[float],
+        bias_correction2_sqrt: list[float],
     ) -> None:
         """AdamW's update with the moments' pages brought to the device first and sent back to
         the host after, both asynchronously on the current stream."""
-        moments = exp_avgs + exp_avg_sqs
+        moments = [st.exp_avg for st in group.states] + [st.exp_avg_sq for st in group.states]
         for t in moments:
             self._prefetch(t, self._device if self.on_cuda else _CPU_DEVICE_ID)
-        super()._update_group(params, grads, exp_avgs, exp_avg_sqs, steps, lr, beta1, beta2)
+        super()._update_group(group, lr, step_size, bias_correction2_sqrt)
         for t in moments:
             self._prefetch(t, _CPU_DEVICE_ID)
 
