@@ -36,18 +36,19 @@ class AdamWState:
 
 @dataclass
 class StepGroup:
-    """The tensors of one device and dtype that an update steps, with their states."""
+    """The tensors of one device and dtype that an update steps, by name."""
 
+    names: list[str]
     params: list[torch.Tensor]
     grads: list[torch.Tensor]
-    states: list[AdamWState]
 
 
 @dataclass
 class PreparedStep:
     """An update's host-side work done ahead (`AdamW.prepare`): the tensors grouped, and the
     per-tensor scalars for the step counts it would reach. `apply` launches it; a skipped
-    update never applies it, and the counts stay."""
+    update never applies it, and the optimizer stays as it was (a tensor's state is made at its
+    first applied step, as in torch)."""
 
     optimizer: AdamW
     groups: list[StepGroup]
@@ -60,8 +61,9 @@ class PreparedStep:
         for group, step_size, correction in zip(
             self.groups, self.step_size, self.bias_correction2_sqrt
         ):
-            self.optimizer._update_group(group, self.lr, step_size, correction)
-            for st in group.states:
+            states = [self.optimizer._state_for(n, p) for n, p in zip(group.names, group.params)]
+            self.optimizer._update_group(group, states, self.lr, step_size, correction)
+            for st in states:
                 st.count += 1
 
 
@@ -91,6 +93,10 @@ class AdamW:
             self.state[name] = AdamWState(self._zeros(p), self._zeros(p), 0)
         return self.state[name]
 
+    def _count(self, name: str) -> int:
+        st = self.state.get(name)
+        return 0 if st is None else st.count
+
     def step(self, grads: dict[str, torch.Tensor], lr: float | None = None) -> None:
         """One update of every tensor that has a gradient, in the order of `params`."""
         self.prepare(grads, lr).apply()
@@ -108,11 +114,11 @@ class AdamW:
             if grad is None:
                 continue
             group = by_kind.setdefault((p.device, p.dtype), StepGroup([], [], []))
+            group.names.append(name)
             group.params.append(p)
             group.grads.append(grad)
-            group.states.append(self._state_for(name, p))
         groups = list(by_kind.values())
-        counts = [[st.count + 1 for st in g.states] for g in groups]
+        counts = [[self._count(n) + 1 for n in g.names] for g in groups]
         return PreparedStep(
             self,
             groups,
@@ -125,14 +131,15 @@ class AdamW:
     def _update_group(
         self,
         group: StepGroup,
+        states: list[AdamWState],
         lr: float,
         step_size: list[float],
         bias_correction2_sqrt: list[float],
     ) -> None:
         # torch/optim/adam.py::_multi_tensor_adam, decoupled_weight_decay=True, capturable=False
         params, grads = group.params, group.grads
-        exp_avgs = [st.exp_avg for st in group.states]
-        exp_avg_sqs = [st.exp_avg_sq for st in group.states]
+        exp_avgs = [st.exp_avg for st in states]
+        exp_avg_sqs = [st.exp_avg_sq for st in states]
         beta1, beta2 = self.betas
         torch._foreach_mul_(params, 1 - lr * self.weight_decay)
         torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)

@@ -21,7 +21,7 @@ import torch
 
 from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.train.footprint import PAGE_MIN_ELEMENTS
-from aner_lang.runtime.train.optim.adamw import AdamW, StepGroup
+from aner_lang.runtime.train.optim.adamw import AdamW, AdamWState, StepGroup
 
 MANAGED_FRACTION = 0.5
 _CPU_DEVICE_ID = -1  # cudaCpuDeviceId
@@ -112,16 +112,17 @@ class PagedAdamW(AdamW):
     def _update_group(
         self,
         group: StepGroup,
+        states: list[AdamWState],
         lr: float,
         step_size: list[float],
         bias_correction2_sqrt: list[float],
     ) -> None:
         """AdamW's update with the moments' pages brought to the device first and sent back to
         the host after, both asynchronously on the current stream."""
-        moments = [st.exp_avg for st in group.states] + [st.exp_avg_sq for st in group.states]
+        moments = [st.exp_avg for st in states] + [st.exp_avg_sq for st in states]
         for t in moments:
             self._prefetch(t, self._device if self.on_cuda else _CPU_DEVICE_ID)
-        super()._update_group(group, lr, step_size, bias_correction2_sqrt)
+        super()._update_group(group, states, lr, step_size, bias_correction2_sqrt)
         for t in moments:
             self._prefetch(t, _CPU_DEVICE_ID)
 
