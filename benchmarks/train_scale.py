@@ -124,6 +124,13 @@ def device_memory_used() -> int | None:
     return int(out) * 2**20 if out.isdigit() else None
 
 
+def _positions(folder: Path) -> int:
+    """The positions a built model folder takes (0 where none is built): a folder built for a
+    shorter `--context` is built again, since Aner refuses rows longer than the model's."""
+    config = folder / "config.json"
+    return json.loads(config.read_text())["max_position_embeddings"] if config.exists() else 0
+
+
 def make_model(shape: str, folder: Path, device: str) -> None:
     """Random weights of `shape` in bf16 (fp32 on the CPU), saved with a tokenizer whose vocabulary
     has the model's size (the batches are token ids; Unsloth wants a tokenizer in the folder).
@@ -330,7 +337,8 @@ def main(argv: list[str] | None = None) -> int:
                 make_gguf(shape, model, args.gguf)
         else:
             model = work / "model"
-            if not (model / "config.json").exists():
+            if _positions(model) < SHAPES[shape]["context"]:  # absent, or built for less
+                shutil.rmtree(model, ignore_errors=True)
                 make_model(shape, model, device)
         count = args.warmup + max(args.steps, args.compare)
         make_batches(shape, count, work / "batches.safetensors")
