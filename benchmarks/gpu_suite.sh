@@ -79,8 +79,8 @@ fi
   python3 -c 'import bitsandbytes; print("bitsandbytes", bitsandbytes.__version__)'
   sha256sum "$gguf" 2>/dev/null
   # the code that ran, by content: a device copy's git metadata can be older than its files
-  # (compare with the same line run in a checkout of the commit meant)
-  echo "source $(find aner_lang benchmarks -name '*.py' -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)"
+  # (compare with the same line run in a checkout of the commit meant; byte order, whatever the locale)
+  echo "source $(find aner_lang benchmarks -name '*.py' -print0 | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)"
   } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 

@@ -208,9 +208,15 @@ def make_batches(shape: str, count: int, path: Path) -> None:
 
 
 def run_side(side: str, job: dict[str, Any]) -> dict[str, Any]:
+    """The side's row, from a process of its own; a side that fails or outlasts `--timeout`
+    gives a row with its error, and the sides after it still run."""
     out = Path(job["dir"]) / f"{side}.json"
+    out.unlink(missing_ok=True)  # a row left by an earlier run is not this one's
     cmd = [sys.executable, __file__, "--worker", side, "--job", json.dumps(job), "--json", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=job["timeout"])
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=job["timeout"])
+    except subprocess.TimeoutExpired:
+        return {"side": side, "error": f"did not finish within --timeout {job['timeout']} s"}
     if proc.returncode != 0 or not out.exists():
         tail = (proc.stderr or proc.stdout)[-1500:]
         return {"side": side, "error": f"exit {proc.returncode}: {tail}"}
