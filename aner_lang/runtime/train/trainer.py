@@ -300,6 +300,7 @@ def train(
                 if best or due:
                     began = time.perf_counter()
                     state = loop.snapshot()
+                    snapshot_seconds = time.perf_counter() - began
                     if due:
                         adapter.state = state
                     if main and checkpoints:
@@ -307,6 +308,7 @@ def train(
                             checkpoints if due else None, state, best_dir if best else None
                         )
                         event["checkpoint_seconds"] = time.perf_counter() - began
+                        event["snapshot_seconds"] = snapshot_seconds
                 events.add(event)
                 run_control.emit({**event, "steps": total})
                 if progress is not None:

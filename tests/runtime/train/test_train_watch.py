@@ -107,6 +107,11 @@ def test_events_say_how_long_the_loop_paused_to_validate_and_checkpoint(tiny_mod
     paused = [u["update"] for u in updates if "checkpoint_seconds" in u]
     assert paused == sorted(best | {2, 4, 5})
     assert all(u["checkpoint_seconds"] > 0 for u in updates if "checkpoint_seconds" in u)
+    assert all(
+        0 < u["snapshot_seconds"] <= u["checkpoint_seconds"]
+        for u in updates
+        if "checkpoint_seconds" in u
+    )
     assert all(u["validation_seconds"] > 0 for u in updates if "validation_seconds" in u)
     assert run.updates == 5 and checkpoint.has_checkpoint(tmp_path / "ckpt")
 
