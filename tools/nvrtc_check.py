@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import re
+import struct
 import sys
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -88,6 +89,50 @@ def compile_report(
         if m := re.search(r"\(C75\d\d\).*serialized.*function '(\w+)'", line):
             report.serialized.append(m.group(1))
     return report
+
+
+def compile_cubin(
+    lib: ctypes.CDLL, arch: str = "sm_90a", source: compiler.KernelSource = compiler.NF4
+) -> bytes:
+    """The cubin of one program ``source`` for ``arch``, compiled as the GPU machine does."""
+    prog = ctypes.c_void_p()
+    if lib.nvrtcCreateProgram(
+        ctypes.byref(prog), source.text().encode(), source.name.encode(), 0, None, None
+    ):
+        raise RuntimeError("nvrtcCreateProgram failed")
+    try:
+        opts = [o.encode() for o in (*source.options(), f"--gpu-architecture={arch}")]
+        if lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts)):
+            raise RuntimeError(f"{source.name} {source.defines} does not compile for {arch}")
+        size = ctypes.c_size_t()
+        lib.nvrtcGetCUBINSize(prog, ctypes.byref(size))
+        buf = ctypes.create_string_buffer(size.value)
+        lib.nvrtcGetCUBIN(prog, buf)
+        return buf.raw
+    finally:
+        lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+def kernel_code(cubin: bytes) -> dict[str, bytes]:
+    """Each kernel's machine code in a cubin (an ELF64 file): its `.text.<kernel>` section's
+    bytes, by kernel name. The section table is read directly (a few fixed-layout records)
+    rather than through an ELF library the project would otherwise not need."""
+    (table,) = struct.unpack_from("<Q", cubin, 0x28)
+    entry, count, names = struct.unpack_from("<HHH", cubin, 0x3A)
+    # Elf64_Shdr: name, type, flags, addr, offset, size, link, info, addralign, entsize
+    headers = [struct.unpack_from("<IIQQQQIIQQ", cubin, table + i * entry) for i in range(count)]
+    strings = headers[names][4]
+
+    def name(offset: int) -> str:
+        end = cubin.index(b"\0", strings + offset)
+        return cubin[strings + offset : end].decode()
+
+    code = {}
+    for h in headers:
+        section = name(h[0])
+        if section.startswith(".text."):
+            code[section.removeprefix(".text.")] = cubin[h[4] : h[4] + h[5]]
+    return code
 
 
 def main() -> int:

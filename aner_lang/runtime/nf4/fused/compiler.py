@@ -1,8 +1,14 @@
 """Run-time compilation of the project's CUDA kernels with NVRTC (through CuPy), and their caches.
 
-Two sources are compiled here (`KernelSource`): the fused NF4 kernels (`NF4`, one module) and the
-GGML block kernels of `storage: gguf` (`runtime.ggml.fused`, one module per block type, so a run
-compiles only the types its file holds). A compiled module is identified by its *kernel identity
+Two sources are compiled here (`KernelSource`): the fused NF4 kernels (`NF4`) and the GGML block
+kernels of `storage: gguf` (`runtime.ggml.fused`, one module per block type, so a run compiles
+only the types its file holds). NVRTC compiles one program on one core, and the NF4 source takes
+it ~25 s: on a machine without a kernel cache that was most of a run's start. So a source may
+come in `parts`, each the same text with `-DANER_PART=k` keeping only some entry points; the parts
+compile as concurrent NVRTC programs (threads: NVRTC releases the GIL) and load as one module per
+part. Each kernel's machine code is the same as in the whole program: the parts share every
+helper, and ptxas compiles each entry point on its own (tests/runtime/nf4/fused compares the
+kernels' code sections byte for byte). A compiled module is identified by its *kernel identity
 string*: the sha256 of the CUDA source, the NVRTC options, the target architecture and the
 precision profile. Profiles and checkpoints
 record it, so a result can be traced to the exact machine code that produced it. Modules are
@@ -18,7 +24,8 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -35,12 +42,23 @@ PRECISIONS = ("float32", "float16", "bfloat16")
 class KernelSource:
     """A CUDA source shipped as package data (`kernels/<name>` in `package`), compiled with
     `OPTIONS` plus its own `defines` (``-D`` options: one module per set) and named `label` in
-    its module identity."""
+    its module identity; with `parts` above 1, compiled as that many programs (`part_sources`)."""
 
     package: str
     name: str
     label: str
     defines: tuple[str, ...] = field(default=())
+    parts: int = 1
+
+    def part_sources(self) -> list[KernelSource]:
+        """The programs that make up this source's module: itself, or one per part, each with
+        ``-DANER_PART=k`` (the source keeps only part k's entry points then)."""
+        if self.parts == 1:
+            return [self]
+        return [
+            replace(self, defines=(*self.defines, f"-DANER_PART={k}"), parts=1)
+            for k in range(self.parts)
+        ]
 
     def text(self) -> str:
         return resources.files(self.package).joinpath("kernels", self.name).read_text("utf-8")
@@ -52,8 +70,8 @@ class KernelSource:
         return (*OPTIONS, *self.defines)
 
 
-NF4 = KernelSource(__package__ or "aner_lang.runtime.nf4.fused", "nf4.cu", "nf4-fused")
-"""The fused NF4 kernels (kernels/nf4.cu)."""
+NF4 = KernelSource(__package__ or "aner_lang.runtime.nf4.fused", "nf4.cu", "nf4-fused", parts=8)
+"""The fused NF4 kernels (kernels/nf4.cu, in the eight parts its `PART` guards name)."""
 
 
 def nvrtc_version() -> str:
@@ -123,8 +141,19 @@ def target_arch(capability: str) -> str:
     return f"sm_{capability}a" if capability == "90" else f"sm_{capability}"
 
 
-def cubin_path(arch: str, source: KernelSource = NF4) -> Path:
-    """The on-disk cubin of ``source`` for ``arch``, compiled and written now if it is not there."""
+def cubin_paths(arch: str, source: KernelSource = NF4) -> list[Path]:
+    """The on-disk cubins of ``source``'s parts for ``arch``, those not there compiled now,
+    concurrently."""
+    parts = source.part_sources()
+    if len(parts) == 1:
+        return [cubin_path(arch, parts[0])]
+    with ThreadPoolExecutor(max_workers=min(len(parts), os.cpu_count() or 1)) as pool:
+        return list(pool.map(lambda part: cubin_path(arch, part), parts))
+
+
+def cubin_path(arch: str, source: KernelSource) -> Path:
+    """The on-disk cubin of one program ``source`` for ``arch``, compiled and written now if it is
+    not there."""
     ident = module_identity(arch, nvrtc_version(), source)
     path = cache_dir() / f"{hashlib.sha256(ident.encode()).hexdigest()}.cubin"
     if not path.exists():
@@ -139,12 +168,13 @@ def cubin_path(arch: str, source: KernelSource = NF4) -> Path:
 
 @dataclass
 class CompiledModule:
-    """One loaded module: its identity, where the cubin lives, and its kernels by name."""
+    """One loaded source: its identity, where its parts' cubins live, the loaded module of each
+    part, and its kernels by name."""
 
     arch: str
     identity: str
-    path: Path
-    module: Any
+    paths: list[Path]
+    modules: list[Any]
     _functions: dict[str, Any]
 
     @property
@@ -157,7 +187,7 @@ class CompiledModule:
         limit are allowed once, when the kernel is first looked up."""
         fn = self._functions.get(name)
         if fn is None:
-            fn = self._functions[name] = self.module.get_function(name)
+            fn = self._functions[name] = _find(self.modules, name)
             if shared_bytes > 48 * 1024:
                 fn.max_dynamic_shared_size_bytes = shared_bytes
         return fn
@@ -175,12 +205,24 @@ def load(device_index: int, source: KernelSource = NF4) -> CompiledModule:
 
         with cupy.cuda.Device(device_index):
             arch = target_arch(cupy.cuda.Device(device_index).compute_capability)  # e.g. "sm_90a"
-            path = cubin_path(arch, source)
+            paths = cubin_paths(arch, source)
             mod = _MODULES[(device_index, source)] = CompiledModule(
                 arch,
                 module_identity(arch, nvrtc_version(), source),
-                path,
-                cupy.RawModule(path=str(path)),
+                paths,
+                [cupy.RawModule(path=str(path)) for path in paths],
                 {},
             )
     return mod
+
+
+def _find(modules: list[Any], name: str) -> Any:
+    """The kernel `name` from the one of `modules` (CuPy RawModules) that holds it."""
+    import cupy
+
+    for module in modules[:-1]:
+        try:
+            return module.get_function(name)
+        except cupy.cuda.driver.CUDADriverError:  # not in this part
+            continue
+    return modules[-1].get_function(name)

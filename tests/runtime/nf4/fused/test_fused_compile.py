@@ -42,34 +42,37 @@ def test_disk_cache_keys_name_the_nvrtc_version_and_live_in_aners_cache(
     monkeypatch.setattr(compiler, "nvrtc_version", lambda: version[0])
 
     def fake_compile(arch: str, source: compiler.KernelSource) -> bytes:
-        assert source == compiler.NF4
+        assert source in compiler.NF4.part_sources()
         compiled.append((arch, version[0]))
-        return f"cubin {arch} {version[0]}".encode()
+        return f"cubin {arch} {version[0]} {source.defines}".encode()
 
     monkeypatch.setattr(compiler, "compile_cubin", fake_compile)
-    first = compiler.cubin_path("sm_90a")
-    assert first.parent == tmp_path / "kernels" and compiler.cubin_path("sm_90a") == first
+    first = compiler.cubin_paths("sm_90a")
+    assert len(set(first)) == compiler.NF4.parts == 8 and len(compiled) == 8
+    assert {p.parent for p in first} == {tmp_path / "kernels"}
+    assert compiler.cubin_paths("sm_90a") == first and len(compiled) == 8  # from the disk
     version[0] = "13.1"
-    upgraded = compiler.cubin_path("sm_90a")
-    other_arch = compiler.cubin_path("sm_80")
-    assert len({first, upgraded, other_arch}) == 3
-    assert compiled == [("sm_90a", "13.0"), ("sm_90a", "13.1"), ("sm_80", "13.1")]
-    assert (
-        upgraded.read_bytes() == b"cubin sm_90a 13.1" and first.read_bytes() == b"cubin sm_90a 13.0"
+    upgraded = compiler.cubin_paths("sm_90a")
+    other_arch = compiler.cubin_paths("sm_80")
+    assert len({*first, *upgraded, *other_arch}) == 24
+    assert sorted(compiled) == sorted(
+        [("sm_90a", "13.0")] * 8 + [("sm_90a", "13.1")] * 8 + [("sm_80", "13.1")] * 8
     )
+    assert upgraded[0].read_bytes() == b"cubin sm_90a 13.1 ('-DANER_PART=0',)"
+    assert first[7].read_bytes() == b"cubin sm_90a 13.0 ('-DANER_PART=7',)"
     monkeypatch.setenv("ANER_KERNEL_CACHE", str(tmp_path / "mine"))
-    assert compiler.cubin_path("sm_80").parent == tmp_path / "mine"
+    assert compiler.cubin_paths("sm_80")[0].parent == tmp_path / "mine"
 
 
 @pytest.mark.skipif(importlib.util.find_spec("cupy_backends") is None, reason="needs CuPy's NVRTC")
 def test_source_compiles_for_hopper_and_is_cached_on_disk(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("ANER_KERNEL_CACHE", str(tmp_path))
     try:
-        path = compiler.cubin_path("sm_90")
+        paths = compiler.cubin_paths("sm_90")
     except OSError as exc:  # CuPy present but no NVRTC library on this machine
         pytest.skip(f"NVRTC not loadable: {exc}")
-    cubin = path.read_bytes()
-    assert cubin[:4] == b"\x7fELF" and path.parent == tmp_path
+    cubin = b"".join(path.read_bytes() for path in paths)
+    assert all(p.read_bytes()[:4] == b"\x7fELF" and p.parent == tmp_path for p in paths)
     for name in (
         "nf4_dequant_bf16",
         "nf4_gemv_f32_m16",
@@ -81,7 +84,7 @@ def test_source_compiles_for_hopper_and_is_cached_on_disk(tmp_path, monkeypatch)
     monkeypatch.setattr(
         compiler, "compile_cubin", lambda *_: pytest.fail("recompiled despite the disk cache")
     )
-    assert compiler.cubin_path("sm_90") == path
+    assert compiler.cubin_paths("sm_90") == paths
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without CUDA")
@@ -130,6 +133,22 @@ def test_kernels_build_for_hopper_without_spills_or_serialized_wgmma() -> None:
     assert report.serialized == []
     assert {k: v for k, v in report.spills.items() if v} == {}
     assert check.compile_report(lib, "sm_80").ok
+
+
+@pytest.mark.slow  # NVRTC compiles every kernel twice on the CPU: ~60 s
+def test_the_parts_hold_every_kernel_once_with_the_whole_programs_machine_code() -> None:
+    """The NF4 source compiled in parts (concurrently, on a machine without a kernel cache) gives
+    each kernel the machine code the whole program gives it, byte for byte, and every kernel is
+    in exactly one part: the parts change how long a cold start compiles, never what runs."""
+    check = _nvrtc_check()
+    lib = check.library()
+    if lib is None:
+        pytest.skip("nvidia-cuda-nvrtc is not installed")
+    whole = check.kernel_code(check.compile_cubin(lib, "sm_90a", compiler.NF4))
+    parts = [check.kernel_code(check.compile_cubin(lib, "sm_90a", part))
+             for part in compiler.NF4.part_sources()]  # fmt: skip
+    assert all(parts) and sum(len(p) for p in parts) == len(whole) > 40
+    assert {k: v for part in parts for k, v in part.items()} == whole
 
 
 @pytest.mark.slow  # NVRTC compiles every kernel on the CPU: ~30 s

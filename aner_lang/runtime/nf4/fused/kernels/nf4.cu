@@ -24,6 +24,15 @@ typedef unsigned char u8;
 typedef unsigned short u16;
 typedef unsigned int u32;
 
+// -DANER_PART=p keeps only the entry points of part p (0 to 7), so that a machine without a
+// kernel cache compiles the parts as concurrent NVRTC programs (compiler.py); without it every
+// entry point is compiled. The parts share every helper: a kernel's code is the same either way.
+#ifdef ANER_PART
+#define PART(p) (ANER_PART == (p))
+#else
+#define PART(p) 1
+#endif
+
 __constant__ float NF4_CODE[16] = {
     -1.0f, -0.6961928009986877f, -0.5250730514526367f, -0.39491748809814453f,
     -0.28444138169288635f, -0.18477343022823334f, -0.09105003625154495f, 0.0f,
@@ -166,6 +175,7 @@ __device__ void dequant(const NF4& w, long long first, long long n, Out* out) {
 #define NF4_ARGS const u8 *packed, const u8 *qabsmax, const float *code2, const float *absmax2, const float *offset
 #define NF4_MAKE NF4 w = {packed, qabsmax, code2, absmax2, __ldg(offset)}
 
+#if PART(0)
 extern "C" __global__ void nf4_dequant_f32(NF4_ARGS, long long first, long long n, float* out) {
     NF4_MAKE;
     dequant<F32>(w, first, n, out);
@@ -178,6 +188,7 @@ extern "C" __global__ void nf4_dequant_bf16(NF4_ARGS, long long first, long long
     NF4_MAKE;
     dequant<BF16>(w, first, n, out);
 }
+#endif
 
 // ---- fp32 small-token forward: one warp per output row --------------------------------------------
 
@@ -1284,11 +1295,13 @@ __device__ void tma_fwd(const TmaDesc& tx, const TmaDesc& tw, const NF4& w, u16*
         NF4_MAKE;                                                                                      \
         bwd_f32<MT>(w, gy, gx, M, N, K, rows_per_split);                                               \
     }
+#if PART(0)
 GEMV_F32(1)
 GEMV_F32(2)
 GEMV_F32(4)
 GEMV_F32(8)
 GEMV_F32(16)
+#endif
 
 #define MMA_FWD(TY, NAME, MT)                                                                          \
     extern "C" __global__ void __launch_bounds__(256, 2)                                               \
@@ -1303,8 +1316,10 @@ GEMV_F32(16)
         mma_bwd<TY, MT>(w, gy, gx, M, N, K, rows_per_split);                                           \
     }
 #define MMA_ALL(TY, NAME) MMA_FWD(TY, NAME, 8) MMA_FWD(TY, NAME, 16) MMA_BWD(TY, NAME, 8) MMA_BWD(TY, NAME, 16)
+#if PART(1)
 MMA_ALL(F16, f16)
 MMA_ALL(BF16, bf16)
+#endif
 
 // nf4_<KIND>_fwd_<dtype>_m<BM>: one block of THREADS per 128 W rows x BM tokens, KIND##_fwd does it.
 #define GEMM_FWD(KIND, THREADS, TY, NAME, BM)                                                          \
@@ -1314,8 +1329,17 @@ MMA_ALL(BF16, bf16)
         KIND##_fwd<TY, BM>(w, x, y16, y32, M, N, K);                                                   \
     }
 #define GEMM_FWD_ALL(KIND, THREADS, BM) GEMM_FWD(KIND, THREADS, BF16, bf16, BM) GEMM_FWD(KIND, THREADS, F16, f16, BM)
-GEMM_FWD_ALL(wgmma, 256, 32) GEMM_FWD_ALL(wgmma, 256, 64) GEMM_FWD_ALL(wgmma, 256, 128) GEMM_FWD_ALL(wgmma, 256, 256)
+#define WGMMA_FWD_ALL(TY, NAME) GEMM_FWD(wgmma, 256, TY, NAME, 32) GEMM_FWD(wgmma, 256, TY, NAME, 64) \
+    GEMM_FWD(wgmma, 256, TY, NAME, 128) GEMM_FWD(wgmma, 256, TY, NAME, 256)
+#if PART(2)
+WGMMA_FWD_ALL(BF16, bf16)
+#endif
+#if PART(3)
+WGMMA_FWD_ALL(F16, f16)
+#endif
+#if PART(4)
 GEMM_FWD_ALL(ws, 512, 64) GEMM_FWD_ALL(ws, 512, 128)
+#endif
 
 // nf4_tma_fwd_<dtype>_m<BM>_r<ROWS>[_k2]: one block of 384 threads (2 MMA warpgroups, 1 copy
 // warpgroup) per ROWS W rows x BM tokens; tx, tw: the tensor maps of x and of the packed weight
@@ -1340,5 +1364,12 @@ GEMM_FWD_ALL(ws, 512, 64) GEMM_FWD_ALL(ws, 512, 128)
     }
 #define TMA_FWD_ALL(BM, SPLIT, ROWS, KS, SUFFIX) \
     TMA_FWD(BF16, bf16, BM, SPLIT, ROWS, KS, SUFFIX) TMA_FWD(F16, f16, BM, SPLIT, ROWS, KS, SUFFIX)
-TMA_FWD_ALL(128, true, 64, 1, ) TMA_FWD_ALL(256, true, 64, 1, ) TMA_FWD_ALL(128, false, 128, 1, )
-TMA_FWD_ALL(256, false, 128, 1, ) TMA_FWD_ALL(128, false, 128, 2, _k2) TMA_FWD_ALL(256, false, 128, 2, _k2)
+#if PART(5)
+TMA_FWD_ALL(128, true, 64, 1, ) TMA_FWD_ALL(256, true, 64, 1, )
+#endif
+#if PART(6)
+TMA_FWD_ALL(128, false, 128, 1, ) TMA_FWD_ALL(256, false, 128, 1, )
+#endif
+#if PART(7)
+TMA_FWD_ALL(128, false, 128, 2, _k2) TMA_FWD_ALL(256, false, 128, 2, _k2)
+#endif
