@@ -503,6 +503,8 @@ class _Loop:
                     norm = self.parallel.clip_grad_norm(trained, grads, o["clip_norm"])
                 else:
                     norm = self.parallel.grad_norm(grads)
+                # on its way to the host before the wait below, so reading it never waits
+                norm = norm.to("cpu", non_blocking=True)
                 prepared = self.opt.prepare(grads, lr=lr)
             loss, found_inf = flags.tolist()
             overflow = bool(found_inf) or not math.isfinite(loss)
@@ -526,7 +528,7 @@ class _Loop:
         if overflow:
             c.skipped_updates += 1
         else:
-            event["grad_norm"] = norm  # read when the event is written (`EventLog`)
+            event["grad_norm"] = norm  # a 0-d host tensor, read when the event is written
             with section("optimizer"):
                 prepared.apply()
             c.applied += 1

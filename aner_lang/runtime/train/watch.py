@@ -3,8 +3,10 @@
 Events (one JSON object a line; `docs/finetuning.md` lists their fields): ``start`` (options,
 sizes, profile), one ``update`` per accumulation window, ``end`` (how the run stopped, best
 validation). Every event carries ``time``, a UTC timestamp. An update's event is written when the
-next one arrives (or at the end): by then the values it still holds on the device (its gradient
-norm) are computed, so writing never waits for the GPU. With a `log_dir`, the same update values
+next one arrives (or at the end), long after its values were computed. A value still on the
+device (a preference objective's metrics) is read then, which waits for the work queued so far;
+the gradient norm comes to the host before the update's own wait for its loss, so reading it
+never waits. With a `log_dir`, the same update values
 go to TensorBoard event files (`torch.utils.tensorboard`, which needs the `tensorboard` package).
 
 Progress: on a terminal, a bar that stays on screen at the end; otherwise (a log file, a CI job)
