@@ -164,7 +164,7 @@ def _aner_events(work: Path) -> dict[str, Any]:
     """Aner's event log as the peers' record: update times and losses, validation losses."""
     updates, validations, checkpoints = [], [], []
     torch_peak: list[int | None] = [None, None]
-    started = None
+    started, before_start = None, None
     for line in (work / "events.jsonl").read_text().splitlines():
         e = json.loads(line)
         stamp = datetime.fromisoformat(e["time"].replace("Z", "+00:00")).timestamp()
@@ -179,9 +179,10 @@ def _aner_events(work: Path) -> dict[str, Any]:
         if e["event"] == "end":
             torch_peak = [e.get("peak_gpu_allocated_bytes"), e.get("peak_gpu_reserved_bytes")]
         if e["event"] == "start":
-            started = stamp
+            started, before_start = stamp, e.get("before_start")
     return {"updates": updates, "validations": validations, "checkpoint_s": checkpoints,
-            "torch_peak_bytes": torch_peak, "started": started}  # fmt: skip
+            "torch_peak_bytes": torch_peak, "started": started,
+            "before_start": before_start}  # fmt: skip
 
 
 def _timeline(record: dict[str, Any], launched: float, job: dict[str, Any]) -> dict[str, Any]:
@@ -202,6 +203,8 @@ def _timeline(record: dict[str, Any], launched: float, job: dict[str, Any]) -> d
         # Aner's start-up in two parts: imports, loading and data until `train` starts; then
         # compiles, warm-up and graph recording until the first update has ended
         "before_start_s": record["started"] - launched if record.get("started") else None,
+        # of which, by Aner's own count: loading the model and building the fused kernels
+        "before_start_phases": record.get("before_start"),
         "final_loss": record["updates"][-1][1],
         "validation_loss": record["validations"][-1] if record["validations"] else None,
     }

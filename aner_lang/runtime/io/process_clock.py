@@ -1,6 +1,8 @@
-"""How long this process has been running: the start-up a run reports (process start to its
-first update) includes the interpreter, imports and model loading, which happen before any of
-Aner's own clocks start.
+"""How long this process has been running, and where its start-up went: the start-up a run
+reports (process start to its first update) includes the interpreter, imports and model loading,
+which happen before any of Aner's own clocks start. `timed` phases (loading a model, building
+kernels) are summed per process, so a run's `start` event can say what its first seconds held
+(phases may nest: kernels built during a load count in both).
 
 On Linux the start is the kernel's (`/proc/self/stat`, in clock ticks: 10 ms at the usual
 100 Hz); elsewhere it is when this module was first imported, which undercounts the start-up.
@@ -10,9 +12,12 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 _IMPORTED = time.monotonic()
+_PHASES: dict[str, float] = {}
 
 
 def seconds_running() -> float:
@@ -25,3 +30,18 @@ def seconds_running() -> float:
         return max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
     except (OSError, ValueError, IndexError):
         return time.monotonic() - _IMPORTED
+
+
+@contextmanager
+def timed(phase: str) -> Iterator[None]:
+    """Add the enclosed block's wall seconds to this process's total for `phase`."""
+    began = time.perf_counter()
+    try:
+        yield
+    finally:
+        _PHASES[phase] = _PHASES.get(phase, 0.0) + time.perf_counter() - began
+
+
+def phases() -> dict[str, float]:
+    """Seconds spent so far in each `timed` phase of this process."""
+    return dict(_PHASES)

@@ -35,6 +35,7 @@ from aner_lang.architectures import ARCHITECTURES, Kind
 from aner_lang.host.chat_template import syntax_error
 from aner_lang.host.model_paths import missing_model
 from aner_lang.problems.errors import AnerRuntimeError
+from aner_lang.runtime.io.process_clock import timed
 from aner_lang.runtime.io.progress import Progress
 from aner_lang.runtime.io.source import (
     GGUFSource,
@@ -404,14 +405,17 @@ def load_model(
         raise bad
     dev = resolve_device(device)
     path = Path(path)
-    source, config, tokenizer, metadata, rope = describe(path)
-    if chat_template is not None:
-        tokenizer = tokenizer.with_chat_template(chat_template)
-    if storage == "gguf" and not isinstance(source, GGUFSource):
-        raise gguf_storage_of_folder(path)
-    weights = read_weights(source, config, storage, dev, quantize_embeddings=quantize_embeddings)
-    module = assemble(config, weights, rope)
-    module.eval().to(dev)
+    with timed("load_model"):
+        source, config, tokenizer, metadata, rope = describe(path)
+        if chat_template is not None:
+            tokenizer = tokenizer.with_chat_template(chat_template)
+        if storage == "gguf" and not isinstance(source, GGUFSource):
+            raise gguf_storage_of_folder(path)
+        weights = read_weights(
+            source, config, storage, dev, quantize_embeddings=quantize_embeddings
+        )
+        module = assemble(config, weights, rope)
+        module.eval().to(dev)
     return LoadedModel(
         module=module,
         tokenizer=tokenizer,

@@ -54,7 +54,7 @@ from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.ggml.linear import STORAGE as GGUF_STORAGE
 from aner_lang.runtime.ggml.linear import gguf_backend
 from aner_lang.runtime.io.host_copy import keeping_staging, staging_bytes
-from aner_lang.runtime.io.process_clock import seconds_running
+from aner_lang.runtime.io.process_clock import phases, seconds_running
 from aner_lang.runtime.io.world import once, world
 from aner_lang.runtime.model import fused_ops
 from aner_lang.runtime.model.activations import ActivationPolicy, keeping
@@ -467,6 +467,7 @@ class _Loop:
                 len(self.examples), self.drawn, o["accumulation"]
             ),
             "tokens_per_update": self.drawn * o["accumulation"] * data.context,
+            "before_start": {"seconds": seconds_running(), **phases()},
             "cuda_graphs": self.steps.status,
             "kernel_identity": self.identity,
             "profile": self.profile.to_json(),

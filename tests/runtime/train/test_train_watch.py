@@ -63,6 +63,9 @@ def test_epochs_set_the_length_and_events_carry_what_to_watch(tiny_model, tmp_pa
     start, *updates, end = events
     assert start["tokens_per_update"] == 2 * 2 * 24 and start["updates_per_epoch"] == 2
     assert start["examples"] == 7
+    # the start event says what the process's first seconds held: the fixture's load among them
+    before = start["before_start"]
+    assert 0 < before["load_model"] < before["seconds"] <= end["startup_seconds"]
     assert [u["update"] for u in updates] == [1, 2, 3]
     assert [u["epoch"] for u in updates] == pytest.approx([4 / 7, 1.0, 1 + 4 / 7])
     for u in updates:

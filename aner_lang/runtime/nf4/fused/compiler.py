@@ -32,6 +32,7 @@ from typing import Any
 
 from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.io.fingerprint import cache_dir as aner_cache_dir
+from aner_lang.runtime.io.process_clock import timed
 
 # No --use_fast_math: the dequantized weights must be the exact fp32 products host_tiled computes.
 OPTIONS: tuple[str, ...] = ("--std=c++17", "-default-device")
@@ -205,14 +206,15 @@ def load(device_index: int, source: KernelSource = NF4) -> CompiledModule:
 
         with cupy.cuda.Device(device_index):
             arch = target_arch(cupy.cuda.Device(device_index).compute_capability)  # e.g. "sm_90a"
-            paths = cubin_paths(arch, source)
-            mod = _MODULES[(device_index, source)] = CompiledModule(
-                arch,
-                module_identity(arch, nvrtc_version(), source),
-                paths,
-                [cupy.RawModule(path=str(path)) for path in paths],
-                {},
-            )
+            with timed("kernel_build"):  # NVRTC where the disk cache has no cubin
+                paths = cubin_paths(arch, source)
+                mod = _MODULES[(device_index, source)] = CompiledModule(
+                    arch,
+                    module_identity(arch, nvrtc_version(), source),
+                    paths,
+                    [cupy.RawModule(path=str(path)) for path in paths],
+                    {},
+                )
     return mod
 
 
