@@ -24,6 +24,7 @@ Rules:
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -100,14 +101,19 @@ class CheckpointWriter:
         self.last: Written | None = None
         """The run's latest checkpoint known to be published."""
 
-    def submit(self, directory: str | Path | None, state: TrainState, best: Path | None) -> None:
+    def submit(self, directory: str | Path | None, state: TrainState, best: Path | None) -> float:
         """Write `state` as the latest checkpoint of `directory` (when given) and publish it as
-        `best` too (when given) in the background, after the previous write has ended."""
+        `best` too (when given) in the background, after the previous write has ended; returns
+        the seconds it waited for earlier writes first (see the module docstring)."""
+        waited = 0.0
         while len(self._pending) >= PENDING:
+            began = time.perf_counter()
             self._finish()
+            waited += time.perf_counter() - began
         write = _Write(self._pending[-1] if self._pending else None, directory, state, best)
         self._pending.append(write)
         write.start()
+        return waited
 
     def _finish(self) -> None:
         """Wait for the oldest write in flight; report what it wrote, or raise what it raised."""

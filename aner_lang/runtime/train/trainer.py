@@ -84,6 +84,19 @@ from aner_lang.runtime.train.watch import EventLog, Progress, clock_text
 
 BEST = "best"
 """The folder under `checkpoints` that holds the best validation checkpoint."""
+WAIT_WARNING_SECONDS = 1.0
+"""A checkpoint that waits this long for earlier ones to reach the disk is worth a warning (once
+a run): the loop pauses for the disk, which a larger `checkpoint_every` avoids."""
+
+
+def _slow_disk(updates: int, waited: float, state: TrainState) -> str:
+    """The warning for a checkpoint that waited `waited` seconds for earlier writes."""
+    size = sum(t.numel() * t.element_size() for t in state.tensors.values())
+    return (
+        f"the checkpoint of update {updates} waited {waited:.1f} s for earlier ones to reach the "
+        f"disk: checkpoints ({human_bytes(size)} each) come faster than it writes them; a larger "
+        "checkpoint_every keeps training from waiting"
+    )
 
 
 def _experts_read_host(adapter: Any, precision: str) -> bool:
@@ -255,6 +268,7 @@ def train(
     stop = "done"
     best_dir = Path(checkpoints) / BEST if checkpoints else None
     writer = CheckpointWriter(_reporter(run_control))
+    warned_slow_disk = False
     try:
         first = loop.start_event(data)
         if picked is not None and profile.memory_budget is not None:
@@ -304,11 +318,17 @@ def train(
                     if due:
                         adapter.state = state
                     if main and checkpoints:
-                        writer.submit(
+                        waited = writer.submit(
                             checkpoints if due else None, state, best_dir if best else None
                         )
                         event["checkpoint_seconds"] = time.perf_counter() - began
                         event["snapshot_seconds"] = snapshot_seconds
+                        if waited:
+                            event["checkpoint_wait_seconds"] = waited
+                        if waited >= WAIT_WARNING_SECONDS and not warned_slow_disk:
+                            warned_slow_disk = True
+                            slow = _slow_disk(updates, waited, state)
+                            print(f"train: warning: {slow}", file=sys.stderr, flush=True)
                 events.add(event)
                 run_control.emit({**event, "steps": total})
                 if progress is not None:

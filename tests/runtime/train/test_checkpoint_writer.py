@@ -169,3 +169,34 @@ def test_a_failed_write_is_an_aner_error_and_no_thread_is_left(tiny_model, tmp_p
         )
     assert failed.value.code == "E-IO" and str(tmp_path / "c") in failed.value.message
     assert not _writer_threads()
+
+
+def test_a_checkpoint_that_waits_for_the_disk_says_so_once(
+    tiny_model, tmp_path, monkeypatch, capsys
+):
+    """The first write takes a second (a slow disk) and a checkpoint comes every update: the
+    first two are handed over at once, the third waits for the first write, its event says how
+    long, and one warning says that checkpoints come faster than the disk writes them."""
+    import json
+    import time
+
+    save = checkpoint.save
+    slow: list[bool] = []
+
+    def slow_save(directory, state, **kwargs):
+        if not slow:
+            slow.append(True)
+            time.sleep(1.0)
+        return save(directory, state, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "save", slow_save)
+    monkeypatch.setattr(trainer, "WAIT_WARNING_SECONDS", 0.5)
+    log = tmp_path / "run.jsonl"
+    train(_adapter(tiny_model), from_texts(TEXTS, 16), Profile(), steps=4,
+          checkpoints=str(tmp_path / "c"), checkpoint_every=1, log=str(log))  # fmt: skip
+    updates = [json.loads(line) for line in log.read_text().splitlines()][1:-1]
+    waits = [u.get("checkpoint_wait_seconds", 0.0) for u in updates]
+    assert waits[:2] == [0.0, 0.0] and 0.5 <= waits[2] < updates[2]["checkpoint_seconds"]
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert len(warnings) == 1
+    assert "checkpoint of update 3 waited" in warnings[0] and "checkpoint_every" in warnings[0]
