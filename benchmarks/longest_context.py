@@ -206,7 +206,7 @@ def aner_attempt(side: str, job: dict[str, Any]) -> dict[str, Any]:
     log = Path(job["dir"]) / "train.jsonl"
     log.unlink(missing_ok=True)  # the log appends: its first event is then this run's start
     run = train(adapter, data, prof, steps=job["steps"], learning_rate=bench.LR, clip_norm=None,
-                seed=0, log=str(log))  # fmt: skip
+                weight_decay=bench.WEIGHT_DECAY, seed=0, log=str(log))  # fmt: skip
     start = json.loads(log.read_text().splitlines()[0])
     return {
         # the last update's; with one update, the call's (its start-up included)

@@ -3,11 +3,13 @@
 Every side trains the same LoRA (rank 16, alpha 32, all seven linear targets, no dropout) on the
 same NF4 double-quantized base of random weights of a real model's shape, from the same initial
 adapter weights (Aner's, copied into the others), on the same token batches, with AdamW at the
-same learning rate and no clipping. Each side runs in its own process, one after another.
+same learning rate and weight decay (none) and no clipping. Each side runs in its own process,
+one after another.
 
-Reported per side: tokens/s over `--steps` updates after `--warmup` (for Aner the steady state:
-the difference of a call of `--steps` and one of twice as many updates, its per-call cost shown
-apart), the ratio to PEFT + bnb and
+Reported per side: tokens/s over `--steps` updates after `--warmup` (for Aner by its trainer's
+clock, the updates of a call of 2 x `--steps` after its first, each timed alone; beside it the
+difference of that call and one of `--steps`, with the per-call cost it implies), the ratio to
+PEFT + bnb and
 to Unsloth, peak CUDA memory (weights included), peak host RSS, and the largest relative
 difference of its first `--compare` losses from Aner's. For Aner also the device time of two
 profiled updates split by what it was for (NF4 forward/backward, LoRA, attention, norms and
@@ -48,6 +50,8 @@ from typing import Any
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 RANK, ALPHA, LR = 16, 32.0, 2e-4
+WEIGHT_DECAY = 0.0
+"""Every side's AdamW weight decay (torch's AdamW defaults to 0.01, Aner's `train` to 0)."""
 SHAPES: dict[str, dict[str, Any]] = {
     "tiny": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
                  "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
@@ -469,7 +473,8 @@ def aner_worker(
     def run(steps: int, settings: Any = prof) -> Any:
         nonlocal done
         done += steps
-        return train(adapter, data, settings, steps=done, learning_rate=LR, clip_norm=None, seed=0)
+        return train(adapter, data, settings, steps=done, learning_rate=LR, clip_norm=None,
+                     weight_decay=WEIGHT_DECAY, seed=0)  # fmt: skip
 
     run(job["warmup"])
     if cuda:
@@ -654,7 +659,7 @@ def _hf_step(model: Any, job: dict[str, Any]) -> Any:
 
     device = next(model.parameters()).device
     trainable = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(trainable, lr=LR)
+    opt = torch.optim.AdamW(trainable, lr=LR, weight_decay=WEIGHT_DECAY)
     dtype = DTYPES[job["precision"]]
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
     model.train()
