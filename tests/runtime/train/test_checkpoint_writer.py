@@ -174,22 +174,33 @@ def test_a_failed_write_is_an_aner_error_and_no_thread_is_left(tiny_model, tmp_p
 def test_a_checkpoint_that_waits_for_the_disk_says_so_once(
     tiny_model, tmp_path, monkeypatch, capsys
 ):
-    """The first write takes a second (a slow disk) and a checkpoint comes every update: the
-    first two are handed over at once, the third waits for the first write, its event says how
-    long, and one warning says that checkpoints come faster than the disk writes them."""
+    """The first write lasts until the third checkpoint has been handed over, and 0.6 s more (a
+    slow disk), with a checkpoint every update: the first two are handed over at once, the third
+    waits for the first write, its event says how long, and one warning says that checkpoints
+    come faster than the disk writes them."""
     import json
     import time
 
-    save = checkpoint.save
-    slow: list[bool] = []
+    from aner_lang.runtime.train.checkpoint_writer import CheckpointWriter
+
+    save, submit = checkpoint.save, CheckpointWriter.submit
+    third = threading.Event()
+    submitted: list[int] = []
 
     def slow_save(directory, state, **kwargs):
-        if not slow:
-            slow.append(True)
-            time.sleep(1.0)
+        if state.updates == 1:
+            third.wait(timeout=120)
+            time.sleep(0.6)
         return save(directory, state, **kwargs)
 
+    def counting_submit(writer, directory, state, best):
+        submitted.append(state.updates)
+        if len(submitted) == 3:
+            third.set()
+        return submit(writer, directory, state, best)
+
     monkeypatch.setattr(checkpoint, "save", slow_save)
+    monkeypatch.setattr(CheckpointWriter, "submit", counting_submit)
     monkeypatch.setattr(trainer, "WAIT_WARNING_SECONDS", 0.5)
     log = tmp_path / "run.jsonl"
     train(_adapter(tiny_model), from_texts(TEXTS, 16), Profile(), steps=4,
