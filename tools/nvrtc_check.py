@@ -18,6 +18,8 @@ import ctypes
 import re
 import struct
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -56,27 +58,38 @@ def library() -> ctypes.CDLL | None:
     return ctypes.CDLL(str(main))
 
 
-def compile_report(
-    lib: ctypes.CDLL, arch: str = "sm_90a", source: compiler.KernelSource = compiler.NF4
-) -> Report:
-    """Compile ``source`` for ``arch`` with the package's options plus ptxas -v."""
+@contextmanager
+def _compiled(
+    lib: ctypes.CDLL, arch: str, source: compiler.KernelSource, *extra: str
+) -> Iterator[tuple[ctypes.c_void_p, int]]:
+    """An NVRTC program of ``source`` compiled for ``arch`` with the package's options and
+    ``extra``, and NVRTC's result code; the program is destroyed on leaving."""
     prog = ctypes.c_void_p()
     src = source.text().encode()
     if lib.nvrtcCreateProgram(ctypes.byref(prog), src, source.name.encode(), 0, None, None):
         raise RuntimeError("nvrtcCreateProgram failed")
     try:
-        opts = [
-            o.encode()
-            for o in (*source.options(), f"--gpu-architecture={arch}", "--ptxas-options=-v")
-        ]
-        rc = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
-        size = ctypes.c_size_t()
-        lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
-        buf = ctypes.create_string_buffer(size.value)
-        lib.nvrtcGetProgramLog(prog, buf)
+        opts = [o.encode() for o in (*source.options(), f"--gpu-architecture={arch}", *extra)]
+        yield prog, lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
     finally:
         lib.nvrtcDestroyProgram(ctypes.byref(prog))
-    log = buf.value.decode(errors="replace")
+
+
+def _output(lib: ctypes.CDLL, prog: ctypes.c_void_p, what: str) -> bytes:
+    """A compiled program's `what` (``ProgramLog``, ``CUBIN``): NVRTC gives its size, then it."""
+    size = ctypes.c_size_t()
+    getattr(lib, f"nvrtcGet{what}Size")(prog, ctypes.byref(size))
+    buf = ctypes.create_string_buffer(size.value)
+    getattr(lib, f"nvrtcGet{what}")(prog, buf)
+    return buf.raw
+
+
+def compile_report(
+    lib: ctypes.CDLL, arch: str = "sm_90a", source: compiler.KernelSource = compiler.NF4
+) -> Report:
+    """Compile ``source`` for ``arch`` with the package's options plus ptxas -v."""
+    with _compiled(lib, arch, source, "--ptxas-options=-v") as (prog, rc):
+        log = _output(lib, prog, "ProgramLog").split(b"\0", 1)[0].decode(errors="replace")
     report = Report(ok=rc == 0, log=log)
     kernel = None
     for line in log.splitlines():
@@ -95,22 +108,10 @@ def compile_cubin(
     lib: ctypes.CDLL, arch: str = "sm_90a", source: compiler.KernelSource = compiler.NF4
 ) -> bytes:
     """The cubin of one program ``source`` for ``arch``, compiled as the GPU machine does."""
-    prog = ctypes.c_void_p()
-    if lib.nvrtcCreateProgram(
-        ctypes.byref(prog), source.text().encode(), source.name.encode(), 0, None, None
-    ):
-        raise RuntimeError("nvrtcCreateProgram failed")
-    try:
-        opts = [o.encode() for o in (*source.options(), f"--gpu-architecture={arch}")]
-        if lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts)):
+    with _compiled(lib, arch, source) as (prog, rc):
+        if rc:
             raise RuntimeError(f"{source.name} {source.defines} does not compile for {arch}")
-        size = ctypes.c_size_t()
-        lib.nvrtcGetCUBINSize(prog, ctypes.byref(size))
-        buf = ctypes.create_string_buffer(size.value)
-        lib.nvrtcGetCUBIN(prog, buf)
-        return buf.raw
-    finally:
-        lib.nvrtcDestroyProgram(ctypes.byref(prog))
+        return _output(lib, prog, "CUBIN")
 
 
 def kernel_code(cubin: bytes) -> dict[str, bytes]:
