@@ -53,11 +53,6 @@ class LossScaler:
     def enabled(self) -> bool:
         return self.state.kind != "none"
 
-    def scale(self, loss: torch.Tensor) -> torch.Tensor:
-        if not self.enabled:
-            return loss
-        return loss * torch.tensor(self.state.scale, dtype=torch.float32, device=loss.device)
-
     @torch.no_grad()
     def unscale_(self, grads: Iterable[torch.Tensor]) -> torch.Tensor:
         """Unscale gradients in place; returns a 0-d fp32 tensor, non-zero when any of them is
