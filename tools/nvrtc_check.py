@@ -6,6 +6,7 @@ reports per kernel the registers, spills and ptxas's wgmma serialization warning
 cost device time to discover otherwise.
 
     python tools/nvrtc_check.py [--arch sm_90a] [--ggml Q4_K]   # NF4, or one GGUF block type
+    python tools/nvrtc_check.py --time-parts   # NF4 compiled whole and in parts, timed
 
 CuPy's NVRTC binding would need CuPy, which installs only on CUDA machines; this calls the
 library through ctypes instead.
@@ -15,10 +16,13 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import os
 import re
 import struct
 import sys
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -136,15 +140,37 @@ def kernel_code(cubin: bytes) -> dict[str, bytes]:
     return code
 
 
+def time_parts(lib: ctypes.CDLL, arch: str, repeats: int = 2) -> None:
+    """Print the wall seconds of the NF4 source compiled as one program and as its parts, one
+    thread each (as `compiler.cubin_paths` compiles them), `repeats` times."""
+    parts = compiler.NF4.part_sources()
+    for repeat in range(1, repeats + 1):
+        began = time.perf_counter()
+        compile_cubin(lib, arch, compiler.NF4)
+        whole = time.perf_counter() - began
+        began = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=len(parts)) as pool:
+            list(pool.map(lambda part: compile_cubin(lib, arch, part), parts))
+        split = time.perf_counter() - began
+        print(f"repeat {repeat}: whole {whole:.1f} s, {len(parts)} parts at once {split:.1f} s "
+              f"({os.cpu_count()} cores)", flush=True)  # fmt: skip
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", default="sm_90a")
     ap.add_argument("--ggml", metavar="QTYPE", help="the GGUF block kernels of one type (Q4_K...)")
+    ap.add_argument("--time-parts", action="store_true",
+                    help="wall seconds of the NF4 source compiled whole and in its parts at once, "
+                         "twice (what a machine without a kernel cache waits for)")  # fmt: skip
     args = ap.parse_args()
     lib = library()
     if lib is None:
         print("nvidia-cuda-nvrtc is not installed (pip install -e '.[dev]')", file=sys.stderr)
         return 2
+    if args.time_parts:
+        time_parts(lib, args.arch)
+        return 0
     if args.ggml:
         from aner_lang.runtime.ggml.fused import source
 
