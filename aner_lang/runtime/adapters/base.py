@@ -181,7 +181,11 @@ class Adapter:
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """All adapter tensors (trainable and stored frozen), detached CPU copies."""
-        return host_copies({**self.params, **self.frozen})
+        return host_copies(self.live_tensors())
+
+    def live_tensors(self) -> dict[str, torch.Tensor]:
+        """All adapter tensors as the run holds them, not copies (a snapshot copies them)."""
+        return {**self.params, **self.frozen}
 
     def load_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
         """Copy saved tensors into this adapter (same config), exactly."""

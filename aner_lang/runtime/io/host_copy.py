@@ -5,7 +5,8 @@ continued exactly) copies every adapter tensor and both AdamW moments of each: h
 tensors for a LoRA, thousands for one on every projection of a large model. Copied one `.cpu()` at
 a time, each waits for the GPU, a host-device round trip apiece. Here the small ones are queued
 into one pinned staging buffer, one synchronisation per device covers them all, and each is then
-copied out of it into its own pageable tensor.
+copied out of it into its own pageable tensor by a thread (`host_copies_soon`), while the
+training thread goes on.
 
 Rules and reasons:
 
@@ -20,15 +21,22 @@ Rules and reasons:
   pageable memory, so no run holds it for the next. `keeping_staging(bytes)` pins the expected
   size as the run starts, before any graph is recorded, in the calling thread: pinning from
   another thread while a graph records is one of the calls a global-mode capture forbids.
-* The copies never share storage with each other or alias the originals: a snapshot's tensors are
-  written by safetensors, which refuses tensors that share memory, and outlive the staging
-  buffer's next use.
+* The calling thread queues the transfers and waits for the device (tens of milliseconds for
+  half a gigabyte): after that the originals may change. The copies out of the staging buffer
+  into fresh pageable memory, thousands of allocations whose first touch of every page is a
+  fault (seconds where the host is short of free pages, e.g. while the disk flushes a model
+  just written), run in a thread that makes no CUDA call, so a graph may record meanwhile.
+  The next use of the staging buffer waits for that thread; `HostCopies.result()` does too.
+* The copies never share storage with each other or alias the originals: a snapshot's tensors
+  may be written by safetensors, which refuses tensors that share memory, and outlive the
+  staging buffer's next use.
 * Large tensors take the plain copy (the transfer dwarfs the wait).
 * The result keeps the order of `tensors` (a checkpoint's bytes follow it).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -41,21 +49,31 @@ ALIGN = 64
 
 
 class _Staging:
-    """The process's pinned staging buffer (see the rules), used by the training thread only."""
+    """The process's pinned staging buffer (see the rules), taken by the training thread only."""
 
     def __init__(self) -> None:
         self.buffer: torch.Tensor | None = None
         self.keepers = 0
+        self.reader: threading.Thread | None = None
+        """The thread copying out of the buffer, if any: the buffer is not reused before it ends."""
 
     def take(self, nbytes: int) -> torch.Tensor:
-        """At least `nbytes` of pinned memory."""
+        """At least `nbytes` of pinned memory, once no copy reads it any more."""
+        self.settle()
         if self.buffer is None or self.buffer.numel() < nbytes:
             self.buffer = None  # back to torch's cache before the larger one is pinned
             self.buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
         return self.buffer[:nbytes]
 
+    def settle(self) -> None:
+        """Wait for the copy out of the buffer in flight, if any."""
+        if self.reader is not None:
+            self.reader.join()
+            self.reader = None
+
     def done(self) -> None:
-        """After a use: drop the buffer unless a keeper holds it."""
+        """After a use: drop the buffer unless a keeper holds it (a copy still reading it holds
+        its own reference)."""
         if not self.keepers:
             self.buffer = None
 
@@ -94,36 +112,88 @@ def _aligned(t: torch.Tensor) -> int:
 def host_copies(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Contiguous CPU copies of ``tensors`` (detached; never aliasing the originals or each
     other)."""
-    out: dict[str, torch.Tensor] = {}
+    return host_copies_soon(tensors).result()
+
+
+class HostCopies:
+    """Host copies of tensors whose transfers are done and whose copies out of the staging
+    buffer are being made by a thread (see the rules): `result()` waits for them."""
+
+    def __init__(
+        self,
+        order: list[str],
+        ready: dict[str, torch.Tensor],
+        views: dict[str, torch.Tensor],
+        staging: _Staging | None,
+    ) -> None:
+        self._order, self._out = order, ready
+        self._views: dict[str, torch.Tensor] | None = views
+        self._failure: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        if views:
+            self._thread = threading.Thread(
+                target=self._copy_out, name="aner-host-copy", daemon=True
+            )
+            self._thread.start()
+            if staging is not None:
+                staging.reader = self._thread
+
+    def _copy_out(self) -> None:
+        views, self._views = self._views, None  # the staging buffer is free once this ends
+        try:
+            assert views is not None
+            for name, v in views.items():
+                self._out[name] = torch.empty(v.shape, dtype=v.dtype).copy_(v)
+        except BaseException as e:  # raised again by `result`, in the thread that asks
+            self._failure = e
+
+    def result(self) -> dict[str, torch.Tensor]:
+        """The copies, in the order given (waits for the thread)."""
+        if self._thread is not None:
+            self._thread.join()
+        if self._failure is not None:
+            raise self._failure
+        return {name: self._out[name] for name in self._order}
+
+
+def host_copies_soon(tensors: dict[str, torch.Tensor]) -> HostCopies:
+    """Copies of ``tensors`` as `host_copies` makes them; on return the originals may change,
+    and the copies out of the pinned staging buffer are still being made (see the rules)."""
+    ready: dict[str, torch.Tensor] = {}
     staged: dict[str, torch.Tensor] = {}
     for name, t in tensors.items():
         t = t.detach()
         if _staged(t):
             staged[name] = t
         elif t.is_cuda:
-            out[name] = t.cpu().contiguous()
+            ready[name] = t.cpu().contiguous()
         else:
-            out[name] = t.clone(memory_format=torch.contiguous_format)
-    if staged:
-        out.update(staged_copies(staged, pinned=True))
-    return {name: out[name] for name in tensors}
-
-
-def staged_copies(tensors: dict[str, torch.Tensor], pinned: bool) -> dict[str, torch.Tensor]:
-    """Pageable CPU copies of `tensors`, transferred together through one staging buffer (the
-    pinned one for CUDA tensors: an asynchronous copy needs it), each at an `ALIGN`ed offset."""
-    nbytes = max(sum(_aligned(t) for t in tensors.values()), 1)
-    if not pinned:
-        return _copied_through(torch.empty(nbytes, dtype=torch.uint8), tensors)
+            ready[name] = t.clone(memory_format=torch.contiguous_format)
+    if not staged:
+        return HostCopies(list(tensors), ready, {}, None)
     try:
-        return _copied_through(_STAGING.take(nbytes), tensors)
+        views = _staged_into(_STAGING.take(_staged_bytes(staged)), staged)
+        return HostCopies(list(tensors), ready, views, _STAGING)
     finally:
         _STAGING.done()
 
 
-def _copied_through(
+def staged_copies(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Copies of `tensors` through one pageable staging buffer, the way `host_copies_soon`
+    places them in its pinned one (where no CUDA device is, this is how that placement runs)."""
+    staging = torch.empty(_staged_bytes(tensors), dtype=torch.uint8)
+    return HostCopies(list(tensors), {}, _staged_into(staging, tensors), None).result()
+
+
+def _staged_bytes(tensors: dict[str, torch.Tensor]) -> int:
+    return max(sum(_aligned(t) for t in tensors.values()), 1)
+
+
+def _staged_into(
     staging: torch.Tensor, tensors: dict[str, torch.Tensor]
 ) -> dict[str, torch.Tensor]:
+    """Views of `staging` holding `tensors`' values, each at an `ALIGN`ed offset, once every
+    device has finished the transfers (asynchronous into pinned memory)."""
     views: dict[str, torch.Tensor] = {}
     start = 0
     for name, t in tensors.items():
@@ -133,4 +203,4 @@ def _copied_through(
         start += _aligned(t)
     for device in {t.device for t in tensors.values() if t.is_cuda}:
         torch.cuda.synchronize(device)
-    return {name: torch.empty(v.shape, dtype=v.dtype).copy_(v) for name, v in views.items()}
+    return views

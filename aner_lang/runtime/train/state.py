@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from aner_lang.problems.errors import AnerRuntimeError
+from aner_lang.runtime.io.host_copy import HostCopies
 
 STATE_FORMAT = "aner.train-state/1"
 
@@ -41,12 +42,20 @@ class Counters:
         return cls(**json.loads(json.dumps(data)))
 
 
-@dataclass
 class TrainState:
-    """Everything needed to continue training bit-identically (docs/internals.md)."""
+    """Everything needed to continue training bit-identically (docs/internals.md). Its tensors
+    may still be being copied to the host (a snapshot's, `host_copy.HostCopies`): reading them
+    waits for that."""
 
-    tensors: dict[str, torch.Tensor]
-    meta: dict[str, Any]
+    def __init__(self, tensors: dict[str, torch.Tensor] | HostCopies, meta: dict[str, Any]) -> None:
+        self._tensors = tensors
+        self.meta = meta
+
+    @property
+    def tensors(self) -> dict[str, torch.Tensor]:
+        if isinstance(self._tensors, HostCopies):
+            self._tensors = self._tensors.result()
+        return self._tensors
 
     @property
     def updates(self) -> int:

@@ -53,7 +53,7 @@ from aner_lang.host.units import human_bytes
 from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.ggml.linear import STORAGE as GGUF_STORAGE
 from aner_lang.runtime.ggml.linear import gguf_backend
-from aner_lang.runtime.io.host_copy import keeping_staging, staging_bytes
+from aner_lang.runtime.io.host_copy import host_copies_soon, keeping_staging, staging_bytes
 from aner_lang.runtime.io.process_clock import phases, seconds_running
 from aner_lang.runtime.io.world import once, world
 from aner_lang.runtime.model import fused_ops
@@ -659,18 +659,17 @@ class _Loop:
         return len(history) - 1 - best
 
     def staging_bytes(self) -> int:
-        """Pinned staging bytes this run's snapshots will use (`host_copy`): the larger of their
-        two copies, the adapter's tensors or the optimizer's two moments of each trainable one."""
+        """Pinned staging bytes this run's snapshots will use (`host_copy`): the adapter's
+        tensors and the optimizer's two moments of each trainable one, copied together."""
         adapter = self.adapter
-        trained = staging_bytes(adapter.params)
-        return max(staging_bytes({**adapter.params, **adapter.frozen}), 2 * trained)
+        return staging_bytes(adapter.live_tensors()) + 2 * staging_bytes(adapter.params)
 
     def snapshot(self) -> TrainState:
         """The state after this update (consistent: optimizer stepped, scale updated)."""
         adapter = self.adapter
-        tensors = {f"adapter/{k}": v for k, v in adapter.tensors().items()}
+        tensors = {f"adapter/{k}": v for k, v in adapter.live_tensors().items()}
         tensors.update(self.parallel.gathered(self.opt.state_tensors()))
-        tensors["rng/generator"] = self.gen.get_state().clone()
+        tensors["rng/generator"] = self.gen.get_state()
         meta = {
             "format": STATE_FORMAT,
             "adapter": adapter.config,
@@ -688,7 +687,7 @@ class _Loop:
             "counters": self.counters.to_json(),
             "options": self.options,
         }
-        return TrainState(tensors, meta)
+        return TrainState(host_copies_soon(tensors), meta)
 
     def end_event(self, stop: str, seconds: float) -> dict[str, Any]:
         best_update, best_loss = self.best()

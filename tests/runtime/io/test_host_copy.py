@@ -12,10 +12,12 @@ from aner_lang.runtime.io import host_copy
 from aner_lang.runtime.io.host_copy import (
     PINNED_MAX_BYTES,
     host_copies,
+    host_copies_soon,
     keeping_staging,
     staged_copies,
     staging_bytes,
 )
+from aner_lang.runtime.train.state import TrainState
 
 
 def _tensors(device: str) -> dict[str, torch.Tensor]:
@@ -54,7 +56,7 @@ def _check_copies(given: dict[str, torch.Tensor], copies: dict[str, torch.Tensor
 
 def test_staged_copies_place_every_dtype_and_shape_apart(tmp_path):
     given = _tensors("cpu")
-    copies = staged_copies(given, pinned=False)
+    copies = staged_copies(given)
     _check_copies(given, copies)
     given["a_f32"].add_(1.0)  # the copies are detached from the originals
     assert not torch.equal(copies["a_f32"], given["a_f32"])
@@ -99,3 +101,43 @@ def test_a_run_keeps_one_pinned_staging_buffer_between_its_snapshots():
     assert host_copy._STAGING.buffer is None
     _check_copies(given, first)
     _check_copies(given, second)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_originals_may_change_once_host_copies_soon_returns(device):
+    """The transfers are done when `host_copies_soon` returns (only the copies out of the staging
+    buffer go on in a thread): a training update right after it does not reach the copies."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    given = _tensors(device)
+    before = {k: v.cpu().clone() for k, v in given.items()}
+    soon = host_copies_soon(given)
+    for t in given.values():
+        if t.dtype != torch.bool and t.numel():
+            t.add_(1)
+    _check_copies(before, soon.result())
+    assert host_copy._STAGING.reader is None or not host_copy._STAGING.reader.is_alive()
+
+
+def test_the_staging_buffer_is_reused_only_after_its_copies_are_made():
+    """A use of the staging buffer waits for the thread still copying out of it (`settle`), and
+    a copy that failed raises in the thread that asks for the result."""
+    staging = host_copy._Staging()
+    given = _tensors("cpu")
+    buffer = torch.empty(sum(host_copy._aligned(t) for t in given.values()), dtype=torch.uint8)
+    copies = host_copy.HostCopies(list(given), {}, host_copy._staged_into(buffer, given), staging)
+    assert staging.reader is not None
+    staging.settle()
+    assert staging.reader is None
+    _check_copies(given, copies.result())
+    broken = host_copy.HostCopies(["x"], {}, {"x": "not a tensor"}, None)  # type: ignore[dict-item]
+    with pytest.raises(AttributeError):
+        broken.result()
+
+
+def test_a_train_state_reads_its_tensors_once_they_are_copied():
+    given = _tensors("cpu")
+    state = TrainState(host_copies_soon(given), {"counters": {"updates": 3}})
+    assert state.updates == 3
+    _check_copies(given, state.tensors)
+    assert state.tensors is state.tensors  # resolved once

@@ -102,7 +102,7 @@ class _ShardedAdapter:
     ) -> torch.Tensor:
         return self.module.loss(input_ids, targets, positions)
 
-    def tensors(self) -> dict[str, torch.Tensor]:
+    def live_tensors(self) -> dict[str, torch.Tensor]:
         """The masters as a `TrainState` keeps them (`ShardedFull.kept`; every rank must call
         this)."""
         return {n: self._kept(n, _local(p)) for n, p in self.params.items()}

@@ -15,8 +15,6 @@ from dataclasses import dataclass
 
 import torch
 
-from aner_lang.runtime.io.host_copy import host_copies
-
 
 @dataclass
 class AdamWState:
@@ -151,13 +149,13 @@ class AdamW:
         torch._foreach_addcdiv_(params, exp_avgs, denom, step_size)
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
-        """Moments and steps as contiguous CPU tensors, keyed for `TrainState`."""
+        """Moments (the live tensors, not copies) and steps, keyed for `TrainState`."""
         out: dict[str, torch.Tensor] = {}
         for name, st in self.state.items():
             out[f"optim/exp_avg/{name}"] = st.exp_avg
             out[f"optim/exp_avg_sq/{name}"] = st.exp_avg_sq
             out[f"optim/step/{name}"] = st.step
-        return host_copies(out)
+        return out
 
     def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
         """Inverse of `state_tensors`: moments copied into fresh storage of this optimizer."""
