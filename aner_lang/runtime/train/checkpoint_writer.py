@@ -4,11 +4,15 @@ longer touches) and a thread writes, verifies and publishes it (`checkpoint.save
 Rules:
 
 * At most `PENDING` checkpoints are handed over and not yet published: one being written and one
-  waiting for it. Handing over a third first waits for the oldest, so a write slower than the
-  interval between checkpoints (a disk still flushing what was written before the run) holds
-  the loop only when it is slower than two intervals, and at most two snapshots wait in host
-  memory. Each write starts after the previous one has ended: checkpoints are published in
-  order.
+  waiting for it, so at most two snapshots wait in host memory. Each write starts after the
+  previous one has ended: checkpoints are published in order.
+* A checkpoint handed over while another still waits for the disk (a write slower than the
+  interval between checkpoints: a disk still flushing a model written just before the run)
+  replaces the waiting one, which is never written, instead of holding the loop: a run keeps only
+  its latest checkpoint, so the replaced one would have been removed once the newer one was
+  published, and the newer one reaches the disk no later. `submit` says which it replaced.
+  A waiting checkpoint that is the run's best is not replaced by one that is not (the best
+  would be lost): then the loop waits for the oldest write.
 * A failed write is raised in the training thread, as an Aner error naming the directory, when
   a later checkpoint waits for it, at the next update's `poll` or when the writer is closed: no
   checkpoint is silently lost.
@@ -45,7 +49,19 @@ class Written:
     latest: bool
 
 
+@dataclass(frozen=True)
+class Submitted:
+    """What handing a checkpoint over cost: the seconds the loop waited for earlier writes, and
+    the update of the waiting checkpoint it replaced (None if none)."""
+
+    waited: float
+    replaced: int | None
+
+
 PENDING = 2
+DROP_POLL_SECONDS = 0.05
+"""How often a write waiting for the previous one looks whether it was given up (so that its
+thread ends soon after, not when the disk is free)."""
 """Checkpoints handed over and not yet published, at most (see the module docstring)."""
 
 
@@ -62,12 +78,26 @@ class _Write(threading.Thread):
         super().__init__(name="aner-checkpoint")
         self.before, self.directory, self.best = before, directory, best
         self.state: TrainState | None = state
+        self.updates = state.updates
         self.outcome: Written | BaseException | None = None
+        self._lock = threading.Lock()
+        self._begun = self._dropped = False
+
+    def drop(self) -> bool:
+        """Give this write up unless it has begun; whether it was given up."""
+        with self._lock:
+            self._dropped = not self._begun
+            return self._dropped
 
     def run(self) -> None:
-        if self.before is not None:
-            self.before.join()
+        while self.before is not None and self.before.is_alive() and not self._dropped:
+            self.before.join(DROP_POLL_SECONDS)
+        with self._lock:
+            self._begun = not self._dropped
         directory, state, best = self.directory, self.state, self.best
+        if not self._begun:
+            self.before, self.state = None, None
+            return
         assert state is not None  # a write runs once
         # no chain of ended writes, each holding its snapshot, stays reachable from this one
         self.before, self.state = None, None
@@ -98,13 +128,24 @@ class CheckpointWriter:
         self._on_written = on_written
         """Called in the training thread for every published checkpoint, in order."""
         self._pending: deque[_Write] = deque()
+        self._replaced: list[_Write] = []
+        """Writes given up for newer ones: their threads end within `DROP_POLL_SECONDS`."""
         self.last: Written | None = None
         """The run's latest checkpoint known to be published."""
 
-    def submit(self, directory: str | Path | None, state: TrainState, best: Path | None) -> float:
+    def submit(
+        self, directory: str | Path | None, state: TrainState, best: Path | None
+    ) -> Submitted:
         """Write `state` as the latest checkpoint of `directory` (when given) and publish it as
-        `best` too (when given) in the background, after the previous write has ended; returns
-        the seconds it waited for earlier writes first (see the module docstring)."""
+        `best` too (when given) in the background, after the previous write has ended; says
+        which waiting checkpoint it replaced and how long it waited for earlier writes (see the
+        module docstring)."""
+        replaced = None
+        if len(self._pending) >= PENDING:
+            waiting = self._pending[-1]
+            if (waiting.best is None or best is not None) and waiting.drop():
+                self._replaced.append(self._pending.pop())
+                replaced = waiting.updates
         waited = 0.0
         while len(self._pending) >= PENDING:
             began = time.perf_counter()
@@ -113,7 +154,7 @@ class CheckpointWriter:
         write = _Write(self._pending[-1] if self._pending else None, directory, state, best)
         self._pending.append(write)
         write.start()
-        return waited
+        return Submitted(waited, replaced)
 
     def _finish(self) -> None:
         """Wait for the oldest write in flight; report what it wrote, or raise what it raised."""
@@ -130,6 +171,11 @@ class CheckpointWriter:
         """Wait for every write in flight, reporting each in order (see `_finish`)."""
         while self._pending:
             self._finish()
+        self._join_replaced()
+
+    def _join_replaced(self) -> None:
+        while self._replaced:
+            self._replaced.pop().join()
 
     def poll(self) -> None:
         """Report the writes that have ended (see `_finish`), without waiting for one in flight:
@@ -147,3 +193,4 @@ class CheckpointWriter:
         and its own error is the one to show. A no-op after `close`."""
         while self._pending:
             self._pending.popleft().join()
+        self._join_replaced()

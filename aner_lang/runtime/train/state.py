@@ -58,6 +58,13 @@ class TrainState:
         return self._tensors
 
     @property
+    def nbytes(self) -> int:
+        """The tensors' bytes, without waiting for them to be copied."""
+        if isinstance(self._tensors, HostCopies):
+            return self._tensors.nbytes
+        return sum(t.numel() * t.element_size() for t in self._tensors.values())
+
+    @property
     def updates(self) -> int:
         return int(self.meta["counters"]["updates"])
 

@@ -65,7 +65,7 @@ from aner_lang.runtime.nf4.backends import NF4Backend, using_backend
 from aner_lang.runtime.tasks.batches import collate
 from aner_lang.runtime.tasks.data import Dataset, no_scored_tokens
 from aner_lang.runtime.train import budget, control
-from aner_lang.runtime.train.checkpoint_writer import CheckpointWriter, Written
+from aner_lang.runtime.train.checkpoint_writer import CheckpointWriter, Submitted, Written
 from aner_lang.runtime.train.determinism import deterministic
 from aner_lang.runtime.train.distributed import Parallel, for_run
 from aner_lang.runtime.train.graphs import GraphSteps, eligibility
@@ -89,13 +89,18 @@ WAIT_WARNING_SECONDS = 1.0
 a run): the loop pauses for the disk, which a larger `checkpoint_every` avoids."""
 
 
-def _slow_disk(updates: int, waited: float, state: TrainState) -> str:
-    """The warning for a checkpoint that waited `waited` seconds for earlier writes."""
-    size = sum(t.numel() * t.element_size() for t in state.tensors.values())
+def _slow_disk(updates: int, submitted: Submitted, state: TrainState) -> str | None:
+    """The warning for a checkpoint that replaced one the disk had not begun, or that waited at
+    least `WAIT_WARNING_SECONDS` for earlier writes; None for one that did neither."""
+    if submitted.replaced is not None:
+        what = f"replaced the one of update {submitted.replaced}, which the disk had not begun"
+    elif submitted.waited >= WAIT_WARNING_SECONDS:
+        what = f"waited {submitted.waited:.1f} s for earlier ones to reach the disk"
+    else:
+        return None
     return (
-        f"the checkpoint of update {updates} waited {waited:.1f} s for earlier ones to reach the "
-        f"disk: checkpoints ({human_bytes(size)} each) come faster than it writes them; a larger "
-        "checkpoint_every keeps training from waiting"
+        f"the checkpoint of update {updates} {what}: checkpoints ({human_bytes(state.nbytes)} each) "
+        "come faster than it writes them; a larger checkpoint_every writes each of them"
     )
 
 
@@ -318,16 +323,18 @@ def train(
                     if due:
                         adapter.state = state
                     if main and checkpoints:
-                        waited = writer.submit(
+                        submitted = writer.submit(
                             checkpoints if due else None, state, best_dir if best else None
                         )
                         event["checkpoint_seconds"] = time.perf_counter() - began
                         event["snapshot_seconds"] = snapshot_seconds
-                        if waited:
-                            event["checkpoint_wait_seconds"] = waited
-                        if waited >= WAIT_WARNING_SECONDS and not warned_slow_disk:
+                        if submitted.waited:
+                            event["checkpoint_wait_seconds"] = submitted.waited
+                        if submitted.replaced is not None:
+                            event["checkpoint_replaced"] = submitted.replaced
+                        slow = _slow_disk(updates, submitted, state)
+                        if slow is not None and not warned_slow_disk:
                             warned_slow_disk = True
-                            slow = _slow_disk(updates, waited, state)
                             print(f"train: warning: {slow}", file=sys.stderr, flush=True)
                 events.add(event)
                 run_control.emit({**event, "steps": total})

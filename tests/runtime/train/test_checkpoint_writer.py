@@ -17,7 +17,9 @@ from aner_lang.runtime import adapters as A
 from aner_lang.runtime.io.tensor_file import _DTYPES, TensorFile
 from aner_lang.runtime.tasks.data import from_texts
 from aner_lang.runtime.train import checkpoint, trainer
+from aner_lang.runtime.train.checkpoint_writer import Submitted
 from aner_lang.runtime.train.profile import Profile
+from aner_lang.runtime.train.state import TrainState
 from aner_lang.runtime.train.trainer import train
 
 TEXTS = [f"example number {i} says something about the number {i}" for i in range(5)]
@@ -84,40 +86,94 @@ def test_the_loop_runs_on_while_a_checkpoint_is_written(tiny_model, tmp_path, mo
         assert torch.equal(ck.tensors[key], t), key
 
 
-def test_two_checkpoints_may_wait_for_a_slow_disk_and_a_third_waits_for_them(
-    tiny_model, tmp_path, monkeypatch
+def test_a_checkpoint_replaces_one_the_disk_has_not_begun_and_the_loop_never_waits(
+    tiny_model, tmp_path, monkeypatch, capsys
 ):
-    """The first write is held until update 3 has run: the checkpoint of update 2 is handed over
-    without waiting for it (update 3 would never come otherwise), the one of update 3 waits, so
-    never more than `PENDING` writes are in flight, and every checkpoint is published in order."""
-    from aner_lang.runtime.train.checkpoint_writer import PENDING
+    """The first write is held until the fourth checkpoint has been handed over (a disk still
+    flushing): the checkpoints of updates 2 and 3, still waiting for it, are each replaced by the
+    next one instead of holding the loop, the events say so, one warning says why, and the
+    latest checkpoint is the last update's."""
+    import json
 
-    update_three = threading.Event()
-    waited: list[bool] = []
+    from aner_lang.runtime.train.checkpoint_writer import CheckpointWriter
+
+    fourth = threading.Event()
     saved: list[int] = []
-    in_flight: list[int] = []
-    save, update = checkpoint.save, trainer._Loop.update
+    save, submit = checkpoint.save, CheckpointWriter.submit
 
     def slow_save(directory, state, **kwargs):
-        if not waited:
-            waited.append(update_three.wait(timeout=120))
+        if state.updates == 1:
+            assert fourth.wait(timeout=120)
         saved.append(state.updates)
         return save(directory, state, **kwargs)
 
-    def counting_update(loop):
-        event = update(loop)
-        in_flight.append(len(_writer_threads()))
-        if loop.counters.updates == 3:
-            update_three.set()
-        return event
+    def counting_submit(writer, directory, state, best):
+        submitted = submit(writer, directory, state, best)
+        if state.updates == 4:
+            fourth.set()
+        return submitted
 
     monkeypatch.setattr(checkpoint, "save", slow_save)
-    monkeypatch.setattr(trainer._Loop, "update", counting_update)
-    train(_adapter(tiny_model), from_texts(TEXTS, 16), Profile(), steps=5,
-          checkpoints=str(tmp_path / "c"), checkpoint_every=1)  # fmt: skip
-    assert waited == [True] and saved == [1, 2, 3, 4, 5]
-    assert in_flight[2] == PENDING == 2 and max(in_flight) <= PENDING
-    assert checkpoint.load(tmp_path / "c").updates == 5 and not _writer_threads()
+    monkeypatch.setattr(CheckpointWriter, "submit", counting_submit)
+    log = tmp_path / "run.jsonl"
+    train(_adapter(tiny_model), from_texts(TEXTS, 16), Profile(), steps=4,
+          checkpoints=str(tmp_path / "c"), checkpoint_every=1, log=str(log))  # fmt: skip
+    updates = [json.loads(line) for line in log.read_text().splitlines()][1:-1]
+    assert [u.get("checkpoint_replaced") for u in updates] == [None, None, 2, 3]
+    assert not any("checkpoint_wait_seconds" in u for u in updates)
+    assert saved == [1, 4] and checkpoint.load(tmp_path / "c").updates == 4
+    assert not _writer_threads()
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert len(warnings) == 1
+    assert "update 3 replaced the one of update 2" in warnings[0]
+    assert "checkpoint_every" in warnings[0]
+
+
+def _held_writer(monkeypatch, tmp_path):
+    """A writer whose first write lasts until the returned event is set, and the list of what
+    it wrote: update numbers, and ("best", update) for a best copy."""
+    from aner_lang.runtime.train.checkpoint_writer import CheckpointWriter
+
+    gate = threading.Event()
+    written: list[object] = []
+
+    def save(directory, state, keep=1):
+        if state.updates == 1:
+            assert gate.wait(timeout=120)
+        written.append(state.updates)
+        return tmp_path / str(state.updates)
+
+    monkeypatch.setattr(checkpoint, "save", save)
+    monkeypatch.setattr(
+        checkpoint, "publish_copy", lambda best, f: written.append(("best", f.name))
+    )
+    return CheckpointWriter(lambda written: None), gate, written
+
+
+def _state(updates: int) -> TrainState:
+    return TrainState({}, {"counters": {"updates": updates}})
+
+
+def test_a_waiting_best_checkpoint_is_replaced_only_by_a_best_one(tmp_path, monkeypatch):
+    """The best checkpoint waiting for the disk is never given up for one that is not the best
+    (the loop waits for the oldest write instead), and is for a newer best."""
+    writer, gate, written = _held_writer(monkeypatch, tmp_path)
+    best = tmp_path / "best"
+    assert writer.submit(tmp_path, _state(1), None) == Submitted(0.0, None)
+    assert writer.submit(tmp_path, _state(2), best) == Submitted(0.0, None)
+    threading.Timer(0.3, gate.set).start()
+    third = writer.submit(tmp_path, _state(3), None)
+    assert third.replaced is None and third.waited >= 0.25
+    writer.close()
+    assert written == [1, 2, ("best", "2"), 3]
+
+    writer, gate, written = _held_writer(monkeypatch, tmp_path)
+    writer.submit(tmp_path, _state(1), None)
+    writer.submit(None, _state(2), best)
+    assert writer.submit(None, _state(3), best) == Submitted(0.0, 2)
+    gate.set()
+    writer.close()
+    assert written == [1, 3] and not _writer_threads()
 
 
 @pytest.mark.parametrize("every, learning_rate", [(1, 1e-3), (4, 0.3)])
@@ -169,45 +225,3 @@ def test_a_failed_write_is_an_aner_error_and_no_thread_is_left(tiny_model, tmp_p
         )
     assert failed.value.code == "E-IO" and str(tmp_path / "c") in failed.value.message
     assert not _writer_threads()
-
-
-def test_a_checkpoint_that_waits_for_the_disk_says_so_once(
-    tiny_model, tmp_path, monkeypatch, capsys
-):
-    """The first write lasts until the third checkpoint has been handed over, and 0.6 s more (a
-    slow disk), with a checkpoint every update: the first two are handed over at once, the third
-    waits for the first write, its event says how long, and one warning says that checkpoints
-    come faster than the disk writes them."""
-    import json
-    import time
-
-    from aner_lang.runtime.train.checkpoint_writer import CheckpointWriter
-
-    save, submit = checkpoint.save, CheckpointWriter.submit
-    third = threading.Event()
-    submitted: list[int] = []
-
-    def slow_save(directory, state, **kwargs):
-        if state.updates == 1:
-            third.wait(timeout=120)
-            time.sleep(0.6)
-        return save(directory, state, **kwargs)
-
-    def counting_submit(writer, directory, state, best):
-        submitted.append(state.updates)
-        if len(submitted) == 3:
-            third.set()
-        return submit(writer, directory, state, best)
-
-    monkeypatch.setattr(checkpoint, "save", slow_save)
-    monkeypatch.setattr(CheckpointWriter, "submit", counting_submit)
-    monkeypatch.setattr(trainer, "WAIT_WARNING_SECONDS", 0.5)
-    log = tmp_path / "run.jsonl"
-    train(_adapter(tiny_model), from_texts(TEXTS, 16), Profile(), steps=4,
-          checkpoints=str(tmp_path / "c"), checkpoint_every=1, log=str(log))  # fmt: skip
-    updates = [json.loads(line) for line in log.read_text().splitlines()][1:-1]
-    waits = [u.get("checkpoint_wait_seconds", 0.0) for u in updates]
-    assert waits[:2] == [0.0, 0.0] and 0.5 <= waits[2] < updates[2]["checkpoint_seconds"]
-    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
-    assert len(warnings) == 1
-    assert "checkpoint of update 3 waited" in warnings[0] and "checkpoint_every" in warnings[0]
