@@ -27,6 +27,8 @@ Rules and reasons:
   fault (seconds where the host is short of free pages, e.g. while the disk flushes a model
   just written), run in a thread that makes no CUDA call, so a graph may record meanwhile.
   The next use of the staging buffer waits for that thread; `HostCopies.result()` does too.
+  The thread is not a daemon: a process ending while it copies waits for it (a daemon thread
+  inside torch when the interpreter finalises aborts the process).
 * The copies never share storage with each other or alias the originals: a snapshot's tensors
   may be written by safetensors, which refuses tensors that share memory, and outlive the
   staging buffer's next use.
@@ -137,9 +139,7 @@ class HostCopies:
         self._failure: BaseException | None = None
         self._thread: threading.Thread | None = None
         if views:
-            self._thread = threading.Thread(
-                target=self._copy_out, name="aner-host-copy", daemon=True
-            )
+            self._thread = threading.Thread(target=self._copy_out, name="aner-host-copy")
             self._thread.start()
             if staging is not None:
                 staging.reader = self._thread
