@@ -667,9 +667,11 @@ class _Loop:
 
     def staging_bytes(self) -> int:
         """Pinned staging bytes this run's snapshots will use (`host_copy`): the adapter's
-        tensors and the optimizer's two moments of each trainable one, copied together."""
+        tensors and the optimizer's two moments of each trainable one, copied together (counted
+        from the tensors themselves: `live_tensors` of a sharded adapter gathers them)."""
         adapter = self.adapter
-        return staging_bytes(adapter.live_tensors()) + 2 * staging_bytes(adapter.params)
+        trained = staging_bytes(adapter.params)
+        return staging_bytes({**adapter.params, **adapter.frozen}) + 2 * trained
 
     def snapshot(self) -> TrainState:
         """The state after this update (consistent: optimizer stepped, scale updated)."""
