@@ -11,8 +11,9 @@ Rules:
   replaces the waiting one, which is never written, instead of holding the loop: a run keeps only
   its latest checkpoint, so the replaced one would have been removed once the newer one was
   published, and the newer one reaches the disk no later. `submit` says which it replaced.
-  A waiting checkpoint that is the run's best is not replaced by one that is not (the best
-  would be lost): then the loop waits for the oldest write.
+  Only a checkpoint that takes over each role of the waiting one replaces it: the run's latest
+  by a latest, its best by a best (a best-only checkpoint, at a validation between checkpoint
+  updates, does not move the latest one). Otherwise the loop waits for the oldest write.
 * A failed write is raised in the training thread, as an Aner error naming the directory, when
   a later checkpoint waits for it, at the next update's `poll` or when the writer is closed: no
   checkpoint is silently lost.
@@ -59,10 +60,10 @@ class Submitted:
 
 
 PENDING = 2
+"""Checkpoints handed over and not yet published, at most (see the module docstring)."""
 DROP_POLL_SECONDS = 0.05
 """How often a write waiting for the previous one looks whether it was given up (so that its
 thread ends soon after, not when the disk is free)."""
-"""Checkpoints handed over and not yet published, at most (see the module docstring)."""
 
 
 class _Write(threading.Thread):
@@ -143,7 +144,10 @@ class CheckpointWriter:
         replaced = None
         if len(self._pending) >= PENDING:
             waiting = self._pending[-1]
-            if (waiting.best is None or best is not None) and waiting.drop():
+            covers = (waiting.directory is None or directory is not None) and (
+                waiting.best is None or best is not None
+            )
+            if covers and waiting.drop():
                 self._replaced.append(self._pending.pop())
                 replaced = waiting.updates
         waited = 0.0

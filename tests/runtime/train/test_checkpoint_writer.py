@@ -154,20 +154,38 @@ def _state(updates: int) -> TrainState:
     return TrainState({}, {"counters": {"updates": updates}})
 
 
-def test_a_waiting_best_checkpoint_is_replaced_only_by_a_best_one(tmp_path, monkeypatch):
-    """The best checkpoint waiting for the disk is never given up for one that is not the best
-    (the loop waits for the oldest write instead), and is for a newer best."""
+@pytest.mark.parametrize(
+    "second, third",
+    [((True, True), (True, False)), ((True, False), (False, True))],
+    ids=["best-by-latest", "latest-by-best-only"],
+)
+def test_a_waiting_checkpoint_is_replaced_only_by_one_that_takes_each_of_its_roles(
+    tmp_path, monkeypatch, second, third
+):
+    """A waiting checkpoint that is the run's best is never given up for one that is not, nor
+    a waiting latest one for a best-only one (which would not move the latest): the loop waits
+    for the oldest write instead. A newer best replaces a waiting best."""
     writer, gate, written = _held_writer(monkeypatch, tmp_path)
     best = tmp_path / "best"
-    assert writer.submit(tmp_path, _state(1), None) == Submitted(0.0, None)
-    assert writer.submit(tmp_path, _state(2), best) == Submitted(0.0, None)
-    threading.Timer(0.3, gate.set).start()
-    third = writer.submit(tmp_path, _state(3), None)
-    assert third.replaced is None and third.waited >= 0.25
-    writer.close()
-    assert written == [1, 2, ("best", "2"), 3]
 
+    def roles(latest_and_best):
+        latest, is_best = latest_and_best
+        return (tmp_path if latest else None), (best if is_best else None)
+
+    assert writer.submit(tmp_path, _state(1), None) == Submitted(0.0, None)
+    directory, best_dir = roles(second)
+    assert writer.submit(directory, _state(2), best_dir) == Submitted(0.0, None)
+    threading.Timer(0.3, gate.set).start()
+    directory, best_dir = roles(third)
+    submitted = writer.submit(directory, _state(3), best_dir)
+    assert submitted.replaced is None and submitted.waited >= 0.25
+    writer.close()
+    assert written[:2] == [1, 2] and 3 in written
+
+
+def test_a_newer_best_replaces_a_waiting_best(tmp_path, monkeypatch):
     writer, gate, written = _held_writer(monkeypatch, tmp_path)
+    best = tmp_path / "best"
     writer.submit(tmp_path, _state(1), None)
     writer.submit(None, _state(2), best)
     assert writer.submit(None, _state(3), best) == Submitted(0.0, 2)
