@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from aner_lang.builtins.spec import Builtin
 from aner_lang.check.types import EnumT, ListT, OptionalT, Type
+from aner_lang.host.process_clock import timed
 from aner_lang.interp.values import EnumValue, Value
 from aner_lang.problems.errors import NativeBackendUnavailable
 
@@ -28,7 +29,8 @@ def load_impl(b: Builtin) -> Impl:
         return cached
     module_name, _, attr = b.impl.partition(":")
     try:
-        module = importlib.import_module(module_name)
+        with timed("imports"):
+            module = importlib.import_module(module_name)
     except ImportError as e:
         missing = (e.name or module_name).split(".")[0]
         wanted = next((p for p in b.requires if p.split(".")[0] == missing), None)

@@ -4,6 +4,7 @@ error reporting, the CLI, the generated reference, the doc checker and start-up 
 from __future__ import annotations
 
 import io
+import json
 import subprocess
 import sys
 import textwrap
@@ -18,6 +19,7 @@ from aner_lang.check import analyze
 from aner_lang.check.docs_check import check_markdown
 from aner_lang.cli import main
 from aner_lang.grammar import ast, parse
+from aner_lang.host.process_clock import phases
 from aner_lang.interp import AnerError, ExecContext, run
 from aner_lang.interp.boundary import load_impl
 from aner_lang.problems.errors import NativeBackendUnavailable
@@ -175,6 +177,15 @@ def test_missing_native_package_is_a_clear_error() -> None:
     with pytest.raises(NativeBackendUnavailable) as info:
         load_impl(b)
     assert "aner_no_such_pkg" in info.value.message and "needs_pkg" in info.value.message
+
+
+def test_importing_a_builtins_implementation_counts_as_the_imports_phase() -> None:
+    """The `imports` phase of a run's start-up (`host.process_clock`) is the time spent importing
+    builtins' implementations on first use."""
+    b = Builtin("fresh", (), "Int", "doc", "json:dumps", native=True)
+    before = phases().get("imports", 0.0)
+    assert load_impl(b) is json.dumps
+    assert phases()["imports"] > before
 
 
 def test_files_builtins(tmp_path: Path) -> None:

@@ -34,8 +34,8 @@ import torch
 from aner_lang.architectures import ARCHITECTURES, Kind
 from aner_lang.host.chat_template import syntax_error
 from aner_lang.host.model_paths import missing_model
+from aner_lang.host.process_clock import timed
 from aner_lang.problems.errors import AnerRuntimeError
-from aner_lang.runtime.io.process_clock import timed
 from aner_lang.runtime.io.progress import Progress
 from aner_lang.runtime.io.source import (
     GGUFSource,

@@ -49,12 +49,13 @@ from typing import Any
 import torch
 
 from aner_lang.host import files
+from aner_lang.host.process_clock import add as add_phase
+from aner_lang.host.process_clock import phases, seconds_running
 from aner_lang.host.units import human_bytes
 from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.ggml.linear import STORAGE as GGUF_STORAGE
 from aner_lang.runtime.ggml.linear import gguf_backend
 from aner_lang.runtime.io.host_copy import host_copies_soon, keeping_staging, staging_bytes
-from aner_lang.runtime.io.process_clock import phases, seconds_running
 from aner_lang.runtime.io.world import once, world
 from aner_lang.runtime.model import fused_ops
 from aner_lang.runtime.model.activations import ActivationPolicy, keeping
@@ -220,6 +221,7 @@ def train(
     objective: Objective | None = None,
 ) -> Run:
     """Train `adapter` on `data` until it has done its updates; see the module docstring."""
+    entered = time.perf_counter()
     tokenizer = adapter.tokenizer
     examples = _examples(data, tokenizer, objective)
     if objective is not None:
@@ -275,6 +277,7 @@ def train(
     writer = CheckpointWriter(_reporter(run_control))
     warned_slow_disk = False
     try:
+        add_phase("train_setup", time.perf_counter() - entered)
         first = loop.start_event(data)
         if picked is not None and profile.memory_budget is not None:
             first["memory_budget"] = picked.event(profile.memory_budget)

@@ -66,6 +66,7 @@ def test_epochs_set_the_length_and_events_carry_what_to_watch(tiny_model, tmp_pa
     # the start event says what the process's first seconds held: the fixture's load among them
     before = start["before_start"]
     assert 0 < before["load_model"] < before["seconds"] <= end["startup_seconds"]
+    assert 0 < before["train_setup"] < before["seconds"]
     assert [u["update"] for u in updates] == [1, 2, 3]
     assert [u["epoch"] for u in updates] == pytest.approx([4 / 7, 1.0, 1 + 4 / 7])
     for u in updates:

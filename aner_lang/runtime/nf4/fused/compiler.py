@@ -30,9 +30,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from aner_lang.host.process_clock import timed
 from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.io.fingerprint import cache_dir as aner_cache_dir
-from aner_lang.runtime.io.process_clock import timed
 
 # No --use_fast_math: the dequantized weights must be the exact fp32 products host_tiled computes.
 OPTIONS: tuple[str, ...] = ("--std=c++17", "-default-device")

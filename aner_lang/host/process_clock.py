@@ -2,7 +2,12 @@
 reports (process start to its first update) includes the interpreter, imports and model loading,
 which happen before any of Aner's own clocks start. `timed` phases (loading a model, building
 kernels) are summed per process, so a run's `start` event can say what its first seconds held
-(phases may nest: kernels built during a load count in both).
+(phases may nest: kernels built during a load count in both). The phases: `imports` (the
+builtins' implementations imported on first use: torch, CuPy, Triton and Aner's runtime),
+`load_model`, `kernel_build`, and `train_setup` (from a `train` call to its `start` event:
+tokenizing the examples, checking them, the kernels' identity).
+
+Pure standard library: the interpreter times its imports of the runtime with it.
 
 On Linux the start is the kernel's (`/proc/self/stat`, in clock ticks: 10 ms at the usual
 100 Hz); elsewhere it is when this module was first imported, which undercounts the start-up.
@@ -39,7 +44,12 @@ def timed(phase: str) -> Iterator[None]:
     try:
         yield
     finally:
-        _PHASES[phase] = _PHASES.get(phase, 0.0) + time.perf_counter() - began
+        add(phase, time.perf_counter() - began)
+
+
+def add(phase: str, seconds: float) -> None:
+    """Add `seconds` to this process's total for `phase` (a span no block encloses)."""
+    _PHASES[phase] = _PHASES.get(phase, 0.0) + seconds
 
 
 def phases() -> dict[str, float]:
