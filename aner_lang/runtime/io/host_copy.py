@@ -184,13 +184,6 @@ def host_copies_soon(tensors: dict[str, torch.Tensor]) -> HostCopies:
         _STAGING.done()
 
 
-def staged_copies(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Copies of `tensors` through one pageable staging buffer, the way `host_copies_soon`
-    places them in its pinned one (where no CUDA device is, this is how that placement runs)."""
-    staging = torch.empty(_staged_bytes(tensors), dtype=torch.uint8)
-    return HostCopies(list(tensors), {}, _staged_into(staging, tensors), None).result()
-
-
 def _staged_bytes(tensors: dict[str, torch.Tensor]) -> int:
     return max(sum(_aligned(t) for t in tensors.values()), 1)
 

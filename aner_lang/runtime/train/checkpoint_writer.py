@@ -96,12 +96,11 @@ class _Write(threading.Thread):
         with self._lock:
             self._begun = not self._dropped
         directory, state, best = self.directory, self.state, self.best
-        if not self._begun:
-            self.before, self.state = None, None
-            return
-        assert state is not None  # a write runs once
         # no chain of ended writes, each holding its snapshot, stays reachable from this one
         self.before, self.state = None, None
+        if not self._begun:
+            return
+        assert state is not None  # a write runs once
         where = directory if directory is not None else best
         try:
             if directory is not None:

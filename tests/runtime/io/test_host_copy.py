@@ -14,7 +14,6 @@ from aner_lang.runtime.io.host_copy import (
     host_copies,
     host_copies_soon,
     keeping_staging,
-    staged_copies,
     staging_bytes,
 )
 from aner_lang.runtime.train.state import TrainState
@@ -54,9 +53,19 @@ def _check_copies(given: dict[str, torch.Tensor], copies: dict[str, torch.Tensor
     assert len(storages) == sum(1 for c in copies.values() if c.numel())
 
 
+def _through_staging(
+    given: dict[str, torch.Tensor], staging: host_copy._Staging | None = None
+) -> host_copy.HostCopies:
+    """Copies of CPU tensors placed in a pageable staging buffer as `host_copies_soon` places
+    CUDA ones in its pinned one, then copied out by the thread (`staging`, when given, is told
+    of it)."""
+    buffer = torch.empty(host_copy._staged_bytes(given), dtype=torch.uint8)
+    return host_copy.HostCopies(list(given), {}, host_copy._staged_into(buffer, given), staging)
+
+
 def test_staged_copies_place_every_dtype_and_shape_apart(tmp_path):
     given = _tensors("cpu")
-    copies = staged_copies(given)
+    copies = _through_staging(given).result()
     _check_copies(given, copies)
     given["a_f32"].add_(1.0)  # the copies are detached from the originals
     assert not torch.equal(copies["a_f32"], given["a_f32"])
@@ -124,8 +133,7 @@ def test_the_staging_buffer_is_reused_only_after_its_copies_are_made():
     a copy that failed raises in the thread that asks for the result."""
     staging = host_copy._Staging()
     given = _tensors("cpu")
-    buffer = torch.empty(sum(host_copy._aligned(t) for t in given.values()), dtype=torch.uint8)
-    copies = host_copy.HostCopies(list(given), {}, host_copy._staged_into(buffer, given), staging)
+    copies = _through_staging(given, staging)
     assert staging.reader is not None
     staging.settle()
     assert staging.reader is None
