@@ -14,11 +14,16 @@ kernels, the dataset's tokenization). Every call writes an event log; the second
 gives a checkpoint folder (so the call writes its final checkpoint). The report also gives the
 1-update call's time by phase: the time `train` spends in each function it calls directly, from
 cProfile (whose own overhead inflates the total a little), and what a garbage collection costs
-in the process (one runs before each CUDA graph recording, `train.graphs`).
+in the process (one runs before each CUDA graph recording, `train.graphs`). `--continued`
+makes every call continue one LoRA (its optimizer state carried), as `train_scale.py` times a
+call's overhead; `--top N` adds the N functions of largest cumulative and own time.
 
     python benchmarks/train_fixed_cost.py --out benchmarks/results/cpu_train_fixed_cost.json
     python benchmarks/train_fixed_cost.py --device cuda --storage nf4_double_quant \\
         --precision bfloat16 --out benchmarks/results/h200_train_fixed_cost.json
+    python benchmarks/train_fixed_cost.py --device cuda --model /tmp/train_scale/llama3-8b/model \
+        --storage nf4_double_quant --precision bfloat16 --context 2048 --rank 16 \
+        --targets q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj --continued --top 40
 """
 
 from __future__ import annotations
@@ -61,9 +66,11 @@ def _synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def phases(call: Callable[[], object]) -> dict[str, float]:
+def phases(call: Callable[[], object], top: int = 0) -> dict[str, Any]:
     """Seconds `trainer.train` spends in each function it calls directly (cProfile), largest
-    first, and the rest (`train` itself)."""
+    first, and the rest (`train` itself); with `top`, also the `top` functions of largest
+    cumulative time anywhere in the call (`"top"`), where the direct phases hide what an update
+    spends."""
     prof = cProfile.Profile()
     prof.enable()
     call()
@@ -71,15 +78,23 @@ def phases(call: Callable[[], object]) -> dict[str, float]:
     stats: dict[Any, Any] = pstats.Stats(prof).stats  # type: ignore[attr-defined]
     train_key = next(k for k in stats if k[2] == "train" and k[0] == trainer.__file__)
     total = stats[train_key][3]
-    out: dict[str, float] = {}
+    out: dict[str, Any] = {}
     for (file, line, name), (*_, callers) in stats.items():
         if train_key in callers:
-            out[f"{Path(file).name}:{line}({name})"] = callers[train_key][3]
+            out[_where(file, line, name)] = callers[train_key][3]
     spent = sum(out.values())
-    out = dict(sorted(out.items(), key=lambda kv: -kv[1])[:15])
-    out["train itself"] = max(total - spent, 0.0)
-    out["total"] = total
-    return {k: round(v, 4) for k, v in out.items()}
+    out = {k: round(v, 4) for k, v in sorted(out.items(), key=lambda kv: -kv[1])[:15]}
+    out["train itself"] = round(max(total - spent, 0.0), 4)
+    out["total"] = round(total, 4)
+    if top:
+        for name, column in (("top", 3), ("top_own", 2)):  # cumulative, then own time
+            largest = sorted(stats.items(), key=lambda kv: -kv[1][column])[:top]
+            out[name] = {_where(*key): round(v[column], 4) for key, v in largest}
+    return out
+
+
+def _where(file: str, line: int, name: str) -> str:
+    return f"{Path(file).name}:{line}({name})"
 
 
 def main() -> int:
@@ -91,15 +106,30 @@ def main() -> int:
     ap.add_argument("--updates", type=int, default=3, help="N, the longer call's updates")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--context", type=int, default=32)
+    ap.add_argument("--rank", type=int, default=8)
+    ap.add_argument("--targets", default="q_proj,v_proj", help="LoRA targets, comma separated")
+    ap.add_argument("--continued", action="store_true",
+                    help="every call continues one LoRA (its optimizer state carried, as a script "
+                    "that calls train() again on its adapter does) instead of a fresh one")  # fmt: skip
+    ap.add_argument("--top", type=int, default=0,
+                    help="also give the N functions of largest cumulative time in a 1-update "
+                    "call (cProfile), beside the direct phases")  # fmt: skip
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     path = Path(args.model) if args.model else smollm2_gguf_path()
     if path is None:
         ap.error("the SmolLM2 package is not installed: give --model")
     model = load_model(path, storage=args.storage, device=args.device)
-    data = from_texts([TEXT] * 16, args.context)
+    # each text fills the context (truncated to it): an update is the work of a full row
+    data = from_texts([" ".join([TEXT] * max(1, args.context // 16))] * 16, args.context)
     folder = Path(tempfile.mkdtemp(prefix="aner-fixed-cost-"))
-    calls = 0
+    calls = done = 0
+
+    def new_lora() -> Any:
+        targets = args.targets.split(",")
+        return A.lora(model, rank=args.rank, alpha=2.0 * args.rank, targets=targets, seed=1)
+
+    lora = new_lora()
 
     update_seconds: list[float] = []
     update = trainer._Loop.update
@@ -116,17 +146,18 @@ def main() -> int:
 
     def call(updates: int, checkpoints: bool) -> tuple[float, list[float]]:
         """The call's seconds, and each of its updates' seconds."""
-        nonlocal calls
+        nonlocal calls, done
         calls += 1
         update_seconds.clear()
-        adapter = A.lora(model, rank=8, alpha=16.0, targets=["q_proj", "v_proj"], seed=1)
+        adapter = lora if args.continued else new_lora()
+        done = done + updates if args.continued else updates
         _synchronize(args.device)
         began = time.perf_counter()
         trainer.train(
             adapter,
             data,
             profile(precision=args.precision),
-            steps=updates,
+            steps=done,
             learning_rate=1e-3,
             seed=1,
             log=str(folder / f"events{calls}.jsonl"),
@@ -162,7 +193,7 @@ def main() -> int:
                 "outside_updates_seconds": [round(t, 4) for t in outside],
                 "outside_updates_seconds_median": round(statistics.median(outside), 4),
                 "first_update_excess_seconds": [round(t, 4) for t in warmup],
-                "one_update_phases": phases(lambda c=checkpoints: call(1, c)),  # type: ignore[misc]
+                "one_update_phases": phases(lambda c=checkpoints: call(1, c), args.top),  # type: ignore[misc]
             }
         )
         print(json.dumps(rows[-1]), flush=True)

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Start-up and a train() call's fixed cost at 8B on one GPU machine, in one device call: three
+# short `aner run`s of the 8B shape (the first cold on a fresh machine, the others warm), whose
+# start events split the seconds before training (imports, loading, kernel build, train setup),
+# then benchmarks/train_fixed_cost.py on the same folder (LoRA r16 on the seven projections,
+# context 2048, each call continuing one adapter), with the functions that cost the most.
+# Results under $OUT: suite.log, *_events.jsonl, startup.txt, fixed_cost.json/.log.
+set -u
+E2E_S=${E2E_S:-260} \
+E2E_ARGS="--sides aner --repeats 3 --updates 10 --every 5 --val-rows 4 --timeout 120" \
+  benchmarks/gpu_suite.sh --no-tests --e2e llama3-8b > "$OUT/suite.log" 2>&1
+for f in $(find /tmp/train_e2e -name 'events.jsonl'); do cp "$f" "$OUT/$(basename "$(dirname "$f")")_events.jsonl"; done
+for f in "$OUT"/*_events.jsonl; do
+done > "$OUT/startup.txt"
+export PYTHONPATH="$PWD:$PWD/lsp:/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+timeout "${FIXED_S:-200}" python3 benchmarks/train_fixed_cost.py --device cuda \
+  --model /tmp/train_e2e/llama3-8b/model --storage nf4_double_quant --precision bfloat16 \
+  --context 2048 --rank 16 --targets q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj \
+  --updates 5 --repeats 2 --continued --top 40 --out "$OUT/fixed_cost.json" > "$OUT/fixed_cost.log" 2>&1
+echo "fixed cost rc=$?"
+cat "$OUT/startup.txt"
+grep -h -o '"fixed_seconds[^]]*]' "$OUT/fixed_cost.json"
