@@ -11,6 +11,7 @@ E2E_ARGS="--sides aner --repeats 3 --updates 10 --every 5 --val-rows 4 --timeout
   benchmarks/gpu_suite.sh --no-tests --e2e llama3-8b > "$OUT/suite.log" 2>&1
 for f in $(find /tmp/train_e2e -name 'events.jsonl'); do cp "$f" "$OUT/$(basename "$(dirname "$f")")_events.jsonl"; done
 for f in "$OUT"/*_events.jsonl; do
+  echo "$f"; grep -h -o '"before_start": {[^}]*}' "$f"
 done > "$OUT/startup.txt"
 export PYTHONPATH="$PWD:$PWD/lsp:/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 timeout "${FIXED_S:-200}" python3 benchmarks/train_fixed_cost.py --device cuda \
