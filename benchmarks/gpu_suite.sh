@@ -56,6 +56,11 @@ fi
 # .peers/site (shared/device/peers-site.sh) carries bitsandbytes, the peers and Aner's own missing
 # packages in one folder; it serves instead of the wheels where it is there.
 peers=(); [[ -d .peers/site ]] && peers=("$PWD/.peers/site")
+# The device image sets PYTHONDONTWRITEBYTECODE and its packages carry no bytecode, so every
+# process compiled each module it imported (~1,000 files, 2-3 s of every Aner and peer launch);
+# a user's `pip install` compiles them once. Let the first process write them, as a user's
+# first import after an install without bytecode would.
+unset PYTHONDONTWRITEBYTECODE
 export PYTHONPATH="$PWD:$PWD/lsp:/tmp/site${peers:+:$peers}${PYTHONPATH:+:$PYTHONPATH}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 \
   DO_NOT_TRACK=1 HF_HUB_ENABLE_HF_TRANSFER=0 UNSLOTH_DISABLE_STATISTICS=1 \

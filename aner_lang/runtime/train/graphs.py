@@ -19,12 +19,15 @@ Rules:
   recomputation is recorded inside the backward that runs it. Micro-batches long enough to keep
   the GPU busy run eagerly (`EAGER_FROM_TOKENS`). Elsewhere, or when recording fails,
   the step runs eagerly; `GraphSteps.status` says which and why.
-* Recording warms the function up once on a side stream first (kernels compiled, workspaces
+* Recording warms the function up once on the graphs' stream first (kernels compiled, workspaces
   allocated), on the micro-batch being recorded: that warm-up is this micro-batch's eager step,
   and its loss and gradients are kept (the same bits a replay gives), so a recorded shape costs
   one recording beside its steps, not a warm-up step thrown away and its gradients put back. The
   gradients are made (zeros) before the warm-up, so the graph accumulates at their addresses.
-* The graphs record into one memory pool, on one stream of their own. Their transient tensors
+* The graphs record into one memory pool, on the process's graph stream of their device
+  (`_stream`), made once: torch keeps a cuBLAS workspace (tens of MiB) for every stream a GEMM
+  ever ran on, for the life of the process, so a stream made per `train` call grew the process by
+  that much per call. Their transient tensors
   (a step's activations: GBs at 8B) are free in that pool between replays, so eager work between
   updates (validation) runs there, on that stream (`sharing_memory`), instead of allocating as
   much again beside it. Such work must free everything it allocates before it ends: the next
@@ -43,6 +46,7 @@ Rules:
 from __future__ import annotations
 
 import gc
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -85,10 +89,18 @@ class GraphSteps:
         self._graphs: dict[tuple[tuple[int, ...], bool], _Graph] = {}
         self._memory: tuple[torch.cuda.MemPool, torch.cuda.Stream] | None = None
         """The graphs' pool and the stream they record on, made at the first recording."""
+        self.recording_seconds = 0.0
+        """Host seconds spent recording (the warm-up step excluded), added up since the last
+        `take_recording_seconds`."""
 
     @property
     def on(self) -> bool:
         return self.status == "on"
+
+    def take_recording_seconds(self) -> float:
+        """`recording_seconds`, which start again from zero."""
+        seconds, self.recording_seconds = self.recording_seconds, 0.0
+        return seconds
 
     def release(self) -> None:
         """Drop the recorded graphs and their memory pool."""
@@ -163,16 +175,19 @@ class GraphSteps:
         for p in self.params:  # gradients at fixed addresses, accumulated into by the graph
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            warm = self.step(ids_s, targets_s, positions_s, scored_s, scale_s)
-        torch.cuda.current_stream().wait_stream(side)
-        warm.record_stream(torch.cuda.current_stream())  # read there, allocated on `side`
-        graph = torch.cuda.CUDAGraph()
         if self._memory is None:
-            self._memory = torch.cuda.MemPool(), torch.cuda.Stream()
+            self._memory = torch.cuda.MemPool(), _stream(ids.device)
         pool, stream = self._memory
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            warm = self.step(ids_s, targets_s, positions_s, scored_s, scale_s)
+        torch.cuda.current_stream().wait_stream(stream)
+        warm.record_stream(torch.cuda.current_stream())  # read there, allocated on `stream`
+        graph = torch.cuda.CUDAGraph()
+        # a recording begins by waiting for the device anyway; waiting here keeps the warm-up's
+        # device time out of `recording_seconds`
+        torch.cuda.synchronize(ids.device)
+        began = time.perf_counter()
         collecting = gc.isenabled()
         gc.collect(COLLECT_BEFORE_RECORDING)
         gc.disable()
@@ -186,7 +201,18 @@ class GraphSteps:
         finally:
             if collecting:
                 gc.enable()
+            self.recording_seconds += time.perf_counter() - began
         return _Graph(graph, ids_s, targets_s, positions_s, scored_s, scale_s, loss), warm
+
+
+_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def _stream(device: torch.device) -> torch.cuda.Stream:
+    """The process's graph stream on `device` (the module's rules), made at its first use."""
+    if device not in _STREAMS:
+        _STREAMS[device] = torch.cuda.Stream(device=device)
+    return _STREAMS[device]
 
 
 def eligibility(

@@ -577,6 +577,9 @@ class _Loop:
             self.steady[1] += seconds
         event["epoch"] = self.cursor.epochs
         event["tokens_per_second"] = tokens / max(seconds, 1e-9)
+        recording = self.steps.take_recording_seconds()
+        if recording:
+            event["recording_seconds"] = recording
         return event
 
     def training_tokens_per_second(self) -> float | None:
