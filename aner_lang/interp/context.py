@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
@@ -20,6 +21,16 @@ class ExecContext:
     script_path: Path | None = None
     writes_files: bool = True
     """False on the ranks other than 0 of a distributed run: only rank 0 writes (and prints)."""
+    held: dict[str, Callable[[], None]] = field(default_factory=dict)
+    """What a builtin keeps for its next call (`train`: its recorded CUDA graphs, which hold GPU
+    memory), by the builtin's name, with the function that lets it go. The interpreter lets it go
+    before any other builtin that needs torch runs (`let_go`) and when the script ends, so that
+    nothing else a script does on the GPU finds that memory taken."""
+
+    def let_go(self, unless: str | None = None) -> None:
+        """Let go of what builtins hold, except what `unless` (a builtin's name) holds."""
+        for name in [n for n in self.held if n != unless]:
+            self.held.pop(name)()
 
     def resolve_path(self, path: str) -> Path:
         """A script-relative path made absolute (absolute paths are kept); a path no file can

@@ -263,6 +263,8 @@ class Interpreter:
         self.check_outputs(a, span, b, values)
         self.stack.append((b.name, span, a.path))
         try:
+            if "torch" in b.requires:
+                self.ctx.let_go(unless=b.name)
             fn = load_impl(b)
             args = {k: to_native(v) for k, v in values.items()}
             result = fn(self.ctx, **args) if b.needs_context else fn(**args)
@@ -324,3 +326,5 @@ def run(a: Analysis, ctx: ExecContext) -> None:
         raise
     except Exception as exc:  # a bug in Aner: still reported as a diagnostic, never a traceback
         raise interp.fail(a, interp.last_span, exc) from None
+    finally:
+        ctx.let_go()

@@ -23,6 +23,11 @@ DenseRows = Callable[[torch.dtype, int, int], torch.Tensor]
 _BUFFERS: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 
 
+def reused_buffers() -> list[torch.Tensor]:
+    """The reused buffers as they are now (a CUDA graph recorded against them keeps them)."""
+    return list(_BUFFERS.values())
+
+
 def buffer(numel: int, dtype: torch.dtype, device: torch.device, reuse: bool) -> torch.Tensor:
     """Room for a dequantized weight of `numel` elements: with `reuse` the reused buffer's first
     `numel` elements (grown when a larger weight asks), else a tensor of its own."""

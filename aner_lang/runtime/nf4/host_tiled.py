@@ -24,6 +24,11 @@ Tiles = Iterable[tuple[int, int, torch.Tensor]]
 _scratch: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 
 
+def reused_buffers() -> list[torch.Tensor]:
+    """The reused buffers as they are now (a CUDA graph recorded against them keeps them)."""
+    return list(_scratch.values())
+
+
 def _scratch_buffer(numel: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """A flat buffer of at least `numel` elements, kept per (device, dtype) and reused."""
     buf = _scratch.get((device, dtype))

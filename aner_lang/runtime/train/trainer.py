@@ -37,6 +37,7 @@ progress and writes checkpoints, and `distributed.Parallel` says what else diffe
 
 from __future__ import annotations
 
+import json
 import math
 import signal
 import sys
@@ -69,7 +70,13 @@ from aner_lang.runtime.train import budget, control
 from aner_lang.runtime.train.checkpoint_writer import CheckpointWriter, Submitted, Written
 from aner_lang.runtime.train.determinism import deterministic
 from aner_lang.runtime.train.distributed import Parallel, for_run
-from aner_lang.runtime.train.graphs import GraphSteps, eligibility
+from aner_lang.runtime.train.graphs import (
+    GraphSteps,
+    eligibility,
+    keep,
+    release_kept,
+    take_kept,
+)
 from aner_lang.runtime.train.loss_scale import LossScaler
 from aner_lang.runtime.train.objectives import Objective
 from aner_lang.runtime.train.objectives import to_json as objective_json
@@ -135,6 +142,24 @@ def run_identity(adapter: Any, profile: Profile, backend: NF4Backend) -> str:
     if dtype != torch.float32:
         identity += f";fused_ops={fused_ops.implementation(device)}"
     return identity
+
+
+def graph_key(adapter: Any, profile: Profile, identity: str) -> tuple[object, ...]:
+    """What a recorded step reads besides its inputs and the buffers its graph holds: the
+    settings it was recorded under, and where the base's, the adapter's and the gradients'
+    tensors live (a tensor replaced since would leave the graph reading freed memory)."""
+    tensors = [
+        *adapter.base.module.state_dict(keep_vars=True).values(),
+        *adapter.params.values(),
+        *adapter.frozen.values(),
+    ]
+    grads = [p.grad for p in adapter.params.values()]
+    return (
+        identity,
+        json.dumps(profile.to_json(), sort_keys=True),
+        tuple(t.data_ptr() for t in tensors),
+        tuple(None if g is None else g.data_ptr() for g in grads),
+    )
 
 
 def _require_same_kernel(prev: TrainState, identity: str) -> None:
@@ -276,6 +301,7 @@ def train(
     best_dir = Path(checkpoints) / BEST if checkpoints else None
     writer = CheckpointWriter(_reporter(run_control))
     warned_slow_disk = False
+    finished = False
     try:
         add_phase("train_setup", time.perf_counter() - entered)
         first = loop.start_event(data)
@@ -348,9 +374,13 @@ def train(
         once(writer.close)  # the last checkpoint is on disk before the run's end is logged
         events.add(loop.end_event(stop, time.perf_counter() - start))
         parallel.finish()  # not after a failure: the other ranks may never reach its collectives
+        finished = not run_control.stop_requested
     finally:
         writer.abandon()
-        loop.steps.release()
+        if finished:  # for the next call on this adapter (`graphs`' rules)
+            keep(loop.adapter, graph_key(loop.adapter, profile, identity), loop.steps)
+        else:
+            loop.steps.release()
         adapter.train_mode(False)
         events.close()
         if progress is not None:
@@ -476,7 +506,14 @@ class _Loop:
             off = "a mixture-of-experts layer sizes its expert groups on the host"
         if objective is not None:
             off = f"the {objective.name} objective runs its steps eagerly"
-        self.steps = GraphSteps(self._forward_backward, [p for _, p in self.params], off)
+        kept = None if off else take_kept(adapter, graph_key(adapter, profile, identity))
+        if off:
+            release_kept()  # whoever they were for, before this call allocates
+        if kept is not None:
+            kept.adopt(self._forward_backward)
+        self.steps = kept or GraphSteps(self._forward_backward, [p for _, p in self.params], off)
+        self.kept_shapes = self.steps.shapes
+        """Batch shapes whose graphs the call before recorded (and this one replays)."""
         self.tokens_seen = 0
         self.startup: float | None = None
         """Seconds from the process start to the end of this call's first update."""
@@ -499,6 +536,7 @@ class _Loop:
             "tokens_per_update": self.drawn * o["accumulation"] * data.context,
             "before_start": {"seconds": seconds_running(), **phases()},
             "cuda_graphs": self.steps.status,
+            "cuda_graphs_kept": self.kept_shapes,
             "kernel_identity": self.identity,
             "profile": self.profile.to_json(),
             "options": o,
@@ -815,7 +853,9 @@ def train_builtin(
     log_dir: str | None = None,
     **kwargs: Any,
 ) -> Run:
-    """Builtin `train`: script-relative `checkpoints`, `log` and `log_dir` paths, then `train`."""
+    """Builtin `train`: script-relative `checkpoints`, `log` and `log_dir` paths, then `train`;
+    the graphs it keeps for the next call go before the script's other GPU work."""
+    ctx.held["train"] = release_kept
     return train(
         checkpoints=str(ctx.resolve_path(checkpoints)) if checkpoints else None,
         log=str(ctx.resolve_path(log)) if log else None,

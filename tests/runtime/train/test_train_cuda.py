@@ -252,3 +252,44 @@ def test_each_call_records_on_the_same_stream_so_memory_does_not_grow_per_call()
         torch.cuda.synchronize()
         allocated.append(torch.cuda.memory_allocated())
     assert allocated[1] == allocated[2], allocated
+
+
+def test_a_call_on_the_same_adapter_replays_the_graphs_the_last_one_kept(tiny_bytes_gguf, tmp_path):
+    """A finished call keeps its graphs; the next call on the same adapter with the same settings
+    replays them without recording (`cuda_graphs_kept`, no `recording_seconds`) and gives the bits
+    of calls that record again (graphs released between calls). A call on another adapter
+    releases them; so does a change of settings."""
+    import json
+
+    from aner_lang.runtime.load.loader import load_model
+    from aner_lang.runtime.train import graphs
+    from aner_lang.runtime.train.trainer import train
+
+    model = load_model(tiny_bytes_gguf, storage="nf4_double_quant", device="cuda")
+    data = from_texts(["A short text.", "A text of middling length, longer."], 48)
+    prof = profile(precision="bfloat16")
+
+    def calls(release_between: bool) -> tuple[object, list[dict[str, object]]]:
+        adapter = A.lora(model, rank=4, alpha=8.0, targets=["q_proj", "v_proj"], seed=5)
+        events = []
+        for n, steps in enumerate((3, 6)):
+            if release_between:
+                graphs.release_kept()
+            log = tmp_path / f"{release_between}-{n}.jsonl"
+            train(adapter, data, prof, steps=steps, learning_rate=1e-2, seed=3, log=str(log))
+            events.append([json.loads(line) for line in log.read_text().splitlines()])
+        return adapter, events
+
+    again, recorded = calls(True)
+    kept, replayed = calls(False)
+    assert recorded[1][0]["cuda_graphs_kept"] == 0
+    assert replayed[1][0]["cuda_graphs_kept"] == 1
+    assert any("recording_seconds" in e for e in recorded[1])
+    assert not any("recording_seconds" in e for e in replayed[1])
+    for name, p in again.params.items():  # type: ignore[attr-defined]
+        assert torch.equal(p, kept.params[name]), name  # type: ignore[attr-defined]
+    assert graphs._KEPT and graphs._KEPT[0].owner() is kept
+    other = A.lora(model, rank=4, alpha=8.0, targets=["q_proj"], seed=6)
+    train(other, data, profile(precision="float32"), steps=1, learning_rate=1e-2)
+    assert graphs._KEPT and graphs._KEPT[0].owner() is other  # the first adapter's went
+    graphs.release_kept()

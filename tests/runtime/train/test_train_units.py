@@ -188,6 +188,58 @@ def test_graphs_record_short_micro_batches_and_leave_long_ones_eager():
     assert "graphs: false" in str(eligibility(cuda, 0.0, "keep", False, 64))
 
 
+def test_kept_graphs_go_to_the_same_owner_and_key_only_and_go_with_their_owner():
+    """One set of graphs is kept at a time: the same owner with the same key takes it; another
+    key or owner releases it; so does the owner's collection. Steps that recorded nothing are
+    not kept."""
+    import gc
+
+    from aner_lang.runtime.train import graphs
+
+    class Owner:  # an adapter's stand-in: only its identity matters
+        pass
+
+    def recorded() -> graphs.GraphSteps:
+        steps = graphs.GraphSteps(lambda *args: torch.zeros(()), [], None)
+        steps._graphs[((1, 4), False)] = None  # type: ignore[assignment]  # a recorded shape
+        return steps
+
+    a, b = Owner(), Owner()
+    steps = recorded()
+    graphs.keep(a, "key", steps)
+    assert graphs.take_kept(a, "key") is steps and graphs.take_kept(a, "key") is None
+    graphs.keep(a, "key", steps)
+    assert graphs.take_kept(a, "other key") is None and steps.shapes == 0  # released
+    steps = recorded()
+    graphs.keep(a, "key", steps)
+    assert graphs.take_kept(b, "key") is None and steps.shapes == 0
+    steps = recorded()
+    graphs.keep(b, "key", steps)
+    del b
+    gc.collect()
+    assert not graphs._KEPT and steps.shapes == 0
+    graphs.keep(a, "key", graphs.GraphSteps(lambda *args: torch.zeros(()), [], None))
+    assert not graphs._KEPT
+
+
+def test_a_script_lets_go_of_what_train_holds_before_other_gpu_work_and_at_its_end(tmp_path):
+    """`ExecContext.held`: a builtin that needs torch, other than the holder, lets go first; a
+    builtin that does not (print) leaves it; the script's end lets go of everything."""
+    import io
+
+    from aner_lang.check import analyze
+    from aner_lang.interp import ExecContext, run
+
+    released: list[str] = []
+    source = 'print("a")\nlet d = texts(["some text"], context: 16)\nprint("b")\n'
+    analysis = analyze(source, "held.aner")
+    ctx = ExecContext(script_dir=tmp_path, stdout=io.StringIO())
+    ctx.held["train"] = lambda: released.append("train")
+    ctx.held["texts"] = lambda: released.append("texts")
+    run(analysis, ctx)
+    assert released == ["train", "texts"]  # before texts() (not its own), then at the end
+
+
 def test_an_example_longer_than_the_models_context_is_refused_before_training(tiny_model):
     """At the call, naming the data and the limit: not at the first update, after the start-up."""
     limit = tiny_model.config.max_position_embeddings
