@@ -3,9 +3,11 @@
 # short `aner run`s of the 8B shape (the first cold on a fresh machine, the others warm), whose
 # start events split the seconds before training (imports, loading, kernel build, train setup),
 # then benchmarks/train_fixed_cost.py on the same folder (LoRA r16 on the seven projections,
-# context 2048, each call continuing one adapter), with the functions that cost the most.
+# context 2048; each call continuing one adapter, then a new adapter per call), with the
+# functions that cost the most.
 # Arguments, if any, select CUDA tests to run first (gpu_suite.sh --no-bench). Results under
-# $OUT: suite.log, *_events.jsonl, startup.txt, fixed_cost.json/.log (tests.log, pytest.log).
+# $OUT: suite.log, *_events.jsonl, startup.txt, fixed_cost.json, fixed_cost_{continued,fresh}.log
+# (tests.log, pytest.log).
 set -u
 if [[ $# -gt 0 ]]; then  # CUDA tests first, where asked (pytest arguments)
   PYTEST_S=${PYTEST_S:-200} benchmarks/gpu_suite.sh --no-bench "$@" > "$OUT/tests.log" 2>&1
@@ -20,12 +22,15 @@ for f in "$OUT"/*_events.jsonl; do
 done > "$OUT/startup.txt"
 export PYTHONPATH="$PWD:$PWD/lsp:/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 unset PYTHONDONTWRITEBYTECODE  # as gpu_suite.sh does
-timeout "${FIXED_S:-200}" python3 benchmarks/train_fixed_cost.py --device cuda \
-  --model /tmp/train_e2e/llama3-8b/model --storage nf4_double_quant --precision bfloat16 \
-  --context 2048 --rank 16 --targets q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj \
-  --updates 5 --repeats 2 --continued --top 40 --out "$OUT/fixed_cost.json" > "$OUT/fixed_cost.log" 2>&1
-echo "fixed cost rc=$?"
+for mode in continued fresh; do  # one adapter continued (kept graphs), or a new LoRA per call
+  timeout "${FIXED_S:-200}" python3 benchmarks/train_fixed_cost.py --device cuda \
+    --model /tmp/train_e2e/llama3-8b/model --storage nf4_double_quant --precision bfloat16 \
+    --context 2048 --rank 16 --targets q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj \
+    --updates 5 --repeats 2 $([[ $mode == continued ]] && echo --continued) --top 40 \
+    --out "$OUT/fixed_cost.json" > "$OUT/fixed_cost_$mode.log" 2>&1
+  echo "fixed cost ($mode) rc=$?"
+  grep -o 'peak GPU memory [0-9.]* GiB' "$OUT/fixed_cost_$mode.log" | tr '\n' ' '; echo
+done
 grep -h -o '"recording_seconds": [0-9.]*' /tmp/aner-fixed-cost-*/events*.jsonl | tr '\n' ' '; echo
-grep -o 'peak GPU memory [0-9.]* GiB' "$OUT/fixed_cost.log" | tr '\n' ' '; echo
 cat "$OUT/startup.txt"
 grep -h -o '"fixed_seconds[^]]*]' "$OUT/fixed_cost.json"
