@@ -14,7 +14,7 @@ if [[ $# -gt 0 ]]; then  # CUDA tests first, where asked (pytest arguments)
   tail -3 "$OUT/pytest.log"
 fi
 E2E_S=${E2E_S:-260} \
-E2E_ARGS="--sides aner --repeats 3 --updates 10 --every 5 --val-rows 4 --timeout 120" \
+E2E_ARGS="--sides aner --repeats ${E2E_REPEATS:-3} --updates 10 --every 5 --val-rows 4 --timeout 120" \
   benchmarks/gpu_suite.sh --no-tests --e2e llama3-8b > "$OUT/suite.log" 2>&1
 for f in $(find /tmp/train_e2e -name 'events.jsonl'); do cp "$f" "$OUT/$(basename "$(dirname "$f")")_events.jsonl"; done
 for f in "$OUT"/*_events.jsonl; do

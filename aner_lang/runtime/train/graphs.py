@@ -41,25 +41,17 @@ Rules:
   per recorded shape and `train` call, while a graph or a step's tensors left unreachable are
   young.
 * A `train` call that ends normally keeps its graphs for the next call on the same adapter
-  (`keep`, `take_kept`): recording them again would cost every call the recording and an eager
-  step (~1 s at 8B). The next call replays them only if everything they read is where it was
-  (the trainer's key: the settings, and the addresses of the base's, the adapter's and the
-  gradients' tensors); otherwise, or when a call on another adapter starts, or the adapter is
-  collected, they are released. The process keeps one set at most, and a graph holds the
-  reused dequantization buffers it was recorded against (`dense_matmul.reused_buffers`), so a
-  buffer grown since is never freed under it. A failed call releases its graphs; a script's
-  interpreter releases them before any other GPU work (`ExecContext.held`).
+  (`train.kept`). A graph holds the reused dequantization buffers it was recorded against
+  (`dense_matmul.reused_buffers`), so a buffer grown since is never freed under it.
 """
 
 from __future__ import annotations
 
 import gc
 import time
-import weakref
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -227,51 +219,6 @@ class GraphSteps:
             self.recording_seconds += time.perf_counter() - began
         holds = (*dense_matmul.reused_buffers(), *host_tiled.reused_buffers())
         return _Graph(graph, ids_s, targets_s, positions_s, scored_s, scale_s, loss, holds), warm
-
-
-@dataclass(eq=False)
-class _Kept:
-    owner: weakref.ref[Any]
-    key: Hashable
-    steps: GraphSteps
-
-
-_KEPT: list[_Kept] = []
-"""The graphs a finished call kept (the module's rules): one set at most."""
-
-
-def keep(owner: Any, key: Hashable, steps: GraphSteps) -> None:
-    """Keep `steps`' graphs for `owner`'s next call under the same `key` (releasing any kept
-    before); steps that recorded nothing are released."""
-    release_kept()
-    if not steps.shapes:
-        steps.release()
-        return
-    kept = _Kept(weakref.ref(owner, lambda _: _drop(kept)), key, steps)
-    _KEPT.append(kept)
-
-
-def take_kept(owner: Any, key: Hashable) -> GraphSteps | None:
-    """The graphs kept for `owner` under `key`, now the caller's; anything else kept is
-    released."""
-    kept = _KEPT.pop() if _KEPT else None
-    if kept is not None and kept.owner() is owner and kept.key == key:
-        return kept.steps
-    if kept is not None:
-        kept.steps.release()
-    return None
-
-
-def release_kept() -> None:
-    """Release the kept graphs, if any."""
-    while _KEPT:
-        _KEPT.pop().steps.release()
-
-
-def _drop(kept: _Kept) -> None:
-    if kept in _KEPT:  # its owner was collected while they were kept
-        _KEPT.remove(kept)
-        kept.steps.release()
 
 
 _STREAMS: dict[torch.device, torch.cuda.Stream] = {}

@@ -70,13 +70,8 @@ from aner_lang.runtime.train import budget, control
 from aner_lang.runtime.train.checkpoint_writer import CheckpointWriter, Submitted, Written
 from aner_lang.runtime.train.determinism import deterministic
 from aner_lang.runtime.train.distributed import Parallel, for_run
-from aner_lang.runtime.train.graphs import (
-    GraphSteps,
-    eligibility,
-    keep,
-    release_kept,
-    take_kept,
-)
+from aner_lang.runtime.train.graphs import GraphSteps, eligibility
+from aner_lang.runtime.train.kept import keep, release_kept, take_kept
 from aner_lang.runtime.train.loss_scale import LossScaler
 from aner_lang.runtime.train.objectives import Objective
 from aner_lang.runtime.train.objectives import to_json as objective_json
@@ -377,8 +372,8 @@ def train(
         finished = not run_control.stop_requested
     finally:
         writer.abandon()
-        if finished:  # for the next call on this adapter (`graphs`' rules)
-            keep(loop.adapter, graph_key(loop.adapter, profile, identity), loop.steps)
+        if finished:  # for the next call on this adapter (`train.kept`)
+            loop.keep(graph_key(loop.adapter, profile, identity))
         else:
             loop.steps.release()
         adapter.train_mode(False)
@@ -465,6 +460,7 @@ class _Loop:
         self.preference = (
             None if objective is None else PreferenceSteps(adapter, objective, profile.precision)
         )
+        kept = take_kept(adapter)  # before this call allocates: another adapter's goes
         prev = adapter.state
         if prev is not None:
             _require_same_kernel(prev, identity)
@@ -482,13 +478,15 @@ class _Loop:
             self.scaler = LossScaler(replace(profile.scale_state))
             self.counters = Counters()
             self.cursor = Cursor(n, options["seed"], shuffle=options["shuffle"])
-        else:
-            self.opt.load_state_tensors(parallel.scattered(prev.tensors))
+        else:  # from the device where the call before left this very state (`train.kept`)
+            saved = kept.live if kept is not None and kept.state is prev and kept.live else None
+            saved = saved or prev.tensors
+            self.opt.load_state_tensors(parallel.scattered(saved))
             self.scaler = LossScaler.from_json(prev.meta["loss_scale"])
             self.counters = Counters.from_json(prev.meta["counters"])
             d = prev.meta["data"]
             self.cursor = Cursor(n, d["seed"], d["epoch"], d["position"], d.get("shuffle", True))
-            self.gen.set_state(prev.tensors["rng/generator"])
+            self.gen.set_state(saved["rng/generator"])
         adapter.dropout_generator = self.gen
         self.pad = adapter.tokenizer.pad_id or 0
         self.params = list(adapter.params.items())
@@ -506,14 +504,19 @@ class _Loop:
             off = "a mixture-of-experts layer sizes its expert groups on the host"
         if objective is not None:
             off = f"the {objective.name} objective runs its steps eagerly"
-        kept = None if off else take_kept(adapter, graph_key(adapter, profile, identity))
-        if off:
-            release_kept()  # whoever they were for, before this call allocates
+        replay = None
         if kept is not None:
-            kept.adopt(self._forward_backward)
-        self.steps = kept or GraphSteps(self._forward_backward, [p for _, p in self.params], off)
+            if not off and kept.key == graph_key(adapter, profile, identity):
+                replay = kept.steps
+                replay.adopt(self._forward_backward)
+            else:
+                kept.steps.release()
+            kept.live = {}  # loaded above, or not this state's: the last call's moments go
+        self.steps = replay or GraphSteps(self._forward_backward, [p for _, p in self.params], off)
         self.kept_shapes = self.steps.shapes
         """Batch shapes whose graphs the call before recorded (and this one replays)."""
+        self.last_snapshot: tuple[TrainState, dict[str, torch.Tensor]] | None = None
+        """The latest snapshot and the live tensors it copied."""
         self.tokens_seen = 0
         self.startup: float | None = None
         """Seconds from the process start to the end of this call's first update."""
@@ -740,7 +743,17 @@ class _Loop:
             "counters": self.counters.to_json(),
             "options": self.options,
         }
-        return TrainState(host_copies_soon(tensors), meta)
+        state = TrainState(host_copies_soon(tensors), meta)
+        self.last_snapshot = (state, tensors)
+        return state
+
+    def keep(self, key: tuple[object, ...]) -> None:
+        """Keep this call's graphs, and the live tensors of the state it leaves on one device,
+        for the adapter's next call (`train.kept`)."""
+        state, live = self.last_snapshot or (None, {})
+        if self.parallel.world.size > 1 or state is not self.adapter.state:
+            live = {}
+        keep(self.adapter, key, self.steps, state, live)
 
     def end_event(self, stop: str, seconds: float) -> dict[str, Any]:
         best_update, best_loss = self.best()

@@ -255,14 +255,15 @@ def test_each_call_records_on_the_same_stream_so_memory_does_not_grow_per_call()
 
 
 def test_a_call_on_the_same_adapter_replays_the_graphs_the_last_one_kept(tiny_bytes_gguf, tmp_path):
-    """A finished call keeps its graphs; the next call on the same adapter with the same settings
-    replays them without recording (`cuda_graphs_kept`, no `recording_seconds`) and gives the bits
-    of calls that record again (graphs released between calls). A call on another adapter
-    releases them; so does a change of settings."""
+    """A finished call keeps its graphs and its state's device tensors; the next call on the same
+    adapter with the same settings replays the graphs without recording (`cuda_graphs_kept`, no
+    `recording_seconds`), continues from the device tensors, and gives the bits of calls that
+    record again and continue from the host copies (everything released between calls). A call
+    on another adapter releases them."""
     import json
 
     from aner_lang.runtime.load.loader import load_model
-    from aner_lang.runtime.train import graphs
+    from aner_lang.runtime.train import kept as keeping
     from aner_lang.runtime.train.trainer import train
 
     model = load_model(tiny_bytes_gguf, storage="nf4_double_quant", device="cuda")
@@ -274,7 +275,7 @@ def test_a_call_on_the_same_adapter_replays_the_graphs_the_last_one_kept(tiny_by
         events = []
         for n, steps in enumerate((3, 6)):
             if release_between:
-                graphs.release_kept()
+                keeping.release_kept()
             log = tmp_path / f"{release_between}-{n}.jsonl"
             train(adapter, data, prof, steps=steps, learning_rate=1e-2, seed=3, log=str(log))
             events.append([json.loads(line) for line in log.read_text().splitlines()])
@@ -283,13 +284,13 @@ def test_a_call_on_the_same_adapter_replays_the_graphs_the_last_one_kept(tiny_by
     again, recorded = calls(True)
     kept, replayed = calls(False)
     assert recorded[1][0]["cuda_graphs_kept"] == 0
-    assert replayed[1][0]["cuda_graphs_kept"] == 1
+    assert replayed[1][0]["cuda_graphs_kept"] == 2  # the two lengths' shapes
     assert any("recording_seconds" in e for e in recorded[1])
     assert not any("recording_seconds" in e for e in replayed[1])
     for name, p in again.params.items():  # type: ignore[attr-defined]
         assert torch.equal(p, kept.params[name]), name  # type: ignore[attr-defined]
-    assert graphs._KEPT and graphs._KEPT[0].owner() is kept
+    assert keeping._KEPT and keeping._KEPT[0].owner() is kept
     other = A.lora(model, rank=4, alpha=8.0, targets=["q_proj"], seed=6)
     train(other, data, profile(precision="float32"), steps=1, learning_rate=1e-2)
-    assert graphs._KEPT and graphs._KEPT[0].owner() is other  # the first adapter's went
-    graphs.release_kept()
+    assert keeping._KEPT and keeping._KEPT[0].owner() is other  # the first adapter's went
+    keeping.release_kept()

@@ -172,6 +172,29 @@ def test_every_method_trains_and_resumes_bit_identically(tiny_model, method, pre
     assert straight.state.to_json()["counters"] == resumed.state.to_json()["counters"]
 
 
+def test_a_call_continuing_its_adapter_from_the_kept_tensors_matches_one_from_the_host_copies(
+    tiny_model,
+):
+    """The next call on the same adapter continues from the live tensors the call before kept
+    (`train.kept`) and lands on the bits of one that continues from the state's host copies."""
+    from aner_lang.runtime.train import kept
+
+    data = from_texts(["a tiny model learns these words", "and these other words too"], context=16)
+    states = []
+    for release in (False, True):
+        adapter = A.lora(tiny_model, rank=2, alpha=4.0, seed=3)
+        train(adapter, data, Profile("float32"), steps=2, learning_rate=1e-2, seed=2)
+        if release:
+            kept.release_kept()
+        else:
+            assert kept._KEPT and kept._KEPT[0].state is adapter.state and kept._KEPT[0].live
+        train(adapter, data, Profile("float32"), steps=4, learning_rate=1e-2, seed=2)
+        states.append(adapter.state.to_tensors())
+    a, b = states
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    kept.release_kept()
+
+
 def test_graphs_record_short_micro_batches_and_leave_long_ones_eager():
     """A step is recorded only on CUDA, without dropout or offload, and for micro-batches under
     `EAGER_FROM_TOKENS` tokens; every refusal says why."""
@@ -188,13 +211,12 @@ def test_graphs_record_short_micro_batches_and_leave_long_ones_eager():
     assert "graphs: false" in str(eligibility(cuda, 0.0, "keep", False, 64))
 
 
-def test_kept_graphs_go_to_the_same_owner_and_key_only_and_go_with_their_owner():
-    """One set of graphs is kept at a time: the same owner with the same key takes it; another
-    key or owner releases it; so does the owner's collection. Steps that recorded nothing are
-    not kept."""
+def test_what_a_call_keeps_goes_to_its_adapter_only_and_goes_with_it():
+    """One set is kept at a time: the same owner takes it; another owner's call releases it;
+    so does the owner's collection."""
     import gc
 
-    from aner_lang.runtime.train import graphs
+    from aner_lang.runtime.train import graphs, kept
 
     class Owner:  # an adapter's stand-in: only its identity matters
         pass
@@ -205,21 +227,18 @@ def test_kept_graphs_go_to_the_same_owner_and_key_only_and_go_with_their_owner()
         return steps
 
     a, b = Owner(), Owner()
+    steps, live = recorded(), {"x": torch.zeros(2)}
+    kept.keep(a, "key", steps, "state", live)
+    taken = kept.take_kept(a)
+    assert taken is not None and taken.steps is steps and taken.live is live
+    assert kept.take_kept(a) is None
+    kept.keep(a, "key", steps, "state", live)
+    assert kept.take_kept(b) is None and steps.shapes == 0  # released
     steps = recorded()
-    graphs.keep(a, "key", steps)
-    assert graphs.take_kept(a, "key") is steps and graphs.take_kept(a, "key") is None
-    graphs.keep(a, "key", steps)
-    assert graphs.take_kept(a, "other key") is None and steps.shapes == 0  # released
-    steps = recorded()
-    graphs.keep(a, "key", steps)
-    assert graphs.take_kept(b, "key") is None and steps.shapes == 0
-    steps = recorded()
-    graphs.keep(b, "key", steps)
+    kept.keep(b, "key", steps, "state", live)
     del b
     gc.collect()
-    assert not graphs._KEPT and steps.shapes == 0
-    graphs.keep(a, "key", graphs.GraphSteps(lambda *args: torch.zeros(()), [], None))
-    assert not graphs._KEPT
+    assert not kept._KEPT and steps.shapes == 0
 
 
 def test_a_script_lets_go_of_what_train_holds_before_other_gpu_work_and_at_its_end(tmp_path):
