@@ -89,7 +89,8 @@ class GraphSteps:
     """Runs `step` for a micro-batch through a recorded graph of its shape, or eagerly."""
 
     def __init__(self, step: Step, params: list[torch.Tensor], reason_off: str | None) -> None:
-        self.step, self.params = step, params
+        self.params = params
+        self._step: Step | None = step
         self.status = "off: " + reason_off if reason_off else "on"
         # `_graphs` before `_memory`: on deletion the graphs release the pool before it goes
         self._graphs: dict[tuple[tuple[int, ...], bool], _Graph] = {}
@@ -108,9 +109,16 @@ class GraphSteps:
         """Batch shapes recorded so far."""
         return len(self._graphs)
 
-    def adopt(self, step: Step) -> None:
-        """Record new shapes with `step` (a new call's), replaying the graphs recorded so far."""
-        self.step = step
+    def adopt(self, step: Step | None) -> None:
+        """Record new shapes with `step` (a new call's), replaying the graphs recorded so far;
+        None when a call ends (its step is its loop's, which would otherwise live as long as
+        graphs kept for the next call, in a reference cycle with them)."""
+        self._step = step
+
+    @property
+    def step(self) -> Step:
+        assert self._step is not None, "a finished call's steps run nothing until adopted"
+        return self._step
 
     def take_recording_seconds(self) -> float:
         """`recording_seconds`, which start again from zero."""

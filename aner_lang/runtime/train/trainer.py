@@ -376,6 +376,7 @@ def train(
             loop.keep(graph_key(loop.adapter, profile, identity))
         else:
             loop.steps.release()
+        loop.steps.adopt(None)
         adapter.train_mode(False)
         events.close()
         if progress is not None:
