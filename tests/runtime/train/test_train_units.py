@@ -195,6 +195,30 @@ def test_a_call_continuing_its_adapter_from_the_kept_tensors_matches_one_from_th
     kept.release_kept()
 
 
+def test_a_trained_adapter_goes_when_the_script_drops_it_without_waiting_for_the_collector(
+    tiny_model,
+):
+    """Nothing a call leaves (its loop, its kept graphs and state) holds the adapter in a
+    reference cycle: dropped, it goes at once with what was kept for it (an adapter per call of
+    a sweep would otherwise pile up on the GPU until a full collection)."""
+    import gc
+    import weakref
+
+    from aner_lang.runtime.train import kept
+
+    data = from_texts(["a tiny model learns these words"], context=16)
+    adapter = A.lora(tiny_model, rank=2, alpha=4.0, seed=3)
+    run = train(adapter, data, Profile("float32"), steps=1, learning_rate=1e-2)
+    gone = weakref.ref(adapter)
+    assert kept._KEPT
+    gc.disable()
+    try:
+        del adapter, run
+        assert gone() is None and not kept._KEPT
+    finally:
+        gc.enable()
+
+
 def test_graphs_record_short_micro_batches_and_leave_long_ones_eager():
     """A step is recorded only on CUDA, without dropout or offload, and for micro-batches under
     `EAGER_FROM_TOKENS` tokens; every refusal says why."""
