@@ -22,8 +22,8 @@ class ExecContext:
     writes_files: bool = True
     """False on the ranks other than 0 of a distributed run: only rank 0 writes (and prints)."""
     held: dict[str, Callable[[], None]] = field(default_factory=dict)
-    """What a builtin keeps for its next call (`train`: its recorded CUDA graphs, which hold GPU
-    memory), by the builtin's name, with the function that lets it go. The interpreter lets it go
+    """What a builtin keeps for its next call (`train`: its CUDA graphs and optimizer state, which
+    hold GPU memory), by the builtin's name, with the function that lets it go. The interpreter lets it go
     before any other builtin that needs torch runs (`let_go`) and when the script ends, so that
     nothing else a script does on the GPU finds that memory taken."""
 

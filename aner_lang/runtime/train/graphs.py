@@ -26,11 +26,10 @@ Rules:
   gradients are made (zeros) before the warm-up, so the graph accumulates at their addresses.
 * The graphs record into one memory pool, on the process's graph stream of their device
   (`_stream`), made once: torch keeps a cuBLAS workspace (tens of MiB) for every stream a GEMM
-  ever ran on, for the life of the process, so a stream made per `train` call grew the process by
-  that much per call. Their transient tensors
-  (a step's activations: GBs at 8B) are free in that pool between replays, so eager work between
-  updates (validation) runs there, on that stream (`sharing_memory`), instead of allocating as
-  much again beside it. Such work must free everything it allocates before it ends: the next
+  ever ran on, for the life of the process, so a stream made per `train` call grew the process
+  by that much per call. Their transient tensors (a step's activations: GBs at 8B) are free in
+  that pool between replays, so eager work between updates (validation) runs there, on that
+  stream (`sharing_memory`), instead of allocating as much again beside it. Such work must free everything it allocates before it ends: the next
   replay writes over the pool's free blocks. The caching allocator hands a block only to the
   stream it was allocated on, hence the one stream.
 * Python's cyclic garbage collector is held off during a recording: a collection inside it could
