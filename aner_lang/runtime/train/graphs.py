@@ -29,9 +29,10 @@ Rules:
   ever ran on, for the life of the process, so a stream made per `train` call grew the process
   by that much per call. Their transient tensors (a step's activations: GBs at 8B) are free in
   that pool between replays, so eager work between updates (validation) runs there, on that
-  stream (`sharing_memory`), instead of allocating as much again beside it. Such work must free everything it allocates before it ends: the next
-  replay writes over the pool's free blocks. The caching allocator hands a block only to the
-  stream it was allocated on, hence the one stream.
+  stream (`sharing_memory`), instead of allocating as much again beside it. Such work must
+  free everything it allocates before it ends: the next replay writes over the pool's free
+  blocks. The caching allocator hands a block only to the stream it was allocated on, hence the
+  one stream.
 * Python's cyclic garbage collector is held off during a recording: a collection inside it could
   destroy an unreachable earlier graph, and freeing device memory invalidates a capture. Before a
   recording it collects the young generations only (`COLLECT_BEFORE_RECORDING`): a full
