@@ -476,10 +476,13 @@ def aner_worker(
         return train(adapter, data, settings, steps=done, learning_rate=LR, clip_norm=None,
                      weight_decay=WEIGHT_DECAY, seed=0)  # fmt: skip
 
-    run(job["warmup"])
+    # The peak from here: the load's transients apart, the warm-up call's included. That call
+    # records the CUDA graphs the later calls replay, whose activations live in the graphs' pool,
+    # allocated at the recording: a peak reset after it would miss them.
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
+    run(job["warmup"])
     # Steady state by the trainer's own clock: the long call's updates after its first, each
     # timed alone (what a long run gets). Two calls of S and 2S updates also give it as their
     # difference, S updates without the per-call cost (recording the CUDA graph, the final
