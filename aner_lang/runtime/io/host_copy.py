@@ -104,15 +104,11 @@ def staging_bytes(tensors: dict[str, torch.Tensor]) -> int:
 
 
 def _staged(t: torch.Tensor) -> bool:
-    return t.is_cuda and _nbytes(t) <= PINNED_MAX_BYTES
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
+    return t.is_cuda and t.nbytes <= PINNED_MAX_BYTES
 
 
 def _aligned(t: torch.Tensor) -> int:
-    return -(-_nbytes(t) // ALIGN) * ALIGN
+    return -(-t.nbytes // ALIGN) * ALIGN
 
 
 def host_copies(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -133,7 +129,7 @@ class HostCopies:
         staging: _Staging | None,
     ) -> None:
         self._order, self._out = order, ready
-        self.nbytes = sum(_nbytes(t) for t in [*ready.values(), *views.values()])
+        self.nbytes = sum(t.nbytes for t in [*ready.values(), *views.values()])
         """The copies' bytes (known before they are made)."""
         self._views: dict[str, torch.Tensor] | None = views
         self._failure: BaseException | None = None
@@ -196,7 +192,7 @@ def _staged_into(
     views: dict[str, torch.Tensor] = {}
     start = 0
     for name, t in tensors.items():
-        size = _nbytes(t)
+        size = t.nbytes
         view = staging[start : start + size].view(t.dtype).view(t.shape)
         views[name] = view.copy_(t, non_blocking=True)
         start += _aligned(t)

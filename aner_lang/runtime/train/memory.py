@@ -64,10 +64,6 @@ class MemoryReport:
         return "\n".join(lines)
 
 
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
-
-
 def base_bytes(module: torch.nn.Module) -> tuple[int, int, int]:
     """(floating base, packed base, packed base on a GPU) of a base model, each buffer once."""
     floating = packed = gpu_packed = 0
@@ -84,7 +80,7 @@ def base_bytes(module: torch.nn.Module) -> tuple[int, int, int]:
                 gpu_packed += n if any(b.is_cuda for b in m.buffers(recurse=False)) else 0
             else:
                 floating += n
-    floating += sum(_nbytes(p) for p in module.parameters() if id(p) not in owned)
+    floating += sum(p.nbytes for p in module.parameters() if id(p) not in owned)
     return floating, packed, gpu_packed
 
 

@@ -62,7 +62,7 @@ class TrainState:
         """The tensors' bytes, without waiting for them to be copied."""
         if isinstance(self._tensors, HostCopies):
             return self._tensors.nbytes
-        return sum(t.numel() * t.element_size() for t in self._tensors.values())
+        return sum(t.nbytes for t in self._tensors.values())
 
     @property
     def updates(self) -> int:
