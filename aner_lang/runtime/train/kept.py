@@ -9,7 +9,8 @@ Rules:
   releases it before it allocates, and so do the adapter's collection, a call that fails or is
   stopped, and a script's other GPU work (the interpreter, `ExecContext.held`).
 * Graphs are replayed only under the same key (`trainer.graph_key`: the settings they were
-  recorded under and where every tensor they read lives); otherwise they are released.
+  recorded under and where every tensor they read lives; None where none was recorded);
+  otherwise they are released.
 * `live` is the dict of live tensors the call's final snapshot copied (adapter, optimizer moments,
   generator state). Nothing changes them after that snapshot, so they equal its host copies bit
   for bit, and the next call continues from them when it continues that very state (`state is`

@@ -373,7 +373,7 @@ def train(
     finally:
         writer.abandon()
         if finished:  # for the next call on this adapter (`train.kept`)
-            loop.keep(graph_key(loop.adapter, profile, identity))
+            loop.keep()
         else:
             loop.steps.release()
         loop.steps.adopt(None)
@@ -480,8 +480,9 @@ class _Loop:
             self.counters = Counters()
             self.cursor = Cursor(n, options["seed"], shuffle=options["shuffle"])
         else:  # from the device where the call before left this very state (`train.kept`)
-            saved = kept.live if kept is not None and kept.state is prev and kept.live else None
-            saved = saved or prev.tensors
+            saved = (
+                kept.live if kept is not None and kept.state is prev and kept.live else prev.tensors
+            )
             self.opt.load_state_tensors(parallel.scattered(saved))
             self.scaler = LossScaler.from_json(prev.meta["loss_scale"])
             self.counters = Counters.from_json(prev.meta["counters"])
@@ -506,13 +507,13 @@ class _Loop:
         if objective is not None:
             off = f"the {objective.name} objective runs its steps eagerly"
         replay = None
-        if kept is not None:
+        if kept is not None:  # its moments were loaded above, or are not this state's: they go
             if not off and kept.key == graph_key(adapter, profile, identity):
                 replay = kept.steps
                 replay.adopt(self._forward_backward)
+                kept.live = {}
             else:
-                kept.steps.release()
-            kept.live = {}  # loaded above, or not this state's: the last call's moments go
+                kept.release()
         self.steps = replay or GraphSteps(self._forward_backward, [p for _, p in self.params], off)
         self.kept_shapes = self.steps.shapes
         """Batch shapes whose graphs the call before recorded (and this one replays)."""
@@ -748,12 +749,13 @@ class _Loop:
         self.last_snapshot = (state, tensors)
         return state
 
-    def keep(self, key: tuple[object, ...]) -> None:
-        """Keep this call's graphs, and the live tensors of the state it leaves on one device,
-        for the adapter's next call (`train.kept`)."""
+    def keep(self) -> None:
+        """Keep this call's graphs (under their key, where it recorded any), and the live tensors
+        of the state it leaves on one device, for the adapter's next call (`train.kept`)."""
         state, live = self.last_snapshot or (None, {})
         if self.parallel.world.size > 1 or state is not self.adapter.state:
             live = {}
+        key = graph_key(self.adapter, self.profile, self.identity) if self.steps.shapes else None
         keep(self.adapter, key, self.steps, state, live)
 
     def end_event(self, stop: str, seconds: float) -> dict[str, Any]:
