@@ -135,10 +135,10 @@ def main() -> int:
     update_seconds: list[float] = []
     update = trainer._Loop.update
 
-    def timed_update(loop: Any) -> dict[str, Any]:
+    def timed_update(loop: Any, ahead: bool = False) -> dict[str, Any]:
         _synchronize(args.device)
         began = time.perf_counter()
-        event = update(loop)
+        event = update(loop, ahead)
         _synchronize(args.device)
         update_seconds.append(time.perf_counter() - began)
         return event

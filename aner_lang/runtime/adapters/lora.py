@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.adapters.base import Adapter, target_modules
 from aner_lang.runtime.model.experts import ALIGN_BYTES, grouped_mm
-from aner_lang.runtime.model.precision import compute_dtype
+from aner_lang.runtime.model.precision import compute_dtype, matmul
 from aner_lang.runtime.model.sections import section
 
 
@@ -172,10 +172,15 @@ class _OnBase(torch.autograd.Function):
     The base's forward already ran: its output arrives detached and contiguous (the base's own
     node is dropped unused) and the delta accumulates into it in place. `grad_input` runs in
     the forward's context: on CUDA, backward runs on autograd's own thread, which does not see
-    the run's context variables (the NF4 backend). Rounding is that of the separate operations
-    (each product rounded to the compute dtype, then scaled), except the input gradient, whose
-    two products are summed in fp32 and rounded once. `A` and `B` (fp32 masters) meet the input
-    in its dtype; their gradients return in fp32, as the cast's own backward gives them."""
+    the run's context variables (the NF4 backend).
+
+    `A` and `B` (fp32 masters) meet the input in its dtype, cast once in the forward; backward
+    reuses those casts (saved: the adapter once more in 16 bits, against a cast kernel per
+    matrix twice an update). Rounding: the output and `s g B` are those of the separate
+    operations (each product rounded to the compute dtype, then scaled); the input gradient's
+    two products are summed in fp32 and rounded once; the gradients of `A` and `B` are fp32
+    products (on CUDA straight from cuBLAS's fp32 accumulators, `precision.matmul`, not rounded
+    to 16 bits and cast back), `B`'s scaled in fp32."""
 
     @staticmethod
     def forward(
@@ -187,11 +192,10 @@ class _OnBase(torch.autograd.Function):
         grad_input: Callable[[torch.Tensor], torch.Tensor],
         scaling: float,
     ) -> torch.Tensor:
-        dtype = x.dtype
-        flat = x.reshape(-1, x.shape[-1])
-        xa = flat @ a.to(dtype).t()
-        base_out.view(-1, base_out.shape[-1]).addmm_(xa, b.to(dtype).t(), alpha=scaling)
-        ctx.save_for_backward(x, xa, a, b)
+        a_c, b_c = a.to(x.dtype), b.to(x.dtype)
+        xa = x.reshape(-1, x.shape[-1]) @ a_c.t()
+        base_out.view(-1, base_out.shape[-1]).addmm_(xa, b_c.t(), alpha=scaling)
+        ctx.save_for_backward(x, xa, a_c, b_c)
         ctx.grad_input, ctx.scaling = grad_input, scaling
         ctx.context = contextvars.copy_context()
         ctx.mark_dirty(base_out)
@@ -199,19 +203,18 @@ class _OnBase(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        x, xa, a, b = ctx.saved_tensors
-        dtype = g.dtype
+        x, xa, a_c, b_c = ctx.saved_tensors
         grads = g.reshape(-1, g.shape[-1])
         dx = da = db = None
         if ctx.needs_input_grad[0]:
             with section("nf4_backward"):
                 dx = ctx.context.run(ctx.grad_input, g).contiguous()
         with section("lora"):
-            gb = (grads @ b.to(dtype)).mul_(ctx.scaling)
+            gb = (grads @ b_c).mul_(ctx.scaling)
             if dx is not None:
-                dx.view(-1, dx.shape[-1]).addmm_(gb, a.to(dtype))
+                dx.view(-1, dx.shape[-1]).addmm_(gb, a_c)
             if ctx.needs_input_grad[1]:
-                da = (gb.t() @ x.reshape(-1, x.shape[-1])).float()
+                da = matmul(gb.t(), x.reshape(-1, x.shape[-1]), torch.float32)
             if ctx.needs_input_grad[2]:
-                db = (grads.t() @ xa).mul_(ctx.scaling).float()
+                db = matmul(grads.t(), xa, torch.float32).mul_(ctx.scaling)
         return dx, da, db, None, None, None

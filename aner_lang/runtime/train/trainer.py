@@ -43,7 +43,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +76,7 @@ from aner_lang.runtime.train.loss_scale import LossScaler
 from aner_lang.runtime.train.objectives import Objective
 from aner_lang.runtime.train.objectives import to_json as objective_json
 from aner_lang.runtime.train.optim import make_optimizer
+from aner_lang.runtime.train.optim.adamw import PreparedStep
 from aner_lang.runtime.train.order import Cursor, updates_per_epoch
 from aner_lang.runtime.train.preference import PreferenceSteps, check_options, training_examples
 from aner_lang.runtime.train.profile import Profile
@@ -318,13 +319,15 @@ def train(
             run_control.stop_signals(),
         ):
             while loop.counters.updates < total and not loop.counters.stopped_early:
-                event = loop.update()
-                updates = loop.counters.updates
+                updates = loop.counters.updates + 1  # this update's number
                 done = updates == total
+                validating = validation is not None and (
+                    done or updates == 1 or bool(eval_every and updates % eval_every == 0)
+                )
+                saving = bool(checkpoints and checkpoint_every and updates % checkpoint_every == 0)
+                event = loop.update(ahead=not (done or validating or saving))
                 best = False
-                if validation is not None and (
-                    done or updates == 1 or (eval_every and updates % eval_every == 0)
-                ):
+                if validating and validation is not None:
                     began = time.perf_counter()
                     event.update(loop.validate(validation))
                     event["validation_seconds"] = time.perf_counter() - began
@@ -335,11 +338,10 @@ def train(
                 if parallel.any_rank(run_control.stop_requested):  # every rank stops together
                     run_control.stop_requested = True
                     stop = "interrupted" if stop == "done" and not done else stop
+                    loop.withdraw()  # the state saved is the one after this update
                 writer.poll()
                 end = done or stop != "done"
-                due = end or bool(
-                    checkpoints and checkpoint_every and updates % checkpoint_every == 0
-                )
+                due = end or saving
                 if best or due:
                     began = time.perf_counter()
                     state = loop.snapshot()
@@ -372,6 +374,7 @@ def train(
         finished = not run_control.stop_requested
     finally:
         writer.abandon()
+        loop.withdraw()  # a window issued ahead of an update that never came (a failure)
         if finished:  # for the next call on this adapter (`train.kept`)
             loop.keep()
         else:
@@ -430,6 +433,26 @@ def _resume_hint(updates: int, total: int, saved: Path | None, checkpoints: str 
         f"{where}; checkpoint saved in {saved}; run the script again to continue "
         f'(with resume("{checkpoints}", model: ..., otherwise: ...))'
     )
+
+
+@dataclass
+class _Issued:
+    """An update's window once queued (`_Loop._issue`): what its wait and its step read."""
+
+    mark: tuple[int, int]
+    """The data cursor before the window (a re-run or a withdrawal goes back there)."""
+    generator: torch.Tensor | None
+    """The run's generator state before the window, where its layers draw from it (dropout)."""
+    lr: float
+    flags: torch.Tensor
+    """The window's loss and overflow flag, on the device."""
+    norm: torch.Tensor
+    prepared: PreparedStep
+    scored: int
+    tokens: int
+    began: float
+    ahead: bool
+    """Issued while the update before it had yet to return (`_Loop.update`'s `ahead`)."""
 
 
 class _Loop:
@@ -515,6 +538,16 @@ class _Loop:
             else:
                 kept.release()
         self.steps = replay or GraphSteps(self._forward_backward, [p for _, p in self.params], off)
+        self.issues_ahead = (
+            adapter.device.type == "cuda" and parallel.world.size == 1 and objective is None
+        )
+        """Whether `update(ahead=True)` issues the next window early: only where the device
+        computes while the host goes on (not the CPU), and not across ranks (a stop is agreed by
+        a collective that would wait for the window issued ahead) nor for preference objectives
+        (an update's event reads their metrics of the last window)."""
+        self._ahead: _Issued | None = None
+        self._ended: float | None = None
+        """When the last update returned (`update` times an update issued ahead from there)."""
         self.kept_shapes = self.steps.shapes
         """Batch shapes whose graphs the call before recorded (and this one replays)."""
         self.last_snapshot: tuple[TrainState, dict[str, torch.Tensor]] | None = None
@@ -548,39 +581,27 @@ class _Loop:
             "world_size": self.parallel.world.size,
         }
 
-    def update(self) -> dict[str, Any]:
+    def update(self, ahead: bool = False) -> dict[str, Any]:
         """One accumulation window, re-run with a backed-off loss scale while it overflows (up
         to `max_retries`), then the optimizer step or the skip; returns the update's event.
 
         The host waits for the device once per update: to read the window's loss and overflow
         flag together, which decide between the step and the skip. Everything that does not
         depend on that decision is issued before the wait, while the device still computes the
-        window: the clipping (it only scales gradients that a skip then drops) and the
-        optimizer's host-side preparation. After the wait only the optimizer's launches are
-        left, so the device idles little between one update's window and the next."""
-        c, o, scaler = self.counters, self.options, self.scaler
-        began = time.perf_counter()
-        mark = self.cursor.mark()
-        lr = learning_rate_at(c.applied, o["learning_rate"], o["steps"], o["warmup"], o["schedule"])
+        window (`_issue`): the clipping (it only scales gradients that a skip then drops) and
+        the optimizer's host-side preparation. With `ahead` (the caller's word that the next
+        update follows this one directly: no validation, checkpoint or end in between), the next
+        update's window is issued right after this one's optimizer step, before this update's
+        event is made, logged and shown: the device goes from one update to the next without
+        waiting for the host's work between them (`withdraw` takes it back where the run stops
+        instead). An update issued ahead is timed from the end of the one before it."""
+        c, scaler = self.counters, self.scaler
+        first, self._ahead = self._ahead or self._issue(self.cursor.mark()), None
+        issued = first
         for attempt in range(scaler.state.max_retries + 1):
-            self.cursor.restore(mark)
-            self.adapter.train_mode(True)
-            loss_sum, scored, tokens = self._window()
-            grads = self.parallel.gradients(self.params)
-            with section("optimizer"):
-                found = scaler.unscale_(grads.values())
-                flags = self.parallel.total(
-                    torch.stack([loss_sum, found.to(loss_sum.device, torch.float64)])
-                )
-                trained = [p for _, p in self.params if p.grad is not None]
-                if o["clip_norm"] is not None and o["clip_norm"] > 0:
-                    norm = self.parallel.clip_grad_norm(trained, grads, o["clip_norm"])
-                else:
-                    norm = self.parallel.grad_norm(grads)
-                # on its way to the host before the wait below, so reading it never waits
-                norm = norm.to("cpu", non_blocking=True)
-                prepared = self.opt.prepare(grads, lr=lr)
-            loss, found_inf = flags.tolist()
+            if attempt:  # the same examples again, at the backed-off scale
+                issued = self._issue(issued.mark)
+            loss, found_inf = issued.flags.tolist()
             overflow = bool(found_inf) or not math.isfinite(loss)
             scaler.update(overflow)
             if not overflow:
@@ -591,39 +612,84 @@ class _Loop:
             "event": "update",
             "update": c.updates + 1,
             "loss": loss,
-            "learning_rate": lr,
+            "learning_rate": issued.lr,
             "loss_scale": scaler.state.scale,
             "skipped": overflow,
-            "tokens": tokens,
-            "scored_tokens": scored,
+            "tokens": issued.tokens,
+            "scored_tokens": issued.scored,
         }
         if self.preference is not None:
             event.update(self.preference.metrics())
         if overflow:
             c.skipped_updates += 1
         else:
-            event["grad_norm"] = norm  # a 0-d host tensor, read when the event is written
+            event["grad_norm"] = issued.norm  # a 0-d host tensor, read when the event is written
             with section("optimizer"):
-                prepared.apply()
+                issued.prepared.apply()
             c.applied += 1
             c.loss_history.append(loss)
-            c.scored_tokens += scored
+            c.scored_tokens += issued.scored
         self._zero_grads()
         c.updates += 1
-        self.adapter.train_mode(False)
-        self.tokens_seen += tokens
-        seconds = time.perf_counter() - began
-        if self.startup is None:
-            self.startup = seconds_running()
-        else:
-            self.steady[0] += tokens
-            self.steady[1] += seconds
         event["epoch"] = self.cursor.epochs
-        event["tokens_per_second"] = tokens / max(seconds, 1e-9)
         recording = self.steps.take_recording_seconds()
         if recording:
             event["recording_seconds"] = recording
+        if ahead and self.issues_ahead:
+            self._ahead = self._issue(self.cursor.mark(), ahead=True)
+        self.adapter.train_mode(False)
+        self.tokens_seen += issued.tokens
+        ended = time.perf_counter()
+        seconds = ended - (self._ended if first.ahead and self._ended else first.began)
+        self._ended = ended
+        if self.startup is None:
+            self.startup = seconds_running()
+        else:
+            self.steady[0] += issued.tokens
+            self.steady[1] += seconds
+        event["tokens_per_second"] = issued.tokens / max(seconds, 1e-9)
         return event
+
+    def _issue(self, mark: tuple[int, int], ahead: bool = False) -> _Issued:
+        """Queue the window at cursor `mark` (its forward, backward, clipping and the loss and
+        overflow flags the wait reads) and prepare its optimizer step on the host; `ahead`: while
+        the update before it has yet to return."""
+        o, scaler = self.options, self.scaler
+        began = time.perf_counter()
+        generator = self.gen.get_state() if self.activations.generators else None
+        self.cursor.restore(mark)
+        lr = learning_rate_at(
+            self.counters.applied, o["learning_rate"], o["steps"], o["warmup"], o["schedule"]
+        )
+        self.adapter.train_mode(True)
+        loss_sum, scored, tokens = self._window()
+        grads = self.parallel.gradients(self.params)
+        with section("optimizer"):
+            found = scaler.unscale_(grads.values())
+            flags = self.parallel.total(
+                torch.stack([loss_sum, found.to(loss_sum.device, torch.float64)])
+            )
+            trained = [p for _, p in self.params if p.grad is not None]
+            if o["clip_norm"] is not None and o["clip_norm"] > 0:
+                norm = self.parallel.clip_grad_norm(trained, grads, o["clip_norm"])
+            else:
+                norm = self.parallel.grad_norm(grads)
+            # on its way to the host before the wait, so reading it never waits
+            norm = norm.to("cpu", non_blocking=True)
+            prepared = self.opt.prepare(grads, lr=lr)
+        return _Issued(mark, generator, lr, flags, norm, prepared, scored, tokens, began, ahead)
+
+    def withdraw(self) -> None:
+        """Take back a window issued ahead (the run stops before its update): its examples are
+        drawn again by the next update, its gradients are dropped and the generator is where it
+        was, so the state is the one after the last update, as if it had never been issued."""
+        issued, self._ahead = self._ahead, None
+        if issued is None:
+            return
+        self.cursor.restore(issued.mark)
+        if issued.generator is not None:
+            self.gen.set_state(issued.generator)
+        self._zero_grads()
 
     def training_tokens_per_second(self) -> float | None:
         """Tokens per second of the updates after the first (None with one update)."""

@@ -62,8 +62,8 @@ def test_the_loop_runs_on_while_a_checkpoint_is_written(tiny_model, tmp_path, mo
             waited.append(update_three.wait(timeout=120))
         return save(directory, state, **kwargs)
 
-    def counting_update(loop):
-        event = update(loop)
+    def counting_update(loop, ahead=False):
+        event = update(loop, ahead)
         if loop.counters.updates == 3:
             update_three.set()
         return event

@@ -91,8 +91,8 @@ def test_sigterm_during_the_last_update_still_stops(tiny_model, monkeypatch):
 
     update = trainer._Loop.update
 
-    def update_then_sigterm(self):  # the signal arrives while the update runs
-        event = update(self)
+    def update_then_sigterm(self, ahead=False):  # the signal arrives while the update runs
+        event = update(self, ahead)
         signal.raise_signal(signal.SIGTERM)
         return event
 

@@ -1,0 +1,120 @@
+"""An update's window issued ahead (`_Loop.update(ahead=True)`, on by default on one CUDA device):
+the run is the same run, bit for bit, with validations and checkpoints in between, and a stop
+that comes while a window is issued ahead takes it back, so the saved state and its resumption
+are those of a run that never issued it. The CPU runs it here with the choice forced on (its
+arithmetic does not depend on where the host is when the device computes)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from aner_lang.problems.errors import RunStopped
+from aner_lang.runtime import adapters as A
+from aner_lang.runtime.tasks.data import from_texts
+from aner_lang.runtime.train import control, trainer
+from aner_lang.runtime.train.profile import profile
+
+TEXTS = [
+    "Aner makes model adaptation explicit and reproducible.",
+    "The quiet mountain lake reflects the clear morning sky.",
+    "A typed script says what it trains before it trains.",
+    "Checkpoints stay atomic and verified on every write.",
+    "Every read is bounded and every error names its line.",
+]
+
+
+def _forced(monkeypatch: pytest.MonkeyPatch, ahead: bool) -> list[int]:
+    """Issuing ahead forced on or off for the next `train` calls; returns the list of the
+    updates whose windows are issued ahead, filled as they are."""
+    init, issue = trainer._Loop.__init__, trainer._Loop._issue
+    issued_ahead: list[int] = []
+
+    def forced(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        self.issues_ahead = ahead
+
+    def counted(self: Any, mark: Any, ahead: bool = False) -> Any:
+        if ahead:
+            issued_ahead.append(self.counters.updates + 1)
+        return issue(self, mark, ahead)
+
+    monkeypatch.setattr(trainer._Loop, "__init__", forced)
+    monkeypatch.setattr(trainer._Loop, "_issue", counted)
+    return issued_ahead
+
+
+def _train(
+    adapter: Any, monkeypatch: pytest.MonkeyPatch, ahead: bool, tmp: Any, validate: bool = True
+) -> tuple[Any, list[int]]:
+    """`adapter` trained to 9 updates (validation every 3 where `validate`, a checkpoint every
+    4) with issuing ahead on or off; the run (or the RunStopped) and the updates issued ahead."""
+    issued = _forced(monkeypatch, ahead)
+    validation = from_texts(TEXTS[:2], context=16) if validate else None
+    try:
+        run: Any = trainer.train(
+            adapter, from_texts(TEXTS, context=16), profile(), steps=9, learning_rate=1e-2,
+            seed=4, validation=validation, eval_every=3, checkpoints=str(tmp), checkpoint_every=4,
+        )  # fmt: skip
+    except RunStopped as stopped:
+        run = stopped
+    finally:
+        monkeypatch.undo()
+    return run, issued
+
+
+def _lora(model: Any, dropout: float = 0.0) -> Any:
+    return A.lora(model, rank=2, alpha=4.0, dropout=dropout, targets=["q_proj", "v_proj"], seed=3)
+
+
+def _same_state(a: Any, b: Any) -> None:
+    assert a.state.meta["data"] == b.state.meta["data"]
+    assert a.state.meta["counters"] == b.state.meta["counters"]
+    ta, tb = a.state.tensors, b.state.tensors
+    assert ta.keys() == tb.keys()
+    for name in ta:
+        assert torch.equal(ta[name], tb[name]), name
+
+
+def test_a_run_that_issues_ahead_is_the_same_run(tiny_model, monkeypatch, tmp_path):
+    plain, ahead = _lora(tiny_model), _lora(tiny_model)
+    plain_run, none = _train(plain, monkeypatch, False, tmp_path / "a")
+    ahead_run, issued = _train(ahead, monkeypatch, True, tmp_path / "b")
+    assert none == []
+    # updates 1, 3, 6 and 9 validate, 4 and 8 checkpoint: only after 2, 5 and 7 is the next
+    # update's window issued ahead
+    assert issued == [3, 6, 8]
+    assert ahead_run.loss_history == plain_run.loss_history
+    assert ahead_run.validation_history == plain_run.validation_history
+    assert ahead_run.epochs == plain_run.epochs
+    _same_state(plain, ahead)
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.25])
+def test_a_stop_takes_back_the_window_issued_ahead(tiny_model, monkeypatch, tmp_path, dropout):
+    """Asked to stop while update 3's window is queued ahead of update 2's event: the state
+    saved is the one after update 2 (with dropout, the generator's too), as in a run that issues
+    nothing ahead, and both go on alike."""
+    adapters, runs = {}, {}
+    for ahead in (False, True):
+        emit = control.RunControl.emit
+
+        def emit_and_ask(self: Any, event: dict[str, Any], emit: Any = emit) -> None:
+            emit(self, event)
+            if event.get("event") == "update" and event["update"] == 1:
+                self.stop_requested = True  # seen at update 2's stop check
+
+        monkeypatch.setattr(control.RunControl, "emit", emit_and_ask)
+        adapters[ahead] = adapter = _lora(tiny_model, dropout)
+        stopped, issued = _train(adapter, monkeypatch, ahead, tmp_path / str(ahead))
+        assert isinstance(stopped, RunStopped), stopped
+        assert "after update 2 of 9" in str(stopped)
+        assert issued == ([3] if ahead else [])  # issued, then taken back
+        assert all(p.grad is None or not p.grad.any() for p in adapter.params.values())
+    _same_state(adapters[False], adapters[True])
+    for ahead, adapter in adapters.items():  # both go on to the end alike
+        runs[ahead], _ = _train(adapter, monkeypatch, ahead, tmp_path / f"on{ahead}", False)
+    assert runs[True].loss_history == runs[False].loss_history
+    _same_state(adapters[False], adapters[True])
