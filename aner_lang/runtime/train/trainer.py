@@ -64,7 +64,7 @@ from aner_lang.runtime.model.moe import MoeMLP
 from aner_lang.runtime.model.precision import DTYPES, autocast
 from aner_lang.runtime.model.sections import section
 from aner_lang.runtime.nf4.backends import NF4Backend, using_backend
-from aner_lang.runtime.tasks.batches import collate
+from aner_lang.runtime.tasks.batches import Batch, collate
 from aner_lang.runtime.tasks.data import Dataset, no_scored_tokens
 from aner_lang.runtime.train import budget, control
 from aner_lang.runtime.train.checkpoint_writer import CheckpointWriter, Submitted, Written
@@ -546,6 +546,8 @@ class _Loop:
         a collective that would wait for the window issued ahead) nor for preference objectives
         (an update's event reads their metrics of the last window)."""
         self._ahead: _Issued | None = None
+        self._collated: dict[tuple[int, ...], Batch] = {}
+        """The next window's micro-batches by their example indices (`_collate_next`)."""
         self._ended: float | None = None
         """When the last update returned (`update` times an update issued ahead from there)."""
         self.kept_shapes = self.steps.shapes
@@ -701,23 +703,37 @@ class _Loop:
         the device: the sum over its scored tokens divided by the window's count), and the
         window's scored tokens and tokens (all ranks')."""
         o, adapter, parallel = self.options, self.adapter, self.parallel
-        window = [
-            [self.examples[i] for i in indices]
-            for indices in self.cursor.window(self.drawn, o["accumulation"])
-        ]
+        drawn = self.cursor.window(self.drawn, o["accumulation"])
+        window = [[self.examples[i] for i in indices] for indices in drawn]
         scale = self.scaler.state.scale if self.scaler.enabled else None
         if self.preference is not None:
             return self.preference.window(window, scale)
         scored = sum(e.scored_tokens for batch in window for e in batch)
         tokens = sum(len(e.ids) for batch in window for e in batch)
         total = torch.zeros((), dtype=torch.float64, device=adapter.device)
-        for drawn_examples in window:
+        collated, self._collated = self._collated, {}
+        for indices, drawn_examples in zip(drawn, window):
             examples = parallel.share(drawn_examples)
             if not parallel.collective_forward and not any(e.scored_tokens for e in examples):
                 continue
-            batch = collate(examples, self.pad, adapter.device)
+            batch = collated.get(tuple(indices)) or collate(examples, self.pad, adapter.device)
             total += self.steps(batch.input_ids, batch.targets, batch.positions, scored, scale)
+        if self.issues_ahead:
+            self._collate_next()
         return total, scored, tokens
+
+    def _collate_next(self) -> None:
+        """The next window's micro-batches, made and on their way to the device now, while the
+        device computes this one: the host's share of the next update, done before the wait
+        instead of between the two updates (`update`'s `ahead`). One rank only (`issues_ahead`):
+        a rank's share is then the whole micro-batch."""
+        mark = self.cursor.mark()
+        drawn = self.cursor.window(self.drawn, self.options["accumulation"])
+        self.cursor.restore(mark)
+        self._collated = {
+            tuple(ix): collate([self.examples[i] for i in ix], self.pad, self.adapter.device)
+            for ix in drawn
+        }
 
     def _forward_backward(
         self,

@@ -13,6 +13,7 @@ import torch
 
 from aner_lang.problems.errors import RunStopped
 from aner_lang.runtime import adapters as A
+from aner_lang.runtime.tasks.batches import collate
 from aner_lang.runtime.tasks.data import from_texts
 from aner_lang.runtime.train import control, trainer
 from aner_lang.runtime.train.profile import profile
@@ -79,9 +80,21 @@ def _same_state(a: Any, b: Any) -> None:
 
 
 def test_a_run_that_issues_ahead_is_the_same_run(tiny_model, monkeypatch, tmp_path):
+    """Same losses, validations and state; and each window's micro-batch was made during the
+    window before (collated once each, the first window's alone when it came)."""
+    collated = []
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        collated.append(1)
+        return collate(*args, **kwargs)
+
     plain, ahead = _lora(tiny_model), _lora(tiny_model)
+    monkeypatch.setattr(trainer, "collate", counted)
     plain_run, none = _train(plain, monkeypatch, False, tmp_path / "a")
+    assert len(collated) == 9
+    monkeypatch.setattr(trainer, "collate", counted)
     ahead_run, issued = _train(ahead, monkeypatch, True, tmp_path / "b")
+    assert len(collated) == 9 + 10  # the first, then each next one (a tenth past the end)
     assert none == []
     # updates 1, 3, 6 and 9 validate, 4 and 8 checkpoint: only after 2, 5 and 7 is the next
     # update's window issued ahead
