@@ -170,3 +170,40 @@ def test_missing_tensor(small_gguf, tmp_path):
 
 def test_missing_file(tmp_path):
     assert _error(tmp_path / "nope.gguf").code == "E-GGUF-NOT-FOUND"
+
+
+def test_string_arrays_read_exactly_and_every_cut_or_bad_length_is_a_clear_error(tmp_path):
+    """A header's string arrays (a vocabulary's tokens and merges) come back as written, and a
+    file cut anywhere inside one, or one of whose string lengths runs past the end, or whose
+    bytes are not UTF-8, is refused with a GGUF error, never a crash."""
+    import gguf
+
+    words = ["a", "", "ünï", "spaced words", "x" * 300]
+    path = tmp_path / "words.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_array("test.words", words)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    assert GGUFFile(path).metadata["test.words"] == words
+    data = path.read_bytes()
+    start = data.index(b"test.words") + len(b"test.words") + 4 + 4 + 8  # type, item, count
+    for cut in range(start, len(data)):
+        bad = tmp_path / "cut.gguf"
+        bad.write_bytes(data[:cut])
+        with pytest.raises(AnerRuntimeError) as info:
+            GGUFFile(bad)
+        assert info.value.code == "E-GGUF-TRUNCATED", (cut, info.value.message)
+    long = bytearray(data)
+    long[start : start + 8] = (2**40).to_bytes(8, "little")  # the first string's length
+    (tmp_path / "long.gguf").write_bytes(bytes(long))
+    with pytest.raises(AnerRuntimeError) as info:
+        GGUFFile(tmp_path / "long.gguf")
+    assert info.value.code == "E-GGUF-TRUNCATED"
+    second = start + 8 + 1 + 8  # "" after "a": no bytes; "ünï" follows
+    latin = bytearray(data)
+    latin[second + 8] = 0xFF  # not UTF-8
+    (tmp_path / "latin.gguf").write_bytes(bytes(latin))
+    with pytest.raises(AnerRuntimeError) as info:
+        GGUFFile(tmp_path / "latin.gguf")
+    assert info.value.code == "E-GGUF-CORRUPT"
