@@ -24,7 +24,7 @@ model=/tmp/train_scale/llama3-8b/model
 t.make_model('llama3-8b', Path('$model'), 'cuda')"
 if [[ ${TRACE:-1} == 1 ]]; then
   timeout "${TIMELINE_S:-240}" python3 benchmarks/update_timeline.py --model "$model" \
-    --context "${CONTEXT:-2048}" --updates "${UPDATES:-12}" --out "$OUT/update_timeline.json" \
+    --context "${CONTEXT:-2048}" --updates "${UPDATES:-30}" --out "$OUT/update_timeline.json" \
     > "$OUT/update_timeline.log" 2>&1
   echo "timeline rc=$?"; tail -40 "$OUT/update_timeline.log"
 fi

@@ -1,11 +1,14 @@
 """Where the GPU waits between the updates of a `train()` call: one call on a loaded model, its
-later updates traced by torch's profiler (CUDA graphs on, as a run trains), and per update the
-wall time from one step replay to the next, the device's busy time in it, and its idle gaps,
-each with the host functions that were running meanwhile (the trainer's own functions wrapped
-in profiler ranges for this benchmark only).
+later updates traced by torch's profiler (CUDA graphs on as a run has them, or `--eager`), and
+per update the wall time from one step replay to the next, the device's busy time in it, and
+its idle gaps, each with the host functions that were running meanwhile (the trainer's own
+functions wrapped in profiler ranges for this benchmark only). The untraced updates before them
+(the first left out: it records the step's graph) give the tokens per second by the trainer's
+clock and the MFU against this GPU's dense bf16 GEMM rate (train_e2e's FLOPs of a token and its
+measured peak).
 
     python benchmarks/update_timeline.py --model /tmp/train_scale/llama3-8b/model \
-        --context 2048 --updates 12 --out /tmp/update_timeline.json
+        --context 2048 --updates 30 --out /tmp/update_timeline.json
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import argparse
 import functools
 import itertools
 import json
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -158,7 +162,14 @@ def main() -> int:
         trace_path = folder / "trace.json"
         prof.export_chrome_trace(str(trace_path))
         rows = analyse(json.loads(trace_path.read_text()), args.gap_us)
-    tokens_per_s = run.training_tokens_per_second or 0.0
+    update_ms = [  # each update's wall time by the trainer's clock
+        1e3 * e["tokens"] / e["tokens_per_second"]
+        for e in map(json.loads, (folder / "events.jsonl").read_text().splitlines())
+        if e["event"] == "update"
+    ]
+    # the updates after the first (its graph's recording) and before the traced ones
+    untraced = update_ms[1 : args.updates - args.traced]
+    tokens_per_s = args.context / (statistics.fmean(untraced) / 1e3) if untraced else 0.0
     per_token = flops_per_token(args.shape, args.context)
     peak = dense_peak_flops()
     result = {
@@ -170,16 +181,13 @@ def main() -> int:
         "cuda_graphs": run.cuda_graphs,
         "call_seconds": round(seconds, 3),
         "training_tokens_per_second": run.training_tokens_per_second,
-        "update_ms": [  # each update's wall time by the trainer's clock
-            round(1e3 * e["tokens"] / e["tokens_per_second"], 2)
-            for e in map(json.loads, (folder / "events.jsonl").read_text().splitlines())
-            if e["event"] == "update"
-        ],
+        "untraced_tokens_per_second": tokens_per_s,
+        "update_ms": [round(ms, 2) for ms in update_ms],
         "intervals": rows,
     }
     Path(args.out).write_text(json.dumps(result, indent=1))
-    print(f"training tokens/s {tokens_per_s:,.0f} (trainer's clock), MFU {100 * result['mfu']:.1f}% "
-          f"of {peak / 1e12:.0f} TFLOP/s")  # fmt: skip
+    print(f"{len(untraced)} untraced updates after the first: {tokens_per_s:,.0f} tokens/s by the "
+          f"trainer's clock, MFU {100 * result['mfu']:.1f}% of {peak / 1e12:.0f} TFLOP/s")  # fmt: skip
     for r in rows:
         print(f"wall {r['wall_us'] / 1e3:.2f} ms busy {r['busy_us'] / 1e3:.2f} idle "
               f"{r['idle_us'] / 1e3:.2f}")  # fmt: skip
