@@ -48,16 +48,23 @@ def _forced(monkeypatch: pytest.MonkeyPatch, ahead: bool) -> list[int]:
 
 
 def _train(
-    adapter: Any, monkeypatch: pytest.MonkeyPatch, ahead: bool, tmp: Any, validate: bool = True
+    adapter: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    ahead: bool,
+    tmp: Any,
+    validate: bool = True,
+    **options: Any,
 ) -> tuple[Any, list[int]]:
     """`adapter` trained to 9 updates (validation every 3 where `validate`, a checkpoint every
-    4) with issuing ahead on or off; the run (or the RunStopped) and the updates issued ahead."""
+    4; `options` for `train`) with issuing ahead on or off; the run (or the RunStopped) and the
+    updates issued ahead."""
     issued = _forced(monkeypatch, ahead)
     validation = from_texts(TEXTS[:2], context=16) if validate else None
     try:
         run: Any = trainer.train(
             adapter, from_texts(TEXTS, context=16), profile(), steps=9, learning_rate=1e-2,
             seed=4, validation=validation, eval_every=3, checkpoints=str(tmp), checkpoint_every=4,
+            **options,
         )  # fmt: skip
     except RunStopped as stopped:
         run = stopped
@@ -102,6 +109,21 @@ def test_a_run_that_issues_ahead_is_the_same_run(tiny_model, monkeypatch, tmp_pa
     assert ahead_run.loss_history == plain_run.loss_history
     assert ahead_run.validation_history == plain_run.validation_history
     assert ahead_run.epochs == plain_run.epochs
+    _same_state(plain, ahead)
+
+
+def test_windows_of_several_micro_batches_across_epochs_issued_ahead(
+    tiny_model, monkeypatch, tmp_path
+):
+    """Two micro-batches of two examples a window, 5 examples: two windows an epoch, so windows
+    made ahead begin new epochs (a smaller last window, a new order) and the run is the same."""
+    plain, ahead = _lora(tiny_model), _lora(tiny_model)
+    options = {"micro_batch": 2, "accumulation": 2}
+    plain_run, _ = _train(plain, monkeypatch, False, tmp_path / "a", **options)
+    ahead_run, issued = _train(ahead, monkeypatch, True, tmp_path / "b", **options)
+    assert issued == [3, 6, 8]
+    assert ahead_run.epochs == plain_run.epochs == 4.8
+    assert ahead_run.loss_history == plain_run.loss_history
     _same_state(plain, ahead)
 
 
