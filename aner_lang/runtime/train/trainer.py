@@ -637,19 +637,23 @@ class _Loop:
         recording = self.steps.take_recording_seconds()
         if recording:
             event["recording_seconds"] = recording
+        tokens = issued.tokens
+        began = self._ended if first.ahead and self._ended else first.began
+        # the windows' prepared steps hold this update's gradients, which eager steps drop
+        # (`_zero_grads`): a window issued ahead must not find them still held
+        del first, issued
         if ahead and self.issues_ahead:
             self._ahead = self._issue(self.cursor.mark(), ahead=True)
         self.adapter.train_mode(False)
-        self.tokens_seen += issued.tokens
+        self.tokens_seen += tokens
         ended = time.perf_counter()
-        seconds = ended - (self._ended if first.ahead and self._ended else first.began)
-        self._ended = ended
+        seconds, self._ended = ended - began, ended
         if self.startup is None:
             self.startup = seconds_running()
         else:
-            self.steady[0] += issued.tokens
+            self.steady[0] += tokens
             self.steady[1] += seconds
-        event["tokens_per_second"] = issued.tokens / max(seconds, 1e-9)
+        event["tokens_per_second"] = tokens / max(seconds, 1e-9)
         return event
 
     def _issue(self, mark: tuple[int, int], ahead: bool = False) -> _Issued:

@@ -6,6 +6,7 @@ arithmetic does not depend on where the host is when the device computes)."""
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import pytest
@@ -153,3 +154,29 @@ def test_a_stop_takes_back_the_window_issued_ahead(tiny_model, monkeypatch, tmp_
         runs[ahead], _ = _train(adapter, monkeypatch, ahead, tmp_path / f"on{ahead}", False)
     assert runs[True].loss_history == runs[False].loss_history
     _same_state(adapters[False], adapters[True])
+
+
+def test_a_window_issued_ahead_finds_the_last_updates_gradients_freed(
+    tiny_model, monkeypatch, tmp_path
+):
+    """Eager steps make new gradients each window: those of the update before must be gone when
+    the next window is issued ahead, or they would add an adapter's worth of memory to its peak
+    (a long context's eager steps)."""
+    adapter = _lora(tiny_model)
+    issued = _forced(monkeypatch, True)
+    issue = trainer._Loop._issue  # the counting one
+    last: list[weakref.ref[torch.Tensor]] = []
+    checked: list[int] = []
+
+    def watched(self: Any, mark: Any, ahead: bool = False) -> Any:
+        if ahead:
+            assert all(ref() is None for ref in last), "the last update's gradients are held"
+            checked.append(self.counters.updates + 1)
+        issued = issue(self, mark, ahead)
+        last[:] = [weakref.ref(p.grad) for p in self.adapter.params.values() if p.grad is not None]
+        return issued
+
+    monkeypatch.setattr(trainer._Loop, "_issue", watched)
+    trainer.train(adapter, from_texts(TEXTS, context=16), profile(), steps=4, learning_rate=1e-2)
+    monkeypatch.undo()
+    assert issued == checked == [2, 3, 4]
