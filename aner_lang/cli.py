@@ -128,6 +128,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     saves its checkpoint and says how to resume before it stops); SIGTERM (a job's stop request,
     `timeout`, CI) ends it with EXIT_STOPPED, a training run after it checkpointed
     (`aner_lang.host.sigterm`)."""
+    from aner_lang.host.process_clock import timed
     from aner_lang.host.sigterm import stopping_on_sigterm
     from aner_lang.interp import AnerError, ExecContext, run
 
@@ -140,9 +141,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if source is None:
         return 1
     main_rank = os.environ.get("RANK", "0") == "0"  # torchrun's; only rank 0 prints
-    analysis = _analyze(args.file, source, before_running=True, printed=main_rank)
-    if analysis.errors or _scoreless_data(analysis, source, printed=main_rank):
-        return 1
+    with timed("checks"):
+        analysis = _analyze(args.file, source, before_running=True, printed=main_rank)
+        if analysis.errors or _scoreless_data(analysis, source, printed=main_rank):
+            return 1
     path = Path(args.file).resolve()
     with open(os.devnull, "w", encoding="utf-8") as devnull:
         out = sys.stdout if main_rank else devnull

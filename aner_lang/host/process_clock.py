@@ -2,10 +2,12 @@
 reports (process start to its first update) includes the interpreter, imports and model loading,
 which happen before any of Aner's own clocks start. `timed` phases (loading a model, building
 kernels) are summed per process, so a run's `start` event can say what its first seconds held
-(phases may nest: kernels built during a load count in both). The phases: `imports` (the
-builtins' implementations imported on first use: torch, CuPy, Triton and Aner's runtime),
-`load_model`, `kernel_build`, and `train_setup` (from a `train` call to its `start` event:
-tokenizing the examples, checking them, the kernels' identity).
+(phases may nest: kernels built during a load count in both). The phases: `checks` (`aner run`'s
+checks before the script runs: its text, files and machine, and the training data against the
+model's tokenizer, which imports what that needs), `imports` (the builtins' implementations
+imported on first use: torch, CuPy, Triton and Aner's runtime), `load_model`, `kernel_build`,
+and `train_setup` (from a `train` call to its `start` event: tokenizing the examples, checking
+them, the kernels' identity).
 
 Pure standard library: the interpreter times its imports of the runtime with it.
 

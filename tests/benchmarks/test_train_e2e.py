@@ -31,6 +31,8 @@ def test_dry_run_trains_both_sides_on_the_same_work(tmp_path: Path) -> None:
         assert (tmp_path / "tiny" / f"{side}-1" / "adapter" / "adapter_config.json").exists()
     # the same model, data and settings: the losses of the two trainers agree closely
     aner, peft = rows["aner"], rows["peft"]
-    assert 0 < aner["before_start_phases"]["load_model"] < aner["before_start_s"]
+    phases = aner["before_start_phases"]
+    assert 0 < phases["load_model"] < aner["before_start_s"]
+    assert 0 < phases["checks"] < aner["before_start_s"]  # `aner run`'s own, before the script
     assert abs(aner["final_loss"] - peft["final_loss"]) / peft["final_loss"] < 0.01
     assert abs(aner["validation_loss"] - peft["validation_loss"]) / peft["validation_loss"] < 0.01
