@@ -451,8 +451,8 @@ class _Issued:
     scored: int
     tokens: int
     began: float
-    ahead: bool
-    """Issued while the update before it had yet to return (`_Loop.update`'s `ahead`)."""
+    """Where its update's clock starts: its issue, or for a window issued ahead, the end of the
+    update that issued it."""
 
 
 class _Loop:
@@ -548,8 +548,6 @@ class _Loop:
         self._ahead: _Issued | None = None
         self._collated: dict[tuple[int, ...], Batch] = {}
         """The next window's micro-batches by their example indices (`_collate_next`)."""
-        self._ended: float | None = None
-        """When the last update returned (`update` times an update issued ahead from there)."""
         self.kept_shapes = self.steps.shapes
         """Batch shapes whose graphs the call before recorded (and this one replays)."""
         self.last_snapshot: tuple[TrainState, dict[str, torch.Tensor]] | None = None
@@ -637,17 +635,18 @@ class _Loop:
         recording = self.steps.take_recording_seconds()
         if recording:
             event["recording_seconds"] = recording
-        tokens = issued.tokens
-        began = self._ended if first.ahead and self._ended else first.began
+        tokens, began = issued.tokens, first.began
         # the windows' prepared steps hold this update's gradients, which eager steps drop
         # (`_zero_grads`): a window issued ahead must not find them still held
         del first, issued
         if ahead and self.issues_ahead:
-            self._ahead = self._issue(self.cursor.mark(), ahead=True)
+            self._ahead = self._issue(self.cursor.mark())
         self.adapter.train_mode(False)
         self.tokens_seen += tokens
         ended = time.perf_counter()
-        seconds, self._ended = ended - began, ended
+        seconds = ended - began
+        if self._ahead is not None:
+            self._ahead.began = ended  # its update is timed from the end of this one
         if self.startup is None:
             self.startup = seconds_running()
         else:
@@ -656,10 +655,9 @@ class _Loop:
         event["tokens_per_second"] = tokens / max(seconds, 1e-9)
         return event
 
-    def _issue(self, mark: tuple[int, int], ahead: bool = False) -> _Issued:
+    def _issue(self, mark: tuple[int, int]) -> _Issued:
         """Queue the window at cursor `mark` (its forward, backward, clipping and the loss and
-        overflow flags the wait reads) and prepare its optimizer step on the host; `ahead`: while
-        the update before it has yet to return."""
+        overflow flags the wait reads) and prepare its optimizer step on the host."""
         o, scaler = self.options, self.scaler
         began = time.perf_counter()
         generator = self.gen.get_state() if self.activations.generators else None
@@ -683,7 +681,7 @@ class _Loop:
             # on its way to the host before the wait, so reading it never waits
             norm = norm.to("cpu", non_blocking=True)
             prepared = self.opt.prepare(grads, lr=lr)
-        return _Issued(mark, generator, lr, flags, norm, prepared, scored, tokens, began, ahead)
+        return _Issued(mark, generator, lr, flags, norm, prepared, scored, tokens, began)
 
     def withdraw(self) -> None:
         """Take back a window issued ahead (the run stops before its update): its examples are

@@ -28,22 +28,31 @@ TEXTS = [
 ]
 
 
-def _forced(monkeypatch: pytest.MonkeyPatch, ahead: bool) -> list[int]:
+def _forced(monkeypatch: pytest.MonkeyPatch, ahead: bool, before_ahead: Any = None) -> list[int]:
     """Issuing ahead forced on or off for the next `train` calls; returns the list of the
-    updates whose windows are issued ahead, filled as they are."""
-    init, issue = trainer._Loop.__init__, trainer._Loop._issue
+    updates whose windows are issued ahead, filled as they are (`before_ahead(loop)`, where
+    given, runs as each is issued)."""
+    init, update, issue = trainer._Loop.__init__, trainer._Loop.update, trainer._Loop._issue
     issued_ahead: list[int] = []
+    entered = [0]  # the updates done when the update in progress began
 
     def forced(self: Any, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
         self.issues_ahead = ahead
 
-    def counted(self: Any, mark: Any, ahead: bool = False) -> Any:
-        if ahead:
+    def entering(self: Any, *args: Any, **kwargs: Any) -> Any:
+        entered[0] = self.counters.updates
+        return update(self, *args, **kwargs)
+
+    def counted(self: Any, mark: Any) -> Any:
+        if self.counters.updates > entered[0]:  # after this update's step: the next one's window
+            if before_ahead is not None:
+                before_ahead(self)
             issued_ahead.append(self.counters.updates + 1)
-        return issue(self, mark, ahead)
+        return issue(self, mark)
 
     monkeypatch.setattr(trainer._Loop, "__init__", forced)
+    monkeypatch.setattr(trainer._Loop, "update", entering)
     monkeypatch.setattr(trainer._Loop, "_issue", counted)
     return issued_ahead
 
@@ -162,19 +171,21 @@ def test_a_window_issued_ahead_finds_the_last_updates_gradients_freed(
     """Eager steps make new gradients each window: those of the update before must be gone when
     the next window is issued ahead, or they would add an adapter's worth of memory to its peak
     (a long context's eager steps)."""
-    adapter = _lora(tiny_model)
-    issued = _forced(monkeypatch, True)
-    issue = trainer._Loop._issue  # the counting one
     last: list[weakref.ref[torch.Tensor]] = []
     checked: list[int] = []
 
-    def watched(self: Any, mark: Any, ahead: bool = False) -> Any:
-        if ahead:
-            assert all(ref() is None for ref in last), "the last update's gradients are held"
-            checked.append(self.counters.updates + 1)
-        issued = issue(self, mark, ahead)
+    def freed(loop: Any) -> None:
+        assert all(ref() is None for ref in last), "the last update's gradients are held"
+        checked.append(loop.counters.updates + 1)
+
+    adapter = _lora(tiny_model)
+    issued = _forced(monkeypatch, True, freed)
+    issue = trainer._Loop._issue  # the counting one
+
+    def watched(self: Any, mark: Any) -> Any:
+        window = issue(self, mark)
         last[:] = [weakref.ref(p.grad) for p in self.adapter.params.values() if p.grad is not None]
-        return issued
+        return window
 
     monkeypatch.setattr(trainer._Loop, "_issue", watched)
     trainer.train(adapter, from_texts(TEXTS, context=16), profile(), steps=4, learning_rate=1e-2)
