@@ -103,9 +103,7 @@ class _Cursor:
         return int(self.scalar(10))
 
     def string(self) -> str:
-        n = self.u64()
-        start = self.take(n)
-        return bytes(self.buf[start : start + n]).decode("utf-8")
+        return self.strings(1)[0]
 
     def value(self, vtype: int) -> Any:
         if vtype in _SCALARS:
