@@ -14,7 +14,7 @@ def saved_bytes(fn: Callable[..., object], *args: object) -> int:
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         nonlocal total
-        total += t.numel() * t.element_size()
+        total += t.nbytes
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):

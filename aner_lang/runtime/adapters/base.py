@@ -175,8 +175,8 @@ class Adapter:
 
     def nbytes(self) -> dict[str, int]:
         """Memory report hook: bytes of all adapter tensors, the frozen and the trainable part."""
-        trainable = sum(t.numel() * t.element_size() for t in self.params.values())
-        frozen = sum(t.numel() * t.element_size() for t in self.frozen.values())
+        trainable = sum(t.nbytes for t in self.params.values())
+        frozen = sum(t.nbytes for t in self.frozen.values())
         return {"adapters": trainable + frozen, "frozen_adapter": frozen, "trainable": trainable}
 
     def tensors(self) -> dict[str, torch.Tensor]:

@@ -115,4 +115,4 @@ class DenseLinear(FrozenLinear):
         return torch.nn.functional.embedding(ids, self.weight)
 
     def nbytes(self) -> dict[str, int]:
-        return {"weights": self.weight.numel() * self.weight.element_size()}
+        return {"weights": self.weight.nbytes}

@@ -23,7 +23,7 @@ def buckets(tensors: Iterable[torch.Tensor], limit: int = BUCKET_BYTES) -> list[
     out: list[list[torch.Tensor]] = []
     open_: dict[tuple[torch.device, torch.dtype], tuple[list[torch.Tensor], int]] = {}
     for t in tensors:
-        key, size = (t.device, t.dtype), t.numel() * t.element_size()
+        key, size = (t.device, t.dtype), t.nbytes
         group, used = open_.get(key, ([], 0))
         if group and used + size > limit:
             out.append(group)

@@ -178,4 +178,4 @@ class AdamW:
 
     def state_bytes(self) -> int:
         """Bytes of all optimizer moments."""
-        return sum(st.exp_avg.numel() * st.exp_avg.element_size() * 2 for st in self.state.values())
+        return sum(st.exp_avg.nbytes * 2 for st in self.state.values())

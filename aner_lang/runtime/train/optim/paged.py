@@ -99,7 +99,7 @@ class PagedAdamW(AdamW):
             return
         rt = self._cp.cuda.runtime
         stream = torch.cuda.current_stream().cuda_stream
-        base, total = t.data_ptr(), t.numel() * t.element_size()
+        base, total = t.data_ptr(), t.nbytes
         try:
             for off in range(0, total, self.page_bytes):
                 rt.memPrefetchAsync(base + off, min(self.page_bytes, total - off), device, stream)
