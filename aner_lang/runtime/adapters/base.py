@@ -142,6 +142,11 @@ class Adapter:
     def _hook(self, index: int) -> Callable:
         return _DeltaHook(self, index)
 
+    keeps_base_output = False
+    """Whether `_apply` saves for backward anything computed from the base output (DoRA's
+    scaling does). Where it does not, a checkpoint's recomputation may leave the base product of
+    a layer's last projection out (`activations.product_needed`)."""
+
     def _apply(self, index: int, x: torch.Tensor, base_out: torch.Tensor) -> torch.Tensor:
         return base_out + self._delta(index, x)
 
@@ -224,6 +229,11 @@ class _DeltaHook:
 
     def __init__(self, adapter: Adapter, index: int) -> None:
         self.adapter, self.index = adapter, index
+
+    @property
+    def keeps_base_output(self) -> bool:
+        """What `activations.product_needed` asks of a module's hooks."""
+        return self.adapter.keeps_base_output
 
     def __call__(self, _module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
         with section("lora"):

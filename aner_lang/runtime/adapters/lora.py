@@ -137,6 +137,7 @@ class DoRA(LoRA):
 
     method = "dora"
     groups_experts = False  # its norm needs each expert's whole adapted weight
+    keeps_base_output = True  # its magnitude's gradient reads the adapted output
 
     def __init__(
         self, model, rank: int, alpha: float, dropout: float, targets: list[str], seed: int

@@ -15,6 +15,7 @@ from typing import Protocol
 import torch
 
 from aner_lang.runtime.ggml.weight import GGUFWeight
+from aner_lang.runtime.model.activations import product_needed
 from aner_lang.runtime.model.experts import holds_slices, joined
 from aner_lang.runtime.model.linear import FrozenLinear
 from aner_lang.runtime.nf4 import host_tiled
@@ -92,6 +93,8 @@ class GGUFLinear(FrozenLinear):
         return GGUFWeight(self.get_buffer("raw"), self.qtype, (self.out_features, self.in_features))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not product_needed(self):
+            return self.unread(x)
         out: torch.Tensor = NF4Matmul.apply(
             x, self.weight_gguf, gguf_backend(active_backend(x.device))
         )

@@ -35,6 +35,13 @@ Rules:
   and product at a time, so a layer's `[tokens, intermediate]` activations never exist whole.
   The tiles' gradients sum over tokens in another order than the whole MLP's, so tiling is not
   bit-identical to the untiled step; a micro-batch within one tile runs untiled, bit for bit.
+* A recomputation stops at its layer's last save, so what that save does not need is never
+  needed: the product of a layer's last projection (down_proj's, whose adapter saves its input
+  and its low-rank product). The model marks that call `last_saves()`; a forward records whether
+  its layer saved anything after it, and when nothing, the recomputation lets a frozen product
+  that saves nothing be left out (`product_needed`: the NF4 base, under adapters whose backward
+  never reads the base output). Forward and backward are unchanged, so gradients are the same
+  bits; the product is a sixth of a Llama layer's base GEMMs under checkpointing.
 * Outside a gradient computation (evaluation, generation) nothing is checkpointed.
 * Under `keep`, a cheap elementwise result that a consumer would save for backward can be
   recomputed there instead (`recomputing`), where its inputs are kept anyway: each RMSNorm's
@@ -75,6 +82,12 @@ _KEEP = ActivationPolicy()
 _POLICY: contextvars.ContextVar[ActivationPolicy | None] = contextvars.ContextVar(
     "aner_activations", default=None
 )
+_RUNNING: contextvars.ContextVar[_Checkpoint | None] = contextvars.ContextVar(
+    "aner_checkpoint", default=None
+)
+"""The checkpoint whose forward or recomputation is running here (the innermost)."""
+_LEAVE_OUT = contextvars.ContextVar("aner_leave_out_product", default=False)
+"""Inside `last_saves` during a recomputation that ends there: `product_needed` may say no."""
 
 
 @contextmanager
@@ -150,6 +163,45 @@ def run_tiled(
     return out.view(*x.shape[:-1], out.shape[-1])
 
 
+@contextmanager
+def last_saves() -> Iterator[None]:
+    """Mark the enclosed call as one whose own output its layer's later computation needs only
+    to produce the layer's output, never to save anything (a Llama layer's down projection).
+
+    In a checkpointed layer's forward this records whether the layer saved anything after it.
+    Where it did not, the layer's recomputation ends with the saves inside the enclosed call, and
+    while it runs `product_needed` lets a frozen product that saves nothing be left out (its
+    result is then uninitialized memory that nothing reads). A recomputation that comes out of
+    the call without having ended is an error, never gradients from those values."""
+    running = _RUNNING.get()
+    if running is None:
+        yield
+    elif not running.replaying:
+        yield
+        running.last_saves_end = len(running.slots)
+    elif not running.ends_in_last_saves:
+        yield
+    else:
+        token = _LEAVE_OUT.set(True)
+        try:
+            yield
+        finally:
+            _LEAVE_OUT.reset(token)
+        raise RuntimeError(
+            "a checkpointed layer's recomputation went on past the call marked as its last saves"
+        )
+
+
+def product_needed(module: torch.nn.Module) -> bool:
+    """Whether `module` (a frozen linear whose forward saves nothing) must compute its product:
+    no only inside `last_saves` during a recomputation that ends there, and where every forward
+    hook on `module` declares `keeps_base_output` false (an adapter whose saves never depend on
+    the base output: what it adds to it is computed from the input alone)."""
+    if not _LEAVE_OUT.get():
+        return True
+    return any(getattr(h, "keeps_base_output", True) for h in module._forward_hooks.values())
+
+
 class _SaveInput(torch.autograd.Function):
     """Saves a checkpointed layer's input for backward, through the saved-tensor hooks active
     around the layer (`offload`'s host copies), and nothing else. Its output is never used: only
@@ -212,16 +264,24 @@ class _Checkpoint:
         anchor = torch.empty((0,), requires_grad=True)  # the saver records a node, always
         self.inputs: torch.Tensor | None = _SaveInput.apply(anchor, x)
         self.slots: list[weakref.ref[_Slot]] = []
+        self.replaying = False
+        self.last_saves_end: int | None = None
+        """How many slots the forward had when its last `last_saves` call ended."""
+        self.ends_in_last_saves = False
+        """Whether the forward saved nothing after that call (`last_saves`)."""
 
     def forward(self) -> torch.Tensor:
         """`layer(x, *shared)`, its autograd graph saving slots instead of tensors."""
         x, self.x = self.x, None  # from here on only the saved input holds it
         assert x is not None, "a checkpoint runs its forward once"
         with (
+            _running(self),
             torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack),
             self.states.forward(),
         ):
-            return self.layer(x, *self.shared)
+            out = self.layer(x, *self.shared)
+        self.ends_in_last_saves = self.last_saves_end == len(self.slots)
+        return out
 
     def _pack(self, t: torch.Tensor) -> _Slot:
         slot = _Slot(t)
@@ -245,6 +305,7 @@ class _Checkpoint:
             raise AssertionError("a checkpoint recomputes once, from its saved inputs")
         (x,) = cast(Any, self.inputs.grad_fn).saved_tensors
         shared, self.inputs, self.shared = self.shared, None, ()
+        self.replaying = True
         filled = 0
 
         def pack(t: torch.Tensor) -> None:
@@ -270,6 +331,7 @@ class _Checkpoint:
                         torch.autocast(kind, dtype, enabled, cache_enabled=self.autocast_cache)
                     )
                 stack.enter_context(_replaying(self.context, self.states))
+                stack.enter_context(_running(self))
                 stack.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, _never))
                 self.layer(x, *shared)
         except _StopRecomputation:
@@ -279,6 +341,15 @@ class _Checkpoint:
                 f"a checkpointed layer saved {filled} tensors when recomputed, "
                 f"{len(self.slots)} in its forward: its forward is not deterministic"
             )
+
+
+@contextmanager
+def _running(checkpoint: _Checkpoint) -> Iterator[None]:
+    token = _RUNNING.set(checkpoint)
+    try:
+        yield
+    finally:
+        _RUNNING.reset(token)
 
 
 def _held(t: torch.Tensor) -> torch.Tensor:

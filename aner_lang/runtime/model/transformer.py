@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from aner_lang.problems.errors import AnerRuntimeError
-from aner_lang.runtime.model.activations import recomputing, run_layer, run_tiled
+from aner_lang.runtime.model.activations import last_saves, recomputing, run_layer, run_tiled
 from aner_lang.runtime.model.chunking import mlp_tile_tokens
 from aner_lang.runtime.model.config import ModelConfig
 from aner_lang.runtime.model.fused_ops import rms_norm, rope, swiglu
@@ -388,8 +388,10 @@ class LlamaMLP(nn.Module):
         gate, up = self._gate_up(x)
         with section("norms_activations"):
             h = self.activation(gate, up)
-        with recomputing(h, lambda: self.activation(gate, up)):  # an adapter on down_proj
-            return self.down_proj(h)  # would keep h; gate and up are kept anyway
+        # an adapter on down_proj would keep h (gate and up are kept anyway); down_proj's
+        # product leads to the layer's output, which no recomputation needs (`last_saves`)
+        with recomputing(h, lambda: self.activation(gate, up)), last_saves():
+            return self.down_proj(h)
 
     @staticmethod
     def activation(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
+from aner_lang.runtime.model.activations import product_needed
 from aner_lang.runtime.model.experts import holds_slices, joined
 from aner_lang.runtime.model.linear import FrozenLinear
 from aner_lang.runtime.nf4 import host_tiled
@@ -58,6 +59,8 @@ class NF4Linear(FrozenLinear):
         return w
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not product_needed(self):
+            return self.unread(x)
         return nf4_matmul(x, self.weight_nf4, active_backend(x.device))
 
     def dense_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -223,3 +223,44 @@ def test_training_a_gguf_base_on_cuda_fused_matches_host_tiled(tensor_type, tmp_
         losses[kernel], identity = run.loss_history, run.kernel_identity
         assert ("aner.gguf.cuda.fused/1" in identity) == (kernel == "auto"), identity
     torch.testing.assert_close(losses["auto"], losses["host_tiled"], rtol=1e-4, atol=1e-5)
+
+
+def test_a_checkpointed_gguf_base_leaves_down_projs_product_out_of_its_recomputation(
+    tmp_path, monkeypatch
+) -> None:
+    """Kept as blocks, a checkpointed layer's recomputation skips down_proj's product as an NF4
+    base's does (`activations.last_saves`), and the gradients are the bits of keeping
+    everything."""
+    from aner_lang.runtime.adapters import lora
+    from aner_lang.runtime.ggml import linear as ggml_linear
+    from aner_lang.runtime.model.activations import ActivationPolicy, keeping
+
+    path = write_fixture(tmp_path / "m.gguf", "tiny", seed=3, tensor_type="q4_0")
+    base = load_model(path, "gguf", "cpu")
+    shapes: list[tuple[int, ...]] = []
+    matmul = ggml_linear.NF4Matmul
+
+    class Recording:
+        @staticmethod
+        def apply(x, w, backend):  # type: ignore[no-untyped-def]
+            shapes.append(tuple(w.shape))
+            return matmul.apply(x, w, backend)
+
+    monkeypatch.setattr(ggml_linear, "NF4Matmul", Recording)
+    ids = torch.tensor([[1, 5, 9, 200, 7, 3, 4, 8]])
+    targets = torch.tensor([[5, 9, 200, 7, 3, 4, 8, -100]])
+    down = (base.config.hidden_size, base.config.intermediate_size)
+
+    def grads(mode: str) -> tuple[dict[str, torch.Tensor], int]:
+        shapes.clear()
+        adapter = lora(base, rank=4, targets=["down_proj"], seed=1)
+        adapter.train_mode(True)
+        with keeping(ActivationPolicy(mode)), adapter.active():
+            adapter.loss(ids, targets).backward()
+        return {n: p.grad for n, p in adapter.params.items()}, shapes.count(down)
+
+    kept, kept_down = grads("keep")
+    ours, our_down = grads("checkpoint")
+    assert kept_down == our_down == base.config.num_hidden_layers
+    for name, g in kept.items():
+        assert torch.equal(g, ours[name]), name

@@ -337,27 +337,106 @@ def test_a_checkpointed_backward_on_another_thread_gives_the_same_gradients(mode
 
 
 class _CountingBackend(HostTiled):
-    """host_tiled, counting its forward matmuls."""
+    """host_tiled, recording the `(out, in)` shape of the weight of each forward matmul."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.calls = 0
+        self.shapes: list[tuple[int, ...]] = []
 
     def linear(self, x: torch.Tensor, w: NF4Weight) -> torch.Tensor:
-        self.calls += 1
+        self.shapes.append(tuple(w.shape))
         return super().linear(x, w)
 
 
+def _down_shape(model) -> tuple[int, int]:
+    return (model.config.hidden_size, model.config.intermediate_size)
+
+
 def test_a_checkpointed_recomputation_uses_the_runs_nf4_backend(model):
-    """The recomputation of a checkpointed layer, on autograd's thread, runs its seven NF4
-    projections through the run's backend (`using_backend`), not the default one: the same
-    kernels as the forward, so the same bits."""
+    """The recomputation of a checkpointed layer, on autograd's thread, runs its NF4 projections
+    through the run's backend (`using_backend`), not the default one: the same kernels as the
+    forward, so the same bits. It runs six of the seven: down_proj's product is the layer's last,
+    and no saved tensor needs it (`activations.last_saves`)."""
     counting = _CountingBackend()
     with using_backend(counting):
         _grads(model, "keep")
-        kept, counting.calls = counting.calls, 0
+        kept, counting.shapes = counting.shapes, []
         _grads(model, "checkpoint", backward=_on_another_thread)
-    assert counting.calls == kept + 7 * model.config.num_hidden_layers
+    layers = model.config.num_hidden_layers
+    assert len(counting.shapes) == len(kept) + 6 * layers
+    assert counting.shapes.count(_down_shape(model)) == kept.count(_down_shape(model)) == layers
+
+
+def _tanh_after_the_mlp(self, x, cos, sin, layer, cache, mask=None):  # type: ignore[no-untyped-def]
+    """A decoder layer that saves something computed from its MLP's output (tanh keeps its
+    result), as Gemma's post-feedforward norm does."""
+    mid = x + transformer._normed(
+        self.input_layernorm, x, self.self_attn, cos, sin, layer, cache, mask
+    )
+    return mid + torch.tanh(transformer._normed(self.post_attention_layernorm, mid, self.mlp))
+
+
+@pytest.mark.parametrize(
+    ("case", "left_out"),
+    [
+        ("lora, dropout", True),
+        ("lora, bfloat16", True),  # one autograd node over the base (lora._OnBase)
+        ("dora", False),  # its magnitude's gradient reads the adapted output
+        ("saved after the mlp", False),
+    ],
+)
+def test_a_recomputation_leaves_out_down_projs_product_only_where_nothing_needs_it(
+    model, case, left_out, monkeypatch
+):
+    """Checkpointed gradients are the bits of keeping everything in every case; the layer's
+    recomputation computes down_proj's product only where a saved tensor depends on it."""
+    if case == "saved after the mlp":
+        monkeypatch.setattr(transformer.LlamaDecoderLayer, "forward", _tanh_after_the_mlp)
+    make = A.dora if case == "dora" else A.lora
+    dropout = 0.25 if case == "lora, dropout" else 0.0  # DoRA's takes a second base product
+    precision = "bfloat16" if case == "lora, bfloat16" else "float32"
+
+    def grads(mode: str) -> tuple[dict[str, torch.Tensor], list[tuple[int, ...]]]:
+        adapter = make(model, rank=2, alpha=4.0, dropout=dropout, targets=["down_proj"], seed=1)
+        adapter.dropout_generator = gen = torch.Generator().manual_seed(5)
+        adapter.train_mode(True)
+        ids, targets = _batch(model)
+        counting = _CountingBackend()
+        with using_backend(counting), keeping(ActivationPolicy(mode, (gen,))), adapter.active():
+            with autocast(precision, torch.device("cpu")):
+                loss = adapter.loss(ids, targets)
+            loss.backward()
+        return {n: p.grad for n, p in adapter.params.items()}, counting.shapes
+
+    kept, kept_shapes = grads("keep")
+    ours, shapes = grads("checkpoint")
+    for name, g in kept.items():
+        assert torch.equal(g, ours[name]), name
+    layers = model.config.num_hidden_layers
+    down = shapes.count(_down_shape(model)) - kept_shapes.count(_down_shape(model))
+    assert down == (0 if left_out else layers)
+
+
+def test_a_recomputation_that_goes_on_past_its_last_saves_is_an_error():
+    """A layer whose forward saved nothing after its `last_saves` call but whose recomputation
+    does (state the replay does not restore, here a flag) is an error: its product was left out
+    and is not the forward's."""
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    state = {"replay": False}
+
+    def layer(x: torch.Tensor) -> torch.Tensor:
+        if state["replay"]:
+            with activations.last_saves():
+                y = torch.sigmoid(x)
+            return torch.tanh(torch.tanh(y))
+        with activations.last_saves():
+            return torch.tanh(torch.sigmoid(x))
+
+    with keeping(ActivationPolicy("checkpoint")):
+        y = activations.run_layer(layer, x)
+    state["replay"] = True
+    with pytest.raises(RuntimeError, match="past the call marked as its last saves"):
+        y.sum().backward()
 
 
 @pytest.mark.cuda
