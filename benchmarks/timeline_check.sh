@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Where the GPU waits between updates at 8B, in one device call: optional CUDA tests first (pytest
 # arguments, through gpu_suite.sh --no-bench), then the random-weight Llama-3-8B folder built if
-# absent (train_scale's), then benchmarks/update_timeline.py on it (CONTEXT, default 2048; TRACE=0
-# leaves it out). With
+# absent (train_scale's), then benchmarks/update_timeline.py on it (CONTEXT, default 2048;
+# ACTIVATIONS, default keep; TRACE=0 leaves it out). With
 # OLD_CODE=<tar of an older aner_lang/> (git archive <commit> aner_lang), the steady update is then
 # timed for that code and this one in turn, AB_REPEATS (default 2) times each, UPDATES_AB updates
 # a call (default 30). Results under $OUT: tests.log + pytest.log, env.txt, update_timeline.json +
@@ -24,7 +24,7 @@ model=/tmp/train_scale/llama3-8b/model
 t.make_model('llama3-8b', Path('$model'), 'cuda')"
 if [[ ${TRACE:-1} == 1 ]]; then
   timeout "${TIMELINE_S:-240}" python3 benchmarks/update_timeline.py --model "$model" \
-    --context "${CONTEXT:-2048}" --updates "${UPDATES:-30}" --out "$OUT/update_timeline.json" \
+    --context "${CONTEXT:-2048}" --activations "${ACTIVATIONS:-keep}" --updates "${UPDATES:-30}" --out "$OUT/update_timeline.json" \
     > "$OUT/update_timeline.log" 2>&1
   echo "timeline rc=$?"; tail -40 "$OUT/update_timeline.log"
 fi
@@ -34,7 +34,7 @@ if [[ -n "${OLD_CODE:-}" ]]; then
     for side in old new; do
       root=$PWD; [[ $side == old ]] && root=/tmp/old
       PYTHONPATH="$root:$PYTHONPATH" timeout 120 python3 benchmarks/update_timeline.py \
-        --model "$model" --context "${CONTEXT:-2048}" --updates "${UPDATES_AB:-30}" --traced 0 \
+        --model "$model" --context "${CONTEXT:-2048}" --activations "${ACTIVATIONS:-keep}" --updates "${UPDATES_AB:-30}" --traced 0 \
         --out "$OUT/ab_${side}_$i.json" 2>&1 | tail -1 | sed "s/^/$side $i: /"
     done
   done | tee "$OUT/ab.log"

@@ -123,6 +123,7 @@ def main() -> int:
     )
     ap.add_argument("--gap-us", type=float, default=30.0, help="smallest idle gap described")
     ap.add_argument("--eager", action="store_true", help="CUDA graphs off (profile graphs: false)")
+    ap.add_argument("--activations", default="keep", help="the profile's activations: policy")
     ap.add_argument(
         "--shape",
         default="llama3-8b",
@@ -150,9 +151,12 @@ def main() -> int:
 
     trainer._Loop.update = traced_update  # type: ignore[method-assign,assignment]
     began = time.perf_counter()
+    policy = train_profile(
+        precision="bfloat16", graphs=not args.eager, activations=args.activations
+    )
     run = trainer.train(
-        lora, data, train_profile(precision="bfloat16", graphs=not args.eager), steps=args.updates,
-        learning_rate=2e-4, seed=1, log=str(folder / "events.jsonl"),
+        lora, data, policy, steps=args.updates, learning_rate=2e-4, seed=1,
+        log=str(folder / "events.jsonl"),
     )  # fmt: skip
     torch.cuda.synchronize()
     seconds = time.perf_counter() - began
@@ -178,6 +182,7 @@ def main() -> int:
         "dense_bf16_peak_tflops": peak / 1e12,
         "model_gflop_per_token": per_token / 1e9,
         "context": args.context,
+        "activations": args.activations,
         "cuda_graphs": run.cuda_graphs,
         "call_seconds": round(seconds, 3),
         "training_tokens_per_second": run.training_tokens_per_second,
