@@ -42,6 +42,14 @@ Rules:
   that saves nothing be left out (`product_needed`: the NF4 base, under adapters whose backward
   never reads the base output). Forward and backward are unchanged, so gradients are the same
   bits; the product is a sixth of a Llama layer's base GEMMs under checkpointing.
+* Under `offload` a checkpointed layer keeps what attention saved for its backward besides its
+  inputs (its output and log-sum-exp, in pinned host memory with the layer's input) instead of
+  running attention's forward again in the recomputation (`kept_through_backward`): the
+  recomputation fills the slots of attention's queries, keys and values and takes its output
+  from what was kept, and backward runs the forward's own attention node on the same values, so
+  gradients are the same bits. That is a fifth of attention's time a step (its forward, of a
+  forward, a recomputation and a backward twice as long), for host memory the size of the
+  layer inputs again. `checkpoint` recomputes it: it keeps what it saves on the GPU.
 * Outside a gradient computation (evaluation, generation) nothing is checkpointed.
 * Under `keep`, a cheap elementwise result that a consumer would save for backward can be
   recomputed there instead (`recomputing`), where its inputs are kept anyway: each RMSNorm's
@@ -86,6 +94,11 @@ _RUNNING: contextvars.ContextVar[_Checkpoint | None] = contextvars.ContextVar(
     "aner_checkpoint", default=None
 )
 """The checkpoint whose forward or recomputation is running here (the innermost)."""
+_HOST: contextvars.ContextVar[HostCopies | None] = contextvars.ContextVar(
+    "aner_host_copies", default=None
+)
+"""`offload`'s host copies, where a checkpoint keeps attention's saved output
+(`kept_through_backward`)."""
 _LEAVE_OUT = contextvars.ContextVar("aner_leave_out_product", default=False)
 """Inside `last_saves` during a recomputation that ends there: `product_needed` may say no."""
 
@@ -103,6 +116,8 @@ def keeping(policy: ActivationPolicy) -> Iterator[None]:
                 stack.enter_context(
                     torch.autograd.graph.saved_tensors_hooks(copies.pack, copies.unpack)
                 )
+                host = _HOST.set(copies)
+                stack.callback(_HOST.reset, host)
             yield
     finally:
         _POLICY.reset(token)
@@ -202,6 +217,37 @@ def product_needed(module: torch.nn.Module) -> bool:
     return any(getattr(h, "keeps_base_output", True) for h in module._forward_hooks.values())
 
 
+def kept_through_backward(
+    call: Callable[[], torch.Tensor], inputs: tuple[torch.Tensor, ...]
+) -> torch.Tensor:
+    """`call()`, an operation of `inputs` (attention of its queries, keys and values), whose
+    other saved tensors a checkpointed layer under `offload` keeps through backward instead of
+    running the operation again in its recomputation (the module docstring's rules). Only where
+    its output is among them; otherwise, and outside `offload`, it is recomputed as usual."""
+    running = _RUNNING.get()
+    if running is None or running.host is None:
+        return call()
+    if running.replaying:
+        return running.replay_kept(call, inputs)
+    return running.record_kept(call, inputs)
+
+
+def _identity(t: torch.Tensor) -> tuple[Any, ...]:
+    """What tells a saved tensor from another: its memory and its view of it."""
+    return (t.data_ptr(), t.shape, t.stride(), t.dtype, t.device)
+
+
+@dataclass(frozen=True)
+class _Kept:
+    """A call `kept_through_backward` kept: its first slot, and per slot from there the index
+    of the input saved there, or None where the slot holds a kept tensor; `output`, the slot of
+    the call's output."""
+
+    start: int
+    roles: tuple[int | None, ...]
+    output: int
+
+
 class _SaveInput(torch.autograd.Function):
     """Saves a checkpointed layer's input for backward, through the saved-tensor hooks active
     around the layer (`offload`'s host copies), and nothing else. Its output is never used: only
@@ -269,6 +315,14 @@ class _Checkpoint:
         """How many slots the forward had when its last `last_saves` call ended."""
         self.ends_in_last_saves = False
         """Whether the forward saved nothing after that call (`last_saves`)."""
+        self.host = _HOST.get()
+        self.kept: list[_Kept | None] = []
+        """Per `kept_through_backward` call of the forward, in order: what it kept."""
+        self.captured: list[tuple[_Slot, torch.Tensor]] | None = None
+        self.filled = 0
+        """Slots the recomputation has reached."""
+        self.kept_reached = 0
+        """`kept_through_backward` calls the recomputation has reached."""
 
     def forward(self) -> torch.Tensor:
         """`layer(x, *shared)`, its autograd graph saving slots instead of tensors."""
@@ -286,7 +340,66 @@ class _Checkpoint:
     def _pack(self, t: torch.Tensor) -> _Slot:
         slot = _Slot(t)
         self.slots.append(weakref.ref(slot))
+        if self.captured is not None:
+            self.captured.append((slot, t))
         return slot
+
+    def record_kept(
+        self, call: Callable[[], torch.Tensor], inputs: tuple[torch.Tensor, ...]
+    ) -> torch.Tensor:
+        """The forward's side of `kept_through_backward`: run `call`, then keep in their slots
+        the tensors it saved that are not its inputs, where its output is one of them."""
+        start, self.captured = len(self.slots), []
+        try:
+            out = call()
+        finally:
+            captured, self.captured = self.captured, None
+        assert captured is not None
+        ids = [_identity(x) for x in inputs]
+        roles = [ids.index(i) if i in ids else None for i in (_identity(t) for _, t in captured)]
+        outputs = [n for n, (_, t) in enumerate(captured) if _identity(t) == _identity(out)]
+        if not outputs or roles[outputs[0]] is not None:
+            self.kept.append(None)
+            return out
+        assert self.host is not None
+        for (slot, t), role in zip(captured, roles):
+            if role is None:
+                slot.value = self.host.keep(t)
+        self.kept.append(_Kept(start, tuple(roles), outputs[0]))
+        return out
+
+    def replay_kept(
+        self, call: Callable[[], torch.Tensor], inputs: tuple[torch.Tensor, ...]
+    ) -> torch.Tensor:
+        """The recomputation's side: fill the kept call's input slots with the recomputed
+        inputs, bring its kept tensors to the device, and give its kept output, without running
+        `call` (which runs where the forward kept nothing)."""
+        kept = self.kept[self.kept_reached] if self.kept_reached < len(self.kept) else None
+        self.kept_reached += 1
+        if kept is None:
+            return call()
+        if self.filled != kept.start:
+            raise RuntimeError(
+                "a checkpointed layer's recomputation reached a call kept through backward "
+                f"after {self.filled} saves, its forward after {kept.start}: its forward is not "
+                "deterministic"
+            )
+        output: torch.Tensor | None = None
+        for n, role in enumerate(kept.roles):
+            if role is not None:
+                self._fill(inputs[role])
+                continue
+            slot = self.slots[self.filled]()
+            if slot is None or slot.value is None:
+                raise RuntimeError("a kept tensor of a checkpointed layer was released early")
+            if not isinstance(slot.value, torch.Tensor):
+                assert self.host is not None
+                slot.value = self.host.unpack(slot.value)
+            if n == kept.output:
+                output = slot.value
+            self._fill(None)
+        assert output is not None
+        return output.detach().requires_grad_(any(x.requires_grad for x in inputs))
 
     def _unpack(self, slot: _Slot) -> torch.Tensor:
         if self.inputs is not None:
@@ -306,23 +419,10 @@ class _Checkpoint:
         (x,) = cast(Any, self.inputs.grad_fn).saved_tensors
         shared, self.inputs, self.shared = self.shared, None, ()
         self.replaying = True
-        filled = 0
-
-        def pack(t: torch.Tensor) -> None:
-            """Fill the next slot; the recomputation's own graph keeps nothing (it never runs
-            backward), least of all `t`: a node saving its own output would hold itself
-            through it, a reference cycle in C++ no collector sees, and with it every tensor
-            the recomputation saved."""
-            nonlocal filled
-            slot = self.slots[filled]() if filled < len(self.slots) else None
-            filled += 1
-            if slot is not None:
-                if (t.shape, t.dtype, t.device) != slot.saved:
-                    raise _different(f"{tuple(t.shape)} {t.dtype}", slot)
-                slot.value = _held(t)
-            if filled >= len(self.slots):
-                raise _StopRecomputation
-
+        for ref in self.slots:  # start bringing kept tensors back while the layer recomputes
+            slot = ref()
+            if slot is not None and self.host is not None and isinstance(slot.value, _Copy):
+                self.host.prefetch(slot.value)
         try:
             with ExitStack() as stack:
                 stack.enter_context(torch.enable_grad())
@@ -332,15 +432,30 @@ class _Checkpoint:
                     )
                 stack.enter_context(_replaying(self.context, self.states))
                 stack.enter_context(_running(self))
-                stack.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, _never))
+                stack.enter_context(torch.autograd.graph.saved_tensors_hooks(self._fill, _never))
                 self.layer(x, *shared)
         except _StopRecomputation:
             pass
-        if filled != len(self.slots):
+        if self.filled != len(self.slots):
             raise RuntimeError(
-                f"a checkpointed layer saved {filled} tensors when recomputed, "
+                f"a checkpointed layer saved {self.filled} tensors when recomputed, "
                 f"{len(self.slots)} in its forward: its forward is not deterministic"
             )
+
+    def _fill(self, t: torch.Tensor | None) -> None:
+        """The recomputation's pack hook: fill the next slot with `t` (None: the slot holds a
+        kept tensor already); stop once every slot is reached. The recomputation's own graph
+        keeps nothing (it never runs backward), least of all `t`: a node saving its own output
+        would hold itself through it, a reference cycle in C++ no collector sees, and with it
+        every tensor the recomputation saved."""
+        slot = self.slots[self.filled]() if self.filled < len(self.slots) else None
+        self.filled += 1
+        if slot is not None and t is not None:
+            if (t.shape, t.dtype, t.device) != slot.saved:
+                raise _different(f"{tuple(t.shape)} {t.dtype}", slot)
+            slot.value = _held(t)
+        if self.filled >= len(self.slots):
+            raise _StopRecomputation
 
 
 @contextmanager
@@ -408,6 +523,15 @@ class HostCopies:
         return self._streams[device]
 
     def pack(self, t: torch.Tensor) -> Any:
+        copy = self.keep(t)
+        if isinstance(copy, _Copy):
+            copy.before, self._last = self._last, weakref.ref(copy)
+        return copy
+
+    def keep(self, t: torch.Tensor) -> Any:
+        """`t`'s host copy (a CPU tensor as it is), outside the order backward fetches ahead in:
+        what a checkpoint keeps besides its layer's input (`kept_through_backward`), fetched
+        when that layer's recomputation starts (`prefetch`)."""
         if t.device.type != "cuda":
             return _held(t)
         side = self._stream(t.device)
@@ -420,9 +544,12 @@ class HostCopies:
             stored = torch.cuda.Event()
             stored.record(side)
         t.record_stream(side)
-        copy = _Copy(host, t.device, stored)
-        copy.before, self._last = self._last, weakref.ref(copy)
-        return copy
+        return _Copy(host, t.device, stored)
+
+    def prefetch(self, copy: _Copy) -> None:
+        """Start bringing `copy` back, unless it is on its way or was used."""
+        if copy.fetched is None and not copy.used:
+            self._fetch(copy)
 
     def _fetch(self, copy: _Copy) -> tuple[torch.Tensor, torch.cuda.Event]:
         """Start `copy`'s way back to its device; the device tensor and the event of its arrival."""
@@ -444,8 +571,8 @@ class HostCopies:
         current.wait_event(arrived)
         back.record_stream(current)
         ahead = packed.before() if packed.before is not None else None
-        if ahead is not None and ahead.fetched is None and not ahead.used:
-            self._fetch(ahead)
+        if ahead is not None:
+            self.prefetch(ahead)
         return back
 
 

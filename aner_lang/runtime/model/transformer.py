@@ -21,7 +21,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from aner_lang.problems.errors import AnerRuntimeError
-from aner_lang.runtime.model.activations import last_saves, recomputing, run_layer, run_tiled
+from aner_lang.runtime.model.activations import (
+    kept_through_backward,
+    last_saves,
+    recomputing,
+    run_layer,
+    run_tiled,
+)
 from aner_lang.runtime.model.chunking import mlp_tile_tokens
 from aner_lang.runtime.model.config import ModelConfig
 from aner_lang.runtime.model.fused_ops import rms_norm, rope, swiglu
@@ -255,11 +261,12 @@ class LlamaAttention(nn.Module):
         q, k = _rotate(q, k, cos, sin)
         if isinstance(mask, Segments):
             return mask.attend(q, k, v, lambda q, k, v: self._scores(q, k, v, None, 0))
-        past = 0
         if cache is not None:
             past = cache.length
             k, v = cache.update(layer, k, v)
-        return self._scores(q, k, v, mask, past)
+            return self._scores(q, k, v, mask, past)
+        shared = (q, k, v) if mask is None else (q, k, v, mask)
+        return kept_through_backward(lambda: self._scores(q, k, v, mask, 0), shared)
 
     def _scores(
         self,

@@ -644,3 +644,30 @@ def test_offload_fetches_each_layer_input_once_and_one_layer_ahead(tiny_bytes_gg
     _grads(cuda, "offload")
     assert len(fetches) == len(set(fetches))
     assert len(ahead) >= cuda.config.num_hidden_layers and all(ahead[1:]), ahead
+
+
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_offload_keeps_what_attention_saved_and_never_runs_it_again(model, precision, monkeypatch):
+    """Under `offload` a layer's recomputation takes attention's output from what its forward
+    kept (`kept_through_backward`): attention runs once per layer, not twice as under
+    `checkpoint`, and the gradients are the bits of keeping everything, dropout included."""
+    calls = 0
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        nonlocal calls
+        calls += 1
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", counted)
+    runs = {}
+    grads = {}
+    for mode in ("keep", "checkpoint", "offload"):
+        calls = 0
+        with autocast(precision, torch.device("cpu")):
+            grads[mode], _ = _grads(model, mode)
+        runs[mode] = calls
+    layers = model.config.num_hidden_layers
+    assert runs == {"keep": layers, "checkpoint": 2 * layers, "offload": layers}
+    for name, g in grads["keep"].items():
+        assert torch.equal(g, grads["offload"][name]), name
