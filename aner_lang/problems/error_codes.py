@@ -1743,7 +1743,8 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         `memory_budget:` states how much GPU memory the run may use. The run takes the fastest
         activation policy, from the profile's `activations:` on (keep, checkpoint, offload), whose
         planned peak fits the budget (the peak `aner plan` prints); `offload` fits only where
-        the host memory available can also hold its pinned copies of the layer inputs. Training
+        the host memory available can also hold its pinned copies of the layer inputs and
+        attention outputs. Training
         refuses to start when none fits (the message gives each policy's planned peak), or when
         the GPU cannot give the run the budget: its free memory plus what the run's process
         already holds, the loaded model included (the message gives the numbers). Raise the

@@ -8,9 +8,10 @@ Rules:
 * A candidate's peak is the plan's (`plan.plan`, the counting rules `aner plan` prints) for the
   run's model, adapter, data context, micro-batch and device; of the candidates whose planned
   peak is at most the budget, the fastest runs (`by_speed`).
-* `offload` fits only where the host can hold its pinned copies of the layer inputs too (the
-  plan's `pinned_host` within `host.memory.available_bytes()`, where that is known): pinned memory
-  cannot be swapped out, and a run that outgrows it is killed without a word.
+* `offload` fits only where the host can hold its pinned copies of the layer inputs and
+  attention outputs too (the plan's `pinned_host` within `host.memory.available_bytes()`, where
+  that is known): pinned memory cannot be swapped out, and a run that outgrows it is killed
+  without a word.
 * When none fits, the call stops before any training with E-PROFILE-BUDGET, giving the budget
   and each candidate's planned peak.
 * An adapter the plan does not cover (a full fine-tune) runs the policy asked for: the budget
@@ -132,17 +133,19 @@ def pick(
 
 def host_warning(model: Any, profile: Any, tokens: int, cuda: bool) -> str | None:
     """What to say before an `offload` run on CUDA of micro-batches of `tokens` tokens whose
-    pinned copies of the layer inputs need more host memory than is available (None: nothing)."""
+    pinned copies need more host memory than is available (None: nothing)."""
     if profile.activations != "offload" or not cuda:
         return None
     c = model.config
     act = activation_bytes(profile.precision)
-    pinned = offload_host_bytes(c.num_hidden_layers, tokens, c.hidden_size, act)
+    pinned = offload_host_bytes(
+        c.num_hidden_layers, tokens, c.hidden_size, c.q_size, c.num_attention_heads, act
+    )
     host = host_memory.available_bytes()
     if host is None or pinned <= host:
         return None
     return (
-        f"activations offload pins {human_bytes(pinned)} of host memory for the layer inputs, "
-        f"more than the {human_bytes(host)} this machine has available: the run may be killed "
-        f"for memory (checkpoint keeps them on the GPU instead)"
+        f"activations offload pins {human_bytes(pinned)} of host memory for the layer inputs "
+        f"and attention outputs, more than the {human_bytes(host)} this machine has available: "
+        f"the run may be killed for memory (checkpoint keeps the inputs on the GPU instead)"
     )

@@ -17,7 +17,8 @@ Rules:
   attention's output and its fp32 logsumexp per head; SwiGLU's gate and up; LoRA's `x @ A^T` per
   target. The normed inputs, o_proj's copy of attention's output and the SwiGLU product are
   recomputed in backward (`model.activations.recomputing`). `checkpoint` keeps each layer's input
-  and one layer's worth during its recomputation; `offload` keeps only that one layer on the GPU.
+  and one layer's worth during its recomputation; `offload` keeps only that one layer on the GPU
+  (the layer inputs, attention's output and its log-sum-exp in pinned host memory).
   A checkpointed layer's MLP holds gate and up for one tile of tokens at a time
   (`model.chunking.mlp_tile_tokens`).
 * Backward of one layer holds the gradients of what the layer kept, in fp32 (the fused NF4
@@ -72,9 +73,13 @@ def activation_bytes(precision: str) -> int:
     return 4 if precision == "float32" else 2
 
 
-def offload_host_bytes(layers: int, tokens: int, hidden: int, act_bytes: int) -> int:
-    """Pinned host memory `offload` keeps: every decoder layer's `[tokens, hidden]` input."""
-    return layers * tokens * hidden * act_bytes
+def offload_host_bytes(
+    layers: int, tokens: int, hidden: int, q_size: int, heads: int, act_bytes: int
+) -> int:
+    """Pinned host memory `offload` keeps: every decoder layer's `[tokens, hidden]` input, and
+    its attention's `[tokens, q_size]` output and fp32 log-sum-exp per head and token
+    (`model.activations.kept_through_backward`)."""
+    return layers * tokens * ((hidden + q_size) * act_bytes + 4 * heads)
 
 
 def workspace_bytes(graphs: bool) -> int:

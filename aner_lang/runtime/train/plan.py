@@ -273,7 +273,9 @@ def plan(
         "nf4 dequant buffer": dequant,
         "CUDA workspaces": fp.workspace_bytes(graphs) if cuda else 0,
     }
-    pinned = fp.offload_host_bytes(layers, tokens, h, act) if mode == "offload" and cuda else 0
+    pinned = 0
+    if mode == "offload" and cuda:
+        pinned = fp.offload_host_bytes(layers, tokens, h, c.q_size, c.num_attention_heads, act)
     return Plan(categories, tokens * accumulation, updates, pinned)
 
 
@@ -405,7 +407,7 @@ def plan_call(tracer: Tracer, info: CallInfo, frame: Frame | None, script_dir: P
     if result.pinned_host:
         out.append(
             f"  pinned host memory {human_bytes(result.pinned_host)}: offload's copies of the "
-            f"layer inputs, beside the peak{_host_note(result.pinned_host)}"
+            f"layer inputs and attention outputs, beside the peak{_host_note(result.pinned_host)}"
         )
     out.append(f"  tokens per update: {result.tokens_per_update}")
     updates = "not known before the run" if result.updates is None else str(result.updates)

@@ -123,15 +123,22 @@ def _on_cuda(adapter):  # type: ignore[no-untyped-def]
     )  # fmt: skip
 
 
+def _pinned(c, tokens: int) -> int:  # type: ignore[no-untyped-def]
+    """Bytes offload pins: per layer and token the input and attention's output in bf16 and
+    attention's fp32 log-sum-exp per head."""
+    per_token = (c.hidden_size + c.num_attention_heads * c.head_dim) * 2 + 4 * c.num_attention_heads
+    return c.num_hidden_layers * tokens * per_token
+
+
 def test_offload_fits_only_where_the_host_can_hold_its_pinned_copies(adapter, monkeypatch):
-    """Offload's pinned copies of the layer inputs (layers x tokens x hidden, 16-bit) must fit in
-    the host memory available, or the budget does not pick it; unknown host memory is no limit."""
+    """Offload's pinned copies of the layer inputs and attention outputs (16-bit), with
+    attention's fp32 log-sum-exp per head, must fit in the host memory available, or the budget
+    does not pick it; unknown host memory is no limit."""
     from aner_lang.host import memory
 
     cuda = _on_cuda(adapter)
     p = profile(activations="keep", precision="bfloat16")
-    c = adapter.base.config
-    pinned = c.num_hidden_layers * 4 * 64 * c.hidden_size * 2
+    pinned = _pinned(adapter.base.config, tokens=4 * 64)
     peaks = budget.pick(cuda, replace(p, memory_budget=1 << 40), context=64, micro_batch=4,
                         accumulation=1).peaks  # fmt: skip
     tight = replace(p, memory_budget=peaks["offload"])  # only offload fits the GPU
@@ -150,8 +157,7 @@ def test_offload_fits_only_where_the_host_can_hold_its_pinned_copies(adapter, mo
 def test_an_offload_run_is_warned_when_the_host_cannot_hold_its_copies(adapter, monkeypatch):
     from aner_lang.host import memory
 
-    c = adapter.base.config
-    pinned = c.num_hidden_layers * 256 * c.hidden_size * 2
+    pinned = _pinned(adapter.base.config, tokens=256)
     offload = profile(activations="offload", precision="bfloat16")
     monkeypatch.setattr(memory, "available_bytes", lambda: pinned - 1)
     warning = budget.host_warning(adapter.base, offload, 256, cuda=True)
@@ -195,12 +201,13 @@ def test_plan_says_what_offload_pins_on_the_host(tmp_path, capsys, monkeypatch):
         "let _run = train(lora(base, rank: 4, targets: [q_proj]), data,\n"
         "                 profile(precision: bfloat16, activations: offload), micro_batch: 2)\n"
     )
-    pinned = 2 * 64 * 64 * 2  # layers x tokens x hidden x bf16
+    # layers x tokens x (the input and attention's output in bf16, 4 heads' fp32 log-sum-exp)
+    pinned = 2 * 64 * (2 * 64 * 2 + 4 * 4)
     monkeypatch.setattr(memory, "available_bytes", lambda: pinned - 1)
     assert plan_main([str(script), "--gpu-memory", "24GB"]) == 0
     out = capsys.readouterr().out
-    assert "pinned host memory 16.0 KiB: offload's copies of the layer inputs" in out
-    assert "more than the 16.0 KiB this machine has available" in out
+    assert "pinned host memory 34.0 KiB: offload's copies of the layer inputs and attention" in out
+    assert "more than the 34.0 KiB this machine has available" in out
     script.write_text(script.read_text().replace("offload", "checkpoint"))
     assert plan_main([str(script), "--gpu-memory", "24GB"]) == 0
     assert "pinned host memory" not in capsys.readouterr().out
