@@ -5,15 +5,16 @@
 # ACTIVATIONS, default keep; TRACE=0 leaves it out). With
 # OLD_CODE=<tar of an older aner_lang/> (git archive <commit> aner_lang), the steady update is then
 # timed for that code and this one in turn, AB_REPEATS (default 2) times each, UPDATES_AB updates
-# a call (default 30). Results under $OUT: tests.log + pytest.log, env.txt, update_timeline.json +
-# .log, ab_{old,new}_N.json + ab.log; EAGER=1 adds this code without CUDA graphs (eager_N.json,
-# eager.log).
+# a call (default 30), their files named with AB_TAG (default none). Results under $OUT:
+# tests.log (setup.log without tests) + pytest.log, env.txt, update_timeline.json + .log,
+# ab_{old,new}_N$AB_TAG.json + ab$AB_TAG.log; EAGER=1 adds this code without CUDA graphs
+# (eager_N.json, eager.log).
 set -u
 if [[ $# -gt 0 ]]; then
   PYTEST_S=${PYTEST_S:-200} benchmarks/gpu_suite.sh --no-bench "$@" > "$OUT/tests.log" 2>&1
   tail -3 "$OUT/pytest.log"
 else
-  benchmarks/gpu_suite.sh --no-bench --no-tests > "$OUT/tests.log" 2>&1  # wheels and env.txt only
+  benchmarks/gpu_suite.sh --no-bench --no-tests > "$OUT/setup.log" 2>&1  # wheels and env.txt only
 fi
 grep source "$OUT/env.txt"
 export PYTHONPATH="$PWD:$PWD/lsp:$PWD/benchmarks:/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
@@ -35,9 +36,9 @@ if [[ -n "${OLD_CODE:-}" ]]; then
       root=$PWD; [[ $side == old ]] && root=/tmp/old
       PYTHONPATH="$root:$PYTHONPATH" timeout 120 python3 benchmarks/update_timeline.py \
         --model "$model" --context "${CONTEXT:-2048}" --activations "${ACTIVATIONS:-keep}" --updates "${UPDATES_AB:-30}" --traced 0 \
-        --out "$OUT/ab_${side}_$i.json" 2>&1 | tail -1 | sed "s/^/$side $i: /"
+        --out "$OUT/ab_${side}_$i${AB_TAG:-}.json" 2>&1 | tail -1 | sed "s/^/$side $i: /"
     done
-  done | tee "$OUT/ab.log"
+  done | tee "$OUT/ab${AB_TAG:-}.log"
 fi
 if [[ ${EAGER:-0} == 1 ]]; then  # this code with CUDA graphs off, as often
   for i in $(seq "${AB_REPEATS:-2}"); do
