@@ -647,10 +647,16 @@ def test_offload_fetches_each_layer_input_once_and_one_layer_ahead(tiny_bytes_gg
 
 
 @pytest.mark.parametrize("precision", ["float32", "bfloat16"])
-def test_offload_keeps_what_attention_saved_and_never_runs_it_again(model, precision, monkeypatch):
+def test_offload_keeps_what_attention_saved_and_never_runs_it_again(
+    model, tiny_bytes_gguf, device, precision, monkeypatch, request
+):
     """Under `offload` a layer's recomputation takes attention's output from what its forward
-    kept (`kept_through_backward`): attention runs once per layer, not twice as under
-    `checkpoint`, and the gradients are the bits of keeping everything, dropout included."""
+    kept (`kept_through_backward`; on CUDA in pinned host memory, whatever kernel SDPA picks):
+    attention runs once per layer, not twice as under `checkpoint`, and the gradients are the
+    bits of keeping everything, dropout included."""
+    if device == "cuda":
+        request.getfixturevalue("deterministic_cuda")
+        model = load_model(tiny_bytes_gguf, storage="nf4_double_quant", device="cuda")
     calls = 0
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
@@ -664,7 +670,7 @@ def test_offload_keeps_what_attention_saved_and_never_runs_it_again(model, preci
     grads = {}
     for mode in ("keep", "checkpoint", "offload"):
         calls = 0
-        with autocast(precision, torch.device("cpu")):
+        with autocast(precision, torch.device(device)):
             grads[mode], _ = _grads(model, mode)
         runs[mode] = calls
     layers = model.config.num_hidden_layers
