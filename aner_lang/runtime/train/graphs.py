@@ -24,6 +24,11 @@ Rules:
   and its loss and gradients are kept (the same bits a replay gives), so a recorded shape costs
   one recording beside its steps, not a warm-up step thrown away and its gradients put back. The
   gradients are made (zeros) before the warm-up, so the graph accumulates at their addresses.
+  Where this process has already warmed up and recorded a step of the same `family` and batch
+  shape (a fresh adapter of the same kind on the same model: a sweep's next `train` call), its
+  kernels are compiled and its workspaces allocated: the step is recorded straight away and the
+  graph replayed for the micro-batch, one eager step fewer. A recording that fails there is
+  tried again after a warm-up.
 * The graphs record into one memory pool, on the process's graph stream of their device
   (`_stream`), made once: torch keeps a cuBLAS workspace (tens of MiB) for every stream a GEMM
   ever ran on, for the life of the process, so a stream made per `train` call grew the process
@@ -49,7 +54,7 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -63,6 +68,8 @@ COLLECT_BEFORE_RECORDING = 1
 """The oldest generation collected before a recording (`gc.collect`'s argument)."""
 MAX_SHAPES = 8
 """Shapes recorded at most; a run whose batches keep changing shape runs the rest eagerly."""
+_WARMED: set[tuple[object, ...]] = set()
+"""The (family, device, batch shape) of every step this process has warmed up and recorded."""
 
 Step = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None],
@@ -88,8 +95,17 @@ class _Graph:
 class GraphSteps:
     """Runs `step` for a micro-batch through a recorded graph of its shape, or eagerly."""
 
-    def __init__(self, step: Step, params: list[torch.Tensor], reason_off: str | None) -> None:
+    def __init__(
+        self,
+        step: Step,
+        params: list[torch.Tensor],
+        reason_off: str | None,
+        family: Hashable | None = None,
+    ) -> None:
         self.params = params
+        self.family = family
+        """What makes two `step`s run the same kernels on the same shapes (the module's rules);
+        None: each recording warms up first."""
         self._step: Step | None = step
         self.status = "off: " + reason_off if reason_off else "on"
         # `_graphs` before `_memory`: on deletion the graphs release the pool before it goes
@@ -190,43 +206,70 @@ class GraphSteps:
         scored: torch.Tensor,
         scale: torch.Tensor | None,
     ) -> tuple[_Graph | None, torch.Tensor]:
-        """The graph of this batch's shape (None where recording fails) and the loss of the
-        warm-up, which ran this micro-batch's step eagerly (see the module's rules)."""
+        """The graph of this batch's shape (None where recording fails) and this micro-batch's
+        loss: the warm-up's, which ran its step eagerly, or the new graph's first replay where
+        the shape was warm (see the module's rules)."""
         ids_s, targets_s, scored_s = ids.clone(), targets.clone(), scored.clone()
         positions_s = None if positions is None else positions.clone()
         scale_s = None if scale is None else scale.clone()
+        inputs = (ids_s, targets_s, positions_s, scored_s, scale_s)
         for p in self.params:  # gradients at fixed addresses, accumulated into by the graph
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         if self._memory is None:
             self._memory = torch.cuda.MemPool(), _stream(ids.device)
-        pool, stream = self._memory
+        stream = self._memory[1]
+        shape = (self.family, ids.device, tuple(ids.shape), positions is not None, scale is None)
+        if self.family is not None and shape in _WARMED:
+            recorded = self._capture(*inputs)
+            if recorded is not None:
+                recorded.graph.replay()
+                return recorded, recorded.loss
+            self.status = "on"  # recorded again below, after a warm-up
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            warm = self.step(ids_s, targets_s, positions_s, scored_s, scale_s)
+            warm = self.step(*inputs)
         torch.cuda.current_stream().wait_stream(stream)
         warm.record_stream(torch.cuda.current_stream())  # read there, allocated on `stream`
-        graph = torch.cuda.CUDAGraph()
         # a recording begins by waiting for the device anyway; waiting here keeps the warm-up's
         # device time out of `recording_seconds`
         torch.cuda.synchronize(ids.device)
+        recorded = self._capture(*inputs)
+        if recorded is not None and self.family is not None:
+            _WARMED.add(shape)
+        return recorded, warm
+
+    def _capture(
+        self,
+        ids: torch.Tensor,
+        targets: torch.Tensor,
+        positions: torch.Tensor | None,
+        scored: torch.Tensor,
+        scale: torch.Tensor | None,
+    ) -> _Graph | None:
+        """Record the step on these inputs (None where that fails, with `status` saying why):
+        it runs nothing, so the gradients stay as they were."""
+        assert self._memory is not None
+        pool, stream = self._memory
+        stream.wait_stream(torch.cuda.current_stream())
+        graph = torch.cuda.CUDAGraph()
         began = time.perf_counter()
         collecting = gc.isenabled()
         gc.collect(COLLECT_BEFORE_RECORDING)
         gc.disable()
-        try:  # a recording runs nothing: the gradients stay as the warm-up left them
+        try:
             # a MemPool's id is a graph pool token (torch's stubs type only graph_pool_handle's)
             with torch.cuda.graph(graph, pool=pool.id, stream=stream):  # type: ignore[arg-type]
-                loss = self.step(ids_s, targets_s, positions_s, scored_s, scale_s)
+                loss = self.step(ids, targets, positions, scored, scale)
         except RuntimeError as exc:  # an operation that cannot be recorded: run eagerly
             self.status = f"off: recording failed ({type(exc).__name__}: {str(exc)[:200]})"
-            return None, warm
+            return None
         finally:
             if collecting:
                 gc.enable()
             self.recording_seconds += time.perf_counter() - began
         holds = (*dense_matmul.reused_buffers(), *host_tiled.reused_buffers())
-        return _Graph(graph, ids_s, targets_s, positions_s, scored_s, scale_s, loss, holds), warm
+        return _Graph(graph, ids, targets, positions, scored, scale, loss, holds)
 
 
 _STREAMS: dict[torch.device, torch.cuda.Stream] = {}

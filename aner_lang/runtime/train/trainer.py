@@ -158,6 +158,19 @@ def graph_key(adapter: Any, profile: Profile, identity: str) -> tuple[object, ..
     )
 
 
+def step_family(adapter: Any, profile: Profile, identity: str) -> tuple[object, ...]:
+    """What makes two calls' steps run the same kernels on the same shapes, whatever tensors they
+    read (`GraphSteps`'s `family`): the kernel identity, the profile, the base's config, and the
+    adapter's method and trainable tensors' shapes."""
+    return (
+        identity,
+        json.dumps(profile.to_json(), sort_keys=True),
+        repr(adapter.base.config),
+        adapter.method,
+        tuple((name, tuple(p.shape), p.dtype) for name, p in adapter.params.items()),
+    )
+
+
 def _require_same_kernel(prev: TrainState, identity: str) -> None:
     recorded = prev.meta.get("kernel_identity")
     if recorded != identity:
@@ -537,7 +550,12 @@ class _Loop:
                 kept.live = {}
             else:
                 kept.release()
-        self.steps = replay or GraphSteps(self._forward_backward, [p for _, p in self.params], off)
+        self.steps = replay or GraphSteps(
+            self._forward_backward,
+            [p for _, p in self.params],
+            off,
+            step_family(adapter, profile, identity),
+        )
         self.issues_ahead = (
             adapter.device.type == "cuda" and parallel.world.size == 1 and objective is None
         )

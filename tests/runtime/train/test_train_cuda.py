@@ -294,3 +294,43 @@ def test_a_call_on_the_same_adapter_replays_the_graphs_the_last_one_kept(tiny_by
     train(other, data, profile(precision="float32"), steps=1, learning_rate=1e-2)
     assert keeping._KEPT and keeping._KEPT[0].owner() is other  # the first adapter's went
     keeping.release_kept()
+
+
+def test_a_fresh_adapter_of_a_recorded_kind_records_without_a_warm_up(tiny_bytes_gguf, monkeypatch):
+    """A fresh adapter of the same kind on the same model and profile as one this process has
+    recorded (a sweep's next call) records its step straight away, with no eager warm-up before,
+    and replays the graph for the first micro-batch: the adapter is the bits of the same calls
+    run eagerly. One of another kind (another rank) still warms up first."""
+    from aner_lang.runtime.load.loader import load_model
+    from aner_lang.runtime.train import kept as keeping
+    from aner_lang.runtime.train import trainer
+
+    seen: list[bool] = []
+    step = trainer._Loop._forward_backward
+
+    def watched(self, *args):  # type: ignore[no-untyped-def]
+        seen.append(torch.cuda.is_current_stream_capturing())
+        return step(self, *args)
+
+    monkeypatch.setattr(trainer._Loop, "_forward_backward", watched)
+    model = load_model(tiny_bytes_gguf, storage="nf4_double_quant", device="cuda")
+    data = from_texts(["One length of text, and only one."] * 2, 48)
+
+    def call(rank: int, graphs: bool = True) -> tuple[A.Adapter, list[bool]]:
+        keeping.release_kept()
+        seen.clear()
+        adapter = A.lora(model, rank=rank, alpha=8.0, targets=["q_proj", "v_proj"], seed=5)
+        trainer.train(adapter, data, profile(precision="bfloat16", graphs=graphs), steps=3,
+                      learning_rate=1e-2, seed=3)  # fmt: skip
+        return adapter, list(seen)
+
+    call(4)  # this kind's first recording, after its warm-up
+    fresh, fresh_seen = call(4)
+    assert fresh_seen[0], fresh_seen  # recorded at once: no eager step before it
+    assert sum(fresh_seen) == 1 and len(fresh_seen) == 1  # replays run no Python step
+    eager, _ = call(4, graphs=False)
+    for name, p in eager.params.items():
+        assert torch.equal(p, fresh.params[name]), name
+    _, other_seen = call(8)
+    assert other_seen[:2] == [False, True]  # a warm-up, then the recording
+    keeping.release_kept()
