@@ -77,6 +77,8 @@ Step = Callable[
 ]
 """(input_ids, targets, positions of packed rows or None, scored, scale or None) -> the
 micro-batch's loss sum / scored."""
+_Inputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]
+"""A step's arguments."""
 
 
 @dataclass
@@ -212,7 +214,7 @@ class GraphSteps:
         ids_s, targets_s, scored_s = ids.clone(), targets.clone(), scored.clone()
         positions_s = None if positions is None else positions.clone()
         scale_s = None if scale is None else scale.clone()
-        inputs = (ids_s, targets_s, positions_s, scored_s, scale_s)
+        inputs: _Inputs = (ids_s, targets_s, positions_s, scored_s, scale_s)
         for p in self.params:  # gradients at fixed addresses, accumulated into by the graph
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
@@ -221,7 +223,7 @@ class GraphSteps:
         stream = self._memory[1]
         shape = (self.family, ids.device, tuple(ids.shape), positions is not None, scale is None)
         if self.family is not None and shape in _WARMED:
-            recorded = self._capture(*inputs)
+            recorded = self._capture(inputs)
             if recorded is not None:
                 recorded.graph.replay()
                 return recorded, recorded.loss
@@ -234,21 +236,14 @@ class GraphSteps:
         # a recording begins by waiting for the device anyway; waiting here keeps the warm-up's
         # device time out of `recording_seconds`
         torch.cuda.synchronize(ids.device)
-        recorded = self._capture(*inputs)
+        recorded = self._capture(inputs)
         if recorded is not None and self.family is not None:
             _WARMED.add(shape)
         return recorded, warm
 
-    def _capture(
-        self,
-        ids: torch.Tensor,
-        targets: torch.Tensor,
-        positions: torch.Tensor | None,
-        scored: torch.Tensor,
-        scale: torch.Tensor | None,
-    ) -> _Graph | None:
-        """Record the step on these inputs (None where that fails, with `status` saying why):
-        it runs nothing, so the gradients stay as they were."""
+    def _capture(self, inputs: _Inputs) -> _Graph | None:
+        """Record the step on `inputs`, the graph's own (None where that fails, with `status`
+        saying why): it runs nothing, so the gradients stay as they were."""
         assert self._memory is not None
         pool, stream = self._memory
         stream.wait_stream(torch.cuda.current_stream())
@@ -260,7 +255,7 @@ class GraphSteps:
         try:
             # a MemPool's id is a graph pool token (torch's stubs type only graph_pool_handle's)
             with torch.cuda.graph(graph, pool=pool.id, stream=stream):  # type: ignore[arg-type]
-                loss = self.step(ids, targets, positions, scored, scale)
+                loss = self.step(*inputs)
         except RuntimeError as exc:  # an operation that cannot be recorded: run eagerly
             self.status = f"off: recording failed ({type(exc).__name__}: {str(exc)[:200]})"
             return None
@@ -269,7 +264,7 @@ class GraphSteps:
                 gc.enable()
             self.recording_seconds += time.perf_counter() - began
         holds = (*dense_matmul.reused_buffers(), *host_tiled.reused_buffers())
-        return _Graph(graph, ids, targets, positions, scored, scale, loss, holds)
+        return _Graph(graph, *inputs, loss, holds)
 
 
 _STREAMS: dict[torch.device, torch.cuda.Stream] = {}
