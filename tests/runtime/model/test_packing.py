@@ -100,3 +100,29 @@ def test_segments_recompute_under_checkpointing_as_they_ran(tiny_model, monkeypa
         again = _loss_and_grads(adapter, batch, "float32", mode)
         assert again[0] == kept[0]
         assert all(torch.equal(again[1][n], g) for n, g in kept[1].items()), mode
+
+
+@pytest.mark.parametrize("family", ["llama3", "qwen3", "gemma3", "gemma2"])
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_packed_rows_under_offload_keep_attention_and_give_the_kept_bits(
+    family, precision, tmp_path
+):
+    """Packed rows attended over their mask (sliding windows and soft-capped scores too) under
+    `offload`, whose recomputation takes attention's output from what the forward kept where
+    SDPA saved it (`kept_through_backward`), and `checkpoint`: the loss and gradients of keeping
+    everything, bit for bit."""
+    from aner_lang.runtime.load.loader import load_model
+    from aner_lang.testing.hf_fixture import write_hf_model
+
+    config = {"sliding_window": 16} if family.startswith("gemma") else None
+    model = load_model(write_hf_model(tmp_path, family, seed=4, config=config), device="cpu")
+    adapter = A.lora(model, rank=2, alpha=4.0, targets=["q_proj", "o_proj", "down_proj"], seed=2)
+    gen = torch.Generator().manual_seed(1)
+    for p in adapter.params.values():  # a trained-like B, so every target's gradient flows
+        p.data.copy_(0.05 * torch.randn(p.shape, generator=gen))
+    batch = _batch(model.config.vocab_size)
+    kept = _loss_and_grads(adapter, batch, precision)
+    for mode in ("checkpoint", "offload"):
+        again = _loss_and_grads(adapter, batch, precision, mode)
+        assert again[0] == kept[0], mode
+        assert all(torch.equal(again[1][n], g) for n, g in kept[1].items()), mode
