@@ -399,6 +399,29 @@ class GGUFFile:
             self._map.madvise(mmap.MADV_DONTNEED, start, t.offset + t.nbytes - start)
 
 
+_OPENED: dict[tuple[object, ...], GGUFFile] = {}
+"""The last file `open_gguf` parsed, by what makes it the same file."""
+
+
+def open_gguf(path: str | Path) -> GGUFFile:
+    """The file at `path`, its header parsed once while it stays the same file (resolved path,
+    inode, size, modification time): the checks before a run (its tokenizer) and the run's
+    `load_model` read one header, not two. Only the last file is kept (its mapping, not its
+    data)."""
+    where = Path(path)
+    try:
+        st = where.stat()
+    except OSError:
+        return GGUFFile(where)  # which says what is wrong
+    key = (where.resolve(), st.st_ino, st.st_size, st.st_mtime_ns)
+    found = _OPENED.get(key)
+    if found is None:
+        found = GGUFFile(where)
+        _OPENED.clear()
+        _OPENED[key] = found
+    return found
+
+
 def unpermute_rows(weight: T, n_head: int) -> T:
     """Undo llama.cpp's q/k row permutation (interleaved-pair RoPE -> HF rotate_half layout).
 

@@ -26,7 +26,7 @@ import torch
 from aner_lang.architectures import ARCHITECTURES, Kind, Weight
 from aner_lang.host import files, json_text
 from aner_lang.problems.errors import AnerRuntimeError
-from aner_lang.runtime.io.gguf import GGUFFile, unpermute_rows
+from aner_lang.runtime.io.gguf import GGUFFile, open_gguf, unpermute_rows
 
 HF_CONFIG = "config.json"
 SAFETENSORS = "model.safetensors"
@@ -234,5 +234,5 @@ def open_source(path: Path) -> tuple[TensorSource, GGUFFile | None]:
     its metadata)."""
     if path.is_dir():
         return SafetensorsSource(path), None
-    gguf = GGUFFile(path)
+    gguf = open_gguf(path)
     return GGUFSource(gguf), gguf

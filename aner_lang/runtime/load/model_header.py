@@ -12,7 +12,7 @@ from aner_lang.host import files, json_text
 from aner_lang.host.model_paths import missing_model
 from aner_lang.host.prechecks import PACKAGE_SCHEME
 from aner_lang.problems.errors import AnerRuntimeError
-from aner_lang.runtime.io.gguf import GGUFFile
+from aner_lang.runtime.io.gguf import GGUFFile, open_gguf
 from aner_lang.runtime.io.packages import packaged_model
 from aner_lang.runtime.model.config import ModelConfig, config_from_gguf, config_from_hf
 from aner_lang.runtime.model.tokenizer import Tokenizer
@@ -46,7 +46,7 @@ def model_tokenizer(path: Path, gguf: GGUFFile | None = None) -> Tokenizer:
         if path.is_dir():
             found = Tokenizer.from_hf_folder(path)
         else:
-            found = Tokenizer.from_gguf(gguf if gguf is not None else GGUFFile(path))
+            found = Tokenizer.from_gguf(gguf if gguf is not None else open_gguf(path))
         while len(_tokenizers) >= TOKENIZERS_KEPT:
             del _tokenizers[next(iter(_tokenizers))]
         _tokenizers[key] = found
@@ -63,7 +63,7 @@ def model_config(path: str, script_dir: Path) -> ModelConfig:
         except ValueError as e:
             raise AnerRuntimeError(f"{file}/config.json: {e}", code="E-HF-CONFIG") from None
         return config_from_hf(cfg, file)
-    return config_from_gguf(GGUFFile(file))
+    return config_from_gguf(open_gguf(file))
 
 
 def gguf_storage_of_folder(path: str | Path) -> AnerRuntimeError:
@@ -84,7 +84,7 @@ def gguf_base_bytes(path: str, script_dir: Path) -> int:
     file = model_location(path, script_dir)
     if file.is_dir():
         raise gguf_storage_of_folder(path)
-    return sum(t.nbytes for t in GGUFFile(file).tensors.values())
+    return sum(t.nbytes for t in open_gguf(file).tensors.values())
 
 
 def _stamp(path: Path) -> tuple[tuple[str, int, int], ...]:

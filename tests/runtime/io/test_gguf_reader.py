@@ -207,3 +207,34 @@ def test_string_arrays_read_exactly_and_every_cut_or_bad_length_is_a_clear_error
     with pytest.raises(AnerRuntimeError) as info:
         GGUFFile(tmp_path / "latin.gguf")
     assert info.value.code == "E-GGUF-CORRUPT"
+
+
+def test_the_checks_and_the_load_read_one_header_until_the_file_changes(tmp_path, monkeypatch):
+    """`aner run`'s tokenizer check and its `load_model` (through `open_gguf`) parse a GGUF's
+    header once; a file rewritten since, or another file, is parsed again."""
+    import os
+
+    from aner_lang.runtime.io import gguf as reader
+    from aner_lang.runtime.io.source import open_source
+    from aner_lang.runtime.load import model_header
+
+    path = write_fixture(tmp_path / "m.gguf", "tiny", seed=1)
+    parses = 0
+    parse = reader.GGUFFile._parse
+
+    def counted(self):  # type: ignore[no-untyped-def]
+        nonlocal parses
+        parses += 1
+        return parse(self)
+
+    monkeypatch.setattr(reader.GGUFFile, "_parse", counted)
+    monkeypatch.setattr(model_header, "_tokenizers", {})
+    model_header.model_tokenizer(path)
+    _, opened = open_source(path)
+    assert parses == 1 and opened is reader.open_gguf(path)
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+    open_source(path)
+    other = write_fixture(tmp_path / "n.gguf", "tiny", seed=2)
+    open_source(other)
+    assert parses == 3
