@@ -657,14 +657,15 @@ class _Loop:
         # the windows' prepared steps hold this update's gradients, which eager steps drop
         # (`_zero_grads`): a window issued ahead must not find them still held
         del first, issued
+        # this update ends here: issuing the next window is the next update's time (an eager
+        # window's issuing waits for the device as its launch queue fills: most of its step)
+        ended = time.perf_counter()
         if ahead and self.issues_ahead:
             self._ahead = self._issue(self.cursor.mark())
+            self._ahead.began = ended  # its update is timed from the end of this one
         self.adapter.train_mode(False)
         self.tokens_seen += tokens
-        ended = time.perf_counter()
         seconds = ended - began
-        if self._ahead is not None:
-            self._ahead.began = ended  # its update is timed from the end of this one
         if self.startup is None:
             self.startup = seconds_running()
         else:

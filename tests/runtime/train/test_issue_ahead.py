@@ -191,3 +191,26 @@ def test_a_window_issued_ahead_finds_the_last_updates_gradients_freed(
     trainer.train(adapter, from_texts(TEXTS, context=16), profile(), steps=4, learning_rate=1e-2)
     monkeypatch.undo()
     assert issued == checked == [2, 3, 4]
+
+
+def test_each_update_is_timed_with_its_own_windows_issuing(tiny_model, monkeypatch):
+    """Issuing a window ahead belongs to the update it is for: its time (an eager window's
+    issuing waits for the device once the launch queue fills) counts in that update's
+    `tokens_per_second` and the steady rate, not in the update before, whose window the first
+    update's exclusion from the steady rate would then hide."""
+    import time
+
+    _forced(monkeypatch, True)
+    issue = trainer._Loop._issue
+    pause = 0.25
+
+    def slow(self: Any, mark: Any) -> Any:
+        time.sleep(pause)
+        return issue(self, mark)
+
+    monkeypatch.setattr(trainer._Loop, "_issue", slow)
+    adapter = A.lora(tiny_model, rank=2, targets=["q_proj"], seed=1)
+    run = trainer.train(adapter, from_texts(TEXTS, context=16), profile(), steps=4, seed=4)
+    tokens = 3 * 16  # the three updates after the first, a full row of 16 tokens each
+    assert run.training_tokens_per_second is not None
+    assert tokens / run.training_tokens_per_second >= 3 * pause
