@@ -56,6 +56,21 @@ def _loss_and_grads(adapter, batch, precision: str, activations: str = "keep"): 
     return float(loss.detach()), {n: p.grad.clone() for n, p in adapter.params.items()}
 
 
+def _trained_like(family: str, tmp_path, device: str, targets: list[str]):  # type: ignore[no-untyped-def]
+    """A LoRA on `targets` of a small `family` model (Gemma's sliding window of 16 tokens,
+    shorter than some examples) with a trained-like B, so every target's gradient flows."""
+    from aner_lang.runtime.load.loader import load_model
+    from aner_lang.testing.hf_fixture import write_hf_model
+
+    config = {"sliding_window": 16} if family.startswith("gemma") else None
+    model = load_model(write_hf_model(tmp_path, family, seed=4, config=config), device=device)
+    adapter = A.lora(model, rank=2, alpha=4.0, targets=targets, seed=2)
+    gen = torch.Generator().manual_seed(1)
+    for p in adapter.params.values():
+        p.data.copy_(0.05 * torch.randn(p.shape, generator=gen))
+    return adapter
+
+
 @pytest.mark.parametrize("family", ["llama3", "qwen3", "gemma3", "gemma2"])
 @pytest.mark.parametrize("precision", ["float32", "bfloat16"])
 def test_segments_give_the_masks_losses_and_gradients(
@@ -64,16 +79,9 @@ def test_segments_give_the_masks_losses_and_gradients(
     """Grouped heads (every family), Gemma 3's sliding window (of 16 tokens here, shorter than
     some examples) and Gemma 2's soft-capped scores: per example as over the mask (on CUDA in
     bfloat16, per example through the flash kernel)."""
-    from aner_lang.runtime.load.loader import load_model
-    from aner_lang.testing.hf_fixture import write_hf_model
-
-    config = {"sliding_window": 16} if family.startswith("gemma") else None
-    model = load_model(write_hf_model(tmp_path, family, seed=4, config=config), device=device)
+    adapter = _trained_like(family, tmp_path, device, ["q_proj", "v_proj", "o_proj"])
+    model = adapter.model
     assert model.config.num_attention_heads > model.config.num_key_value_heads
-    adapter = A.lora(model, rank=2, alpha=4.0, targets=["q_proj", "v_proj", "o_proj"], seed=2)
-    gen = torch.Generator().manual_seed(1)
-    for p in adapter.params.values():  # a trained-like B, so every target's gradient flows
-        p.data.copy_(0.05 * torch.randn(p.shape, generator=gen))
     batch = _batch(model.config.vocab_size)
     masked = _loss_and_grads(adapter, batch, precision)
     monkeypatch.setattr(packing, "SEGMENTS_FROM_TOKENS", 1)
@@ -111,16 +119,8 @@ def test_packed_rows_under_offload_keep_attention_and_give_the_kept_bits(
     `offload`, whose recomputation takes attention's output from what the forward kept where
     SDPA saved it (`kept_through_backward`), and `checkpoint`: the loss and gradients of keeping
     everything, bit for bit."""
-    from aner_lang.runtime.load.loader import load_model
-    from aner_lang.testing.hf_fixture import write_hf_model
-
-    config = {"sliding_window": 16} if family.startswith("gemma") else None
-    model = load_model(write_hf_model(tmp_path, family, seed=4, config=config), device="cpu")
-    adapter = A.lora(model, rank=2, alpha=4.0, targets=["q_proj", "o_proj", "down_proj"], seed=2)
-    gen = torch.Generator().manual_seed(1)
-    for p in adapter.params.values():  # a trained-like B, so every target's gradient flows
-        p.data.copy_(0.05 * torch.randn(p.shape, generator=gen))
-    batch = _batch(model.config.vocab_size)
+    adapter = _trained_like(family, tmp_path, "cpu", ["q_proj", "o_proj", "down_proj"])
+    batch = _batch(adapter.model.config.vocab_size)
     kept = _loss_and_grads(adapter, batch, precision)
     for mode in ("checkpoint", "offload"):
         again = _loss_and_grads(adapter, batch, precision, mode)
