@@ -39,9 +39,10 @@ Rules:
   needed: the product of a layer's last projection (down_proj's, whose adapter saves its input
   and its low-rank product). The model marks that call `last_saves()`; a forward records whether
   its layer saved anything after it, and when nothing, the recomputation lets a frozen product
-  that saves nothing be left out (`product_needed`: the NF4 base, under adapters whose backward
-  never reads the base output). Forward and backward are unchanged, so gradients are the same
-  bits; the product is a sixth of a Llama layer's base GEMMs under checkpointing.
+  be left out (`product_needed`, under adapters whose backward never reads the base output): an
+  NF4 or GGUF base saves nothing for it; a 16- or 32-bit one takes the product over no tokens,
+  whose node saves what the whole one's does. Forward and backward are unchanged, so gradients
+  are the same bits; the product is a sixth of a Llama layer's base GEMMs under checkpointing.
 * Under `offload` a checkpointed layer keeps what attention saved for its backward besides its
   inputs (its output and log-sum-exp, in pinned host memory with the layer's input) instead of
   running attention's forward again in the recomputation (`kept_through_backward`): the

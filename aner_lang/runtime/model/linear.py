@@ -13,6 +13,8 @@ import contextlib
 import torch
 from torch import nn
 
+from aner_lang.runtime.model.activations import product_needed
+
 
 class FrozenLinear(nn.Module):
     """A frozen `[out_features, in_features]` weight used as `x @ W^T` or as an embedding table."""
@@ -99,6 +101,11 @@ class DenseLinear(FrozenLinear):
         dtype = self._compute_dtype(x)
         w = self.weight if self.weight.dtype == dtype else self.weight.to(dtype)
         with self._in_weight_dtype(x, dtype):
+            if x.dim() > 1 and not self.weight.requires_grad and not product_needed(self):
+                # the product over no tokens: the node saves what the whole one's would (the
+                # weight its backward reads, as cast), so the recomputation's saves line up
+                torch.nn.functional.linear(x.to(dtype).narrow(-2, 0, 0), w)
+                return self.unread(x)
             return torch.nn.functional.linear(x.to(dtype), w).to(x.dtype)
 
     def _in_weight_dtype(

@@ -677,3 +677,43 @@ def test_offload_keeps_what_attention_saved_and_never_runs_it_again(
     assert runs == {"keep": layers, "checkpoint": 2 * layers, "offload": layers}
     for name, g in grads["keep"].items():
         assert torch.equal(g, grads["offload"][name]), name
+
+
+@pytest.mark.parametrize("storage", ["float32", "float16"])
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_a_dense_base_leaves_down_projs_product_out_of_its_recomputation_too(
+    tiny_bytes_gguf, storage, precision, monkeypatch
+):
+    """A 16- or 32-bit frozen base (`DenseLinear`) under LoRA: the recomputation takes
+    down_proj's product over no tokens, so the node saves what the whole one's did, and the
+    gradients are the bits of keeping everything."""
+    model = load_model(tiny_bytes_gguf, storage=storage, device="cpu")
+    down = (model.config.hidden_size, model.config.intermediate_size)
+    rows: list[int] = []
+    linear = torch.nn.functional.linear
+
+    def recorded(x, w, *args):  # type: ignore[no-untyped-def]
+        if tuple(w.shape) == down:
+            rows.append(x.shape[:-1].numel())
+        return linear(x, w, *args)
+
+    monkeypatch.setattr(torch.nn.functional, "linear", recorded)
+
+    def grads(mode: str) -> tuple[dict[str, torch.Tensor], list[int]]:
+        rows.clear()
+        adapter = A.lora(model, rank=2, alpha=4.0, targets=["down_proj"], seed=1)
+        adapter.train_mode(True)
+        ids, targets = _batch(model)
+        with keeping(ActivationPolicy(mode)), adapter.active():
+            with autocast(precision, torch.device("cpu")):
+                loss = adapter.loss(ids, targets)
+            loss.backward()
+        return {n: p.grad for n, p in adapter.params.items()}, list(rows)
+
+    kept, kept_rows = grads("keep")
+    ours, our_rows = grads("checkpoint")
+    for name, g in kept.items():
+        assert torch.equal(g, ours[name]), name
+    layers = model.config.num_hidden_layers
+    assert kept_rows == [40] * layers  # two rows of 20 tokens, once per layer
+    assert sorted(our_rows) == [0] * layers + [40] * layers  # recomputed over no tokens
