@@ -209,10 +209,11 @@ def last_saves() -> Iterator[None]:
 
 
 def product_needed(module: torch.nn.Module) -> bool:
-    """Whether `module` (a frozen linear whose forward saves nothing) must compute its product:
-    no only inside `last_saves` during a recomputation that ends there, and where every forward
-    hook on `module` declares `keeps_base_output` false (an adapter whose saves never depend on
-    the base output: what it adds to it is computed from the input alone)."""
+    """Whether frozen linear `module` must compute its product: no only inside `last_saves`
+    during a recomputation that ends there, and where every forward hook on `module` declares
+    `keeps_base_output` false (an adapter whose saves never depend on the base output: what it
+    adds to it is computed from the input alone). A forward that leaves it out must still save
+    what it would have saved (the recomputation fills the forward's slots in order)."""
     if not _LEAVE_OUT.get():
         return True
     return any(getattr(h, "keeps_base_output", True) for h in module._forward_hooks.values())
@@ -314,8 +315,6 @@ class _Checkpoint:
         self.replaying = False
         self.last_saves_end: int | None = None
         """How many slots the forward had when its last `last_saves` call ended."""
-        self.ends_in_last_saves = False
-        """Whether the forward saved nothing after that call (`last_saves`)."""
         self.host = _HOST.get()
         self.kept: list[_Kept | None] = []
         """Per `kept_through_backward` call of the forward, in order: what it kept."""
@@ -334,9 +333,12 @@ class _Checkpoint:
             torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack),
             self.states.forward(),
         ):
-            out = self.layer(x, *self.shared)
-        self.ends_in_last_saves = self.last_saves_end == len(self.slots)
-        return out
+            return self.layer(x, *self.shared)
+
+    @property
+    def ends_in_last_saves(self) -> bool:
+        """Whether the forward saved nothing after its last `last_saves` call."""
+        return self.last_saves_end == len(self.slots)
 
     def _pack(self, t: torch.Tensor) -> _Slot:
         slot = _Slot(t)
@@ -357,8 +359,9 @@ class _Checkpoint:
             captured, self.captured = self.captured, None
         assert captured is not None
         ids = [_identity(x) for x in inputs]
-        roles = [ids.index(i) if i in ids else None for i in (_identity(t) for _, t in captured)]
-        outputs = [n for n, (_, t) in enumerate(captured) if _identity(t) == _identity(out)]
+        saved = [_identity(t) for _, t in captured]
+        roles = [ids.index(i) if i in ids else None for i in saved]
+        outputs = [n for n, i in enumerate(saved) if i == _identity(out)]
         if not outputs or roles[outputs[0]] is not None:
             self.kept.append(None)
             return out

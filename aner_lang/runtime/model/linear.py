@@ -38,8 +38,8 @@ class FrozenLinear(nn.Module):
 
     def unread(self, x: torch.Tensor) -> torch.Tensor:
         """What `forward` returns where a checkpoint's recomputation never reads its product
-        (`activations.product_needed`, asked by a forward that saves nothing for backward):
-        memory of the product's shape and dtype, left as it is."""
+        (`activations.product_needed`): memory of the product's shape and dtype, left as it
+        is."""
         return x.new_empty((*x.shape[:-1], self.out_features))
 
     def dense_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:  # pragma: no cover

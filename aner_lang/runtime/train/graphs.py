@@ -224,10 +224,10 @@ class GraphSteps:
         shape = (self.family, ids.device, tuple(ids.shape), positions is not None, scale is None)
         if self.family is not None and shape in _WARMED:
             recorded = self._capture(inputs)
-            if recorded is not None:
+            if isinstance(recorded, _Graph):
                 recorded.graph.replay()
                 return recorded, recorded.loss
-            self.status = "on"  # recorded again below, after a warm-up
+            # recorded again below, after a warm-up
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             warm = self.step(*inputs)
@@ -237,13 +237,16 @@ class GraphSteps:
         # device time out of `recording_seconds`
         torch.cuda.synchronize(ids.device)
         recorded = self._capture(inputs)
-        if recorded is not None and self.family is not None:
+        if not isinstance(recorded, _Graph):
+            self.status = f"off: recording failed ({recorded})"
+            return None, warm
+        if self.family is not None:
             _WARMED.add(shape)
         return recorded, warm
 
-    def _capture(self, inputs: _Inputs) -> _Graph | None:
-        """Record the step on `inputs`, the graph's own (None where that fails, with `status`
-        saying why): it runs nothing, so the gradients stay as they were."""
+    def _capture(self, inputs: _Inputs) -> _Graph | str:
+        """Record the step on `inputs`, the graph's own, or say why that failed: it runs
+        nothing, so the gradients stay as they were."""
         assert self._memory is not None
         pool, stream = self._memory
         stream.wait_stream(torch.cuda.current_stream())
@@ -257,8 +260,7 @@ class GraphSteps:
             with torch.cuda.graph(graph, pool=pool.id, stream=stream):  # type: ignore[arg-type]
                 loss = self.step(*inputs)
         except RuntimeError as exc:  # an operation that cannot be recorded: run eagerly
-            self.status = f"off: recording failed ({type(exc).__name__}: {str(exc)[:200]})"
-            return None
+            return f"{type(exc).__name__}: {str(exc)[:200]}"
         finally:
             if collecting:
                 gc.enable()
