@@ -10,7 +10,7 @@ module functionally over it. Every adapter offers the forward protocol of docs/i
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, cast
 
@@ -153,6 +153,14 @@ class Adapter:
     def _delta(self, index: int, x: torch.Tensor) -> torch.Tensor:  # pragma: no cover
         raise NotImplementedError
 
+    shares_input = False
+    """Whether `together` can take several targets that read one input at once."""
+
+    def together(self, indices: list[int], x: torch.Tensor) -> list[torch.Tensor] | None:
+        """The adapted outputs of targets ``indices``, which all read ``x``, computed together,
+        or None where this adapter runs each target alone (then each module's hook applies)."""
+        return None
+
     groups_experts = False
     """Whether `grouped_delta` serves: the adapter can add its deltas of many targets at once (the
     experts of a mixture-of-experts projection, see `moe.MoeMLP`)."""
@@ -206,9 +214,13 @@ class Adapter:
     def train_mode(self, on: bool) -> None:
         self.training = on
 
+    def drops(self, p: float) -> bool:
+        """Whether `dropout(x, p)` changes its input now (training, with a positive rate)."""
+        return self.training and p > 0.0
+
     def dropout(self, x: torch.Tensor, p: float) -> torch.Tensor:
         """Inverted dropout with the trainer's generator, so runs are reproducible."""
-        if not self.training or p <= 0.0:
+        if not self.drops(p):
             return x
         keep = torch.empty(x.shape, device=x.device).bernoulli_(
             1 - p, generator=self.dropout_generator
@@ -238,3 +250,12 @@ class _DeltaHook:
     def __call__(self, _module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
         with section("lora"):
             return self.adapter._apply(self.index, args[0], output)
+
+    def together(self, x: torch.Tensor, hooks: Sequence[object]) -> list[torch.Tensor] | None:
+        """The outputs of the modules that ``hooks`` (this one first) are the only hooks of,
+        all on input ``x``, where they are one adapter's and it takes them together
+        (`linear.outputs_of`); else None."""
+        mine = [h for h in hooks if isinstance(h, _DeltaHook) and h.adapter is self.adapter]
+        if len(mine) < len(hooks) or not self.adapter.shares_input:
+            return None
+        return self.adapter.together([h.index for h in mine], x)

@@ -81,7 +81,7 @@ class LoRA(Adapter):
 
     def _apply(self, index: int, x: torch.Tensor, base_out: torch.Tensor) -> torch.Tensor:
         """In half precision, training without dropout, `base_out + s * B (A x)` is one autograd
-        node with the frozen base's own input gradient (`_OnBase`); otherwise (dropout, or no
+        node with the frozen base's own input gradient (`_OnBases`); otherwise (dropout, or no
         gradients: evaluation and generation, where a node's cost per call buys nothing) one GEMM
         that accumulates into the base output in place (`addmm_`/`baddbmm_` on the output itself,
         fp32 accumulation, one rounding) instead of a GEMM, a scaling pass and an addition pass
@@ -91,12 +91,10 @@ class LoRA(Adapter):
         float32 keeps PEFT's separate operations, the reference arithmetic."""
         if base_out.dtype == torch.float32:
             return super()._apply(index, x, base_out)
-        a, b = self._a[index], self._b[index]
         xd = self.dropout(x, self.p)
         if xd is x and torch.is_grad_enabled():
-            module = self.targets[index][1]
-            out = base_out.detach().contiguous()
-            return _OnBase.apply(x, a, b, out, module.grad_input, self.scaling)
+            return _OnBases.apply(x, self.scaling, *self._one_node([index], [base_out]))
+        a, b = self._a[index], self._b[index]
         xa = F.linear(xd, a.to(x.dtype))
         bt = b.to(x.dtype).t()
         out = base_out.contiguous()
@@ -108,6 +106,30 @@ class LoRA(Adapter):
             out.reshape(-1, out.shape[-1]), xa.reshape(-1, self.rank), bt, alpha=self.scaling
         )
         return flat.view(out.shape)
+
+    shares_input = True
+
+    def together(self, indices: list[int], x: torch.Tensor) -> list[torch.Tensor] | None:
+        """Targets ``indices``, which read the same input, with their deltas, as one autograd
+        node (`_OnBases`): the input is read once for all their A products, forward and
+        backward, and their input gradients meet in one tensor. Where `_apply` would not take
+        its one-node path (float32, dropout, no gradients), None: each target runs alone."""
+        if x.dtype == torch.float32 or not torch.is_grad_enabled() or self.drops(self.p):
+            return None
+        bases = [self.targets[i][1].forward(x) for i in indices]  # not module(): no hook again
+        with section("lora"):
+            return list(_OnBases.apply(x, self.scaling, *self._one_node(indices, bases)))
+
+    def _one_node(self, indices: list[int], bases: list[torch.Tensor]) -> list[Any]:
+        """`_OnBases`'s arguments after the input and the scaling, for targets ``indices`` whose
+        base outputs are ``bases``."""
+        modules = [self.targets[i][1] for i in indices]
+        return [
+            [m.grad_input for m in modules],
+            *(self._a[i] for i in indices),
+            *(self._b[i] for i in indices),
+            *(out.detach().contiguous() for out in bases),
+        ]
 
     groups_experts = True
 
@@ -136,6 +158,7 @@ class DoRA(LoRA):
     """Weight-decomposed LoRA: trainable magnitude per output row plus a LoRA direction."""
 
     method = "dora"
+    shares_input = False  # each target's norm and magnitude scale its own output
     groups_experts = False  # its norm needs each expert's whole adapted weight
     keeps_base_output = True  # its magnitude's gradient reads the adapted output
 
@@ -163,59 +186,78 @@ class DoRA(LoRA):
         return scale * (base_out + self._lora(index, xd))
 
 
-class _OnBase(torch.autograd.Function):
-    """A frozen target's output with its LoRA delta, `base_out + s * (x A^T) B^T`, as one node
-    whose backward also takes the base's input gradient: `dx = grad_input(g) + (s g B) A`,
-    accumulated in place into the base's fresh gradient (one GEMM with beta 1), where a node per
-    operation would write the delta's input gradient apart and autograd would add the two, three
-    more passes over an `[tokens, in_features]` tensor per target.
+class _OnBases(torch.autograd.Function):
+    """Frozen targets that read one input ``x`` (one target, or q/k/v, or gate/up), each output
+    with its LoRA delta, `out_i = base_i + s * (x A_i^T) B_i^T`, as one node whose backward also
+    takes the bases' input gradient: `dx = sum_i grad_input_i(g_i) + (s [g_1 B_1 | ... | g_n B_n])
+    [A_1; ...; A_n]`, where a node per operation would write each delta's input gradient apart
+    and autograd would add them all, several more passes over an `[tokens, in_features]` tensor
+    per target.
 
-    The base's forward already ran: its output arrives detached and contiguous (the base's own
-    node is dropped unused) and the delta accumulates into it in place. `grad_input` runs in
-    the forward's context: on CUDA, backward runs on autograd's own thread, which does not see
-    the run's context variables (the NF4 backend).
+    Several targets share each read of ``x``: one GEMM over the stacked A's (`[n * r, in]`) gives
+    every `x A_i^T` in the forward, one gives every A's gradient in backward, and the deltas'
+    input gradient is one GEMM of depth `n * r`; the bases' input gradients are summed into the
+    first one's tensor.
+
+    The bases' forwards already ran: their outputs arrive detached and contiguous (each base's
+    own node is dropped unused) and each delta accumulates into its output in place. The
+    ``grad_inputs`` run in the forward's context: on CUDA, backward runs on autograd's own thread,
+    which does not see the run's context variables (the NF4 backend).
 
     `A` and `B` (fp32 masters) meet the input in its dtype, cast once in the forward; backward
     reuses those casts (saved: the adapter once more in 16 bits, against a cast kernel per
-    matrix twice an update). Rounding: the output and `s g B` are those of the separate
-    operations (each product rounded to the compute dtype, then scaled); the input gradient's
-    two products are summed in fp32 and rounded once; the gradients of `A` and `B` are fp32
-    products (on CUDA straight from cuBLAS's fp32 accumulators, `precision.matmul`, not rounded
-    to 16 bits and cast back), `B`'s scaled in fp32."""
+    matrix twice an update). Rounding: each output and `s g_i B_i` are those of the separate
+    operations (each product rounded to the compute dtype, then scaled); the deltas' input
+    gradient is one fp32 product rounded once into the bases' gradient; the gradients of `A` and
+    `B` are fp32 products (on CUDA straight from cuBLAS's fp32 accumulators, `precision.matmul`,
+    not rounded to 16 bits and cast back), `B`'s scaled in fp32."""
 
     @staticmethod
     def forward(
         ctx: Any,
         x: torch.Tensor,
-        a: torch.Tensor,
-        b: torch.Tensor,
-        base_out: torch.Tensor,
-        grad_input: Callable[[torch.Tensor], torch.Tensor],
         scaling: float,
-    ) -> torch.Tensor:
-        a_c, b_c = a.to(x.dtype), b.to(x.dtype)
+        grad_inputs: list[Callable[[torch.Tensor], torch.Tensor]],
+        *tensors: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...] | torch.Tensor:
+        n = len(grad_inputs)
+        a, b, outs = tensors[:n], tensors[n : 2 * n], tensors[2 * n :]
+        a_c = torch.cat([t.to(x.dtype) for t in a]) if n > 1 else a[0].to(x.dtype)
+        b_c = [t.to(x.dtype) for t in b]
         xa = x.reshape(-1, x.shape[-1]) @ a_c.t()
-        base_out.view(-1, base_out.shape[-1]).addmm_(xa, b_c.t(), alpha=scaling)
-        ctx.save_for_backward(x, xa, a_c, b_c)
-        ctx.grad_input, ctx.scaling = grad_input, scaling
+        rank = a[0].shape[0]
+        for i, (out, b_i) in enumerate(zip(outs, b_c)):
+            xa_i = xa[:, i * rank : (i + 1) * rank]
+            out.view(-1, out.shape[-1]).addmm_(xa_i, b_i.t(), alpha=scaling)
+        ctx.save_for_backward(x, xa, a_c, *b_c)
+        ctx.grad_inputs, ctx.scaling, ctx.rank = grad_inputs, scaling, rank
         ctx.context = contextvars.copy_context()
-        ctx.mark_dirty(base_out)
-        return base_out
+        ctx.mark_dirty(*outs)
+        return outs if n > 1 else outs[0]
 
     @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        x, xa, a_c, b_c = ctx.saved_tensors
-        grads = g.reshape(-1, g.shape[-1])
-        dx = da = db = None
+    def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+        x, xa, a_c, *b_c = ctx.saved_tensors
+        n, r, s = len(b_c), ctx.rank, ctx.scaling
+        x2 = x.reshape(-1, x.shape[-1])
+        gs = [None if g is None else g.reshape(-1, g.shape[-1]) for g in grads]
+        dx = None
         if ctx.needs_input_grad[0]:
             with section("nf4_backward"):
-                dx = ctx.context.run(ctx.grad_input, g).contiguous()
+                for grad_input, g in zip(ctx.grad_inputs, grads):
+                    if g is not None:
+                        part = ctx.context.run(grad_input, g)
+                        dx = part.contiguous() if dx is None else dx.add_(part)
+        da: list[torch.Tensor | None] = [None] * n
+        db: list[torch.Tensor | None] = [None] * n
         with section("lora"):
-            gb = (grads @ b_c).mul_(ctx.scaling)
+            gb = [x2.new_zeros(x2.shape[0], r) if g is None else g @ b for g, b in zip(gs, b_c)]
+            gb_all = (torch.cat(gb, dim=1) if n > 1 else gb[0]).mul_(s)
             if dx is not None:
-                dx.view(-1, dx.shape[-1]).addmm_(gb, a_c)
-            if ctx.needs_input_grad[1]:
-                da = matmul(gb.t(), x.reshape(-1, x.shape[-1]), torch.float32)
-            if ctx.needs_input_grad[2]:
-                db = matmul(grads.t(), xa, torch.float32).mul_(ctx.scaling)
-        return dx, da, db, None, None, None
+                dx.view(-1, dx.shape[-1]).addmm_(gb_all, a_c)
+            if any(ctx.needs_input_grad[3 : 3 + n]):
+                da = list(matmul(gb_all.t(), x2, torch.float32).split(r))
+            for i, g in enumerate(gs):
+                if g is not None and ctx.needs_input_grad[3 + n + i]:
+                    db[i] = matmul(g.t(), xa[:, i * r : (i + 1) * r], torch.float32).mul_(s)
+        return dx, None, None, *da, *db, *([None] * n)

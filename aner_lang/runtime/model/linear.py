@@ -9,6 +9,7 @@ attribute, so it works for every storage.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -64,6 +65,22 @@ class FrozenLinear(nn.Module):
             f"in_features={self.in_features}, out_features={self.out_features}, "
             f"storage={self.storage}"
         )
+
+
+def outputs_of(x: torch.Tensor, modules: Sequence[FrozenLinear]) -> list[torch.Tensor]:
+    """Each of ``modules`` applied to the one input ``x`` (q/k/v, gate/up). Where two or more of
+    them each have one forward hook, offering ``together(x, hooks)`` (an adapter's,
+    `adapters.base`), and it returns their outputs, those are computed at once: an adapter may
+    share its reads of ``x`` among its targets. Every other module is called as usual."""
+    hooks = [list(m._forward_hooks.values()) for m in modules]
+    hooked = [i for i, h in enumerate(hooks) if h]
+    outs: dict[int, torch.Tensor] = {}
+    if len(hooked) > 1 and all(len(hooks[i]) == 1 and not modules[i]._forward_pre_hooks
+                               for i in hooked):  # fmt: skip
+        together = getattr(hooks[hooked[0]][0], "together", None)
+        joint = None if together is None else together(x, [hooks[i][0] for i in hooked])
+        outs = {} if joint is None else dict(zip(hooked, joint))
+    return [outs[i] if i in outs else m(x) for i, m in enumerate(modules)]
 
 
 STORAGE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

@@ -31,7 +31,7 @@ from aner_lang.runtime.model.activations import (
 from aner_lang.runtime.model.chunking import mlp_tile_tokens
 from aner_lang.runtime.model.config import ModelConfig
 from aner_lang.runtime.model.fused_ops import rms_norm, rope, swiglu
-from aner_lang.runtime.model.linear import FrozenLinear
+from aner_lang.runtime.model.linear import FrozenLinear, outputs_of
 from aner_lang.runtime.model.loss import IGNORE, head_loss_sum, logits_loss_sum
 from aner_lang.runtime.model.moe import collecting_router_logits, load_balancing_loss
 from aner_lang.runtime.model.packing import Segments, packed_attention
@@ -202,20 +202,21 @@ class LlamaAttention(nn.Module):
         self.k_bias: torch.Tensor | None
         self.v_bias: torch.Tensor | None
 
-    def _project(
-        self, proj: FrozenLinear, bias: torch.Tensor | None, x: torch.Tensor, heads: int
-    ) -> torch.Tensor:
-        """`[B, T, hidden]` -> `[B, T, heads, head_dim]` through `proj` and its bias."""
-        y = proj(x)
+    def _heads(self, y: torch.Tensor, bias: torch.Tensor | None, heads: int) -> torch.Tensor:
+        """A projection's `[B, T, heads * head_dim]` output with its bias, as
+        `[B, T, heads, head_dim]`."""
         if bias is not None:
             y = y + bias.to(y.dtype)
-        return y.view(*x.shape[:2], heads, self.head_dim)
+        return y.view(*y.shape[:2], heads, self.head_dim)
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries, keys and values `[B, T, heads, head_dim]` of `[B, T, hidden]` inputs."""
-        q = self._project(self.q_proj, self.q_bias, x, self.num_heads)
-        k = self._project(self.k_proj, self.k_bias, x, self.num_kv_heads)
-        return q, k, self._project(self.v_proj, self.v_bias, x, self.num_kv_heads)
+        q, k, v = outputs_of(x, (self.q_proj, self.k_proj, self.v_proj))
+        return (
+            self._heads(q, self.q_bias, self.num_heads),
+            self._heads(k, self.k_bias, self.num_kv_heads),
+            self._heads(v, self.v_bias, self.num_kv_heads),
+        )
 
     def forward(
         self,
@@ -383,7 +384,8 @@ class LlamaMLP(nn.Module):
         return self.gate_proj.out_features
 
     def _gate_up(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.gate_proj(x), self.up_proj(x)
+        gate, up = outputs_of(x, (self.gate_proj, self.up_proj))
+        return gate, up
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The MLP of `x`, a tile of tokens at a time where a checkpointed micro-batch is long

