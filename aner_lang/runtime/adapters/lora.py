@@ -10,7 +10,6 @@ the adapted output by m / ||W + s B A||_row with the norm detached, as in the pa
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -19,6 +18,7 @@ import torch.nn.functional as F
 from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.adapters.base import Adapter, target_modules
 from aner_lang.runtime.model.experts import ALIGN_BYTES, grouped_mm
+from aner_lang.runtime.model.linear import FrozenLinear
 from aner_lang.runtime.model.precision import compute_dtype, matmul
 from aner_lang.runtime.model.sections import section
 
@@ -125,7 +125,7 @@ class LoRA(Adapter):
         base outputs are ``bases``."""
         modules = [self.targets[i][1] for i in indices]
         return [
-            [m.grad_input for m in modules],
+            modules,
             *(self._a[i] for i in indices),
             *(self._b[i] for i in indices),
             *(out.detach().contiguous() for out in bases),
@@ -197,12 +197,12 @@ class _OnBases(torch.autograd.Function):
     Several targets share each read of ``x``: one GEMM over the stacked A's (`[n * r, in]`) gives
     every `x A_i^T` in the forward, one gives every A's gradient in backward, and the deltas'
     input gradient is one GEMM of depth `n * r`; the bases' input gradients are summed into the
-    first one's tensor.
+    first one's tensor (`FrozenLinear.add_grad_input`: the GEMM adds into it where it can).
 
     The bases' forwards already ran: their outputs arrive detached and contiguous (each base's
-    own node is dropped unused) and each delta accumulates into its output in place. The
-    ``grad_inputs`` run in the forward's context: on CUDA, backward runs on autograd's own thread,
-    which does not see the run's context variables (the NF4 backend).
+    own node is dropped unused) and each delta accumulates into its output in place. The bases'
+    input gradients run in the forward's context: on CUDA, backward runs on autograd's own
+    thread, which does not see the run's context variables (the NF4 backend).
 
     `A` and `B` (fp32 masters) meet the input in its dtype, cast once in the forward; backward
     reuses those casts (saved: the adapter once more in 16 bits, against a cast kernel per
@@ -217,10 +217,10 @@ class _OnBases(torch.autograd.Function):
         ctx: Any,
         x: torch.Tensor,
         scaling: float,
-        grad_inputs: list[Callable[[torch.Tensor], torch.Tensor]],
+        modules: list[FrozenLinear],
         *tensors: torch.Tensor,
     ) -> tuple[torch.Tensor, ...] | torch.Tensor:
-        n = len(grad_inputs)
+        n = len(modules)
         a, b, outs = tensors[:n], tensors[n : 2 * n], tensors[2 * n :]
         a_c = torch.cat([t.to(x.dtype) for t in a]) if n > 1 else a[0].to(x.dtype)
         b_c = [t.to(x.dtype) for t in b]
@@ -230,7 +230,7 @@ class _OnBases(torch.autograd.Function):
             xa_i = xa[:, i * rank : (i + 1) * rank]
             out.view(-1, out.shape[-1]).addmm_(xa_i, b_i.t(), alpha=scaling)
         ctx.save_for_backward(x, xa, a_c, *b_c)
-        ctx.grad_inputs, ctx.scaling, ctx.rank = grad_inputs, scaling, rank
+        ctx.modules, ctx.scaling, ctx.rank = modules, scaling, rank
         ctx.context = contextvars.copy_context()
         ctx.mark_dirty(*outs)
         return outs if n > 1 else outs[0]
@@ -244,10 +244,13 @@ class _OnBases(torch.autograd.Function):
         dx = None
         if ctx.needs_input_grad[0]:
             with section("nf4_backward"):
-                for grad_input, g in zip(ctx.grad_inputs, grads):
-                    if g is not None:
-                        part = ctx.context.run(grad_input, g)
-                        dx = part.contiguous() if dx is None else dx.add_(part)
+                for module, g in zip(ctx.modules, grads):
+                    if g is None:
+                        continue
+                    if dx is None:
+                        dx = ctx.context.run(module.grad_input, g).contiguous()
+                    else:
+                        dx = ctx.context.run(module.add_grad_input, g, dx)
         da: list[torch.Tensor | None] = [None] * n
         db: list[torch.Tensor | None] = [None] * n
         with section("lora"):

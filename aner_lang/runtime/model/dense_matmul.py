@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 
 from aner_lang.runtime.model.chunking import row_slices
-from aner_lang.runtime.model.precision import matmul, matmul_into
+from aner_lang.runtime.model.precision import matmul, matmul_add, matmul_into
 
 DenseRows = Callable[[torch.dtype, int, int], torch.Tensor]
 """`dense_rows(dtype, r0, r1)`: rows `[r0, r1)` of the weight as a `[r1 - r0, in]` matrix."""
@@ -69,3 +69,14 @@ def grad_input(
     for r0, r1 in slices:  # fp32 products from cuBLAS's accumulators, summed in a fixed order
         total += matmul(g2[:, r0:r1], dense_rows(g2.dtype, r0, r1), torch.float32)
     return total.to(out_dtype)
+
+
+def add_grad_input(
+    g2: torch.Tensor, shape: tuple[int, int], dense_rows: DenseRows, into: torch.Tensor
+) -> torch.Tensor:
+    """`into += g2 @ W` for `into` `[M, in]` of g2's dtype: the GEMM adds into it where the
+    weight is one slice, otherwise `grad_input`'s fixed-order sum is added."""
+    n, k = shape
+    if len(row_slices(n, k)) == 1:
+        return matmul_add(g2, dense_rows(g2.dtype, 0, n), into)
+    return into.add_(grad_input(g2, shape, dense_rows, into.dtype))

@@ -52,6 +52,12 @@ class FrozenLinear(nn.Module):
         (what a fused loss needs without re-running the forward)."""
         raise NotImplementedError
 
+    def add_grad_input(self, grad_y: torch.Tensor, into: torch.Tensor) -> torch.Tensor:
+        """`into += grad_y @ W` (another projection's input gradient, of grad_y's dtype), where
+        projections share an input; returns ``into``. A storage whose GEMM can add into it in
+        place overrides this."""
+        return into.add_(self.grad_input(grad_y))
+
     def rows(self, ids: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
         """Embedding lookup: rows `ids` of the weight, shape `ids.shape + (in_features,)`."""
         raise NotImplementedError

@@ -47,3 +47,10 @@ def matmul_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Te
     matrix is written in place with its leading dimension (cuBLAS's ldc), not through a copy."""
     with torch.autocast(a.device.type, enabled=False):
         return torch.mm(a, b, out=out)
+
+
+def matmul_add(a: torch.Tensor, b: torch.Tensor, into: torch.Tensor) -> torch.Tensor:
+    """``into += a @ b`` in one GEMM (cuBLAS's beta = 1: the sum formed from the fp32
+    accumulators and rounded once), ``into`` of a's dtype."""
+    with torch.autocast(a.device.type, enabled=False):
+        return into.addmm_(a, b)

@@ -41,6 +41,12 @@ class NF4Backend(Protocol):
 
     def grad_input(self, grad_y: torch.Tensor, w: NF4Weight) -> torch.Tensor: ...
 
+    def add_grad_input(
+        self, grad_y: torch.Tensor, w: NF4Weight, into: torch.Tensor
+    ) -> torch.Tensor:
+        """`into += grad_y @ W` (`into` of grad_y's dtype), returned."""
+        ...
+
     def dense(self, w: NF4Weight, dtype: torch.dtype) -> torch.Tensor:
         """The dense `[out, in]` weight in ``dtype``, valid until this backend's next call (it may
         live in a reused buffer): what a grouped GEMM over experts multiplies by."""
@@ -65,6 +71,11 @@ class HostTiled:
 
     def grad_input(self, grad_y: torch.Tensor, w: NF4Weight) -> torch.Tensor:
         return host_tiled.grad_input(grad_y, w, self.tile_bytes)
+
+    def add_grad_input(
+        self, grad_y: torch.Tensor, w: NF4Weight, into: torch.Tensor
+    ) -> torch.Tensor:
+        return into.add_(self.grad_input(grad_y, w))
 
     def dense(self, w: NF4Weight, dtype: torch.dtype) -> torch.Tensor:
         return dequantize_nf4(w, dtype)

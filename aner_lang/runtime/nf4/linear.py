@@ -69,6 +69,10 @@ class NF4Linear(FrozenLinear):
     def grad_input(self, grad_y: torch.Tensor) -> torch.Tensor:
         return active_backend(grad_y.device).grad_input(grad_y.contiguous(), self.weight_nf4)
 
+    def add_grad_input(self, grad_y: torch.Tensor, into: torch.Tensor) -> torch.Tensor:
+        backend = active_backend(grad_y.device)
+        return backend.add_grad_input(grad_y.contiguous(), self.weight_nf4, into)
+
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         return host_tiled.rows(self.weight_nf4, ids)
 

@@ -52,6 +52,11 @@ class FusedBackend:
     def grad_input(self, grad_y: torch.Tensor, w: NF4Weight) -> torch.Tensor:
         return ops.grad_input(grad_y, nf4_tensors(w))  # outside autocast: in the gradient's dtype
 
+    def add_grad_input(
+        self, grad_y: torch.Tensor, w: NF4Weight, into: torch.Tensor
+    ) -> torch.Tensor:
+        return ops.add_grad_input(grad_y, nf4_tensors(w), into)
+
     def dense(self, w: NF4Weight, dtype: torch.dtype) -> torch.Tensor:
         return ops.dequantize(nf4_tensors(w), dtype, reuse=True)
 

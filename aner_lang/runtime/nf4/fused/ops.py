@@ -485,9 +485,7 @@ def grad_input(
     m = g2.shape[0]
     if m == 0:
         return grad_y.new_empty(*lead, k, dtype=out_dtype)
-    if m > SMALL_MAX_TOKENS or (
-        n % 2 and grad_y.dtype != torch.float32
-    ):  # the mma kernel reads gy in pairs
+    if _many_tokens_backward(m, n, grad_y.dtype):
         return _many_grad_input(g2, w, out_dtype).view(*lead, k)
     sms, threads = sm_count(device_index(grad_y.device)), 128
     if grad_y.dtype == torch.float32:  # a thread per 8 k
@@ -514,6 +512,29 @@ def grad_input(
         [*w.args(), ptr(g2), ptr(parts), np.int32(m), np.int32(n), np.int32(k), np.int32(rows)],
     )
     return parts.sum(0).to(out_dtype).view(*lead, k)
+
+
+def _many_tokens_backward(m: int, n: int, dtype: torch.dtype) -> bool:
+    """Whether the input gradient of ``m`` tokens against ``n`` outputs dequantizes and runs
+    cuBLAS (many tokens, or an odd ``n`` in half precision: the mma kernel reads gy in pairs)."""
+    return m > SMALL_MAX_TOKENS or bool(n % 2 and dtype != torch.float32)
+
+
+def add_grad_input(grad_y: torch.Tensor, w: NF4Tensors, into: torch.Tensor) -> torch.Tensor:
+    """``into += grad_y @ W`` for ``into`` [..., K] of grad_y's dtype: where many tokens take
+    cuBLAS, its GEMM adds into ``into`` (one rounding, no product tensor); otherwise
+    ``grad_input``'s product is added."""
+    n, k = w.out_features, w.in_features
+    g2 = _matrix(grad_y, w, n, "output gradient")
+    m = g2.shape[0]
+    if (
+        into.dtype == grad_y.dtype
+        and into.is_contiguous()
+        and _many_tokens_backward(m, n, grad_y.dtype)
+    ):
+        dense_matmul.add_grad_input(g2, (n, k), _dense_rows(w), into.view(m, k))
+        return into
+    return into.add_(grad_input(grad_y, w))
 
 
 def _split_rows(n: int, kblocks: int, sms: int, *, align: int) -> int:

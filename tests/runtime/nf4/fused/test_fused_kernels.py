@@ -238,6 +238,25 @@ def test_grad_input(dtype: torch.dtype, n: int, k: int, m: int) -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", [5, 40, 300])
+def test_add_grad_input_adds_the_product_into_the_tensor(dtype: torch.dtype, m: int) -> None:
+    """`add_grad_input` leaves `into + gy @ W` in `into` itself, within the product's rounding;
+    where many tokens take cuBLAS the GEMM adds into it (beta 1): the bits of one `addmm_` over
+    the dequantized weight, no product tensor rounded apart."""
+    n, k = 1536, 576
+    w, ref = quantized(n, k, seed=m)
+    gy = torch.randn(m, n, device="cuda", dtype=dtype)
+    start = torch.randn(m, k, device="cuda", dtype=dtype)
+    into = start.clone()
+    assert ops.add_grad_input(gy, w, into) is into
+    exact = start.double() + gy.double() @ ref.double()
+    assert rel_err(into, exact) < BOUND[dtype], ops.path(m, dtype)
+    if m > ops.SMALL_MAX_TOKENS:
+        dense = ops.dequantize(w, dtype)
+        assert torch.equal(into, start.clone().addmm_(gy, dense))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("m", [1, 9, 16])
 def test_grad_input_is_the_same_bits_every_time(dtype: torch.dtype, m: int) -> None:
     """The small-token backward splits the reduction over N; its partial sums must add in a
