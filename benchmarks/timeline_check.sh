@@ -11,6 +11,7 @@
 # ab_{old,new}_N$AB_TAG.json + ab$AB_TAG.log; EAGER=1 adds this code without CUDA graphs
 # (eager_N.json, eager.log).
 set -u
+mkdir -p "$OUT"
 if [[ $# -gt 0 ]]; then
   PYTEST_S=${PYTEST_S:-200} benchmarks/gpu_suite.sh --no-bench "$@" > "$OUT/tests.log" 2>&1
   tail -3 "$OUT/pytest.log"
@@ -18,7 +19,8 @@ else
   benchmarks/gpu_suite.sh --no-bench --no-tests > "$OUT/setup.log" 2>&1  # wheels and env.txt only
 fi
 grep source "$OUT/env.txt"
-export PYTHONPATH="$PWD:$PWD/lsp:$PWD/benchmarks:/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+peers=""; [[ -d .peers/site ]] && peers=":$PWD/.peers/site"  # serves instead of .whl
+export PYTHONPATH="$PWD:$PWD/lsp:$PWD/benchmarks:/tmp/site$peers${PYTHONPATH:+:$PYTHONPATH}"
 export ANER_KERNEL_CACHE=/tmp/aner-kernels
 unset PYTHONDONTWRITEBYTECODE
 model=/tmp/train_scale/llama3-8b/model

@@ -141,13 +141,13 @@ def main() -> int:
     update = trainer._Loop.update
     seen = 0
 
-    def traced_update(loop: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+    def traced_update(loop: Any, *given: Any, **named: Any) -> dict[str, Any]:
         nonlocal seen
         seen += 1
         if args.traced and seen == args.updates - args.traced:
             torch.cuda.synchronize()
             prof.start()
-        return update(loop, *args, **kwargs)
+        return update(loop, *given, **named)
 
     trainer._Loop.update = traced_update  # type: ignore[method-assign,assignment]
     began = time.perf_counter()
