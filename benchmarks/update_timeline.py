@@ -17,7 +17,6 @@ import argparse
 import functools
 import itertools
 import json
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -166,14 +165,17 @@ def main() -> int:
         trace_path = folder / "trace.json"
         prof.export_chrome_trace(str(trace_path))
         rows = analyse(json.loads(trace_path.read_text()), args.gap_us)
-    update_ms = [  # each update's wall time by the trainer's clock
-        1e3 * e["tokens"] / e["tokens_per_second"]
+    updates = [  # (tokens, milliseconds) of each update, by the trainer's clock
+        (e["tokens"], 1e3 * e["tokens"] / e["tokens_per_second"])
         for e in map(json.loads, (folder / "events.jsonl").read_text().splitlines())
         if e["event"] == "update"
     ]
-    # the updates after the first (its graph's recording) and before the traced ones
-    untraced = update_ms[1 : args.updates - args.traced]
-    tokens_per_s = args.context / (statistics.fmean(untraced) / 1e3) if untraced else 0.0
+    update_ms = [ms for _, ms in updates]
+    # the updates after the first (its graph's recording) and before the traced ones; their
+    # tokens as trained (the text's rows may fall short of the context)
+    untraced = updates[1 : args.updates - args.traced]
+    seconds_untraced = sum(ms for _, ms in untraced) / 1e3
+    tokens_per_s = sum(t for t, _ in untraced) / seconds_untraced if untraced else 0.0
     per_token = flops_per_token(args.shape, args.context)
     peak = dense_peak_flops()
     result = {
