@@ -116,13 +116,14 @@ class LoRA(Adapter):
         its one-node path (float32, dropout, no gradients), None: each target runs alone."""
         if x.dtype == torch.float32 or not torch.is_grad_enabled() or self.drops(self.p):
             return None
-        bases = [self.targets[i][1].forward(x) for i in indices]  # not module(): no hook again
-        with section("lora"):
-            return list(_OnBases.apply(x, self.scaling, *self._one_node(indices, bases)))
+        with section("lora"):  # the bases' products inside take their own section
+            outs = _OnBases.apply(x, self.scaling, *self._one_node(indices, []))
+        return list(outs) if len(indices) > 1 else [outs]
 
     def _one_node(self, indices: list[int], bases: list[torch.Tensor]) -> list[Any]:
         """`_OnBases`'s arguments after the input and the scaling, for targets ``indices`` whose
-        base outputs are ``bases``."""
+        base outputs are ``bases`` (a hook's, where the base ran already), or none (computed
+        within)."""
         modules = [self.targets[i][1] for i in indices]
         return [
             modules,
@@ -221,19 +222,22 @@ class _OnBases(torch.autograd.Function):
         *tensors: torch.Tensor,
     ) -> tuple[torch.Tensor, ...] | torch.Tensor:
         n = len(modules)
-        a, b, outs = tensors[:n], tensors[n : 2 * n], tensors[2 * n :]
+        a, b, given = tensors[:n], tensors[n : 2 * n], tensors[2 * n :]
         a_c = torch.cat([t.to(x.dtype) for t in a]) if n > 1 else a[0].to(x.dtype)
         b_c = [t.to(x.dtype) for t in b]
         xa = x.reshape(-1, x.shape[-1]) @ a_c.t()
         rank = a[0].shape[0]
-        for i, (out, b_i) in enumerate(zip(outs, b_c)):
+        outs = []
+        for i, (module, b_i) in enumerate(zip(modules, b_c)):
             xa_i = xa[:, i * rank : (i + 1) * rank]
-            out.view(-1, out.shape[-1]).addmm_(xa_i, b_i.t(), alpha=scaling)
+            base = given[i] if given else None
+            outs.append(_with_delta(module, x, xa_i, b_i, scaling, base))
         ctx.save_for_backward(x, xa, a_c, *b_c)
         ctx.modules, ctx.scaling, ctx.rank = modules, scaling, rank
         ctx.context = contextvars.copy_context()
-        ctx.mark_dirty(*outs)
-        return outs if n > 1 else outs[0]
+        if given:
+            ctx.mark_dirty(*given)
+        return tuple(outs) if n > 1 else outs[0]
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
@@ -264,3 +268,25 @@ class _OnBases(torch.autograd.Function):
                 if g is not None and ctx.needs_input_grad[3 + n + i]:
                     db[i] = matmul(g.t(), xa[:, i * r : (i + 1) * r], torch.float32).mul_(s)
         return dx, None, None, *da, *db, *([None] * n)
+
+
+def _with_delta(
+    module: FrozenLinear,
+    x: torch.Tensor,
+    xa: torch.Tensor,
+    b: torch.Tensor,
+    scaling: float,
+    base: torch.Tensor | None,
+) -> torch.Tensor:
+    """`module`'s output on ``x`` with the delta `s * xa B^T`: added into ``base`` (its output,
+    where it ran already), or, where the module's GEMM adds in place (`adds_product`), written
+    first (one GEMM, scaled in fp32 and rounded once) with the base's product added into it,
+    which saves a pass over the output; else added into the module's fresh output."""
+    if base is None and module.adds_product(x):
+        out = x.new_empty(*x.shape[:-1], b.shape[0])
+        torch.addmm(out.view(-1, b.shape[0]), xa, b.t(), beta=0, alpha=scaling,
+                    out=out.view(-1, b.shape[0]))  # fmt: skip
+        return module.add_product(x, out)
+    out = module.forward(x).contiguous() if base is None else base
+    out.view(-1, out.shape[-1]).addmm_(xa, b.t(), alpha=scaling)
+    return out

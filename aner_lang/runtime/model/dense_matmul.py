@@ -57,6 +57,18 @@ def linear(
     return y
 
 
+def add_linear(
+    x2: torch.Tensor, shape: tuple[int, int], dense_rows: DenseRows, into: torch.Tensor
+) -> torch.Tensor:
+    """`into += x2 @ W^T` for `into` `[M, out]` of x2's dtype: the GEMM adds into it (beta 1: read
+    in its epilogue, the sum rounded once) where the weight is one slice, otherwise `linear`'s
+    product is added."""
+    n, k = shape
+    if len(row_slices(n, k)) == 1:
+        return matmul_add(x2, dense_rows(x2.dtype, 0, n).t(), into)
+    return into.add_(linear(x2, shape, dense_rows, into.dtype))
+
+
 def grad_input(
     g2: torch.Tensor, shape: tuple[int, int], dense_rows: DenseRows, out_dtype: torch.dtype
 ) -> torch.Tensor:

@@ -43,6 +43,16 @@ class FrozenLinear(nn.Module):
         is."""
         return x.new_empty((*x.shape[:-1], self.out_features))
 
+    def adds_product(self, x: torch.Tensor) -> bool:
+        """Whether `add_product(x, into)` adds its product in the GEMM itself (the product read
+        from no tensor of its own), so that a LoRA writes its delta first and the base adds into
+        it, where otherwise the delta is added into the base's output, one more pass over it."""
+        return False
+
+    def add_product(self, x: torch.Tensor, into: torch.Tensor) -> torch.Tensor:
+        """`into += forward(x)`, returned (where `product_needed` says no, nothing reads it)."""
+        return into.add_(self.forward(x))
+
     def dense_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:  # pragma: no cover
         """A fresh dense copy of the weight, `[out_features, in_features]`."""
         raise NotImplementedError
@@ -74,14 +84,16 @@ class FrozenLinear(nn.Module):
 
 
 def outputs_of(x: torch.Tensor, modules: Sequence[FrozenLinear]) -> list[torch.Tensor]:
-    """Each of ``modules`` applied to the one input ``x`` (q/k/v, gate/up). Where two or more of
-    them each have one forward hook, offering ``together(x, hooks)`` (an adapter's,
-    `adapters.base`), and it returns their outputs, those are computed at once: an adapter may
-    share its reads of ``x`` among its targets. Every other module is called as usual."""
+    """Each of ``modules`` applied to the one input ``x`` (q/k/v, gate/up, or one projection).
+    Where those of them with hooks each have one forward hook, offering ``together(x, hooks)``
+    (an adapter's, `adapters.base`), and it returns their outputs, those are computed at once:
+    an adapter may share its reads of ``x`` among its targets, and write its delta before the
+    base adds its product (`FrozenLinear.adds_product`). Every other module is called as
+    usual."""
     hooks = [list(m._forward_hooks.values()) for m in modules]
     hooked = [i for i, h in enumerate(hooks) if h]
     outs: dict[int, torch.Tensor] = {}
-    if len(hooked) > 1 and all(len(hooks[i]) == 1 and not modules[i]._forward_pre_hooks
+    if hooked and all(len(hooks[i]) == 1 and not modules[i]._forward_pre_hooks
                                for i in hooked):  # fmt: skip
         together = getattr(hooks[hooked[0]][0], "together", None)
         joint = None if together is None else together(x, [hooks[i][0] for i in hooked])

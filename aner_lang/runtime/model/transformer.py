@@ -237,7 +237,7 @@ class LlamaAttention(nn.Module):
             )
         out = self._merge(heads)
         with recomputing(out, lambda: self._merge(heads)):  # an adapter on o_proj would keep
-            return self.o_proj(out)  # this copy; attention keeps `heads` for its backward anyway
+            return outputs_of(out, (self.o_proj,))[0]  # this copy; attention keeps `heads` anyway
 
     def _merge(self, heads: torch.Tensor) -> torch.Tensor:
         """`[B, heads, T, head_dim]` -> `[B, T, heads * head_dim]` (a copy unless T or heads is 1)."""
@@ -364,7 +364,7 @@ class FusedQKVAttention(LlamaAttention):
         self.q_bias = self.k_bias = self.v_bias = None
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
+        q, k, v = outputs_of(x, (self.qkv_proj,))[0].split(self.sizes, dim=-1)
         shape = (*x.shape[:2], -1, self.head_dim)
         return q.view(shape), k.view(shape), v.view(shape)
 
@@ -400,7 +400,7 @@ class LlamaMLP(nn.Module):
         # an adapter on down_proj would keep h (gate and up are kept anyway); down_proj's
         # product leads to the layer's output, which no recomputation needs (`last_saves`)
         with recomputing(h, lambda: self.activation(gate, up)), last_saves():
-            return self.down_proj(h)
+            return outputs_of(h, (self.down_proj,))[0]
 
     @staticmethod
     def activation(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -429,7 +429,7 @@ class FusedGateUpMLP(LlamaMLP):
         return self.gate_up_proj.out_features // 2
 
     def _gate_up(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # strided views: the SwiGLU takes them
+        gate, up = outputs_of(x, (self.gate_up_proj,))[0].chunk(2, dim=-1)  # strided views
         return gate, up
 
 

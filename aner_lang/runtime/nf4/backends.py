@@ -39,6 +39,14 @@ class NF4Backend(Protocol):
 
     def linear(self, x: torch.Tensor, w: NF4Weight) -> torch.Tensor: ...
 
+    def adds_in_place(self, x: torch.Tensor, w: NF4Weight) -> bool:
+        """Whether `add_linear(x, w, into)` adds in its GEMM (no product tensor, no addition)."""
+        ...
+
+    def add_linear(self, x: torch.Tensor, w: NF4Weight, into: torch.Tensor) -> torch.Tensor:
+        """`into += x @ W^T` (`into` of x's dtype), returned."""
+        ...
+
     def grad_input(self, grad_y: torch.Tensor, w: NF4Weight) -> torch.Tensor: ...
 
     def add_grad_input(
@@ -68,6 +76,12 @@ class HostTiled:
 
     def linear(self, x: torch.Tensor, w: NF4Weight) -> torch.Tensor:
         return host_tiled.linear(x, w, self.tile_bytes)
+
+    def adds_in_place(self, x: torch.Tensor, w: NF4Weight) -> bool:
+        return False  # its tiles' products go through a buffer of their own
+
+    def add_linear(self, x: torch.Tensor, w: NF4Weight, into: torch.Tensor) -> torch.Tensor:
+        return into.add_(self.linear(x, w))
 
     def grad_input(self, grad_y: torch.Tensor, w: NF4Weight) -> torch.Tensor:
         return host_tiled.grad_input(grad_y, w, self.tile_bytes)

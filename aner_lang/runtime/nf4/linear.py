@@ -15,6 +15,7 @@ import torch
 from aner_lang.runtime.model.activations import product_needed
 from aner_lang.runtime.model.experts import holds_slices, joined
 from aner_lang.runtime.model.linear import FrozenLinear
+from aner_lang.runtime.model.sections import section
 from aner_lang.runtime.nf4 import host_tiled
 from aner_lang.runtime.nf4.backends import active_backend, nf4_matmul
 from aner_lang.runtime.nf4.quant import (
@@ -62,6 +63,15 @@ class NF4Linear(FrozenLinear):
         if not product_needed(self):
             return self.unread(x)
         return nf4_matmul(x, self.weight_nf4, active_backend(x.device))
+
+    def adds_product(self, x: torch.Tensor) -> bool:
+        return active_backend(x.device).adds_in_place(x, self.weight_nf4)
+
+    def add_product(self, x: torch.Tensor, into: torch.Tensor) -> torch.Tensor:
+        if not product_needed(self):
+            return into
+        with section("nf4_forward"):
+            return active_backend(x.device).add_linear(x, self.weight_nf4, into)
 
     def dense_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return dequantize_nf4(self.weight_nf4, dtype)

@@ -18,6 +18,7 @@ from aner_lang.runtime.model.linear import outputs_of
 from aner_lang.runtime.model.loss import IGNORE, head_loss_sum, logits_loss_sum
 from aner_lang.runtime.model.precision import autocast
 from aner_lang.runtime.nf4 import host_tiled
+from aner_lang.runtime.nf4.linear import NF4Linear
 from aner_lang.runtime.nf4.quant import dequantize_nf4, quantize_nf4
 
 BF16_U = 2.0**-8  # bfloat16's unit roundoff (8 significant bits, round to nearest: half of it)
@@ -167,17 +168,20 @@ def _random_b(adapter) -> None:  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("delta_first", [False, True])
 @pytest.mark.parametrize("targets", [["q_proj", "k_proj", "v_proj"], ["q_proj", "v_proj"]])
 def test_half_precision_lora_targets_that_share_an_input_are_one_node(
-    nf4_model, tiny_bytes_gguf, targets, device
+    nf4_model, tiny_bytes_gguf, targets, delta_first, device, monkeypatch
 ):
     """q/k/v's LoRAs in bf16 (all three, or q and v with k bare) are one autograd node over
     their bases (`_OnBases`, through `linear.outputs_of`): every output and the gradients of x,
     each A and each B within a few bf16 roundings of the exact values (x's gradient sums the
     bases' and the deltas' of every target), the deltas large enough to show if one were left
-    out."""
+    out. So too where the bases add their products into the deltas written first
+    (`FrozenLinear.adds_product`, as the fused NF4 GEMM does for many tokens)."""
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
+    monkeypatch.setattr(NF4Linear, "adds_product", lambda self, x: delta_first)
     model = (
         nf4_model
         if device == "cpu"

@@ -429,6 +429,24 @@ def linear(x: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype | None = None)
     ).view(*lead, n)
 
 
+def adds_in_place(m: int, dtype: torch.dtype, device: torch.device, n: int, k: int) -> bool:
+    """Whether `add_linear` of ``m`` tokens adds the product into its tensor in the GEMM itself:
+    where the forward dequantizes and runs cuBLAS (many tokens in half precision)."""
+    return dtype != torch.float32 and path(m, dtype, device, n, k) == "dequant+cublas"
+
+
+def add_linear(x: torch.Tensor, w: NF4Tensors, into: torch.Tensor) -> torch.Tensor:
+    """``into += x @ W^T`` for ``into`` [..., N] of x's dtype, returned: in the GEMM itself where
+    `adds_in_place`, otherwise `linear`'s product is added."""
+    n, k = w.out_features, w.in_features
+    x2 = _matrix(x, w, k, "input")
+    m = x2.shape[0]
+    if into.dtype == x.dtype and into.is_contiguous() and adds_in_place(m, x.dtype, x.device, n, k):
+        dense_matmul.add_linear(x2, (n, k), _dense_rows(w), into.view(m, n))
+        return into
+    return into.add_(linear(x, w, out_dtype=into.dtype))
+
+
 def _out16_or_32(
     x2: torch.Tensor,
     w: NF4Tensors,

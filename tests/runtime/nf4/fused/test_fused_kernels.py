@@ -238,6 +238,28 @@ def test_grad_input(dtype: torch.dtype, n: int, k: int, m: int) -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", [5, 300, 2048])
+def test_add_linear_adds_the_product_into_the_tensor(dtype: torch.dtype, m: int) -> None:
+    """`add_linear` leaves `into + x @ W^T` in `into` itself, within the product's rounding;
+    where it says it adds in place (many tokens through cuBLAS), the bits of one `addmm_` over
+    the dequantized weight."""
+    n, k = 1536, 576
+    w, ref = quantized(n, k, seed=m + 1)
+    x = torch.randn(m, k, device="cuda", dtype=dtype)
+    start = torch.randn(m, n, device="cuda", dtype=dtype)
+    into = start.clone()
+    assert ops.add_linear(x, w, into) is into
+    exact = start.double() + x.double() @ ref.double().t()
+    assert rel_err(into, exact) < BOUND[dtype], ops.path(m, dtype)
+    in_place = ops.adds_in_place(m, dtype, x.device, n, k)
+    assert in_place or m < 2048 or dtype == torch.float32  # 2048 half tokens take cuBLAS
+    assert not (in_place and dtype == torch.float32)
+    if in_place:
+        dense = ops.dequantize(w, dtype)
+        assert torch.equal(into, start.clone().addmm_(x, dense.t()))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("m", [5, 40, 300])
 def test_add_grad_input_adds_the_product_into_the_tensor(dtype: torch.dtype, m: int) -> None:
     """`add_grad_input` leaves `into + gy @ W` in `into` itself, within the product's rounding;
