@@ -200,15 +200,20 @@ class _OnBases(torch.autograd.Function):
     input gradient is one GEMM of depth `n * r`; the bases' input gradients are summed into the
     first one's tensor (`FrozenLinear.add_grad_input`: the GEMM adds into it where it can).
 
-    The bases' forwards already ran: their outputs arrive detached and contiguous (each base's
-    own node is dropped unused) and each delta accumulates into its output in place. The bases'
-    input gradients run in the forward's context: on CUDA, backward runs on autograd's own
-    thread, which does not see the run's context variables (the NF4 backend).
+    A hook (`LoRA._apply`) brings its base's output, the base having run already: it arrives
+    detached and contiguous (the base's own node is dropped unused) and the delta accumulates into
+    it in place. Otherwise (`LoRA.together`) each base runs within, and where its GEMM adds into a
+    tensor (`FrozenLinear.adds_product`) the delta is written first and the base adds its product
+    into it (`_with_delta`). The bases' input gradients run in the forward's context: on CUDA,
+    backward runs on autograd's own thread, which does not see the run's context variables (the
+    NF4 backend).
 
     `A` and `B` (fp32 masters) meet the input in its dtype, cast once in the forward; backward
     reuses those casts (saved: the adapter once more in 16 bits, against a cast kernel per
-    matrix twice an update). Rounding: each output and `s g_i B_i` are those of the separate
-    operations (each product rounded to the compute dtype, then scaled); the deltas' input
+    matrix twice an update). Rounding: each output is two products summed from fp32 and rounded
+    once, one of them rounded to the compute dtype before (the base's product, or where the delta
+    goes first the delta); `s g_i B_i` is the separate operations' (the product rounded, then
+    scaled); the deltas' input
     gradient is one fp32 product rounded once into the bases' gradient; the gradients of `A` and
     `B` are fp32 products (on CUDA straight from cuBLAS's fp32 accumulators, `precision.matmul`,
     not rounded to 16 bits and cast back), `B`'s scaled in fp32."""
@@ -284,8 +289,8 @@ def _with_delta(
     which saves a pass over the output; else added into the module's fresh output."""
     if base is None and module.adds_product(x):
         out = x.new_empty(*x.shape[:-1], b.shape[0])
-        torch.addmm(out.view(-1, b.shape[0]), xa, b.t(), beta=0, alpha=scaling,
-                    out=out.view(-1, b.shape[0]))  # fmt: skip
+        flat = out.view(-1, b.shape[0])
+        torch.addmm(flat, xa, b.t(), beta=0, alpha=scaling, out=flat)  # beta 0: flat is not read
         return module.add_product(x, out)
     out = module.forward(x).contiguous() if base is None else base
     out.view(-1, out.shape[-1]).addmm_(xa, b.t(), alpha=scaling)
