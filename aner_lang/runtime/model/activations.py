@@ -172,8 +172,9 @@ def run_tiled(
     tokens = x.shape[:-1].numel()
     if not policy.checkpointing or not torch.is_grad_enabled() or tokens <= tile_tokens:
         return mlp(x)
-    flat = x.reshape(tokens, x.shape[-1])
-    tiles = [flat[r : r + tile_tokens] for r in range(0, tokens, tile_tokens)]
+    # one split, not a slice per tile: backward then joins the tiles' input gradients in one
+    # pass (SplitBackward), where a slice's backward writes a zero-padded whole for each tile
+    tiles = x.reshape(tokens, x.shape[-1]).split(tile_tokens)
     checkpoints = [_Checkpoint(mlp, tile, (), policy.generators) for tile in tiles]
     out = torch.cat([c.forward() for c in checkpoints])
     return out.view(*x.shape[:-1], out.shape[-1])

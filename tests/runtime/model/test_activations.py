@@ -495,6 +495,24 @@ def _tile_tokens(model, tokens: int, monkeypatch) -> int:
     return tokens
 
 
+def test_the_tiles_input_gradients_join_in_one_node():
+    """`run_tiled` splits its input once, so backward joins the tiles' input gradients in one
+    pass, where a slice per tile would write a zero-padded whole input per tile and add them;
+    the input's gradient is the tiles' gradients side by side."""
+    x = torch.randn(10, 4, requires_grad=True)
+    with keeping(ActivationPolicy("checkpoint")):
+        out = activations.run_tiled(lambda t: t * t, x, 3)
+        names, todo = set(), [out.grad_fn]
+        while todo:
+            node = todo.pop()
+            names.add(type(node).__name__)
+            todo += [f for f, _ in node.next_functions if f is not None]
+        out.backward(torch.ones_like(out))
+    assert "SliceBackward0" not in names
+    assert len([n for n in names if n.startswith("Split")]) == 1
+    assert torch.equal(x.grad, 2 * x.detach())
+
+
 @pytest.mark.parametrize("mode", ["checkpoint", "offload"])
 def test_a_long_checkpointed_micro_batch_runs_the_mlp_in_tiles(
     model, tiny_bytes_gguf, device, mode, monkeypatch, request
