@@ -49,9 +49,10 @@ class FrozenLinear(nn.Module):
         it, where otherwise the delta is added into the base's output, one more pass over it."""
         return False
 
-    def add_product(self, x: torch.Tensor, into: torch.Tensor) -> torch.Tensor:
-        """`into += forward(x)`, returned (where `product_needed` says no, nothing reads it)."""
-        return into.add_(self.forward(x))
+    def add_product(self, x: torch.Tensor, into: torch.Tensor) -> torch.Tensor:  # pragma: no cover
+        """`into += forward(x)` in the GEMM itself, returned; asked only where `adds_product(x)`
+        (where `product_needed` says no, ``into`` may stay as it is: nothing reads it)."""
+        raise NotImplementedError
 
     def dense_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:  # pragma: no cover
         """A fresh dense copy of the weight, `[out_features, in_features]`."""
