@@ -93,9 +93,9 @@ def outputs_of(x: torch.Tensor, modules: Sequence[FrozenLinear]) -> list[torch.T
     usual."""
     hooks = [list(m._forward_hooks.values()) for m in modules]
     hooked = [i for i, h in enumerate(hooks) if h]
+    single = all(len(hooks[i]) == 1 and not modules[i]._forward_pre_hooks for i in hooked)
     outs: dict[int, torch.Tensor] = {}
-    if hooked and all(len(hooks[i]) == 1 and not modules[i]._forward_pre_hooks
-                               for i in hooked):  # fmt: skip
+    if hooked and single:
         together = getattr(hooks[hooked[0]][0], "together", None)
         joint = None if together is None else together(x, [hooks[i][0] for i in hooked])
         outs = {} if joint is None else dict(zip(hooked, joint))
