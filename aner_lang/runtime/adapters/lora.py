@@ -250,23 +250,15 @@ class _OnBases(torch.autograd.Function):
         n, r, s = len(b_c), ctx.rank, ctx.scaling
         x2 = x.reshape(-1, x.shape[-1])
         gs = [None if g is None else g.reshape(-1, g.shape[-1]) for g in grads]
-        dx = None
-        if ctx.needs_input_grad[0]:
-            with section("nf4_backward"):
-                for module, g in zip(ctx.modules, grads):
-                    if g is None:
-                        continue
-                    if dx is None:
-                        dx = ctx.context.run(module.grad_input, g).contiguous()
-                    else:
-                        dx = ctx.context.run(module.add_grad_input, g, dx)
-        da: list[torch.Tensor | None] = [None] * n
-        db: list[torch.Tensor | None] = [None] * n
         with section("lora"):
             gb = [x2.new_zeros(x2.shape[0], r) if g is None else g @ b for g, b in zip(gs, b_c)]
             gb_all = (torch.cat(gb, dim=1) if n > 1 else gb[0]).mul_(s)
-            if dx is not None:
-                dx.view(-1, dx.shape[-1]).addmm_(gb_all, a_c)
+        dx = None
+        if ctx.needs_input_grad[0]:
+            dx = ctx.context.run(_input_gradient, ctx.modules, grads, gb_all, a_c, x.shape)
+        da: list[torch.Tensor | None] = [None] * n
+        db: list[torch.Tensor | None] = [None] * n
+        with section("lora"):
             if any(ctx.needs_input_grad[3 : 3 + n]):
                 da = list(matmul(gb_all.t(), x2, torch.float32).split(r))
             for i, g in enumerate(gs):
@@ -295,3 +287,34 @@ def _with_delta(
     out = module.forward(x).contiguous() if base is None else base
     out.view(-1, out.shape[-1]).addmm_(xa, b.t(), alpha=scaling)
     return out
+
+
+def _input_gradient(
+    modules: list[FrozenLinear],
+    grads: tuple[torch.Tensor | None, ...],
+    gb: torch.Tensor,
+    a: torch.Tensor,
+    shape: torch.Size,
+) -> torch.Tensor | None:
+    """`sum_i g_i W_i + gb A`: the bases' input gradients and the deltas' (``gb`` the stacked
+    `s g_i B_i`). Where every base's GEMM adds into a tensor (`adds_grad_input`), the deltas'
+    product is written first and the bases add into it; otherwise the first base's gradient is
+    the tensor the others' and the deltas' are added into."""
+    present = [(m, g) for m, g in zip(modules, grads) if g is not None]
+    if not present:
+        return None
+    if all(m.adds_grad_input(g) for m, g in present):
+        with section("lora"):
+            dx = torch.mm(gb, a).view(*shape)
+        with section("nf4_backward"):
+            for m, g in present:
+                dx = m.add_grad_input(g, dx)
+        return dx
+    with section("nf4_backward"):
+        module, g = present[0]
+        dx = module.grad_input(g).contiguous()
+        for m, g in present[1:]:
+            dx = m.add_grad_input(g, dx)
+    with section("lora"):
+        dx.view(-1, dx.shape[-1]).addmm_(gb, a)
+    return dx

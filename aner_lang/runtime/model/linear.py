@@ -63,10 +63,14 @@ class FrozenLinear(nn.Module):
         (what a fused loss needs without re-running the forward)."""
         raise NotImplementedError
 
+    def adds_grad_input(self, grad_y: torch.Tensor) -> bool:
+        """Whether `add_grad_input(grad_y, into)` adds in the GEMM itself (`adds_product`'s
+        counterpart in backward: a LoRA then writes its deltas' input gradient first)."""
+        return False
+
     def add_grad_input(self, grad_y: torch.Tensor, into: torch.Tensor) -> torch.Tensor:
-        """`into += grad_y @ W` (another projection's input gradient, of grad_y's dtype), where
-        projections share an input; returns ``into``. A storage whose GEMM can add into it in
-        place overrides this."""
+        """`into += grad_y @ W` (another input gradient of the same input, of grad_y's dtype);
+        returns ``into``. A storage whose GEMM can add into it in place overrides this."""
         return into.add_(self.grad_input(grad_y))
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract

@@ -39,7 +39,7 @@ class NF4Backend(Protocol):
 
     def linear(self, x: torch.Tensor, w: NF4Weight) -> torch.Tensor: ...
 
-    def adds_in_place(self, x: torch.Tensor, w: NF4Weight) -> bool:
+    def linear_adds_in_place(self, x: torch.Tensor, w: NF4Weight) -> bool:
         """Whether `add_linear(x, w, into)` adds in its GEMM (no product tensor, no addition)."""
         ...
 
@@ -48,6 +48,10 @@ class NF4Backend(Protocol):
         ...
 
     def grad_input(self, grad_y: torch.Tensor, w: NF4Weight) -> torch.Tensor: ...
+
+    def grad_adds_in_place(self, grad_y: torch.Tensor, w: NF4Weight) -> bool:
+        """Whether `add_grad_input(grad_y, w, into)` adds in its GEMM."""
+        ...
 
     def add_grad_input(
         self, grad_y: torch.Tensor, w: NF4Weight, into: torch.Tensor
@@ -77,7 +81,7 @@ class HostTiled:
     def linear(self, x: torch.Tensor, w: NF4Weight) -> torch.Tensor:
         return host_tiled.linear(x, w, self.tile_bytes)
 
-    def adds_in_place(self, x: torch.Tensor, w: NF4Weight) -> bool:
+    def linear_adds_in_place(self, x: torch.Tensor, w: NF4Weight) -> bool:
         return False  # its tiles' products go through a buffer of their own
 
     def add_linear(self, x: torch.Tensor, w: NF4Weight, into: torch.Tensor) -> torch.Tensor:
@@ -85,6 +89,9 @@ class HostTiled:
 
     def grad_input(self, grad_y: torch.Tensor, w: NF4Weight) -> torch.Tensor:
         return host_tiled.grad_input(grad_y, w, self.tile_bytes)
+
+    def grad_adds_in_place(self, grad_y: torch.Tensor, w: NF4Weight) -> bool:
+        return False
 
     def add_grad_input(
         self, grad_y: torch.Tensor, w: NF4Weight, into: torch.Tensor

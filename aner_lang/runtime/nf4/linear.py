@@ -65,7 +65,7 @@ class NF4Linear(FrozenLinear):
         return nf4_matmul(x, self.weight_nf4, active_backend(x.device))
 
     def adds_product(self, x: torch.Tensor) -> bool:
-        return active_backend(x.device).adds_in_place(x, self.weight_nf4)
+        return active_backend(x.device).linear_adds_in_place(x, self.weight_nf4)
 
     def add_product(self, x: torch.Tensor, into: torch.Tensor) -> torch.Tensor:
         if not product_needed(self):
@@ -78,6 +78,9 @@ class NF4Linear(FrozenLinear):
 
     def grad_input(self, grad_y: torch.Tensor) -> torch.Tensor:
         return active_backend(grad_y.device).grad_input(grad_y.contiguous(), self.weight_nf4)
+
+    def adds_grad_input(self, grad_y: torch.Tensor) -> bool:
+        return active_backend(grad_y.device).grad_adds_in_place(grad_y, self.weight_nf4)
 
     def add_grad_input(self, grad_y: torch.Tensor, into: torch.Tensor) -> torch.Tensor:
         backend = active_backend(grad_y.device)

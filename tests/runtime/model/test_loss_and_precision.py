@@ -177,11 +177,13 @@ def test_half_precision_lora_targets_that_share_an_input_are_one_node(
     their bases (`_OnBases`, through `linear.outputs_of`): every output and the gradients of x,
     each A and each B within a few bf16 roundings of the exact values (x's gradient sums the
     bases' and the deltas' of every target), the deltas large enough to show if one were left
-    out. So too where the bases add their products into the deltas written first
-    (`FrozenLinear.adds_product`, as the fused NF4 GEMM does for many tokens)."""
+    out. So too where the bases add their products and input gradients into the deltas' written
+    first (`FrozenLinear.adds_product`, `adds_grad_input`, as the fused NF4 GEMMs do for many
+    tokens)."""
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     monkeypatch.setattr(NF4Linear, "adds_product", lambda self, x: delta_first)
+    monkeypatch.setattr(NF4Linear, "adds_grad_input", lambda self, g: delta_first)
     model = (
         nf4_model
         if device == "cpu"

@@ -49,15 +49,21 @@ class FusedBackend:
         # write it from their fp32 accumulators, so an fp32 input never sees a 16-bit product.
         return ops.linear(x.to(compute_dtype(x)), nf4_tensors(w), out_dtype=x.dtype)
 
-    def adds_in_place(self, x: torch.Tensor, w: NF4Weight) -> bool:
+    def linear_adds_in_place(self, x: torch.Tensor, w: NF4Weight) -> bool:
         m = x.numel() // max(x.shape[-1], 1)
-        return x.dtype == compute_dtype(x) and ops.adds_in_place(m, x.dtype, x.device, *w.shape)
+        return x.dtype == compute_dtype(x) and ops.linear_adds_in_place(
+            m, x.dtype, x.device, *w.shape
+        )
 
     def add_linear(self, x: torch.Tensor, w: NF4Weight, into: torch.Tensor) -> torch.Tensor:
         return ops.add_linear(x.to(compute_dtype(x)), nf4_tensors(w), into)
 
     def grad_input(self, grad_y: torch.Tensor, w: NF4Weight) -> torch.Tensor:
         return ops.grad_input(grad_y, nf4_tensors(w))  # outside autocast: in the gradient's dtype
+
+    def grad_adds_in_place(self, grad_y: torch.Tensor, w: NF4Weight) -> bool:
+        m = grad_y.numel() // max(grad_y.shape[-1], 1)
+        return ops.grad_adds_in_place(m, w.shape[0], grad_y.dtype)
 
     def add_grad_input(
         self, grad_y: torch.Tensor, w: NF4Weight, into: torch.Tensor

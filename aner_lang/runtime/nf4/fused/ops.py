@@ -429,7 +429,7 @@ def linear(x: torch.Tensor, w: NF4Tensors, out_dtype: torch.dtype | None = None)
     ).view(*lead, n)
 
 
-def adds_in_place(m: int, dtype: torch.dtype, device: torch.device, n: int, k: int) -> bool:
+def linear_adds_in_place(m: int, dtype: torch.dtype, device: torch.device, n: int, k: int) -> bool:
     """Whether `add_linear` of ``m`` tokens adds the product into its tensor in the GEMM itself:
     where the forward dequantizes and runs cuBLAS (many tokens in half precision)."""
     return dtype != torch.float32 and path(m, dtype, device, n, k) == "dequant+cublas"
@@ -437,11 +437,15 @@ def adds_in_place(m: int, dtype: torch.dtype, device: torch.device, n: int, k: i
 
 def add_linear(x: torch.Tensor, w: NF4Tensors, into: torch.Tensor) -> torch.Tensor:
     """``into += x @ W^T`` for ``into`` [..., N] of x's dtype, returned: in the GEMM itself where
-    `adds_in_place`, otherwise `linear`'s product is added."""
+    `linear_adds_in_place`, otherwise `linear`'s product is added."""
     n, k = w.out_features, w.in_features
     x2 = _matrix(x, w, k, "input")
     m = x2.shape[0]
-    if into.dtype == x.dtype and into.is_contiguous() and adds_in_place(m, x.dtype, x.device, n, k):
+    if (
+        into.dtype == x.dtype
+        and into.is_contiguous()
+        and linear_adds_in_place(m, x.dtype, x.device, n, k)
+    ):
         dense_matmul.add_linear(x2, (n, k), _dense_rows(w), into.view(m, n))
         return into
     return into.add_(linear(x, w, out_dtype=into.dtype))
@@ -536,6 +540,12 @@ def _many_tokens_backward(m: int, n: int, dtype: torch.dtype) -> bool:
     """Whether the input gradient of ``m`` tokens against ``n`` outputs dequantizes and runs
     cuBLAS (many tokens, or an odd ``n`` in half precision: the mma kernel reads gy in pairs)."""
     return m > SMALL_MAX_TOKENS or bool(n % 2 and dtype != torch.float32)
+
+
+def grad_adds_in_place(m: int, n: int, dtype: torch.dtype) -> bool:
+    """Whether `add_grad_input` of ``m`` tokens against ``n`` outputs adds into its tensor in the
+    GEMM itself (given a contiguous one of the gradient's dtype): where cuBLAS runs."""
+    return _many_tokens_backward(m, n, dtype)
 
 
 def add_grad_input(grad_y: torch.Tensor, w: NF4Tensors, into: torch.Tensor) -> torch.Tensor:

@@ -251,7 +251,7 @@ def test_add_linear_adds_the_product_into_the_tensor(dtype: torch.dtype, m: int)
     assert ops.add_linear(x, w, into) is into
     exact = start.double() + x.double() @ ref.double().t()
     assert rel_err(into, exact) < BOUND[dtype], ops.path(m, dtype)
-    in_place = ops.adds_in_place(m, dtype, x.device, n, k)
+    in_place = ops.linear_adds_in_place(m, dtype, x.device, n, k)
     assert in_place or m < 2048 or dtype == torch.float32  # 2048 half tokens take cuBLAS
     assert not (in_place and dtype == torch.float32)
     if in_place:
@@ -273,6 +273,7 @@ def test_add_grad_input_adds_the_product_into_the_tensor(dtype: torch.dtype, m: 
     assert ops.add_grad_input(gy, w, into) is into
     exact = start.double() + gy.double() @ ref.double()
     assert rel_err(into, exact) < BOUND[dtype], ops.path(m, dtype)
+    assert ops.grad_adds_in_place(m, n, dtype) == (m > ops.SMALL_MAX_TOKENS)  # cuBLAS past 16
     if m > ops.SMALL_MAX_TOKENS:
         dense = ops.dequantize(w, dtype)
         assert torch.equal(into, start.clone().addmm_(gy, dense))
