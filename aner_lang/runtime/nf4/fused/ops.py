@@ -558,7 +558,7 @@ def add_grad_input(grad_y: torch.Tensor, w: NF4Tensors, into: torch.Tensor) -> t
     if (
         into.dtype == grad_y.dtype
         and into.is_contiguous()
-        and _many_tokens_backward(m, n, grad_y.dtype)
+        and grad_adds_in_place(m, n, grad_y.dtype)
     ):
         dense_matmul.add_grad_input(g2, (n, k), _dense_rows(w), into.view(m, k))
         return into
