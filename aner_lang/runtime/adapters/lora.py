@@ -91,9 +91,9 @@ class LoRA(Adapter):
         float32 keeps PEFT's separate operations, the reference arithmetic."""
         if base_out.dtype == torch.float32:
             return super()._apply(index, x, base_out)
-        xd = self.dropout(x, self.p)
-        if xd is x and torch.is_grad_enabled():
+        if self._takes_one_node(base_out.dtype):
             return _OnBases.apply(x, self.scaling, *self._one_node([index], [base_out]))
+        xd = self.dropout(x, self.p)
         a, b = self._a[index], self._b[index]
         xa = F.linear(xd, a.to(x.dtype))
         bt = b.to(x.dtype).t()
@@ -114,11 +114,16 @@ class LoRA(Adapter):
         node (`_OnBases`): the input is read once for all their A products, forward and
         backward, and their input gradients meet in one tensor. Where `_apply` would not take
         its one-node path (float32, dropout, no gradients), None: each target runs alone."""
-        if x.dtype == torch.float32 or not torch.is_grad_enabled() or self.drops(self.p):
+        if not self._takes_one_node(x.dtype):
             return None
         with section("lora"):  # the bases' products inside take their own section
             outs = _OnBases.apply(x, self.scaling, *self._one_node(indices, []))
         return list(outs) if len(indices) > 1 else [outs]
+
+    def _takes_one_node(self, dtype: torch.dtype) -> bool:
+        """Whether outputs of ``dtype`` take the one-node path (`_OnBases`): half precision,
+        gradients on, no dropout (the one rule of `_apply` and `together`)."""
+        return dtype != torch.float32 and torch.is_grad_enabled() and not self.drops(self.p)
 
     def _one_node(self, indices: list[int], bases: list[torch.Tensor]) -> list[Any]:
         """`_OnBases`'s arguments after the input and the scaling, for targets ``indices`` whose
@@ -213,10 +218,10 @@ class _OnBases(torch.autograd.Function):
     matrix twice an update). Rounding: each output is two products summed from fp32 and rounded
     once, one of them rounded to the compute dtype before (the base's product, or where the delta
     goes first the delta); `s g_i B_i` is the separate operations' (the product rounded, then
-    scaled); the deltas' input
-    gradient is one fp32 product rounded once into the bases' gradient; the gradients of `A` and
-    `B` are fp32 products (on CUDA straight from cuBLAS's fp32 accumulators, `precision.matmul`,
-    not rounded to 16 bits and cast back), `B`'s scaled in fp32."""
+    scaled); the deltas' input gradient is one fp32 product rounded once into the bases'
+    gradient; the gradients of `A` and `B` are fp32 products (on CUDA straight from cuBLAS's
+    fp32 accumulators, `precision.matmul`, not rounded to 16 bits and cast back), `B`'s scaled
+    in fp32."""
 
     @staticmethod
     def forward(
