@@ -9,9 +9,9 @@ Rules:
   run's model, adapter, data context, micro-batch and device; of the candidates whose planned
   peak is at most the budget, the fastest runs (`by_speed`).
 * `offload` fits only where the host can hold its pinned copies of the layer inputs and
-  attention's queries, keys, values and outputs too (the plan's `pinned_host` within `host.memory.available_bytes()`, where
-  that is known): pinned memory cannot be swapped out, and a run that outgrows it is killed
-  without a word.
+  attention's queries, keys, values and outputs too (the plan's `pinned_host` within
+  `host.memory.available_bytes()`, where that is known): pinned memory cannot be swapped out,
+  and a run that outgrows it is killed without a word.
 * When none fits, the call stops before any training with E-PROFILE-BUDGET, giving the budget
   and each candidate's planned peak.
 * An adapter the plan does not cover (a full fine-tune) runs the policy asked for: the budget
