@@ -267,7 +267,9 @@ class _Kept:
     start: int
     roles: tuple[int | None, ...]
     outputs: tuple[int | None, ...]
-    extras: tuple[Any, ...]
+    extras: list[Any]
+    """Per output, its copy where no slot holds it (else None); each dropped once used, so its
+    pinned memory goes back while backward goes on."""
     grads: tuple[bool, ...]
     """Per output, whether the forward's required gradients (so the recomputation's later
     operations save what the forward's did)."""
@@ -402,7 +404,7 @@ class _Checkpoint:
                 start,
                 tuple(roles),
                 tuple(where),
-                tuple(self.host.keep(o) if n is None else None for o, n in zip(outs, where)),
+                [self.host.keep(o) if n is None else None for o, n in zip(outs, where)],
                 tuple(o.requires_grad for o in outs),
                 isinstance(result, tuple),
                 tuple(g.get_state() for g in self.states.generators),
@@ -441,9 +443,10 @@ class _Checkpoint:
         for g, state in zip(self.states.generators, kept.states):
             g.set_state(state)
         outs = []
-        for n, extra, grad in zip(kept.outputs, kept.extras, kept.grads):
+        for i, (n, extra, grad) in enumerate(zip(kept.outputs, kept.extras, kept.grads)):
             out = self.host.unpack(extra) if n is None else values[n]
             assert out is not None
+            kept.extras[i] = None
             outs.append(out.detach().requires_grad_(grad))
         return cast(_Out, tuple(outs) if kept.many else outs[0])
 
@@ -484,6 +487,8 @@ class _Checkpoint:
                 self.layer(x, *shared)
         except _StopRecomputation:
             pass
+        finally:
+            self.kept = []  # what it kept is in the slots now, or no longer needed
         if self.filled != len(self.slots):
             raise RuntimeError(
                 f"a checkpointed layer saved {self.filled} tensors when recomputed, "
