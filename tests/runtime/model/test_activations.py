@@ -673,7 +673,7 @@ def test_offload_fetches_each_layer_input_once_and_one_layer_ahead(tiny_bytes_gg
     _grads(cuda, "offload")
     assert len(fetches) == len(set(fetches))
     assert len(ahead) >= cuda.config.num_hidden_layers and all(ahead[1:]), ahead
-    assert kept_ahead == [False] + [True] * (cuda.config.num_hidden_layers - 1)
+    assert len(kept_ahead) == cuda.config.num_hidden_layers and all(kept_ahead[1:]), kept_ahead
 
 
 @pytest.mark.parametrize("precision", ["float32", "bfloat16"])
