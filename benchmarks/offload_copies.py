@@ -1,0 +1,111 @@
+"""What `offload` moves to the host in a `train()` call and what that costs the host: per kind
+of tensor copied (how it was saved or kept, its shape, strides and dtype), how many; per update
+its seconds, the host time spent packing, keeping, fetching and unpacking, torch's pinned-memory
+allocator counters (allocations, cudaHostAlloc time) and the GPU's peak. `--device cpu` runs the
+plumbing alone (offload keeps CPU tensors as they are).
+
+    python benchmarks/offload_copies.py --model /tmp/train_scale/llama3-8b/model --context 16384
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import torch
+
+from aner_lang.runtime import adapters as A
+from aner_lang.runtime.load.loader import load_model
+from aner_lang.runtime.model import activations
+from aner_lang.runtime.tasks.data import from_texts
+from aner_lang.runtime.train import trainer
+from aner_lang.runtime.train.profile import profile as train_profile
+
+TEXT = "The quiet mountain lake reflects the clear morning sky above the old stone bridge."
+TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True, help="an HF folder or GGUF file")
+    ap.add_argument("--context", type=int, default=16384)
+    ap.add_argument("--updates", type=int, default=4)
+    ap.add_argument("--device", default="cuda", help="cuda, or cpu for the plumbing alone")
+    ap.add_argument("--out", default="/tmp/offload_copies.json")
+    args = ap.parse_args(argv)
+    cuda = args.device == "cuda"
+    model = load_model(Path(args.model), storage="nf4_double_quant", device=args.device)
+    data = from_texts([" ".join([TEXT] * (args.context // 16))] * 8, args.context)
+    lora = A.lora(model, rank=16, alpha=32.0, targets=TARGETS.split(","), seed=1)
+    kinds: collections.Counter[str] = collections.Counter()
+    host_s: dict[str, float] = collections.defaultdict(float)
+    stats: list[dict[str, Any]] = []
+
+    depth = 0  # only the outermost of nested calls counts (`pack` may go through `keep`)
+
+    def timed(name: str) -> Any:
+        original = getattr(activations.HostCopies, name)
+
+        def wrapper(self: Any, t: Any, *rest: Any) -> Any:
+            nonlocal depth
+            began = time.perf_counter()
+            depth += 1
+            try:
+                out = original(self, t, *rest)
+            finally:
+                depth -= 1
+            if depth == 0:
+                host_s[name] += time.perf_counter() - began
+                if name in ("keep", "pack"):
+                    layout = f"{tuple(t.shape)} {t.stride()} {t.dtype}"
+                    kinds[f"{name} {layout} contiguous={t.is_contiguous()}"] += 1
+            return out
+
+        return wrapper
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+
+    update = trainer._Loop.update
+
+    def counted(loop: Any, *given: Any, **named: Any) -> Any:
+        sync()
+        began = time.perf_counter()
+        host_s.clear()
+        out = update(loop, *given, **named)
+        sync()
+        host: dict[str, Any] = torch.cuda.host_memory_stats() if cuda else {}
+        stats.append({
+            "seconds": round(time.perf_counter() - began, 6),
+            "host_seconds": {k: round(v, 6) for k, v in host_s.items()},
+            "host_memory": {k: v for k, v in host.items() if "alloc" in k or "time" in k},
+            "gpu_peak_gb": round(torch.cuda.max_memory_allocated() / 1e9, 2) if cuda else 0.0,
+        })  # fmt: skip
+        print(json.dumps(stats[-1]), flush=True)
+        return out
+
+    folder = Path(tempfile.mkdtemp(prefix="aner-offload-"))
+    with ExitStack() as patches:
+        for name in ("keep", "pack", "_fetch", "unpack"):
+            patches.enter_context(mock.patch.object(activations.HostCopies, name, timed(name)))
+        patches.enter_context(mock.patch.object(trainer._Loop, "update", counted))
+        trainer.train(
+            lora, data, train_profile(precision="bfloat16", activations="offload"),
+            steps=args.updates, learning_rate=2e-4, seed=1, log=str(folder / "events.jsonl"),
+        )  # fmt: skip
+    for kind, n in kinds.most_common(40):
+        print(n, kind)
+    Path(args.out).write_text(json.dumps({"updates": stats, "copies": dict(kinds)}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

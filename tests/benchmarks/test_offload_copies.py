@@ -1,0 +1,39 @@
+"""benchmarks/offload_copies.py on the CPU (the plumbing alone): every update reported, and what
+`offload` packed and kept counted by kind."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+import sys
+from pathlib import Path
+
+from aner_lang.runtime.model import activations
+from aner_lang.runtime.train import trainer
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_each_update_and_each_kind_of_copy_is_counted(tiny_bytes_gguf, tmp_path):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        copies = importlib.import_module("offload_copies")
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    out = tmp_path / "copies.json"
+    args = ["--model", str(tiny_bytes_gguf), "--context", "32", "--updates", "2"]
+    assert copies.main([*args, "--device", "cpu", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert len(result["updates"]) == 2
+    assert all(u["seconds"] > 0 and u["host_seconds"]["pack"] > 0 for u in result["updates"])
+    config = copies.load_model(tiny_bytes_gguf, storage="nf4_double_quant", device="cpu").config
+    # every layer's input, once per micro-batch of every update
+    inputs = rf"pack \(\d+, \d+, {config.hidden_size}\) "
+    packed = sum(n for kind, n in result["copies"].items() if re.match(inputs, kind))
+    assert packed >= 2 * config.num_hidden_layers
+    # attention's output and log-sum-exp, kept beside the layer inputs
+    assert any(kind.startswith("keep ") for kind in result["copies"])
+    # the patches are gone once it returns
+    assert activations.HostCopies.pack.__name__ == "pack"
+    assert trainer._Loop.update.__name__ == "update"
