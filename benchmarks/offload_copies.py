@@ -20,16 +20,12 @@ from typing import Any
 from unittest import mock
 
 import torch
+from update_timeline import run_inputs  # this directory is on sys.path
 
-from aner_lang.runtime import adapters as A
 from aner_lang.runtime.load.loader import load_model
 from aner_lang.runtime.model import activations
-from aner_lang.runtime.tasks.data import from_texts
 from aner_lang.runtime.train import trainer
 from aner_lang.runtime.train.profile import profile as train_profile
-
-TEXT = "The quiet mountain lake reflects the clear morning sky above the old stone bridge."
-TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,8 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     cuda = args.device == "cuda"
     model = load_model(Path(args.model), storage="nf4_double_quant", device=args.device)
-    data = from_texts([" ".join([TEXT] * (args.context // 16))] * 8, args.context)
-    lora = A.lora(model, rank=16, alpha=32.0, targets=TARGETS.split(","), seed=1)
+    data, lora = run_inputs(model, args.context, rows=8)
     kinds: collections.Counter[str] = collections.Counter()
     host_s: dict[str, float] = collections.defaultdict(float)
     stats: list[dict[str, Any]] = []

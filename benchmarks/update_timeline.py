@@ -111,6 +111,13 @@ def analyse(trace: dict[str, Any], gap_us: float) -> list[dict[str, Any]]:
     return rows
 
 
+def run_inputs(model: Any, context: int, rows: int) -> tuple[Any, Any]:
+    """The benchmark's `train()` inputs on a loaded model: ``rows`` rows of repeated text at
+    ``context`` tokens, and a LoRA of rank 16 (alpha 32) on the seven linear targets."""
+    data = from_texts([" ".join([TEXT] * (context // 16))] * rows, context)
+    return data, A.lora(model, rank=16, alpha=32.0, targets=TARGETS.split(","), seed=1)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help="an HF folder or GGUF file")
@@ -131,8 +138,7 @@ def main() -> int:
     ap.add_argument("--out", default="/tmp/update_timeline.json")
     args = ap.parse_args()
     model = load_model(Path(args.model), storage=args.storage, device="cuda")
-    data = from_texts([" ".join([TEXT] * (args.context // 16))] * 16, args.context)
-    lora = A.lora(model, rank=16, alpha=32.0, targets=TARGETS.split(","), seed=1)
+    data, lora = run_inputs(model, args.context, rows=16)
     folder = Path(tempfile.mkdtemp(prefix="aner-timeline-"))
     for owner, name in WATCHED:
         _ranged(owner, name)
