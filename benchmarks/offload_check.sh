@@ -9,9 +9,7 @@
 set -u
 mkdir -p "$OUT"
 OUT=$OUT TRACE=0 benchmarks/timeline_check.sh > "$OUT/setup.log" 2>&1
-peers=""; [[ -d .peers/site ]] && peers=":$PWD/.peers/site"
-export PYTHONPATH="$PWD:$PWD/lsp:$PWD/benchmarks:/tmp/site$peers${PYTHONPATH:+:$PYTHONPATH}"
-export ANER_KERNEL_CACHE=/tmp/aner-kernels
+source benchmarks/device_env.sh
 model=/tmp/train_scale/llama3-8b/model
 sides=(new); [[ -n "${OLD_CODE:-}" ]] && sides+=(old)
 for side in "${sides[@]}"; do

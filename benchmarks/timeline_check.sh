@@ -19,9 +19,7 @@ else
   benchmarks/gpu_suite.sh --no-bench --no-tests > "$OUT/setup.log" 2>&1  # wheels and env.txt only
 fi
 grep source "$OUT/env.txt"
-peers=""; [[ -d .peers/site ]] && peers=":$PWD/.peers/site"  # serves instead of .whl
-export PYTHONPATH="$PWD:$PWD/lsp:$PWD/benchmarks:/tmp/site$peers${PYTHONPATH:+:$PYTHONPATH}"
-export ANER_KERNEL_CACHE=/tmp/aner-kernels
+source benchmarks/device_env.sh
 unset PYTHONDONTWRITEBYTECODE
 model=/tmp/train_scale/llama3-8b/model
 python3 -c "import train_scale as t; from pathlib import Path; folder = Path('$model'); \
