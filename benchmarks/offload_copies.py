@@ -1,8 +1,8 @@
 """What `offload` moves to the host in a `train()` call and what that costs the host: per kind
 of tensor copied (how it was saved or kept, its shape, strides and dtype), how many; per update
 its seconds, the host time spent packing, keeping, fetching and unpacking, torch's pinned-memory
-allocator counters (allocations, cudaHostAlloc time) and the GPU's peak. `--device cpu` runs the
-plumbing alone (offload keeps CPU tensors as they are).
+allocator counters (allocations, cudaHostAlloc time) and the GPU's peak; its loss and gradient
+norm, to compare codes bit for bit. `--device cpu` runs the plumbing alone (offload keeps CPU tensors as they are).
 
     python benchmarks/offload_copies.py --model /tmp/train_scale/llama3-8b/model --context 16384
 """
@@ -98,8 +98,19 @@ def main(argv: list[str] | None = None) -> int:
         )  # fmt: skip
     for kind, n in kinds.most_common(40):
         print(n, kind)
-    Path(args.out).write_text(json.dumps({"updates": stats, "copies": dict(kinds)}, indent=1))
+    losses = _losses(folder / "events.jsonl")
+    print("losses", losses)
+    Path(args.out).write_text(
+        json.dumps({"updates": stats, "losses": losses, "copies": dict(kinds)}, indent=1)
+    )
     return 0
+
+
+def _losses(events: Path) -> list[tuple[float, float]]:
+    """Per update, its loss and gradient norm from the run's event log (exactly as logged, so
+    two codes' runs compare bit for bit)."""
+    rows = [json.loads(line) for line in events.read_text().splitlines()]
+    return [(r["loss"], r["grad_norm"]) for r in rows if r["event"] == "update"]
 
 
 if __name__ == "__main__":

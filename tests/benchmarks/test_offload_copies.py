@@ -26,6 +26,10 @@ def test_each_update_and_each_kind_of_copy_is_counted(tiny_bytes_gguf, tmp_path)
     assert copies.main([*args, "--device", "cpu", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     assert len(result["updates"]) == 2
+    # the losses and gradient norms the run logged, to compare codes with
+    assert len(result["losses"]) == 2 and all(
+        loss > 0 and norm > 0 for loss, norm in result["losses"]
+    )
     assert all(u["seconds"] > 0 and u["host_seconds"]["pack"] > 0 for u in result["updates"])
     config = copies.load_model(tiny_bytes_gguf, storage="nf4_double_quant", device="cpu").config
     # every layer's input, once per micro-batch of every update
