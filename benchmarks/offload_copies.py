@@ -106,11 +106,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _losses(events: Path) -> list[tuple[float, float]]:
-    """Per update, its loss and gradient norm from the run's event log (exactly as logged, so
+def _losses(events: Path) -> list[tuple[float, float | None]]:
+    """Per update, its loss and gradient norm (where logged) from the run's event log (as logged, so
     two codes' runs compare bit for bit)."""
     rows = [json.loads(line) for line in events.read_text().splitlines()]
-    return [(r["loss"], r["grad_norm"]) for r in rows if r["event"] == "update"]
+    return [(r["loss"], r.get("grad_norm")) for r in rows if r["event"] == "update"]
 
 
 if __name__ == "__main__":
