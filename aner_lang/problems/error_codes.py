@@ -1744,7 +1744,7 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         activation policy, from the profile's `activations:` on (keep, checkpoint, offload), whose
         planned peak fits the budget (the peak `aner plan` prints); `offload` fits only where
         the host memory available can also hold its pinned copies of the layer inputs and
-        attention outputs. Training
+        attention's queries, keys, values and outputs. Training
         refuses to start when none fits (the message gives each policy's planned peak), or when
         the GPU cannot give the run the budget: its free memory plus what the run's process
         already holds, the loaded model included (the message gives the numbers). Raise the

@@ -43,14 +43,20 @@ Rules:
   NF4 or GGUF base saves nothing for it; a 16- or 32-bit one takes the product over no tokens,
   whose node saves what the whole one's does. Forward and backward are unchanged, so gradients
   are the same bits; the product is a sixth of a Llama layer's base GEMMs under checkpointing.
-* Under `offload` a checkpointed layer keeps what attention saved for its backward besides its
-  inputs (its output and log-sum-exp, in pinned host memory with the layer's input) instead of
-  running attention's forward again in the recomputation (`kept_through_backward`): the
-  recomputation fills the slots of attention's queries, keys and values and takes its output
-  from what was kept, and backward runs the forward's own attention node on the same values, so
-  gradients are the same bits. That is a fifth of attention's time a step (its forward, of a
-  forward, a recomputation and a backward twice as long), for host memory the size of the
-  layer inputs again. `checkpoint` recomputes it: it keeps what it saves on the GPU.
+* Under `offload` a checkpointed layer keeps, besides its input, what two calls save and
+  return, in pinned host memory, instead of running them again in its recomputation
+  (`kept_through_backward`): the projections of the queries, keys and values with their rotary
+  positions (their saves and their outputs), and attention (what it saved, its output among
+  them). The recomputation fills those calls' slots from what was kept (their inputs' slots
+  with the recomputed inputs), takes their outputs from it too, and backward runs the forward's
+  own nodes on the same values, so gradients are the same bits. Per token and layer that keeps
+  the queries, keys, values and attention's output (for Llama-3-8B, 20 KB in bf16 beside the
+  layer input's 8 KB) and spares the recomputation the q, k and v projections (a ninth of a
+  layer's base GEMMs), their LoRA and the rotation, and attention's forward (a fifth of
+  attention's time a step). The copies move on
+  the side stream while the forward computes, and backward brings a layer's kept tensors back
+  with its input, one layer ahead. `checkpoint` recomputes them: it keeps what it saves on the
+  GPU.
 * Outside a gradient computation (evaluation, generation) nothing is checkpointed.
 * Under `keep`, a cheap elementwise result that a consumer would save for backward can be
   recomputed there instead (`recomputing`), where its inputs are kept anyway: each RMSNorm's
@@ -67,13 +73,15 @@ import weakref
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import torch
 
 from aner_lang.builtins import members
 
 MODES = members("Activations")
+_Out = TypeVar("_Out", torch.Tensor, tuple[torch.Tensor, ...])
+"""What a call kept through backward returns: a tensor or a tuple of them."""
 
 
 @dataclass(frozen=True)
@@ -221,18 +229,26 @@ def product_needed(module: torch.nn.Module) -> bool:
 
 
 def kept_through_backward(
-    call: Callable[[], torch.Tensor], inputs: tuple[torch.Tensor, ...]
-) -> torch.Tensor:
-    """`call()`, an operation of `inputs` (attention of its queries, keys and values), whose
-    other saved tensors a checkpointed layer under `offload` keeps through backward instead of
-    running the operation again in its recomputation (the module docstring's rules). Only where
-    its output is among them; otherwise, and outside `offload`, it is recomputed as usual."""
+    call: Callable[[], _Out], inputs: tuple[torch.Tensor, ...], *, outputs: bool = False
+) -> _Out:
+    """`call()`, an operation of `inputs` returning a tensor or a tuple of tensors, whose saved
+    tensors (those that are not its inputs) a checkpointed layer under `offload` keeps through
+    backward instead of running the operation again in its recomputation (the module
+    docstring's rules). With `outputs`, its outputs are kept too where they are not among its
+    saves (a projection's, which the rest of the layer needs); without, the call is kept only
+    where its outputs are among its saves (attention's) and otherwise recomputed as usual, as it
+    is outside `offload`. Its outputs must not be changed in place afterwards: their copies read
+    them beside the computation."""
     running = _RUNNING.get()
     if running is None or running.host is None:
         return call()
     if running.replaying:
         return running.replay_kept(call, inputs)
-    return running.record_kept(call, inputs)
+    return running.record_kept(call, inputs, outputs)
+
+
+def _tensors(result: torch.Tensor | tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    return result if isinstance(result, tuple) else (result,)
 
 
 def _identity(t: torch.Tensor) -> tuple[Any, ...]:
@@ -243,12 +259,22 @@ def _identity(t: torch.Tensor) -> tuple[Any, ...]:
 @dataclass(frozen=True)
 class _Kept:
     """A call `kept_through_backward` kept: its first slot, and per slot from there the index
-    of the input saved there, or None where the slot holds a kept tensor; `output`, the slot of
-    the call's output."""
+    of the input saved there, or None where the slot holds a kept tensor; per output of the
+    call, the slot (counted from `start`) holding it, or None where `extras` holds its copy;
+    whether the call returned a tuple; the generator states after the call, which its
+    recomputation, not running it, must still leave behind."""
 
     start: int
     roles: tuple[int | None, ...]
-    output: int
+    outputs: tuple[int | None, ...]
+    extras: list[Any]
+    """Per output, its copy where no slot holds it (else None); each dropped once used, so its
+    pinned memory goes back while backward goes on."""
+    grads: tuple[bool, ...]
+    """Per output, whether the forward's required gradients (so the recomputation's later
+    operations save what the forward's did)."""
+    many: bool
+    states: tuple[torch.Tensor, ...]
 
 
 class _SaveInput(torch.autograd.Function):
@@ -349,35 +375,46 @@ class _Checkpoint:
         return slot
 
     def record_kept(
-        self, call: Callable[[], torch.Tensor], inputs: tuple[torch.Tensor, ...]
-    ) -> torch.Tensor:
+        self, call: Callable[[], _Out], inputs: tuple[torch.Tensor, ...], outputs: bool
+    ) -> _Out:
         """The forward's side of `kept_through_backward`: run `call`, then keep in their slots
-        the tensors it saved that are not its inputs, where its output is one of them."""
+        the tensors it saved that are not its inputs, and its outputs that are not among them
+        (only with `outputs`; without, a call any of whose outputs is not saved keeps nothing)."""
         start, self.captured = len(self.slots), []
         try:
-            out = call()
+            result = call()
         finally:
             captured, self.captured = self.captured, None
         assert captured is not None
+        outs = _tensors(result)
         ids = [_identity(x) for x in inputs]
         saved = [_identity(t) for _, t in captured]
         roles = [ids.index(i) if i in ids else None for i in saved]
-        outputs = [n for n, i in enumerate(saved) if i == _identity(out)]
-        if not outputs or roles[outputs[0]] is not None:
+        kept = [i if role is None else None for i, role in zip(saved, roles)]
+        where = [kept.index(_identity(o)) if _identity(o) in kept else None for o in outs]
+        if not outputs and None in where:
             self.kept.append(None)
-            return out
+            return result
         assert self.host is not None
         for (slot, t), role in zip(captured, roles):
             if role is None:
                 slot.value = self.host.keep(t)
-        self.kept.append(_Kept(start, tuple(roles), outputs[0]))
-        return out
+        self.kept.append(
+            _Kept(
+                start,
+                tuple(roles),
+                tuple(where),
+                [self.host.keep(o) if n is None else None for o, n in zip(outs, where)],
+                tuple(o.requires_grad for o in outs),
+                isinstance(result, tuple),
+                tuple(g.get_state() for g in self.states.generators),
+            )
+        )
+        return result
 
-    def replay_kept(
-        self, call: Callable[[], torch.Tensor], inputs: tuple[torch.Tensor, ...]
-    ) -> torch.Tensor:
+    def replay_kept(self, call: Callable[[], _Out], inputs: tuple[torch.Tensor, ...]) -> _Out:
         """The recomputation's side: fill the kept call's input slots with the recomputed
-        inputs, bring its kept tensors to the device, and give its kept output, without running
+        inputs, bring its kept tensors to the device, and give its kept outputs, without running
         `call` (which runs where the forward kept nothing)."""
         kept = self.kept[self.kept_reached] if self.kept_reached < len(self.kept) else None
         self.kept_reached += 1
@@ -389,22 +426,29 @@ class _Checkpoint:
                 f"after {self.filled} saves, its forward after {kept.start}: its forward is not "
                 "deterministic"
             )
-        output: torch.Tensor | None = None
-        for n, role in enumerate(kept.roles):
+        assert self.host is not None
+        values: list[torch.Tensor | None] = []
+        for role in kept.roles:
             if role is not None:
+                values.append(None)
                 self._fill(inputs[role])
                 continue
             slot = self.slots[self.filled]()
             if slot is None or slot.value is None:
                 raise RuntimeError("a kept tensor of a checkpointed layer was released early")
             if not isinstance(slot.value, torch.Tensor):
-                assert self.host is not None
                 slot.value = self.host.unpack(slot.value)
-            if n == kept.output:
-                output = slot.value
+            values.append(slot.value)
             self._fill(None)
-        assert output is not None
-        return output.detach().requires_grad_(any(x.requires_grad for x in inputs))
+        for g, state in zip(self.states.generators, kept.states):
+            g.set_state(state)
+        outs = []
+        for i, (n, extra, grad) in enumerate(zip(kept.outputs, kept.extras, kept.grads)):
+            out = self.host.unpack(extra) if n is None else values[n]
+            assert out is not None
+            kept.extras[i] = None
+            outs.append(out.detach().requires_grad_(grad))
+        return cast(_Out, tuple(outs) if kept.many else outs[0])
 
     def _unpack(self, slot: _Slot) -> torch.Tensor:
         if self.inputs is not None:
@@ -424,10 +468,12 @@ class _Checkpoint:
         (x,) = cast(Any, self.inputs.grad_fn).saved_tensors
         shared, self.inputs, self.shared = self.shared, None, ()
         self.replaying = True
-        for ref in self.slots:  # start bringing kept tensors back while the layer recomputes
-            slot = ref()
-            if slot is not None and self.host is not None and isinstance(slot.value, _Copy):
-                self.host.prefetch(slot.value)
+        if self.host is not None:  # bring kept tensors back while the layer recomputes
+            slots = (ref() for ref in self.slots)
+            values = [slot.value for slot in slots if slot is not None]
+            for copy in values + [e for kept in self.kept if kept for e in kept.extras]:
+                if isinstance(copy, _Copy):
+                    self.host.prefetch(copy)
         try:
             with ExitStack() as stack:
                 stack.enter_context(torch.enable_grad())
@@ -441,6 +487,8 @@ class _Checkpoint:
                 self.layer(x, *shared)
         except _StopRecomputation:
             pass
+        finally:
+            self.kept = []  # what it kept is in the slots now, or no longer needed
         if self.filled != len(self.slots):
             raise RuntimeError(
                 f"a checkpointed layer saved {self.filled} tensors when recomputed, "
@@ -501,6 +549,8 @@ class _Copy:
         """Whether backward has unpacked it: then it is not fetched ahead again."""
         self.before: weakref.ref[_Copy] | None = None
         """The copy packed just before this one: backward is likely to need it next."""
+        self.companions: list[_Copy] = []
+        """What a layer kept beside this copy of its input (`HostCopies.keep`): fetched with it."""
 
 
 class HostCopies:
@@ -528,15 +578,24 @@ class HostCopies:
         return self._streams[device]
 
     def pack(self, t: torch.Tensor) -> Any:
-        copy = self.keep(t)
+        copy = self._copy(t)
         if isinstance(copy, _Copy):
             copy.before, self._last = self._last, weakref.ref(copy)
         return copy
 
     def keep(self, t: torch.Tensor) -> Any:
         """`t`'s host copy (a CPU tensor as it is), outside the order backward fetches ahead in:
-        what a checkpoint keeps besides its layer's input (`kept_through_backward`), fetched
-        when that layer's recomputation starts (`prefetch`)."""
+        what a checkpoint keeps besides its layer's input (`kept_through_backward`). It goes
+        with the copy packed last (the layer's input), so backward fetches it one layer ahead
+        with that copy, or else when its layer's recomputation starts (`prefetch`)."""
+        copy = self._copy(t)
+        last = self._last() if self._last is not None else None
+        if isinstance(copy, _Copy) and last is not None:
+            last.companions.append(copy)
+        return copy
+
+    def _copy(self, t: torch.Tensor) -> Any:
+        """`t`'s host copy, moving on the side stream; a CPU tensor as it is."""
         if t.device.type != "cuda":
             return _held(t)
         side = self._stream(t.device)
@@ -552,9 +611,10 @@ class HostCopies:
         return _Copy(host, t.device, stored)
 
     def prefetch(self, copy: _Copy) -> None:
-        """Start bringing `copy` back, unless it is on its way or was used."""
-        if copy.fetched is None and not copy.used:
-            self._fetch(copy)
+        """Start bringing `copy` and its companions back, each unless on its way or used."""
+        for c in (copy, *copy.companions):
+            if c.fetched is None and not c.used:
+                self._fetch(c)
 
     def _fetch(self, copy: _Copy) -> tuple[torch.Tensor, torch.cuda.Event]:
         """Start `copy`'s way back to its device; the device tensor and the event of its arrival."""

@@ -227,17 +227,26 @@ class LlamaAttention(nn.Module):
         cache: KVCache | None,
         mask: torch.Tensor | Segments | None = None,
     ) -> torch.Tensor:
-        q, k, v = self._qkv(x)
-        v = v.transpose(1, 2)
+        q, k, v = kept_through_backward(
+            lambda: self._rotated(x, cos, sin), (x, cos, sin), outputs=True
+        )
         with section("attention"):
-            if self.q_norm is not None and self.k_norm is not None:
-                q, k = self.q_norm(q), self.k_norm(k)
-            heads = self._attend(
-                q.transpose(1, 2), k.transpose(1, 2), v, cos, sin, layer, cache, mask
-            )
+            heads = self._attend(q, k, v, layer, cache, mask)
         out = self._merge(heads)
         with recomputing(out, lambda: self._merge(heads)):  # an adapter on o_proj would keep
             return outputs_of(out, (self.o_proj,))[0]  # this copy; attention keeps `heads` anyway
+
+    def _rotated(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The queries and keys of `[B, T, hidden]` inputs, normed where the model norms them and
+        rotated, and their values, each `[B, heads, T, head_dim]`."""
+        q, k, v = self._qkv(x)
+        with section("attention"):
+            if self.q_norm is not None and self.k_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k = _rotate(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+        return q, k, v.transpose(1, 2)
 
     def _merge(self, heads: torch.Tensor) -> torch.Tensor:
         """`[B, heads, T, head_dim]` -> `[B, T, heads * head_dim]` (a copy unless T or heads is 1)."""
@@ -249,17 +258,14 @@ class LlamaAttention(nn.Module):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
         layer: int,
         cache: KVCache | None,
         mask: torch.Tensor | Segments | None,
     ) -> torch.Tensor:
-        """Rotary positions, the cache, causal attention over `[B, heads, T, head_dim]` inputs:
+        """The cache, then causal attention over rotated `[B, heads, T, head_dim]` inputs:
         `[B, heads, T, head_dim]`. Packed rows (no cache) give `mask` (`[B, 1, T, T]`, True where
         a query may see a key), which replaces the causal rule, or their `Segments`, each then
         attended alone (`packing`)."""
-        q, k = _rotate(q, k, cos, sin)
         if isinstance(mask, Segments):
             return mask.attend(q, k, v, lambda q, k, v: self._scores(q, k, v, None, 0))
         if cache is not None:

@@ -9,9 +9,9 @@ Rules:
   run's model, adapter, data context, micro-batch and device; of the candidates whose planned
   peak is at most the budget, the fastest runs (`by_speed`).
 * `offload` fits only where the host can hold its pinned copies of the layer inputs and
-  attention outputs too (the plan's `pinned_host` within `host.memory.available_bytes()`, where
-  that is known): pinned memory cannot be swapped out, and a run that outgrows it is killed
-  without a word.
+  attention's queries, keys, values and outputs too (the plan's `pinned_host` within
+  `host.memory.available_bytes()`, where that is known): pinned memory cannot be swapped out,
+  and a run that outgrows it is killed without a word.
 * When none fits, the call stops before any training with E-PROFILE-BUDGET, giving the budget
   and each candidate's planned peak.
 * An adapter the plan does not cover (a full fine-tune) runs the policy asked for: the budget
@@ -29,6 +29,7 @@ from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.train.footprint import (
     EAGER_FROM_TOKENS,
     activation_bytes,
+    layer_shape,
     offload_host_bytes,
 )
 from aner_lang.runtime.train.memory import human_bytes
@@ -138,14 +139,12 @@ def host_warning(model: Any, profile: Any, tokens: int, cuda: bool) -> str | Non
         return None
     c = model.config
     act = activation_bytes(profile.precision)
-    pinned = offload_host_bytes(
-        c.num_hidden_layers, tokens, c.hidden_size, c.q_size, c.num_attention_heads, act
-    )
+    pinned = offload_host_bytes(c.num_hidden_layers, tokens, layer_shape(c), act)
     host = host_memory.available_bytes()
     if host is None or pinned <= host:
         return None
     return (
         f"activations offload pins {human_bytes(pinned)} of host memory for the layer inputs "
-        f"and attention outputs, more than the {human_bytes(host)} this machine has available: "
+        f"and what attention saves, more than the {human_bytes(host)} this machine has available: "
         f"the run may be killed for memory (checkpoint keeps the inputs on the GPU instead)"
     )

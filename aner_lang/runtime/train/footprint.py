@@ -42,6 +42,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 FP32_MOMENTS = 2 * 4
 """Bytes of AdamW state per trainable scalar (two fp32 moments)."""
@@ -73,13 +74,12 @@ def activation_bytes(precision: str) -> int:
     return 4 if precision == "float32" else 2
 
 
-def offload_host_bytes(
-    layers: int, tokens: int, hidden: int, q_size: int, heads: int, act_bytes: int
-) -> int:
-    """Pinned host memory `offload` keeps: every decoder layer's `[tokens, hidden]` input, and
-    its attention's `[tokens, q_size]` output and fp32 log-sum-exp per head and token
-    (`model.activations.kept_through_backward`)."""
-    return layers * tokens * ((hidden + q_size) * act_bytes + 4 * heads)
+def offload_host_bytes(layers: int, tokens: int, shape: LayerShape, act_bytes: int) -> int:
+    """Pinned host memory `offload` keeps: every decoder layer's `[tokens, hidden]` input, its
+    rotated queries, keys and values, and its attention's `[tokens, q_size]` output and fp32
+    log-sum-exp per head and token (`model.activations.kept_through_backward`)."""
+    s = shape
+    return layers * tokens * ((s.hidden + 2 * s.q_size + 2 * s.kv_size) * act_bytes + 4 * s.heads)
 
 
 def workspace_bytes(graphs: bool) -> int:
@@ -118,6 +118,14 @@ class LayerShape:
     kv_size: int
     intermediate: int
     heads: int
+
+
+def layer_shape(config: Any) -> LayerShape:
+    """A dense decoder layer's shape in a model config (`model.config.ModelConfig`)."""
+    c = config
+    return LayerShape(
+        c.hidden_size, c.q_size, c.kv_size, c.intermediate_size, c.num_attention_heads
+    )
 
 
 def layer_activation_bytes(

@@ -217,7 +217,7 @@ def plan(
     tokens = micro_batch * context
     paged = profile.get("optimizer") == "paged_adamw" and cuda
     managed = fp.managed_optimizer_bytes(trainable_sizes, paged)
-    shape = fp.LayerShape(h, c.q_size, c.kv_size, c.intermediate_size, c.num_attention_heads)
+    shape = fp.layer_shape(c)
     mode = str(profile.get("activations", "keep"))
     tile = mlp_tile_tokens(c.intermediate_size, act) if mode != "keep" else tokens
     layer = fp.layer_activation_bytes(shape, tokens, act, rank * len(targets), tile)
@@ -275,7 +275,7 @@ def plan(
     }
     pinned = 0
     if mode == "offload" and cuda:
-        pinned = fp.offload_host_bytes(layers, tokens, h, c.q_size, c.num_attention_heads, act)
+        pinned = fp.offload_host_bytes(layers, tokens, shape, act)
     return Plan(categories, tokens * accumulation, updates, pinned)
 
 
@@ -407,7 +407,7 @@ def plan_call(tracer: Tracer, info: CallInfo, frame: Frame | None, script_dir: P
     if result.pinned_host:
         out.append(
             f"  pinned host memory {human_bytes(result.pinned_host)}: offload's copies of the "
-            f"layer inputs and attention outputs, beside the peak{_host_note(result.pinned_host)}"
+            f"layer inputs and what attention saves, beside the peak{_host_note(result.pinned_host)}"
         )
     out.append(f"  tokens per update: {result.tokens_per_update}")
     updates = "not known before the run" if result.updates is None else str(result.updates)

@@ -640,7 +640,8 @@ def test_a_host_copy_comes_back_in_the_layout_it_was_saved_in():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_offload_fetches_each_layer_input_once_and_one_layer_ahead(tiny_bytes_gguf, monkeypatch):
     """Backward brings each offloaded copy back once, and every layer's input but the first one
-    backward reaches was on its way before its layer's recomputation asked for it."""
+    backward reaches was on its way before its layer's recomputation asked for it, and so was
+    everything the layer kept beside it (its queries, keys, values and attention's output)."""
     cuda = load_model(tiny_bytes_gguf, storage="nf4_double_quant", device="cuda")
     ids, _ = _batch(cuda)
     layer_input = (*ids.shape, cuda.config.hidden_size)  # the final norm's input too, first
@@ -657,42 +658,60 @@ def test_offload_fetches_each_layer_input_once_and_one_layer_ahead(tiny_bytes_gg
             ahead.append(packed.fetched is not None)
         return unpack(self, packed)
 
+    kept_ahead: list[bool] = []
+    recompute = activations._Checkpoint._recompute
+
+    def recomputing(self):  # type: ignore[no-untyped-def]
+        kept = [s().value for s in self.slots if s() is not None]
+        kept = [c for c in kept if isinstance(c, activations._Copy)]
+        kept_ahead.append(bool(kept) and all(c.fetched is not None for c in kept))
+        return recompute(self)
+
     monkeypatch.setattr(activations.HostCopies, "_fetch", fetching)
     monkeypatch.setattr(activations.HostCopies, "unpack", unpacking)
+    monkeypatch.setattr(activations._Checkpoint, "_recompute", recomputing)
     _grads(cuda, "offload")
     assert len(fetches) == len(set(fetches))
     assert len(ahead) >= cuda.config.num_hidden_layers and all(ahead[1:]), ahead
+    assert len(kept_ahead) == cuda.config.num_hidden_layers and all(kept_ahead[1:]), kept_ahead
 
 
 @pytest.mark.parametrize("precision", ["float32", "bfloat16"])
 def test_offload_keeps_what_attention_saved_and_never_runs_it_again(
     model, tiny_bytes_gguf, device, precision, monkeypatch, request
 ):
-    """Under `offload` a layer's recomputation takes attention's output from what its forward
-    kept (`kept_through_backward`; on CUDA in pinned host memory, whatever kernel SDPA picks):
-    attention runs once per layer, not twice as under `checkpoint`, and the gradients are the
-    bits of keeping everything, dropout included."""
+    """Under `offload` a layer's recomputation takes the rotated queries, keys and values and
+    attention's output from what its forward kept (`kept_through_backward`; on CUDA in pinned
+    host memory, whatever kernel SDPA picks): the q/k/v projections and attention run once per
+    layer, not twice as under `checkpoint`, and the gradients are the bits of keeping
+    everything, dropout on q_proj (inside the kept projections) and down_proj (after them)
+    included."""
     if device == "cuda":
         request.getfixturevalue("deterministic_cuda")
         model = load_model(tiny_bytes_gguf, storage="nf4_double_quant", device="cuda")
-    calls = 0
+    calls = {"attention": 0, "q/k/v": 0}
     sdpa = torch.nn.functional.scaled_dot_product_attention
+    qkv = transformer.LlamaAttention._qkv
 
-    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
-        nonlocal calls
-        calls += 1
+    def attended(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls["attention"] += 1
         return sdpa(*args, **kwargs)
 
-    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", counted)
+    def projected(self, x):  # type: ignore[no-untyped-def]
+        calls["q/k/v"] += 1
+        return qkv(self, x)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", attended)
+    monkeypatch.setattr(transformer.LlamaAttention, "_qkv", projected)
     runs = {}
     grads = {}
     for mode in ("keep", "checkpoint", "offload"):
-        calls = 0
+        calls = dict.fromkeys(calls, 0)
         with autocast(precision, torch.device(device)):
             grads[mode], _ = _grads(model, mode)
-        runs[mode] = calls
+        runs[mode] = set(calls.values())
     layers = model.config.num_hidden_layers
-    assert runs == {"keep": layers, "checkpoint": 2 * layers, "offload": layers}
+    assert runs == {"keep": {layers}, "checkpoint": {2 * layers}, "offload": {layers}}
     for name, g in grads["keep"].items():
         assert torch.equal(g, grads["offload"][name]), name
 

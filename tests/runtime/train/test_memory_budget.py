@@ -124,15 +124,16 @@ def _on_cuda(adapter):  # type: ignore[no-untyped-def]
 
 
 def _pinned(c, tokens: int) -> int:  # type: ignore[no-untyped-def]
-    """Bytes offload pins: per layer and token the input and attention's output in bf16 and
-    attention's fp32 log-sum-exp per head."""
-    per_token = (c.hidden_size + c.num_attention_heads * c.head_dim) * 2 + 4 * c.num_attention_heads
+    """Bytes offload pins: per layer and token the input, the rotated queries, keys and values
+    and attention's output in bf16, and attention's fp32 log-sum-exp per head."""
+    q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+    per_token = (c.hidden_size + 2 * q + 2 * kv) * 2 + 4 * c.num_attention_heads
     return c.num_hidden_layers * tokens * per_token
 
 
 def test_offload_fits_only_where_the_host_can_hold_its_pinned_copies(adapter, monkeypatch):
-    """Offload's pinned copies of the layer inputs and attention outputs (16-bit), with
-    attention's fp32 log-sum-exp per head, must fit in the host memory available, or the budget
+    """Offload's pinned copies of the layer inputs, queries, keys, values and attention outputs
+    (16-bit), with attention's fp32 log-sum-exp per head, must fit in the host memory available, or the budget
     does not pick it; unknown host memory is no limit."""
     from aner_lang.host import memory
 
@@ -184,7 +185,8 @@ def test_host_memory_available_is_read_from_meminfo_or_unknown(tmp_path):
 
 
 def test_plan_says_what_offload_pins_on_the_host(tmp_path, capsys, monkeypatch):
-    """`aner plan` of an offloaded CUDA run gives its pinned copies of the layer inputs, beside
+    """`aner plan` of an offloaded CUDA run gives its pinned copies of the layer inputs and what
+    attention saves, beside
     the peak, and whether this machine has that much available."""
     from aner_lang.host import memory
     from aner_lang.runtime.train.plan import main as plan_main
@@ -201,13 +203,14 @@ def test_plan_says_what_offload_pins_on_the_host(tmp_path, capsys, monkeypatch):
         "let _run = train(lora(base, rank: 4, targets: [q_proj]), data,\n"
         "                 profile(precision: bfloat16, activations: offload), micro_batch: 2)\n"
     )
-    # layers x tokens x (the input and attention's output in bf16, 4 heads' fp32 log-sum-exp)
-    pinned = 2 * 64 * (2 * 64 * 2 + 4 * 4)
+    # layers x tokens x (the input, queries, keys, values and attention's output in bf16,
+    # 4 heads' fp32 log-sum-exp)
+    pinned = 2 * 64 * ((64 + 2 * 64 + 2 * 32) * 2 + 4 * 4)
     monkeypatch.setattr(memory, "available_bytes", lambda: pinned - 1)
     assert plan_main([str(script), "--gpu-memory", "24GB"]) == 0
     out = capsys.readouterr().out
-    assert "pinned host memory 34.0 KiB: offload's copies of the layer inputs and attention" in out
-    assert "more than the 34.0 KiB this machine has available" in out
+    assert "pinned host memory 66.0 KiB: offload's copies of the layer inputs and what" in out
+    assert "more than the 66.0 KiB this machine has available" in out
     script.write_text(script.read_text().replace("offload", "checkpoint"))
     assert plan_main([str(script), "--gpu-memory", "24GB"]) == 0
     assert "pinned host memory" not in capsys.readouterr().out
