@@ -10,7 +10,7 @@
 # (this code's named new), setup.log or tests.log.
 set -u
 mkdir -p "$OUT"
-OUT=$OUT TRACE=0 OLD_CODE="" benchmarks/timeline_check.sh "$@" > "$OUT/setup.log" 2>&1
+CONTEXT=${CONTEXT:-16384} OUT=$OUT TRACE=0 OLD_CODE="" benchmarks/timeline_check.sh "$@" > "$OUT/setup.log" 2>&1
 tail -4 "$OUT/setup.log"
 source benchmarks/device_env.sh
 model=/tmp/train_scale/llama3-8b/model
