@@ -53,10 +53,9 @@ Rules:
   the queries, keys, values and attention's output (for Llama-3-8B, 20 KB in bf16 beside the
   layer input's 8 KB) and spares the recomputation the q, k and v projections (a ninth of a
   layer's base GEMMs), their LoRA and the rotation, and attention's forward (a fifth of
-  attention's time a step). The copies move on
-  the side stream while the forward computes, and backward brings a layer's kept tensors back
-  with its input, one layer ahead. `checkpoint` recomputes them: it keeps what it saves on the
-  GPU.
+  attention's time a step). The copies move on the side stream while the forward computes,
+  and backward brings a layer's kept tensors back with its input, one layer ahead.
+  `checkpoint` recomputes them: it keeps what it saves on the GPU.
 * Outside a gradient computation (evaluation, generation) nothing is checkpointed.
 * Under `keep`, a cheap elementwise result that a consumer would save for backward can be
   recomputed there instead (`recomputing`), where its inputs are kept anyway: each RMSNorm's
