@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Where the GPU waits between updates at 8B, in one device call: optional CUDA tests first (pytest
 # arguments, through gpu_suite.sh --no-bench), then the random-weight Llama-3-8B folder built if
-# absent or built for fewer positions than CONTEXT (train_scale's), then
+# absent, its positions raised to CONTEXT where fewer (train_scale.model_for), then
 # benchmarks/update_timeline.py on it (CONTEXT, default 2048; ACTIVATIONS, default keep; TRACE=0
 # leaves it out). With
 # OLD_CODE=<tar of an older aner_lang/> (git archive <commit> aner_lang), the steady update is then
@@ -23,8 +23,7 @@ source benchmarks/device_env.sh
 unset PYTHONDONTWRITEBYTECODE
 model=/tmp/train_scale/llama3-8b/model
 python3 -c "import train_scale as t; from pathlib import Path; folder = Path('$model'); \
-t.SHAPES['llama3-8b']['context'] = max(${CONTEXT:-2048}, 2048); \
-t._positions(folder) >= ${CONTEXT:-2048} or t.make_model('llama3-8b', folder, 'cuda')"
+t.SHAPES['llama3-8b']['context'] = max(${CONTEXT:-2048}, 2048); t.model_for('llama3-8b', folder, 'cuda')"
 if [[ ${TRACE:-1} == 1 ]]; then
   timeout "${TIMELINE_S:-240}" python3 benchmarks/update_timeline.py --model "$model" \
     --context "${CONTEXT:-2048}" --activations "${ACTIVATIONS:-keep}" --updates "${UPDATES:-30}" --out "$OUT/update_timeline.json" \

@@ -129,10 +129,29 @@ def device_memory_used() -> int | None:
 
 
 def _positions(folder: Path) -> int:
-    """The positions a built model folder takes (0 where none is built): a folder built for a
-    shorter `--context` is built again, since Aner refuses rows longer than the model's."""
+    """The positions a built model folder takes (0 where none is built)."""
     config = folder / "config.json"
     return json.loads(config.read_text())["max_position_embeddings"] if config.exists() else 0
+
+
+def model_for(shape: str, folder: Path, device: str) -> None:
+    """`folder` holding `shape`'s model for its context (Aner refuses rows longer than a model's
+    positions): built where absent; where built for fewer positions, its config's
+    `max_position_embeddings` raised (written beside and renamed over it). A rebuild would write
+    the same weights, since `_write_model` seeds them and none depends on the positions (the
+    shapes' rotary angles are computed at load, from settings the positions do not enter), and it
+    costs a device call about a minute at 8B."""
+    wanted = hf_config(shape).max_position_embeddings
+    built = _positions(folder)
+    if built == 0:
+        make_model(shape, folder, device)
+    elif built < wanted:
+        config = folder / "config.json"
+        values = json.loads(config.read_text())
+        values["max_position_embeddings"] = wanted
+        partial = config.with_name(config.name + ".partial")
+        partial.write_text(json.dumps(values, indent=2) + "\n")
+        partial.replace(config)
 
 
 def make_model(shape: str, folder: Path, device: str) -> None:
@@ -347,9 +366,7 @@ def main(argv: list[str] | None = None) -> int:
                 make_gguf(shape, model, args.gguf)
         else:
             model = work / "model"
-            if _positions(model) < SHAPES[shape]["context"]:  # absent, or built for less
-                shutil.rmtree(model, ignore_errors=True)
-                make_model(shape, model, device)
+            model_for(shape, model, device)
         count = args.warmup + max(args.steps, args.compare)
         make_batches(shape, count, work / "batches.safetensors")
         job = {"dir": str(work), "model": str(model), "shape": shape,
