@@ -4,10 +4,10 @@ per attempt, Aner's own budget picker deciding) agrees with the plan on the CPU.
 
 from __future__ import annotations
 
-import importlib
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -17,12 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def lc() -> ModuleType:
-    sys.path.insert(0, str(ROOT / "benchmarks"))  # longest_context imports train_scale as a script
-    try:
-        return importlib.import_module("longest_context")
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+def lc(bench_script: Callable[[str], ModuleType]) -> ModuleType:
+    return bench_script("longest_context")
 
 
 def _probe(boundary: int, tried: list[int]):  # type: ignore[no-untyped-def]

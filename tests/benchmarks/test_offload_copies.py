@@ -3,24 +3,15 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import re
-import sys
-from pathlib import Path
 
 from aner_lang.runtime.model import activations
 from aner_lang.runtime.train import trainer
 
-ROOT = Path(__file__).resolve().parents[2]
 
-
-def test_each_update_and_each_kind_of_copy_is_counted(tiny_bytes_gguf, tmp_path):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        copies = importlib.import_module("offload_copies")
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+def test_each_update_and_each_kind_of_copy_is_counted(tiny_bytes_gguf, tmp_path, bench_script):
+    copies = bench_script("offload_copies")
     out = tmp_path / "copies.json"
     args = ["--model", str(tiny_bytes_gguf), "--context", "32", "--updates", "2"]
     assert copies.main([*args, "--device", "cpu", "--out", str(out)]) == 0

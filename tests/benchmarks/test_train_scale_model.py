@@ -3,22 +3,15 @@ is raised to them, and is then the folder a rebuild for that context writes, wei
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
-from pathlib import Path
 
 from safetensors.torch import load_file
 
-ROOT = Path(__file__).resolve().parents[2]
 
-
-def test_a_model_raised_to_more_positions_is_the_model_built_for_them(tmp_path, monkeypatch):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        ts = importlib.import_module("train_scale")
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+def test_a_model_raised_to_more_positions_is_the_model_built_for_them(
+    tmp_path, monkeypatch, bench_script
+):
+    ts = bench_script("train_scale")
     monkeypatch.setitem(ts.SHAPES, "tiny", dict(ts.SHAPES["tiny"]))
     raised, rebuilt = tmp_path / "raised", tmp_path / "rebuilt"
     ts.model_for("tiny", raised, "cpu")

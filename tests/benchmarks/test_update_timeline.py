@@ -4,24 +4,16 @@ update's first kernel included) with the host ranges that overlap each."""
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture(scope="module")
-def timeline() -> ModuleType:
-    sys.path.insert(0, str(ROOT / "benchmarks"))  # it imports train_e2e as a script does
-    try:
-        return importlib.import_module("update_timeline")
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+def timeline(bench_script: Callable[[str], ModuleType]) -> ModuleType:
+    return bench_script("update_timeline")
 
 
 def _event(cat: str, name: str, ts: float, dur: float) -> dict[str, Any]:
