@@ -10,7 +10,8 @@
 # (this code's named new), setup.log or tests.log.
 set -u
 mkdir -p "$OUT"
-CONTEXT=${CONTEXT:-16384} OUT=$OUT TRACE=0 OLD_CODE="" benchmarks/timeline_check.sh "$@" > "$OUT/setup.log" 2>&1
+export CONTEXT=${CONTEXT:-16384}
+OUT=$OUT TRACE=0 OLD_CODE="" benchmarks/timeline_check.sh "$@" > "$OUT/setup.log" 2>&1
 tail -4 "$OUT/setup.log"
 source benchmarks/device_env.sh
 model=/tmp/train_scale/llama3-8b/model
@@ -26,7 +27,7 @@ done
 for side in "${sides[@]}"; do
   name=${side%%=*}
   PYTHONPATH="${side#*=}:$PYTHONPATH" timeout "${COPIES_S:-150}" python3 benchmarks/offload_copies.py \
-    --model "$model" --context "${CONTEXT:-16384}" --updates "${UPDATES:-4}" \
+    --model "$model" --context "$CONTEXT" --updates "${UPDATES:-4}" \
     --out "$OUT/copies_$name.json" > "$OUT/copies_$name.log" 2>&1
   echo "$name rc=$?"; tail -"${TAIL:-20}" "$OUT/copies_$name.log"
 done

@@ -2,7 +2,8 @@
 of tensor copied (how it was saved or kept, its shape, strides and dtype), how many; per update
 its seconds, the host time spent packing, keeping, fetching and unpacking, torch's pinned-memory
 allocator counters (allocations, cudaHostAlloc time) and the GPU's peak; its loss and gradient
-norm, to compare codes bit for bit. `--device cpu` runs the plumbing alone (offload keeps CPU tensors as they are).
+norm, to compare codes bit for bit. `--device cpu` runs the plumbing alone (offload keeps CPU
+tensors as they are).
 
     python benchmarks/offload_copies.py --model /tmp/train_scale/llama3-8b/model --context 16384
 """
@@ -107,8 +108,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _losses(events: Path) -> list[tuple[float, float | None]]:
-    """Per update, its loss and gradient norm (where logged) from the run's event log (as logged, so
-    two codes' runs compare bit for bit)."""
+    """Per update, its loss and gradient norm (where logged) from the run's event log, as logged,
+    so two codes' runs compare bit for bit."""
     rows = [json.loads(line) for line in events.read_text().splitlines()]
     return [(r["loss"], r.get("grad_norm")) for r in rows if r["event"] == "update"]
 

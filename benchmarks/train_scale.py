@@ -105,15 +105,20 @@ SIDES = ("aner", "peft", "peft-gc", "peft-liger", "unsloth", "unsloth-gc")
 # ---- the parent: model folder, batches, one process per side, the table -----------------------
 
 
+def positions(shape: str) -> int:
+    """The positions a model of `shape` is built for: its context, at least 8192."""
+    return max(8192, SHAPES[shape]["context"])
+
+
 def hf_config(shape: str) -> Any:
-    """The transformers config of `shape`, positions up to its context (at least 8192)."""
+    """The transformers config of `shape`, for its `positions`."""
     from transformers import Gemma3TextConfig, LlamaConfig, Qwen3MoeConfig
 
     CONFIGS = {"llama": LlamaConfig, "qwen3_moe": Qwen3MoeConfig, "gemma3_text": Gemma3TextConfig}
 
     cfg = {k: v for k, v in SHAPES[shape].items() if k != "context"}
     kind = cfg.pop("model_type", "llama")
-    return CONFIGS[kind](**cfg, max_position_embeddings=max(8192, SHAPES[shape]["context"]),
+    return CONFIGS[kind](**cfg, max_position_embeddings=positions(shape),
                          bos_token_id=1, eos_token_id=2, pad_token_id=0)  # fmt: skip
 
 
@@ -141,7 +146,7 @@ def model_for(shape: str, folder: Path, device: str) -> None:
     the same weights, since `_write_model` seeds them and none depends on the positions (the
     shapes' rotary angles are computed at load, from settings the positions do not enter), and it
     costs a device call about a minute at 8B."""
-    wanted = hf_config(shape).max_position_embeddings
+    wanted = positions(shape)
     built = _positions(folder)
     if built == 0:
         make_model(shape, folder, device)
@@ -211,7 +216,7 @@ def make_gguf(shape: str, path: Path, kind: str) -> None:
         raise SystemExit(f"{shape}: --gguf runs Llama shapes only (the fixture writer's)")
     fixture = Shape(layers=c["num_hidden_layers"], hidden=c["hidden_size"],
                     heads=c["num_attention_heads"], kv_heads=c["num_key_value_heads"],
-                    ffn=c["intermediate_size"], context=max(8192, c["context"]),
+                    ffn=c["intermediate_size"], context=positions(shape),
                     rope_theta=c["rope_theta"], vocab_size=c["vocab_size"])  # fmt: skip
     tied, tokenizer = c["tie_word_embeddings"], embedded_tokenizer()
     if kind == "q4_k_m":

@@ -7,6 +7,7 @@ import json
 import re
 import shutil
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime import adapters as A
 from aner_lang.runtime.load.loader import load_model
 from aner_lang.runtime.train import budget
+from aner_lang.runtime.train.footprint import LayerShape, offload_host_bytes
 from aner_lang.runtime.train.profile import profile
 
 
@@ -139,10 +141,6 @@ def test_the_plan_of_offloads_pinned_memory_against_the_h200s():
     buffer and the final norm's copies included: the plan's offload copies, in the blocks torch
     pins for them, are within that and above nine tenths of it (without the blocks' rounding
     they would be 13.2 GB)."""
-    from pathlib import Path
-
-    from aner_lang.runtime.train.footprint import LayerShape, offload_host_bytes
-
     results = Path(__file__).resolve().parents[3] / "benchmarks" / "results"
     run = json.loads((results / "h200_s23_call4_copies_kqkv.json").read_text())
     pinned = run["updates"][-1]["host_memory"]["allocated_bytes.current"]
