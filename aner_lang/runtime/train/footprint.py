@@ -74,16 +74,22 @@ def activation_bytes(precision: str) -> int:
     return 4 if precision == "float32" else 2
 
 
-def offload_host_bytes(layers: int, tokens: int, shape: LayerShape, act_bytes: int) -> int:
-    """Pinned host memory `offload` keeps: every decoder layer's `[tokens, hidden]` input, its
-    rotated queries, keys and values, and its attention's `[tokens, q_size]` output and fp32
-    log-sum-exp per head and token (`model.activations.kept_through_backward`), each copy in the
-    block torch pins for it (`pinned_block_bytes`). Left out: the LoRA's kept low-rank products
+def offload_copy_bytes(tokens: int, shape: LayerShape, act_bytes: int) -> list[int]:
+    """The bytes of each copy `offload` keeps in pinned host memory per decoder layer, in the order
+    the forward makes them: the layer's `[tokens, hidden]` input, its rotated queries, keys and
+    values, and its attention's `[tokens, q_size]` output and fp32 log-sum-exp per head and token
+    (`model.activations.kept_through_backward`). Left out: the LoRA's kept low-rank products
     (rank x targets per token, under 0.5% of the rest at rank 16)."""
     s = shape
-    copies = (s.hidden, s.q_size, s.kv_size, s.kv_size, s.q_size)
-    blocks = [tokens * width * act_bytes for width in copies] + [tokens * s.heads * 4]
-    return layers * sum(pinned_block_bytes(n) for n in blocks)
+    widths = (s.hidden, s.q_size, s.kv_size, s.kv_size, s.q_size)
+    return [tokens * width * act_bytes for width in widths] + [tokens * s.heads * 4]
+
+
+def offload_host_bytes(layers: int, tokens: int, shape: LayerShape, act_bytes: int) -> int:
+    """Pinned host memory `offload` keeps: every decoder layer's copies (`offload_copy_bytes`),
+    each in the block torch pins for it (`pinned_block_bytes`)."""
+    copies = offload_copy_bytes(tokens, shape, act_bytes)
+    return layers * sum(pinned_block_bytes(n) for n in copies)
 
 
 def pinned_block_bytes(nbytes: int) -> int:

@@ -1,0 +1,156 @@
+"""What pinning `offload`'s host copies costs, by each way torch can pin: the copies of a whole
+forward at the full Llama-3-8B shape (`footprint.offload_copy_bytes`, in the forward's order), each
+asked of torch's caching host allocator as `HostCopies` asks it, timed
+
+* the first time (pinned afresh: what a run's first offloaded update waits for),
+* again after they were freed (from torch's cache: every later update),
+* while the main thread runs bf16 GEMMs the whole time (`--overlap`): whether pinning ahead on
+  another thread would hide behind compute, and what it takes from the GEMMs;
+
+with the copy bandwidth of the largest copy in and out of that memory. Each setting runs in a
+fresh process (the allocator reads its settings once and caches what it pinned): torch's default
+(`cudaHostAlloc`) and `pinned_use_cuda_host_register` with 1, 8 and 16 threads (`malloc`, the
+pages touched by that many threads, then `cudaHostRegister`).
+
+    python benchmarks/pinned_alloc.py --tokens 16384 --out /tmp/pinned_alloc.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+SETTINGS = {
+    "default": "",
+    "register-1": "pinned_use_cuda_host_register:True,pinned_num_register_threads:1",
+    "register-8": "pinned_use_cuda_host_register:True,pinned_num_register_threads:8",
+    "register-16": "pinned_use_cuda_host_register:True,pinned_num_register_threads:16",
+}
+GEMM = (8192, 4096, 14336)
+"""The GEMM the overlap runs beside the pinning: an 8B gate projection over 8,192 tokens."""
+
+
+def copy_sizes(tokens: int, layers: int) -> list[int]:
+    """Every copy a forward of the Llama-3-8B shape keeps, in bytes, layer by layer."""
+    from aner_lang.runtime.train.footprint import LayerShape, offload_copy_bytes
+
+    shape = LayerShape(hidden=4096, q_size=4096, kv_size=1024, intermediate=14336, heads=32)
+    return offload_copy_bytes(tokens, shape, 2) * layers
+
+
+def _pin(sizes: list[int]) -> tuple[float, list[Any]]:
+    import torch
+
+    start = time.perf_counter()
+    held = [torch.empty(n, dtype=torch.uint8, pin_memory=True) for n in sizes]
+    return time.perf_counter() - start, held
+
+
+def _bandwidth(host: Any) -> dict[str, float]:
+    """GB/s of copying `host` to the GPU and back, five times each."""
+    import torch
+
+    device = torch.empty_like(host, device="cuda")
+    rates = {}
+    for name, dst, src in (("h2d", device, host), ("d2h", host, device)):
+        dst.copy_(src, non_blocking=True)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(5):
+            dst.copy_(src, non_blocking=True)
+        torch.cuda.synchronize()
+        rates[f"{name}_gb_per_s"] = 5 * host.numel() / (time.perf_counter() - start) / 1e9
+    return rates
+
+
+def _gemm_rate(seconds: float, until: threading.Event | None = None) -> float:
+    """TFLOP/s of the GEMM run back to back for `seconds`, or until `until` is set."""
+    import torch
+
+    m, k, n = GEMM
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    count, start = 0, time.perf_counter()
+    while (until is None and time.perf_counter() - start < seconds) or (
+        until is not None and not until.is_set()
+    ):
+        for _ in range(8):
+            a @ b
+        torch.cuda.synchronize()
+        count += 8
+    return count * 2 * m * k * n / (time.perf_counter() - start) / 1e12
+
+
+def child(tokens: int, layers: int, overlap: bool) -> dict[str, Any]:
+    import torch
+
+    torch.cuda.init()
+    sizes = copy_sizes(tokens, layers)
+    result: dict[str, Any] = {"bytes_asked": sum(sizes)}
+    if overlap:
+        alone = _gemm_rate(2.0)
+        done, pinned = threading.Event(), {}
+
+        def pin() -> None:
+            pinned["seconds"], pinned["held"] = _pin(sizes)
+            done.set()
+
+        thread = threading.Thread(target=pin)
+        thread.start()
+        beside = _gemm_rate(0.0, done)
+        thread.join()
+        result |= {"gemm_tflops_alone": alone, "gemm_tflops_beside_pinning": beside,
+                   "first_seconds_beside_gemms": pinned["seconds"]}  # fmt: skip
+        return result
+    first, held = _pin(sizes)
+    result |= {"first_seconds": first, **_bandwidth(held[0])}
+    del held
+    torch.cuda.synchronize()
+    result["again_seconds"], held = _pin(sizes)
+    stats = torch.cuda.host_memory_stats()  # while the second pass still holds its copies
+    result["pinned_bytes"] = stats.get("allocated_bytes.current")
+    result["host_alloc_seconds"] = stats.get("host_alloc_time.total", 0) / 1e6  # from us
+    result["copies"] = len(held)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=16384)
+    ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--settings", default=",".join(SETTINGS))
+    ap.add_argument("--overlap", action="store_true", help="also pin beside GEMMs")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--out")
+    args = ap.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args.tokens, args.layers, args.child == "overlap")))
+        return 0
+    rows = []
+    for name in args.settings.split(","):
+        env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": SETTINGS[name]}
+        for mode in ("pin", "overlap") if args.overlap else ("pin",):
+            cmd = [sys.executable, __file__, "--child", mode, "--tokens", str(args.tokens),
+                   "--layers", str(args.layers)]  # fmt: skip
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+            if done.returncode:
+                row = {"error": done.stderr.strip().splitlines()[-1:]}
+            else:
+                row = json.loads(done.stdout.strip().splitlines()[-1])
+            rows.append({"setting": name, "mode": mode, **row})
+            print(json.dumps(rows[-1]), flush=True)
+            if args.out:  # after each row: a call cut short keeps the rows it has
+                with open(args.out, "w") as f:
+                    json.dump({"tokens": args.tokens, "layers": args.layers, "rows": rows}, f)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
