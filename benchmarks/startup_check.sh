@@ -3,8 +3,8 @@
 # short `aner run`s of the 8B shape (the first cold on a fresh machine, the others warm), whose
 # start events split the seconds before training (imports, loading, kernel build, train setup),
 # then benchmarks/train_fixed_cost.py on the same folder (LoRA r16 on the seven projections,
-# context 2048; each call continuing one adapter, then a new adapter per call), with the
-# functions that cost the most.
+# context 2048; each call continuing one adapter, then a new adapter per call: FIXED_MODES,
+# default "continued fresh"), with the functions that cost the most. E2E_REPEATS (default 3) runs.
 # Arguments, if any, select CUDA tests to run first (gpu_suite.sh --no-bench). Results under
 # $OUT: suite.log, *_events.jsonl, startup.txt, fixed_cost.json, fixed_cost_{continued,fresh}.log
 # (tests.log, pytest.log).
@@ -22,7 +22,8 @@ for f in "$OUT"/*_events.jsonl; do
 done > "$OUT/startup.txt"
 export PYTHONPATH="$PWD:$PWD/lsp:/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 unset PYTHONDONTWRITEBYTECODE  # as gpu_suite.sh does
-for mode in continued fresh; do  # one adapter continued (kept graphs), or a new LoRA per call
+# one adapter continued (kept graphs), or a new LoRA per call; FIXED_MODES picks
+for mode in ${FIXED_MODES:-continued fresh}; do
   timeout "${FIXED_S:-200}" python3 benchmarks/train_fixed_cost.py --device cuda \
     --model /tmp/train_e2e/llama3-8b/model --storage nf4_double_quant --precision bfloat16 \
     --context 2048 --rank 16 --targets q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj \
