@@ -10,7 +10,8 @@ asked of torch's caching host allocator as `HostCopies` asks it, timed
 with the copy bandwidth of the largest copy in and out of that memory. Each setting runs in a
 fresh process (the allocator reads its settings once and caches what it pinned): torch's default
 (`cudaHostAlloc`) and `pinned_use_cuda_host_register` with 1, 8 and 16 threads (`malloc`, the
-pages touched by that many threads, then `cudaHostRegister`).
+pages touched by that many threads, then `cudaHostRegister`), the latter with 8 threads also set by
+the process itself at run time.
 
     python benchmarks/pinned_alloc.py --tokens 16384 --out /tmp/pinned_alloc.json
 """
@@ -31,7 +32,11 @@ SETTINGS = {
     "register-1": "pinned_use_cuda_host_register:True,pinned_num_register_threads:1",
     "register-8": "pinned_use_cuda_host_register:True,pinned_num_register_threads:8",
     "register-16": "pinned_use_cuda_host_register:True,pinned_num_register_threads:16",
+    "register-8-set": "pinned_use_cuda_host_register:True,pinned_num_register_threads:8",
 }
+"""Settings by name; one named `*-set` is applied by the process itself, through
+`torch._C._accelerator_setAllocatorSettings` before it pins anything, not by the environment (can
+a run switch it on for itself?)."""
 GEMM = (8192, 4096, 14336)
 """The GEMM the overlap runs beside the pinning: an 8B gate projection over 8,192 tokens."""
 
@@ -88,15 +93,17 @@ def _gemm_rate(seconds: float, until: threading.Event | None = None) -> float:
     return count * 2 * m * k * n / (time.perf_counter() - start) / 1e12
 
 
-def child(tokens: int, layers: int, overlap: bool) -> dict[str, Any]:
+def child(tokens: int, layers: int, overlap: bool, settings: str) -> dict[str, Any]:
     import torch
 
+    if settings:
+        torch._C._accelerator_setAllocatorSettings(settings)
     torch.cuda.init()
     sizes = copy_sizes(tokens, layers)
     result: dict[str, Any] = {"bytes_asked": sum(sizes)}
     if overlap:
         alone = _gemm_rate(2.0)
-        done, pinned = threading.Event(), {}
+        done, pinned = threading.Event(), dict[str, Any]()
 
         def pin() -> None:
             pinned["seconds"], pinned["held"] = _pin(sizes)
@@ -131,11 +138,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     if args.child:
-        print(json.dumps(child(args.tokens, args.layers, args.child == "overlap")))
+        own = os.environ.pop("ANER_PINNED_SETTINGS", "")
+        print(json.dumps(child(args.tokens, args.layers, args.child == "overlap", own)))
         return 0
     rows = []
     for name in args.settings.split(","):
-        env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": SETTINGS[name]}
+        own = name.endswith("-set")
+        env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": "" if own else SETTINGS[name]}
+        env["ANER_PINNED_SETTINGS"] = SETTINGS[name] if own else ""
         for mode in ("pin", "overlap") if args.overlap else ("pin",):
             cmd = [sys.executable, __file__, "--child", mode, "--tokens", str(args.tokens),
                    "--layers", str(args.layers)]  # fmt: skip
