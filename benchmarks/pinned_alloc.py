@@ -1,6 +1,6 @@
 """What pinning `offload`'s host copies costs, by each way torch can pin: the copies of a whole
-forward at the full Llama-3-8B shape (`footprint.offload_copy_bytes`, in the forward's order), each
-asked of torch's caching host allocator as `HostCopies` asks it, timed
+forward at a benchmark shape (`--shape`, train_scale's; `footprint.offload_copy_bytes`, in the
+forward's order), each asked of torch's caching host allocator as `HostCopies` asks it, timed
 
 * the first time (pinned afresh: what a run's first offloaded update waits for),
 * again after they were freed (from torch's cache: every later update),
@@ -25,7 +25,13 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
+
+from train_scale import SHAPES  # this directory is on sys.path
+
+from aner_lang.runtime.model.config import config_from_hf
+from aner_lang.runtime.train.footprint import layer_shape, offload_copy_bytes
 
 SETTINGS = {
     "default": "",
@@ -34,19 +40,16 @@ SETTINGS = {
     "register-16": "pinned_use_cuda_host_register:True,pinned_num_register_threads:16",
     "register-8-set": "pinned_use_cuda_host_register:True,pinned_num_register_threads:8",
 }
-"""Settings by name; one named `*-set` is applied by the process itself, through
-`torch._C._accelerator_setAllocatorSettings` before it pins anything, not by the environment (can
-a run switch it on for itself?)."""
+"""Settings by name; one named `*-set` is applied by the process itself (`child`'s `applied`)
+before it pins anything, not by the environment: can a run switch it on for itself?"""
 GEMM = (8192, 4096, 14336)
 """The GEMM the overlap runs beside the pinning: an 8B gate projection over 8,192 tokens."""
 
 
-def copy_sizes(tokens: int, layers: int) -> list[int]:
-    """Every copy a forward of the Llama-3-8B shape keeps, in bytes, layer by layer."""
-    from aner_lang.runtime.train.footprint import LayerShape, offload_copy_bytes
-
-    shape = LayerShape(hidden=4096, q_size=4096, kv_size=1024, intermediate=14336, heads=32)
-    return offload_copy_bytes(tokens, shape, 2) * layers
+def copy_sizes(shape: str, tokens: int) -> list[int]:
+    """Every copy a bf16 forward of `shape` keeps, in bytes, layer by layer."""
+    config = config_from_hf({"model_type": "llama", **SHAPES[shape]}, Path(shape))
+    return offload_copy_bytes(tokens, layer_shape(config), 2) * config.num_hidden_layers
 
 
 def _pin(sizes: list[int]) -> tuple[float, list[Any]]:
@@ -93,13 +96,14 @@ def _gemm_rate(seconds: float, until: threading.Event | None = None) -> float:
     return count * 2 * m * k * n / (time.perf_counter() - start) / 1e12
 
 
-def child(tokens: int, layers: int, overlap: bool, settings: str) -> dict[str, Any]:
+def child(sizes: list[int], overlap: bool, applied: str) -> dict[str, Any]:
+    """One setting's row: `sizes` pinned as the module docstring says, beside GEMMs with
+    `overlap`; `applied`, where given, set through torch's allocator settings first."""
     import torch
 
-    if settings:
-        torch._C._accelerator_setAllocatorSettings(settings)
+    if applied:
+        torch._C._accelerator_setAllocatorSettings(applied)
     torch.cuda.init()
-    sizes = copy_sizes(tokens, layers)
     result: dict[str, Any] = {"bytes_asked": sum(sizes)}
     if overlap:
         alone = _gemm_rate(2.0)
@@ -130,25 +134,25 @@ def child(tokens: int, layers: int, overlap: bool, settings: str) -> dict[str, A
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", default="llama3-8b", help="one of train_scale's shapes")
     ap.add_argument("--tokens", type=int, default=16384)
-    ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--settings", default=",".join(SETTINGS))
     ap.add_argument("--overlap", action="store_true", help="also pin beside GEMMs")
-    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--child", choices=("pin", "overlap"), help=argparse.SUPPRESS)
+    ap.add_argument("--apply", default="", help=argparse.SUPPRESS)
     ap.add_argument("--out")
     args = ap.parse_args(argv)
+    sizes = copy_sizes(args.shape, args.tokens)
     if args.child:
-        own = os.environ.pop("ANER_PINNED_SETTINGS", "")
-        print(json.dumps(child(args.tokens, args.layers, args.child == "overlap", own)))
+        print(json.dumps(child(sizes, args.child == "overlap", args.apply)))
         return 0
     rows = []
     for name in args.settings.split(","):
-        own = name.endswith("-set")
-        env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": "" if own else SETTINGS[name]}
-        env["ANER_PINNED_SETTINGS"] = SETTINGS[name] if own else ""
+        applied = SETTINGS[name] if name.endswith("-set") else ""
+        env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": "" if applied else SETTINGS[name]}
         for mode in ("pin", "overlap") if args.overlap else ("pin",):
-            cmd = [sys.executable, __file__, "--child", mode, "--tokens", str(args.tokens),
-                   "--layers", str(args.layers)]  # fmt: skip
+            cmd = [sys.executable, __file__, "--child", mode, "--apply", applied,
+                   "--shape", args.shape, "--tokens", str(args.tokens)]  # fmt: skip
             done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
             if done.returncode:
                 row = {"error": done.stderr.strip().splitlines()[-1:]}
@@ -158,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(rows[-1]), flush=True)
             if args.out:  # after each row: a call cut short keeps the rows it has
                 with open(args.out, "w") as f:
-                    json.dump({"tokens": args.tokens, "layers": args.layers, "rows": rows}, f)
+                    json.dump({"shape": args.shape, "tokens": args.tokens, "rows": rows}, f)
     return 0
 
 

@@ -5,8 +5,8 @@
 # patch under benchmarks/variants/) unpacked over this copy of the tree and its Aner side
 # (VARIANT_SIDE, default aner-offload) run again on the same folder and batches, then the
 # variant's CUDA tests (pytest arguments, if any). Results under $OUT: scale_main.json/.log,
-# scale_variant.json/.log, env_main.txt and env.txt (the variant's source), pytest.log. The variant overwrites this copy's files: run
-# it on the device machine only.
+# scale_variant.json/.log, env_main.txt and env.txt (the variant's source), pytest.log. The
+# variant overwrites this copy's files: run it on the device machine only.
 set -u
 mkdir -p "$OUT"
 args="--activations checkpoint --context ${CONTEXT:-16384} --steps 4 --warmup 1 --compare 4 --repeats ${REPEATS:-2} --timeout ${SIDE_S:-120}"

@@ -13,7 +13,7 @@ from aner_lang.runtime.train.footprint import LayerShape, offload_host_bytes, pi
 
 def test_it_pins_what_the_plan_counts_for_a_forward(bench_script):
     pinned = bench_script("pinned_alloc")
-    sizes = pinned.copy_sizes(14337, 32)
+    sizes = pinned.copy_sizes("llama3-8b", 14337)
     shape = LayerShape(4096, 4096, 1024, 14336, 32)
     assert sum(pinned_block_bytes(n) for n in sizes) == offload_host_bytes(32, 14337, shape, 2)
 
@@ -22,7 +22,7 @@ def test_it_pins_what_the_plan_counts_for_a_forward(bench_script):
 def test_a_setting_that_fails_is_reported_and_the_others_still_run(bench_script, tmp_path):
     pinned = bench_script("pinned_alloc")
     out = tmp_path / "pinned.json"
-    args = ["--settings", "default,register-8", "--tokens", "64", "--layers", "1"]
+    args = ["--settings", "default,register-8", "--shape", "tiny", "--tokens", "64"]
     assert pinned.main([*args, "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
     assert [r["setting"] for r in rows] == ["default", "register-8"]
