@@ -26,7 +26,7 @@ Rules and reasons:
   into fresh pageable memory, thousands of allocations whose first touch of every page is a
   fault (seconds where the host is short of free pages, e.g. while the disk flushes a model
   just written), run in a thread that makes no CUDA call, so a graph may record meanwhile.
-  The next use of the staging buffer waits for that thread; `HostCopies.result()` does too.
+  The next use of the staging buffer waits for that thread; `PendingCopies.result()` does too.
   The thread is not a daemon: a process ending while it copies waits for it (a daemon thread
   inside torch when the interpreter finalises aborts the process).
 * The copies never share storage with each other or alias the originals: a snapshot's tensors
@@ -117,7 +117,7 @@ def host_copies(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return host_copies_soon(tensors).result()
 
 
-class HostCopies:
+class PendingCopies:
     """Host copies of tensors whose transfers are done and whose copies out of the staging
     buffer are being made by a thread (see the rules): `result()` waits for them."""
 
@@ -158,7 +158,7 @@ class HostCopies:
         return {name: self._out[name] for name in self._order}
 
 
-def host_copies_soon(tensors: dict[str, torch.Tensor]) -> HostCopies:
+def host_copies_soon(tensors: dict[str, torch.Tensor]) -> PendingCopies:
     """Copies of ``tensors`` as `host_copies` makes them; on return the originals may change,
     and the copies out of the pinned staging buffer are still being made (see the rules)."""
     ready: dict[str, torch.Tensor] = {}
@@ -172,10 +172,10 @@ def host_copies_soon(tensors: dict[str, torch.Tensor]) -> HostCopies:
         else:
             ready[name] = t.clone(memory_format=torch.contiguous_format)
     if not staged:
-        return HostCopies(list(tensors), ready, {}, None)
+        return PendingCopies(list(tensors), ready, {}, None)
     try:
         views = _staged_into(_STAGING.take(_staged_bytes(staged)), staged)
-        return HostCopies(list(tensors), ready, views, _STAGING)
+        return PendingCopies(list(tensors), ready, views, _STAGING)
     finally:
         _STAGING.done()
 

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from aner_lang.problems.errors import AnerRuntimeError
-from aner_lang.runtime.io.host_copy import HostCopies
+from aner_lang.runtime.io.host_copy import PendingCopies
 
 STATE_FORMAT = "aner.train-state/1"
 
@@ -44,23 +44,25 @@ class Counters:
 
 class TrainState:
     """Everything needed to continue training bit-identically (docs/internals.md). Its tensors
-    may still be being copied to the host (a snapshot's, `host_copy.HostCopies`): reading them
+    may still be being copied to the host (a snapshot's, `host_copy.PendingCopies`): reading them
     waits for that."""
 
-    def __init__(self, tensors: dict[str, torch.Tensor] | HostCopies, meta: dict[str, Any]) -> None:
+    def __init__(
+        self, tensors: dict[str, torch.Tensor] | PendingCopies, meta: dict[str, Any]
+    ) -> None:
         self._tensors = tensors
         self.meta = meta
 
     @property
     def tensors(self) -> dict[str, torch.Tensor]:
-        if isinstance(self._tensors, HostCopies):
+        if isinstance(self._tensors, PendingCopies):
             self._tensors = self._tensors.result()
         return self._tensors
 
     @property
     def nbytes(self) -> int:
         """The tensors' bytes, without waiting for them to be copied."""
-        if isinstance(self._tensors, HostCopies):
+        if isinstance(self._tensors, PendingCopies):
             return self._tensors.nbytes
         return sum(t.nbytes for t in self._tensors.values())
 

@@ -55,12 +55,12 @@ def _check_copies(given: dict[str, torch.Tensor], copies: dict[str, torch.Tensor
 
 def _through_staging(
     given: dict[str, torch.Tensor], staging: host_copy._Staging | None = None
-) -> host_copy.HostCopies:
+) -> host_copy.PendingCopies:
     """Copies of CPU tensors placed in a pageable staging buffer as `host_copies_soon` places
     CUDA ones in its pinned one, then copied out by the thread (`staging`, when given, is told
     of it)."""
     buffer = torch.empty(host_copy._staged_bytes(given), dtype=torch.uint8)
-    return host_copy.HostCopies(list(given), {}, host_copy._staged_into(buffer, given), staging)
+    return host_copy.PendingCopies(list(given), {}, host_copy._staged_into(buffer, given), staging)
 
 
 def test_staged_copies_place_every_dtype_and_shape_apart(tmp_path):
@@ -140,7 +140,7 @@ def test_the_staging_buffer_is_reused_only_after_its_copies_are_made():
     _check_copies(given, copies.result())
     unreadable = {"x": torch.empty(3, device="meta")}  # no data to copy out of
     with pytest.raises(NotImplementedError):
-        host_copy.HostCopies(["x"], {}, unreadable, None).result()
+        host_copy.PendingCopies(["x"], {}, unreadable, None).result()
 
 
 def test_a_train_state_reads_its_tensors_once_they_are_copied():
