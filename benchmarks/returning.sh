@@ -7,16 +7,22 @@ set -u
 name=$1; shift
 real=${OUT:?OUT must be set}
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/$name.XXXXXX")
+command=""
 pack() { tar -czf "$real/$name.tmp.tgz" -C "$scratch" . && mv "$real/$name.tmp.tgz" "$real/$name.tgz"; }
-last() { pack; rm -rf "$scratch"; }
-(while sleep "${PACK_EVERY_S:-15}"; do pack; done) &
+# The packer leaves at once while it sleeps (its sleep too, which would otherwise hold the
+# call's output open), and after its tar while it packs, so the last pack never writes the same
+# temporary tar beside it.
+(
+  trap 'kill "$nap" 2>/dev/null; exit 0' TERM
+  while :; do sleep "${PACK_EVERY_S:-15}" & nap=$!; wait "$nap"; pack; done
+) &
 packer=$!
-# stopped (a `timeout` around this script): stop the command and the packer, pack once more
-trap 'kill "$command" "$packer" 2>/dev/null; last; exit 143' TERM INT
+last() { kill "$packer" 2>/dev/null; wait "$packer"; pack; rm -rf "$scratch"; }
+# stopped (a `timeout` around this script): stop the command, pack once more
+trap 'kill "$command" 2>/dev/null; last; exit 143' TERM INT
 OUT=$scratch "$@" &
 command=$!
 wait "$command"
 rc=$?
-kill "$packer" 2>/dev/null
 last
 exit "$rc"

@@ -29,9 +29,12 @@ def _names(tgz: Path) -> set[str]:
 
 
 def test_packs_what_the_command_wrote_and_keeps_its_status(tmp_path: Path) -> None:
-    env = _env(tmp_path, "1")
+    env = _env(tmp_path, "60")
     cmd = 'echo a > "$OUT/a.txt"; mkdir "$OUT/d"; echo b > "$OUT/d/b.txt"; exit 3'
-    done = subprocess.run([str(SCRIPT), "r", "bash", "-c", cmd], env=env, timeout=30, check=False)
+    # its output is closed when it ends: nothing of it (the packer's sleep) waits on
+    done = subprocess.run(
+        [str(SCRIPT), "r", "bash", "-c", cmd], env=env, capture_output=True, timeout=30, check=False
+    )
     assert done.returncode == 3
     assert _names(tmp_path / "out" / "r.tgz") == {"a.txt", "d", "b.txt"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # the scratch folder is gone
