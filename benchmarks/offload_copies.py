@@ -99,19 +99,23 @@ def main(argv: list[str] | None = None) -> int:
         )  # fmt: skip
     for kind, n in kinds.most_common(40):
         print(n, kind)
-    losses = _losses(folder / "events.jsonl")
+    updates = _updates(folder / "events.jsonl")
+    losses = [(r["loss"], r.get("grad_norm")) for r in updates]
     print("losses", losses)
+    tokens = [r["tokens"] for r in updates]
     Path(args.out).write_text(
-        json.dumps({"updates": stats, "losses": losses, "copies": dict(kinds)}, indent=1)
+        json.dumps(
+            {"updates": stats, "losses": losses, "tokens": tokens, "copies": dict(kinds)}, indent=1
+        )
     )
     return 0
 
 
-def _losses(events: Path) -> list[tuple[float, float | None]]:
-    """Per update, its loss and gradient norm (where logged) from the run's event log, as logged,
-    so two codes' runs compare bit for bit."""
+def _updates(events: Path) -> list[dict[str, Any]]:
+    """The run's update events, as logged: their losses and gradient norms (where logged) compare
+    two codes' runs bit for bit, and their tokens size what offload pinned."""
     rows = [json.loads(line) for line in events.read_text().splitlines()]
-    return [(r["loss"], r.get("grad_norm")) for r in rows if r["event"] == "update"]
+    return [r for r in rows if r["event"] == "update"]
 
 
 if __name__ == "__main__":

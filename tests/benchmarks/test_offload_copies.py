@@ -24,9 +24,12 @@ def test_each_update_and_each_kind_of_copy_is_counted(tiny_bytes_gguf, tmp_path,
     assert all(u["seconds"] > 0 and u["host_seconds"]["pack"] > 0 for u in result["updates"])
     config = copies.load_model(tiny_bytes_gguf, storage="nf4_double_quant", device="cpu").config
     # every layer's input, once per micro-batch of every update
-    inputs = rf"pack \(\d+, \d+, {config.hidden_size}\) "
-    packed = sum(n for kind, n in result["copies"].items() if re.match(inputs, kind))
-    assert packed >= 2 * config.num_hidden_layers
+    inputs = rf"pack \((\d+), (\d+), {config.hidden_size}\) "
+    found = [(re.match(inputs, kind), n) for kind, n in result["copies"].items()]
+    packed = [(int(m[1]) * int(m[2]), n) for m, n in found if m]
+    assert sum(n for _, n in packed) >= 2 * config.num_hidden_layers
+    # the tokens of each update, as logged: what each packed layer input held (one micro-batch)
+    assert len(result["tokens"]) == 2 and set(result["tokens"]) == {t for t, _ in packed}
     # attention's output and log-sum-exp, kept beside the layer inputs
     assert any(kind.startswith("keep ") for kind in result["copies"])
     # the patches are gone once it returns
