@@ -43,18 +43,19 @@ Rules:
   NF4 or GGUF base saves nothing for it; a 16- or 32-bit one takes the product over no tokens,
   whose node saves what the whole one's does. Forward and backward are unchanged, so gradients
   are the same bits; the product is a sixth of a Llama layer's base GEMMs under checkpointing.
-* Under `offload` a checkpointed layer keeps, besides its input, what two calls save and
+* Under `offload` a checkpointed layer keeps, besides its input, what three calls save and
   return, in pinned host memory, instead of running them again in its recomputation
   (`kept_through_backward`): the projections of the queries, keys and values with their rotary
-  positions (their saves and their outputs), and attention (what it saved, its output among
-  them). The recomputation fills those calls' slots from what was kept (their inputs' slots
-  with the recomputed inputs), takes their outputs from it too, and backward runs the forward's
-  own nodes on the same values, so gradients are the same bits. Per token and layer that keeps
-  the queries, keys, values and attention's output (for Llama-3-8B, 20 KB in bf16 beside the
-  layer input's 8 KB) and spares the recomputation the q, k and v projections (a ninth of a
-  layer's base GEMMs), their LoRA and the rotation, and attention's forward (a fifth of
-  attention's time a step). The copies move on the side stream while the forward computes,
-  and backward brings a layer's kept tensors back with its input, one layer ahead.
+  positions (their saves and their outputs), attention (what it saved, its output among them)
+  and o_proj (its saves and its output). The recomputation fills those calls' slots from what
+  was kept (their inputs' slots with the recomputed inputs), takes their outputs from it too,
+  and backward runs the forward's own nodes on the same values, so gradients are the same bits.
+  Per token and layer that keeps the queries, keys, values, attention's output and o_proj's
+  (for Llama-3-8B, 28 KB in bf16 beside the layer input's 8 KB) and spares the recomputation
+  the q, k, v and o projections (a fifth of a layer's base GEMMs), their LoRA and the
+  rotation, and attention's forward (a fifth of attention's time a step). The copies move on
+  the side stream while the forward computes, and backward brings a layer's kept tensors back
+  with its input, one layer ahead.
   `checkpoint` recomputes them: it keeps what it saves on the GPU.
 * Outside a gradient computation (evaluation, generation) nothing is checkpointed.
 * Under `keep`, a cheap elementwise result that a consumer would save for backward can be

@@ -234,7 +234,9 @@ class LlamaAttention(nn.Module):
             heads = self._attend(q, k, v, layer, cache, mask)
         out = self._merge(heads)
         with recomputing(out, lambda: self._merge(heads)):  # an adapter on o_proj would keep
-            return outputs_of(out, (self.o_proj,))[0]  # this copy; attention keeps `heads` anyway
+            return kept_through_backward(  # this copy; attention keeps `heads` anyway
+                lambda: outputs_of(out, (self.o_proj,))[0], (out,), outputs=True
+            )
 
     def _rotated(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor

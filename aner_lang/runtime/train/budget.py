@@ -145,6 +145,7 @@ def host_warning(model: Any, profile: Any, tokens: int, cuda: bool) -> str | Non
         return None
     return (
         f"activations offload pins {human_bytes(pinned)} of host memory for the layer inputs "
-        f"and what attention saves, more than the {human_bytes(host)} this machine has available: "
-        f"the run may be killed for memory (checkpoint keeps the inputs on the GPU instead)"
+        f"and what their attention blocks keep, more than the {human_bytes(host)} this machine "
+        f"has available: the run may be killed for memory (checkpoint keeps the inputs on the "
+        f"GPU instead)"
     )

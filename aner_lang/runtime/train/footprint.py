@@ -77,12 +77,13 @@ def activation_bytes(precision: str) -> int:
 def offload_copy_bytes(tokens: int, shape: LayerShape, act_bytes: int) -> list[int]:
     """The bytes of each copy `offload` keeps in pinned host memory per decoder layer, in the order
     the forward makes them: the layer's `[tokens, hidden]` input, its rotated queries, keys and
-    values, and its attention's `[tokens, q_size]` output and fp32 log-sum-exp per head and token
-    (`model.activations.kept_through_backward`). Left out: the LoRA's kept low-rank products
-    (rank x targets per token, under 0.5% of the rest at rank 16)."""
+    values, its attention's `[tokens, q_size]` output and fp32 log-sum-exp per head and token, and
+    o_proj's `[tokens, hidden]` output (`model.activations.kept_through_backward`). Left out: the
+    LoRA's kept low-rank products (rank x targets per token, under 0.5% of the rest at rank 16)."""
     s = shape
     widths = (s.hidden, s.q_size, s.kv_size, s.kv_size, s.q_size)
-    return [tokens * width * act_bytes for width in widths] + [tokens * s.heads * 4]
+    lse = tokens * s.heads * 4
+    return [tokens * width * act_bytes for width in widths] + [lse, tokens * s.hidden * act_bytes]
 
 
 def offload_host_bytes(layers: int, tokens: int, shape: LayerShape, act_bytes: int) -> int:

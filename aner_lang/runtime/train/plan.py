@@ -407,7 +407,7 @@ def plan_call(tracer: Tracer, info: CallInfo, frame: Frame | None, script_dir: P
     if result.pinned_host:
         out.append(
             f"  pinned host memory {human_bytes(result.pinned_host)}: offload's copies of the "
-            f"layer inputs and what attention saves, beside the peak{_host_note(result.pinned_host)}"
+            f"layer inputs and what their attention blocks keep, beside the peak{_host_note(result.pinned_host)}"
         )
     out.append(f"  tokens per update: {result.tokens_per_update}")
     updates = "not known before the run" if result.updates is None else str(result.updates)

@@ -680,18 +680,20 @@ def test_offload_fetches_each_layer_input_once_and_one_layer_ahead(tiny_bytes_gg
 def test_offload_keeps_what_attention_saved_and_never_runs_it_again(
     model, tiny_bytes_gguf, device, precision, monkeypatch, request
 ):
-    """Under `offload` a layer's recomputation takes the rotated queries, keys and values and
-    attention's output from what its forward kept (`kept_through_backward`; on CUDA in pinned
-    host memory, whatever kernel SDPA picks): the q/k/v projections and attention run once per
-    layer, not twice as under `checkpoint`, and the gradients are the bits of keeping
-    everything, dropout on q_proj (inside the kept projections) and down_proj (after them)
-    included."""
+    """Under `offload` a layer's recomputation takes the rotated queries, keys and values,
+    attention's output and o_proj's from what its forward kept (`kept_through_backward`; on CUDA
+    in pinned host memory, whatever kernel SDPA picks): the q/k/v projections, attention and
+    o_proj run once per layer, not twice as under `checkpoint`, and the gradients are the bits
+    of keeping everything, dropout on q_proj (inside the kept projections) and down_proj (after
+    them) included."""
     if device == "cuda":
         request.getfixturevalue("deterministic_cuda")
         model = load_model(tiny_bytes_gguf, storage="nf4_double_quant", device="cuda")
-    calls = {"attention": 0, "q/k/v": 0}
+    calls = {"attention": 0, "q/k/v": 0, "o_proj": 0}
     sdpa = torch.nn.functional.scaled_dot_product_attention
     qkv = transformer.LlamaAttention._qkv
+    outputs_of = transformer.outputs_of
+    o_projs = {id(layer.self_attn.o_proj) for layer in model.module.layers}
 
     def attended(*args, **kwargs):  # type: ignore[no-untyped-def]
         calls["attention"] += 1
@@ -701,8 +703,13 @@ def test_offload_keeps_what_attention_saved_and_never_runs_it_again(
         calls["q/k/v"] += 1
         return qkv(self, x)
 
+    def outputs(x, modules):  # type: ignore[no-untyped-def]
+        calls["o_proj"] += sum(id(m) in o_projs for m in modules)
+        return outputs_of(x, modules)
+
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", attended)
     monkeypatch.setattr(transformer.LlamaAttention, "_qkv", projected)
+    monkeypatch.setattr(transformer, "outputs_of", outputs)
     runs = {}
     grads = {}
     for mode in ("keep", "checkpoint", "offload"):
