@@ -2,7 +2,7 @@
 # .peers/NAME.tar: this checkout's HEAD with benchmarks/variants/NAME.patch applied, its aner_lang/
 # and tests/ (what a device call unpacks over its copy of the tree, as scale_variant.sh does;
 # the device machine needs no git for it).
-#   benchmarks/variants/tar.sh kept_oproj
+#   benchmarks/variants/tar.sh kept_mlp
 set -euo pipefail
 name=$1 work=$(mktemp -d)
 git archive HEAD aner_lang tests | tar -x -C "$work"
