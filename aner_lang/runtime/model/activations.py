@@ -89,6 +89,10 @@ class ActivationPolicy:
     mode: str = "keep"
     generators: tuple[torch.Generator, ...] = ()
     """Generators the layers draw from besides torch's defaults (the run's dropout generator)."""
+    keeps: frozenset[str] | None = None
+    """Under `offload`, the `kept_through_backward` calls kept, by name (None: all); the others
+    run again in the recomputation. The run picks them for the host memory it has
+    (`train.footprint.offload_keeps`)."""
 
     @property
     def checkpointing(self) -> bool:
@@ -229,7 +233,11 @@ def product_needed(module: torch.nn.Module) -> bool:
 
 
 def kept_through_backward(
-    call: Callable[[], _Out], inputs: tuple[torch.Tensor, ...], *, outputs: bool = False
+    name: str,
+    call: Callable[[], _Out],
+    inputs: tuple[torch.Tensor, ...],
+    *,
+    outputs: bool = False,
 ) -> _Out:
     """`call()`, an operation of `inputs` returning a tensor or a tuple of tensors, whose saved
     tensors (those that are not its inputs) a checkpointed layer under `offload` keeps through
@@ -237,10 +245,15 @@ def kept_through_backward(
     docstring's rules). With `outputs`, its outputs are kept too where they are not among its
     saves (a projection's, which the rest of the layer needs); without, the call is kept only
     where its outputs are among its saves (attention's) and otherwise recomputed as usual, as it
-    is outside `offload`. Its outputs must not be changed in place afterwards: their copies read
+    is outside `offload`. `name` is the call's in `train.footprint.OFFLOAD_KEEPS`: a policy whose
+    `keeps` leaves it out runs it again in the recomputation instead, in the forward and the
+    recomputation alike. Its outputs must not be changed in place afterwards: their copies read
     them beside the computation."""
     running = _RUNNING.get()
     if running is None or running.host is None:
+        return call()
+    keeps = (_POLICY.get() or _KEEP).keeps
+    if keeps is not None and name not in keeps:
         return call()
     if running.replaying:
         return running.replay_kept(call, inputs)

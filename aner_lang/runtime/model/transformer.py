@@ -228,14 +228,14 @@ class LlamaAttention(nn.Module):
         mask: torch.Tensor | Segments | None = None,
     ) -> torch.Tensor:
         q, k, v = kept_through_backward(
-            lambda: self._rotated(x, cos, sin), (x, cos, sin), outputs=True
+            "qkv", lambda: self._rotated(x, cos, sin), (x, cos, sin), outputs=True
         )
         with section("attention"):
             heads = self._attend(q, k, v, layer, cache, mask)
         out = self._merge(heads)
         with recomputing(out, lambda: self._merge(heads)):  # an adapter on o_proj would keep
             return kept_through_backward(  # this copy; attention keeps `heads` anyway
-                lambda: outputs_of(out, (self.o_proj,))[0], (out,), outputs=True
+                "o_proj", lambda: outputs_of(out, (self.o_proj,))[0], (out,), outputs=True
             )
 
     def _rotated(
@@ -275,7 +275,7 @@ class LlamaAttention(nn.Module):
             k, v = cache.update(layer, k, v)
             return self._scores(q, k, v, mask, past)
         shared = (q, k, v) if mask is None else (q, k, v, mask)
-        return kept_through_backward(lambda: self._scores(q, k, v, mask, 0), shared)
+        return kept_through_backward("attention", lambda: self._scores(q, k, v, mask, 0), shared)
 
     def _scores(
         self,

@@ -8,10 +8,11 @@ Rules:
 * A candidate's peak is the plan's (`plan.plan`, the counting rules `aner plan` prints) for the
   run's model, adapter, data context, micro-batch and device; of the candidates whose planned
   peak is at most the budget, the fastest runs (`by_speed`).
-* `offload` fits only where the host can hold its pinned copies of the layer inputs and
-  attention's queries, keys, values and outputs too (the plan's `pinned_host` within
+* `offload` fits only where the host can hold its pinned copies of the layer inputs (within
   `host.memory.available_bytes()`, where that is known): pinned memory cannot be swapped out,
-  and a run that outgrows it is killed without a word.
+  and a run that outgrows it is killed without a word. What else it keeps (attention's
+  output, the queries, keys and values, o_proj's output) it keeps as far as the host holds it
+  (`host_fit`), recomputing the rest; the plan's peak does not depend on it.
 * When none fits, the call stops before any training with E-PROFILE-BUDGET, giving the budget
   and each candidate's planned peak.
 * An adapter the plan does not cover (a full fine-tune) runs the policy asked for: the budget
@@ -28,9 +29,11 @@ from aner_lang.host import memory as host_memory
 from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.train.footprint import (
     EAGER_FROM_TOKENS,
+    OFFLOAD_KEEPS,
     activation_bytes,
     layer_shape,
     offload_host_bytes,
+    offload_keeps,
 )
 from aner_lang.runtime.train.memory import human_bytes
 from aner_lang.runtime.train.plan import plan
@@ -105,14 +108,20 @@ def pick(
     peaks = {mode: p.peak for mode, p in plans.items()}
     host = host_memory.available_bytes()
     planned = ", ".join(f"{mode} {human_bytes(peak)}" for mode, peak in peaks.items())
-    pinned = plans["offload"].pinned_host
-    if host is not None and pinned > host:
+    # offload fits the host where the layer inputs do: it keeps what else fits (`host_fit`)
+    c = base.config
+    least = offload_host_bytes(
+        c.num_hidden_layers, micro_batch * context, layer_shape(c),
+        activation_bytes(profile.precision), keeps=(),
+    ) if plans["offload"].pinned_host else 0  # fmt: skip
+    unhosted = host is not None and least > host
+    if unhosted:
         planned += (
-            f"; offload would pin {human_bytes(pinned)} of host memory, "
-            f"{human_bytes(host)} available"
+            f"; offload would pin {human_bytes(least)} of host memory for the layer inputs "
+            f"alone, {human_bytes(host or 0)} available"
         )
     for mode in by_speed(adapter.device.type == "cuda", micro_batch * context):
-        if host is not None and mode in plans and plans[mode].pinned_host > host:
+        if mode == "offload" and unhosted:
             continue
         if mode in peaks and peaks[mode] <= budget:
             return Pick(
@@ -132,20 +141,41 @@ def pick(
     )
 
 
-def host_warning(model: Any, profile: Any, tokens: int, cuda: bool) -> str | None:
-    """What to say before an `offload` run on CUDA of micro-batches of `tokens` tokens whose
-    pinned copies need more host memory than is available (None: nothing)."""
+@dataclass(frozen=True)
+class HostFit:
+    """What an `offload` run keeps in pinned host memory on this machine, and what to say."""
+
+    keeps: frozenset[str] | None
+    """The `kept_through_backward` calls kept (`footprint.offload_keeps`); None: all."""
+    message: str | None
+    """A warning (not even the layer inputs fit) or a note (some kept calls dropped); None when
+    everything fits or the host's memory is not known."""
+
+
+def host_fit(model: Any, profile: Any, tokens: int, cuda: bool) -> HostFit:
+    """What an `offload` run on CUDA of micro-batches of `tokens` tokens keeps for the host memory
+    available: the most of `footprint.OFFLOAD_KEEPS` whose pinned copies fit, and a word when
+    that is not everything (all of it, silently, off CUDA, under another policy or where the
+    available memory is not known)."""
     if profile.activations != "offload" or not cuda:
-        return None
+        return HostFit(None, None)
     c = model.config
-    act = activation_bytes(profile.precision)
-    pinned = offload_host_bytes(c.num_hidden_layers, tokens, layer_shape(c), act)
+    layers, shape, act = c.num_hidden_layers, layer_shape(c), activation_bytes(profile.precision)
     host = host_memory.available_bytes()
-    if host is None or pinned <= host:
-        return None
-    return (
-        f"activations offload pins {human_bytes(pinned)} of host memory for the layer inputs "
-        f"and what their attention blocks keep, more than the {human_bytes(host)} this machine "
-        f"has available: the run may be killed for memory (checkpoint keeps the inputs on the "
-        f"GPU instead)"
-    )
+    keeps = offload_keeps(layers, tokens, shape, act, host)
+    if host is None or keeps == OFFLOAD_KEEPS:
+        return HostFit(None, None)
+    pinned = offload_host_bytes(layers, tokens, shape, act, keeps)
+    if pinned > host:
+        return HostFit(frozenset(), (
+            f"warning: activations offload pins {human_bytes(pinned)} of host memory for the "
+            f"layer inputs alone, more than the {human_bytes(host)} this machine has available: "
+            f"the run may be killed for memory (checkpoint keeps the inputs on the GPU instead)"
+        ))  # fmt: skip
+    full = offload_host_bytes(layers, tokens, shape, act)
+    dropped = ", ".join(k for k in OFFLOAD_KEEPS if k not in keeps)
+    return HostFit(frozenset(keeps), (
+        f"activations offload keeps {', '.join(('inputs', *keeps))} in {human_bytes(pinned)} of "
+        f"pinned host memory and recomputes {dropped}: keeping everything would pin "
+        f"{human_bytes(full)}, more than the {human_bytes(host)} available"
+    ))  # fmt: skip

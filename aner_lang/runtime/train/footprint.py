@@ -74,23 +74,60 @@ def activation_bytes(precision: str) -> int:
     return 4 if precision == "float32" else 2
 
 
-def offload_copy_bytes(tokens: int, shape: LayerShape, act_bytes: int) -> list[int]:
+OFFLOAD_KEEPS = ("attention", "qkv", "o_proj")
+"""What a checkpointed layer under `offload` can keep in pinned host memory besides its input,
+named as its `kept_through_backward` calls name them, in the order a run gives them up when the
+host cannot hold them all (`offload_keeps`): attention's output and log-sum-exp (which spare its
+forward), the rotated queries, keys and values (the q/k/v projections), o_proj's output. Each
+needs the ones before it: a kept call's inputs are filled by the recomputation."""
+
+
+def offload_copy_bytes(
+    tokens: int, shape: LayerShape, act_bytes: int, keeps: tuple[str, ...] = OFFLOAD_KEEPS
+) -> list[int]:
     """The bytes of each copy `offload` keeps in pinned host memory per decoder layer, in the order
-    the forward makes them: the layer's `[tokens, hidden]` input, its rotated queries, keys and
-    values, its attention's `[tokens, q_size]` output and fp32 log-sum-exp per head and token, and
-    o_proj's `[tokens, hidden]` output (`model.activations.kept_through_backward`). Left out: the
-    LoRA's kept low-rank products (rank x targets per token, under 0.5% of the rest at rank 16)."""
-    s = shape
-    widths = (s.hidden, s.q_size, s.kv_size, s.kv_size, s.q_size)
-    lse = tokens * s.heads * 4
-    return [tokens * width * act_bytes for width in widths] + [lse, tokens * s.hidden * act_bytes]
+    the forward makes them: the layer's `[tokens, hidden]` input, then of `keeps` its rotated
+    queries, keys and values (`qkv`), its attention's `[tokens, q_size]` output and fp32
+    log-sum-exp per head and token (`attention`), and o_proj's `[tokens, hidden]` output
+    (`o_proj`) (`model.activations.kept_through_backward`). Left out: the LoRA's kept low-rank
+    products (rank x targets per token, under 0.5% of the rest at rank 16)."""
+    s, b = shape, act_bytes
+    copies = [tokens * s.hidden * b]
+    if "qkv" in keeps:
+        copies += [tokens * width * b for width in (s.q_size, s.kv_size, s.kv_size)]
+    if "attention" in keeps:
+        copies += [tokens * s.q_size * b, tokens * s.heads * 4]
+    if "o_proj" in keeps:
+        copies.append(tokens * s.hidden * b)
+    return copies
 
 
-def offload_host_bytes(layers: int, tokens: int, shape: LayerShape, act_bytes: int) -> int:
-    """Pinned host memory `offload` keeps: every decoder layer's copies (`offload_copy_bytes`),
-    each in the block torch pins for it (`pinned_block_bytes`)."""
-    copies = offload_copy_bytes(tokens, shape, act_bytes)
+def offload_host_bytes(
+    layers: int,
+    tokens: int,
+    shape: LayerShape,
+    act_bytes: int,
+    keeps: tuple[str, ...] = OFFLOAD_KEEPS,
+) -> int:
+    """Pinned host memory `offload` keeps with `keeps` kept besides the layer inputs: every
+    decoder layer's copies (`offload_copy_bytes`), each in the block torch pins for it
+    (`pinned_block_bytes`)."""
+    copies = offload_copy_bytes(tokens, shape, act_bytes, keeps)
     return layers * sum(pinned_block_bytes(n) for n in copies)
+
+
+def offload_keeps(
+    layers: int, tokens: int, shape: LayerShape, act_bytes: int, host: int | None
+) -> tuple[str, ...]:
+    """What `offload` keeps besides the layer inputs on a host with `host` bytes available: the
+    longest prefix of `OFFLOAD_KEEPS` whose pinned copies fit (all of it where `host` is not
+    known; none where not even the inputs fit, which `budget.host_fit` warns of). Each dropped
+    call runs again in the recomputation, as under `checkpoint`: slower, never refused."""
+    for n in range(len(OFFLOAD_KEEPS), 0, -1):
+        keeps = OFFLOAD_KEEPS[:n]
+        if host is None or offload_host_bytes(layers, tokens, shape, act_bytes, keeps) <= host:
+            return keeps
+    return ()
 
 
 def pinned_block_bytes(nbytes: int) -> int:

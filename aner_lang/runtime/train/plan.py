@@ -447,8 +447,12 @@ def _host_note(pinned: int) -> str:
     available = host_memory.available_bytes()
     if available is None:
         return ""
-    verdict = "more than" if pinned > available else "within"
-    return f" ({verdict} the {human_bytes(available)} this machine has available)"
+    if pinned <= available:
+        return f" (within the {human_bytes(available)} this machine has available)"
+    return (
+        f" (more than the {human_bytes(available)} this machine has available: a run here keeps "
+        "what fits beside the layer inputs and recomputes the rest)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -319,9 +319,10 @@ def train(
             if main:
                 print(f"train: {picked.reason}", file=sys.stderr, flush=True)
         tokens = micro_batch * data.context
-        warning = budget.host_warning(adapter.base, profile, tokens, device.type == "cuda")
-        if warning is not None and main:
-            print(f"train: warning: {warning}", file=sys.stderr, flush=True)
+        host = budget.host_fit(adapter.base, profile, tokens, device.type == "cuda")
+        loop.activations = replace(loop.activations, keeps=host.keeps)
+        if host.message is not None and main:
+            print(f"train: {host.message}", file=sys.stderr, flush=True)
         events.add(first)
         run_control.emit({**first, "steps": total})
         with (

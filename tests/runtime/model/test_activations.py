@@ -22,6 +22,7 @@ from aner_lang.runtime.model.loss import IGNORE
 from aner_lang.runtime.model.precision import autocast
 from aner_lang.runtime.nf4.backends import HostTiled, using_backend
 from aner_lang.runtime.nf4.quant import NF4Weight
+from aner_lang.runtime.train.footprint import OFFLOAD_KEEPS
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +44,10 @@ def _device(adapter: Adapter) -> torch.device:
 
 
 def _grads(
-    model, mode: str, backward: Callable[[torch.Tensor], None] = torch.Tensor.backward
+    model,
+    mode: str,
+    backward: Callable[[torch.Tensor], None] = torch.Tensor.backward,
+    keeps: frozenset[str] | None = None,
 ) -> tuple[dict[str, torch.Tensor], int]:
     adapter = A.lora(
         model, rank=2, alpha=4.0, dropout=0.25, targets=["q_proj", "down_proj"], seed=1
@@ -62,7 +66,7 @@ def _grads(
     # the innermost saved-tensor hooks win: `offload`'s own (inside `keeping`) must see the saves
     with (
         torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
-        keeping(ActivationPolicy(mode, (gen,))),
+        keeping(ActivationPolicy(mode, (gen,), keeps)),
     ):
         with adapter.active():
             backward(adapter.loss(ids, targets))
@@ -685,11 +689,12 @@ def test_offload_keeps_what_attention_saved_and_never_runs_it_again(
     in pinned host memory, whatever kernel SDPA picks): the q/k/v projections, attention and
     o_proj run once per layer, not twice as under `checkpoint`, and the gradients are the bits
     of keeping everything, dropout on q_proj (inside the kept projections) and down_proj (after
-    them) included."""
+    them) included. A policy keeping fewer of them (`keeps`, the host's share of
+    `OFFLOAD_KEEPS`) runs the others twice, as `checkpoint` does, to the same bits."""
     if device == "cuda":
         request.getfixturevalue("deterministic_cuda")
         model = load_model(tiny_bytes_gguf, storage="nf4_double_quant", device="cuda")
-    calls = {"attention": 0, "q/k/v": 0, "o_proj": 0}
+    calls = {"attention": 0, "qkv": 0, "o_proj": 0}
     sdpa = torch.nn.functional.scaled_dot_product_attention
     qkv = transformer.LlamaAttention._qkv
     outputs_of = transformer.outputs_of
@@ -700,7 +705,7 @@ def test_offload_keeps_what_attention_saved_and_never_runs_it_again(
         return sdpa(*args, **kwargs)
 
     def projected(self, x):  # type: ignore[no-untyped-def]
-        calls["q/k/v"] += 1
+        calls["qkv"] += 1
         return qkv(self, x)
 
     def outputs(x, modules):  # type: ignore[no-untyped-def]
@@ -710,17 +715,21 @@ def test_offload_keeps_what_attention_saved_and_never_runs_it_again(
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", attended)
     monkeypatch.setattr(transformer.LlamaAttention, "_qkv", projected)
     monkeypatch.setattr(transformer, "outputs_of", outputs)
-    runs = {}
+    layers = model.config.num_hidden_layers
+    policies = [("keep", None), ("checkpoint", None), ("offload", None)]
+    policies += [("offload", frozenset(OFFLOAD_KEEPS[:n])) for n in range(len(OFFLOAD_KEEPS))]
     grads = {}
-    for mode in ("keep", "checkpoint", "offload"):
+    for mode, keeps in policies:
         calls = dict.fromkeys(calls, 0)
         with autocast(precision, torch.device(device)):
-            grads[mode], _ = _grads(model, mode)
-        runs[mode] = set(calls.values())
-    layers = model.config.num_hidden_layers
-    assert runs == {"keep": {layers}, "checkpoint": {2 * layers}, "offload": {layers}}
-    for name, g in grads["keep"].items():
-        assert torch.equal(g, grads["offload"][name]), name
+            grads[mode, keeps], _ = _grads(model, mode, keeps=keeps)
+        if mode == "offload":
+            kept = set(OFFLOAD_KEEPS if keeps is None else keeps)
+            assert calls == {k: layers if k in kept else 2 * layers for k in calls}, keeps
+        else:
+            assert set(calls.values()) == {layers if mode == "keep" else 2 * layers}
+        for name, g in grads["keep", None].items():
+            assert torch.equal(g, grads[mode, keeps][name]), (mode, keeps, name)
 
 
 @pytest.mark.parametrize("storage", ["float32", "float16"])

@@ -148,44 +148,59 @@ def test_the_plan_of_offloads_pinned_memory_against_a_measured_run():
     assert 0.9 * pinned < planned <= pinned
 
 
-def test_offload_fits_only_where_the_host_can_hold_its_pinned_copies(adapter, monkeypatch):
-    """Offload's pinned copies of the layer inputs, queries, keys, values and attention outputs
-    (16-bit), with attention's fp32 log-sum-exp per head, must fit in the host memory available, or the budget
-    does not pick it; unknown host memory is no limit."""
+def _inputs_pinned(c, tokens: int) -> int:  # type: ignore[no-untyped-def]
+    """Bytes offload pins for the layer inputs alone (bf16, in power-of-two blocks)."""
+    return c.num_hidden_layers * (1 << (tokens * c.hidden_size * 2 - 1).bit_length())
+
+
+def test_offload_fits_where_the_host_can_hold_the_layer_inputs(adapter, monkeypatch):
+    """The budget picks offload where the host can hold its pinned copies of the layer inputs
+    (what else it keeps shrinks to fit, `host_fit`); unknown host memory is no limit."""
     from aner_lang.host import memory
 
     cuda = _on_cuda(adapter)
     p = profile(activations="keep", precision="bfloat16")
-    pinned = _pinned(adapter.base.config, tokens=4 * 64)
+    least = _inputs_pinned(adapter.base.config, tokens=4 * 64)
     peaks = budget.pick(cuda, replace(p, memory_budget=1 << 40), context=64, micro_batch=4,
                         accumulation=1).peaks  # fmt: skip
     tight = replace(p, memory_budget=peaks["offload"])  # only offload fits the GPU
-    for host, picked in ((None, "offload"), (pinned, "offload"), (pinned - 1, None)):
+    for host, picked in ((None, "offload"), (least, "offload"), (least - 1, None)):
         monkeypatch.setattr(memory, "available_bytes", lambda host=host: host)
         if picked is None:
             with pytest.raises(AnerRuntimeError) as e:
                 budget.pick(cuda, tight, context=64, micro_batch=4, accumulation=1)
             assert e.value.code == "E-PROFILE-BUDGET"
-            assert "offload would pin" in str(e.value)
+            assert "offload would pin" in str(e.value) and "layer inputs alone" in str(e.value)
         else:
             chosen = budget.pick(cuda, tight, context=64, micro_batch=4, accumulation=1)
             assert chosen.policy == picked
 
 
-def test_an_offload_run_is_warned_when_the_host_cannot_hold_its_copies(adapter, monkeypatch):
+def test_an_offload_run_keeps_what_the_host_can_hold(adapter, monkeypatch):
+    """On CUDA an offload run keeps every `kept_through_backward` call the host can hold, in the
+    order `OFFLOAD_KEEPS` gives them up, says which when not all, and warns where not even the
+    layer inputs fit; off CUDA, under another policy or with the host unknown, all silently."""
     from aner_lang.host import memory
+    from aner_lang.runtime.train.footprint import OFFLOAD_KEEPS
 
-    pinned = _pinned(adapter.base.config, tokens=256)
-    offload = profile(activations="offload", precision="bfloat16")
-    monkeypatch.setattr(memory, "available_bytes", lambda: pinned - 1)
-    warning = budget.host_warning(adapter.base, offload, 256, cuda=True)
-    assert warning is not None and "may be killed for memory" in warning
-    assert budget.host_warning(adapter.base, offload, 256, cuda=False) is None
-    assert budget.host_warning(adapter.base, profile(activations="checkpoint"), 256, True) is None
-    monkeypatch.setattr(memory, "available_bytes", lambda: pinned)
-    assert budget.host_warning(adapter.base, offload, 256, cuda=True) is None
-    monkeypatch.setattr(memory, "available_bytes", lambda: None)
-    assert budget.host_warning(adapter.base, offload, 256, cuda=True) is None
+    c = adapter.base.config
+    offload, checkpoint = profile(activations="offload", precision="bfloat16"), profile()
+    everything = budget.HostFit(None, None)
+    pinned, least = _pinned(c, tokens=256), _inputs_pinned(c, tokens=256)
+    fits = {}
+    for host in (None, pinned, pinned - 1, least, least - 1):
+        monkeypatch.setattr(memory, "available_bytes", lambda host=host: host)
+        fits[host] = budget.host_fit(adapter.base, offload, 256, cuda=True)
+        assert budget.host_fit(adapter.base, offload, 256, cuda=False) == everything
+        assert budget.host_fit(adapter.base, checkpoint, 256, cuda=True) == everything
+    assert fits[None] == fits[pinned] == everything
+    assert fits[pinned - 1].keeps == frozenset(OFFLOAD_KEEPS[:-1])
+    assert "keeps inputs, attention, qkv in" in fits[pinned - 1].message
+    assert "recomputes o_proj" in fits[pinned - 1].message
+    assert fits[least].keeps == frozenset()
+    assert "recomputes attention, qkv, o_proj" in fits[least].message
+    assert fits[least - 1].keeps == frozenset()
+    assert "may be killed for memory" in fits[least - 1].message
 
 
 def test_host_memory_available_is_read_from_meminfo_or_unknown(tmp_path):
@@ -249,3 +264,35 @@ def test_a_budget_counts_the_memory_the_loaded_model_already_holds(monkeypatch):
         profile(memory_budget=15 * gib + 1).validate(cuda)
     assert e.value.code == "E-PROFILE-BUDGET"
     assert "10.00 GiB free and 5.00 GiB this process holds" in str(e.value)
+
+
+def test_a_run_keeps_under_offload_what_host_fit_says_and_says_so(adapter, monkeypatch, capsys):
+    """`train` runs its layers under the keep set `budget.host_fit` gives it and prints its word:
+    keeping nothing besides the inputs, each layer's q/k/v projections run in its forward and
+    again in its recomputation, as under `checkpoint`; keeping all, once."""
+    from aner_lang.runtime.model import transformer
+    from aner_lang.runtime.tasks.data import from_texts
+    from aner_lang.runtime.train.trainer import train
+
+    data = from_texts(["the cat sat on the mat and looked at the dog"] * 2, context=16)
+    offload = profile(activations="offload")
+    qkv = transformer.LlamaAttention._qkv
+    calls = 0
+
+    def projected(self, x):  # type: ignore[no-untyped-def]
+        nonlocal calls
+        calls += 1
+        return qkv(self, x)
+
+    monkeypatch.setattr(transformer.LlamaAttention, "_qkv", projected)
+    runs = {}
+    for keeps, message in ((None, None), (frozenset(), "activations offload keeps inputs")):
+        fit = budget.HostFit(keeps, message)
+        monkeypatch.setattr(budget, "host_fit", lambda *args, fit=fit: fit)
+        calls = 0
+        train(A.lora(adapter.base, rank=2, targets=["q_proj"], seed=1), data, offload, steps=1)
+        runs[keeps] = calls
+        err = capsys.readouterr().err
+        assert (message is not None and f"train: {message}" in err) or "offload keeps" not in err
+    layers = adapter.base.config.num_hidden_layers
+    assert runs == {None: layers, frozenset(): 2 * layers}
