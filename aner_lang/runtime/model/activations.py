@@ -55,7 +55,9 @@ Rules:
   the q, k, v and o projections (a fifth of a layer's base GEMMs), their LoRA and the
   rotation, and attention's forward (a fifth of attention's time a step). The copies move on
   the side stream while the forward computes, and backward brings a layer's kept tensors back
-  with its input, one layer ahead.
+  with its input, one layer ahead. A policy's `keeps` names the calls kept (the run picks them
+  for its host's memory, `train.footprint.OFFLOAD_KEEPS`); the others run again in the
+  recomputation, as under `checkpoint`, to the same bits.
   `checkpoint` recomputes them: it keeps what it saves on the GPU.
 * Outside a gradient computation (evaluation, generation) nothing is checkpointed.
 * Under `keep`, a cheap elementwise result that a consumer would save for backward can be

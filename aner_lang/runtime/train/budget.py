@@ -30,6 +30,7 @@ from aner_lang.problems.errors import AnerRuntimeError
 from aner_lang.runtime.train.footprint import (
     EAGER_FROM_TOKENS,
     OFFLOAD_KEEPS,
+    LayerShape,
     activation_bytes,
     layer_shape,
     offload_host_bytes,
@@ -108,18 +109,17 @@ def pick(
     peaks = {mode: p.peak for mode, p in plans.items()}
     host = host_memory.available_bytes()
     planned = ", ".join(f"{mode} {human_bytes(peak)}" for mode, peak in peaks.items())
-    # offload fits the host where the layer inputs do: it keeps what else fits (`host_fit`)
-    c = base.config
-    least = offload_host_bytes(
-        c.num_hidden_layers, micro_batch * context, layer_shape(c),
-        activation_bytes(profile.precision), keeps=(),
-    ) if plans["offload"].pinned_host else 0  # fmt: skip
-    unhosted = host is not None and least > host
-    if unhosted:
-        planned += (
-            f"; offload would pin {human_bytes(least)} of host memory for the layer inputs "
-            f"alone, {human_bytes(host or 0)} available"
-        )
+    # offload fits the host where the layer inputs do: it keeps what else fits (`host_fit`);
+    # off CUDA it pins nothing (the plan's `pinned_host` is 0)
+    unhosted = False
+    if plans["offload"].pinned_host and host is not None:
+        least = offload_host_bytes(*_offload_sizes(base, profile, micro_batch * context), keeps=())
+        if least > host:
+            unhosted = True
+            planned += (
+                f"; offload would pin {human_bytes(least)} of host memory for the layer inputs "
+                f"alone, {human_bytes(host)} available"
+            )
     for mode in by_speed(adapter.device.type == "cuda", micro_batch * context):
         if mode == "offload" and unhosted:
             continue
@@ -159,23 +159,29 @@ def host_fit(model: Any, profile: Any, tokens: int, cuda: bool) -> HostFit:
     available memory is not known)."""
     if profile.activations != "offload" or not cuda:
         return HostFit(None, None)
-    c = model.config
-    layers, shape, act = c.num_hidden_layers, layer_shape(c), activation_bytes(profile.precision)
+    sizes = _offload_sizes(model, profile, tokens)
     host = host_memory.available_bytes()
-    keeps = offload_keeps(layers, tokens, shape, act, host)
+    keeps = offload_keeps(*sizes, host)
     if host is None or keeps == OFFLOAD_KEEPS:
         return HostFit(None, None)
-    pinned = offload_host_bytes(layers, tokens, shape, act, keeps)
+    pinned = offload_host_bytes(*sizes, keeps)
     if pinned > host:
         return HostFit(frozenset(), (
             f"warning: activations offload pins {human_bytes(pinned)} of host memory for the "
             f"layer inputs alone, more than the {human_bytes(host)} this machine has available: "
             f"the run may be killed for memory (checkpoint keeps the inputs on the GPU instead)"
         ))  # fmt: skip
-    full = offload_host_bytes(layers, tokens, shape, act)
+    full = offload_host_bytes(*sizes)
     dropped = ", ".join(k for k in OFFLOAD_KEEPS if k not in keeps)
     return HostFit(frozenset(keeps), (
         f"activations offload keeps {', '.join(('inputs', *keeps))} in {human_bytes(pinned)} of "
         f"pinned host memory and recomputes {dropped}: keeping everything would pin "
         f"{human_bytes(full)}, more than the {human_bytes(host)} available"
     ))  # fmt: skip
+
+
+def _offload_sizes(model: Any, profile: Any, tokens: int) -> tuple[int, int, LayerShape, int]:
+    """`footprint.offload_host_bytes`'s first arguments for micro-batches of `tokens` tokens of
+    `model` under `profile`: its layers, the tokens, a layer's shape and an activation's bytes."""
+    c = model.config
+    return c.num_hidden_layers, tokens, layer_shape(c), activation_bytes(profile.precision)
