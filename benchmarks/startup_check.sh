@@ -20,7 +20,7 @@ for f in $(find /tmp/train_e2e -name 'events.jsonl'); do cp "$f" "$OUT/$(basenam
 for f in "$OUT"/*_events.jsonl; do
   echo "$f"; grep -h -o '"before_start": {[^}]*}' "$f"
 done > "$OUT/startup.txt"
-export PYTHONPATH="$PWD:$PWD/lsp:/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+source benchmarks/device_env.sh
 unset PYTHONDONTWRITEBYTECODE  # as gpu_suite.sh does
 # one adapter continued (kept graphs), or a new LoRA per call; FIXED_MODES picks
 for mode in ${FIXED_MODES:-continued fresh}; do

@@ -627,6 +627,30 @@ def test_offload_moves_each_layers_input_and_not_what_layers_share(model, monkey
     assert (ids.shape[1], model.config.head_dim) not in packed
 
 
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        ("", activations.PINNING),
+        ("expandable_segments:True", "expandable_segments:True," + activations.PINNING),
+        ("pinned_use_cuda_host_register:False", "pinned_use_cuda_host_register:False"),
+    ],
+)
+def test_offload_pins_by_registering_pages_and_keeps_the_users_settings(before, after):
+    """Host copies switch torch's pinning to registered pages once, after the settings the
+    process has, and never over a pinning the user chose."""
+    torch._C._accelerator_setAllocatorSettings(before)
+    activations.register_pinned_pages.cache_clear()
+    try:
+        activations.HostCopies()
+        assert torch._C._accelerator_getAllocatorSettings() == after
+        torch._C._accelerator_setAllocatorSettings(before)
+        activations.HostCopies()  # once a process: settings changed since stay as they are
+        assert torch._C._accelerator_getAllocatorSettings() == before
+    finally:
+        torch._C._accelerator_setAllocatorSettings("")
+        activations.register_pinned_pages.cache_clear()
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_a_host_copy_comes_back_in_the_layout_it_was_saved_in():
