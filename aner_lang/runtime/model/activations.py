@@ -72,6 +72,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import os
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -574,22 +575,29 @@ PINNING = "pinned_use_cuda_host_register:True,pinned_num_register_threads:8"
 `cudaHostRegister`. torch's default, `cudaHostAlloc`, took 7.0 s to pin the 19.4 GB of copies of
 a 16,384-token Llama-3-8B forward on an H100 and held the GPU back meanwhile (bf16 GEMMs beside
 it ran at 15 of their 648 TFLOP/s); pinned this way, 2.3 s with the GEMMs at 577
-(benchmarks/results/h100_s27_pinned_alloc.json). The copies' bandwidth is the same (55 GB/s)."""
+(benchmarks/results/h100_s27_pinned_alloc.json), and a run's first offloaded update of 14,337
+tokens took 3.8-4.0 s instead of 7.8 (h100_s27_copies_pinning.json). The copies' bandwidth is
+the same (55 GB/s)."""
 
 
 @functools.cache
 def register_pinned_pages() -> None:
     """From now on, pin host memory the `PINNING` way, unless the process's allocator settings
-    (`PYTORCH_ALLOC_CONF` and what was set since) choose how already. torch takes a settings
-    string whole and resets what it leaves out, so the current settings go first and stay as
-    they were. Once a process, through `torch._C._accelerator_setAllocatorSettings`, the way
-    torch's deprecation of `torch.cuda._set_allocator_settings` names; a torch without it pins
-    as it did."""
-    get = getattr(torch._C, "_accelerator_getAllocatorSettings", None)
+    choose how already. torch takes a settings string whole and resets what it leaves out, so
+    the current settings go first and stay as they were: those set at run time where torch can
+    say (`torch._C._accelerator_getAllocatorSettings`, from 2.12), else those of the environment
+    (`PYTORCH_ALLOC_CONF`, or the older `PYTORCH_CUDA_ALLOC_CONF`). Once a process, through
+    `torch._C._accelerator_setAllocatorSettings`, the way torch's deprecation of
+    `torch.cuda._set_allocator_settings` names; a torch without it pins as it did."""
     put = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
-    if get is None or put is None:
+    if put is None:
         return
-    current = get()
+    get = getattr(torch._C, "_accelerator_getAllocatorSettings", None)
+    current = (
+        get()
+        if get is not None
+        else os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    )
     if "pinned_use_cuda_host_register" not in current:
         put(",".join(filter(None, (current, PINNING))))
 

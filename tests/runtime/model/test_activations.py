@@ -627,14 +627,18 @@ def test_offload_moves_each_layers_input_and_not_what_layers_share(model, monkey
     assert (ids.shape[1], model.config.head_dim) not in packed
 
 
-@pytest.mark.parametrize(
-    ("before", "after"),
-    [
-        ("", activations.PINNING),
-        ("expandable_segments:True", "expandable_segments:True," + activations.PINNING),
-        ("pinned_use_cuda_host_register:False", "pinned_use_cuda_host_register:False"),
-    ],
+PINNINGS = [
+    ("", activations.PINNING),
+    ("expandable_segments:True", "expandable_segments:True," + activations.PINNING),
+    ("pinned_use_cuda_host_register:False", "pinned_use_cuda_host_register:False"),
+]
+"""The allocator settings a process has before offload's host copies, and after."""
+
+
+@pytest.mark.skipif(
+    not hasattr(torch._C, "_accelerator_getAllocatorSettings"), reason="torch before 2.12"
 )
+@pytest.mark.parametrize(("before", "after"), PINNINGS)
 def test_offload_pins_by_registering_pages_and_keeps_the_users_settings(before, after):
     """Host copies switch torch's pinning to registered pages once, after the settings the
     process has, and never over a pinning the user chose."""
@@ -649,6 +653,26 @@ def test_offload_pins_by_registering_pages_and_keeps_the_users_settings(before, 
     finally:
         torch._C._accelerator_setAllocatorSettings("")
         activations.register_pinned_pages.cache_clear()
+
+
+@pytest.mark.parametrize("variable", ["PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"])
+@pytest.mark.parametrize(("before", "after"), PINNINGS)
+def test_a_torch_that_cannot_tell_its_settings_keeps_the_environments(
+    before, after, variable, monkeypatch
+):
+    """Where torch cannot say its settings (2.11), those of the environment go first."""
+    put: list[str] = []
+    monkeypatch.delattr(torch._C, "_accelerator_getAllocatorSettings", raising=False)
+    monkeypatch.setattr(torch._C, "_accelerator_setAllocatorSettings", put.append)
+    for name in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(variable, before)
+    activations.register_pinned_pages.cache_clear()
+    try:
+        activations.HostCopies()
+    finally:
+        activations.register_pinned_pages.cache_clear()
+    assert put == ([after] if after != before else [])
 
 
 @pytest.mark.cuda
