@@ -24,7 +24,7 @@ import torch
 from update_timeline import run_inputs  # this directory is on sys.path
 
 from aner_lang.runtime.load.loader import load_model
-from aner_lang.runtime.model import activations
+from aner_lang.runtime.model import host_copies
 from aner_lang.runtime.train import trainer
 from aner_lang.runtime.train.profile import profile as train_profile
 
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     depth = 0  # only the outermost of nested calls counts (`pack` may go through `keep`)
 
     def timed(name: str) -> Any:
-        original = getattr(activations.HostCopies, name)
+        original = getattr(host_copies.HostCopies, name)
 
         def wrapper(self: Any, t: Any, *rest: Any) -> Any:
             nonlocal depth
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     folder = Path(tempfile.mkdtemp(prefix="aner-offload-"))
     with ExitStack() as patches:
         for name in ("keep", "pack", "_fetch", "unpack"):
-            patches.enter_context(mock.patch.object(activations.HostCopies, name, timed(name)))
+            patches.enter_context(mock.patch.object(host_copies.HostCopies, name, timed(name)))
         patches.enter_context(mock.patch.object(trainer._Loop, "update", counted))
         trainer.train(
             lora, data, train_profile(precision="bfloat16", activations="offload"),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 
-from aner_lang.runtime.model import activations
+from aner_lang.runtime.model import host_copies
 from aner_lang.runtime.train import trainer
 
 
@@ -33,5 +33,5 @@ def test_each_update_and_each_kind_of_copy_is_counted(tiny_bytes_gguf, tmp_path,
     # attention's output and log-sum-exp, kept beside the layer inputs
     assert any(kind.startswith("keep ") for kind in result["copies"])
     # the patches are gone once it returns
-    assert activations.HostCopies.pack.__name__ == "pack"
+    assert host_copies.HostCopies.pack.__name__ == "pack"
     assert trainer._Loop.update.__name__ == "update"

@@ -16,7 +16,7 @@ import torch
 from aner_lang.runtime import adapters as A
 from aner_lang.runtime.adapters.base import Adapter
 from aner_lang.runtime.load.loader import load_model
-from aner_lang.runtime.model import activations, transformer
+from aner_lang.runtime.model import activations, host_copies, transformer
 from aner_lang.runtime.model.activations import ActivationPolicy, keeping
 from aner_lang.runtime.model.loss import IGNORE
 from aner_lang.runtime.model.precision import autocast
@@ -229,14 +229,15 @@ def test_a_forward_dropped_without_backward_frees_what_it_saved(model, mode, mon
     keeps slots, not tensors): held as they are, a node saving its own output (an exp, attention's output)
     would hold itself through it, a cycle in C++ that outlives the step."""
     held: list[weakref.ref[torch.Tensor]] = []
-    hold = activations._held
+    hold = host_copies.held
 
     def recording(t: torch.Tensor) -> torch.Tensor:
         kept = hold(t)
         held.append(weakref.ref(kept))
         return kept
 
-    monkeypatch.setattr(activations, "_held", recording)
+    for module in (activations, host_copies):  # keep's recomputed copies; offload's hooks
+        monkeypatch.setattr(module, "held", recording)
     adapter = A.lora(model, rank=2, alpha=4.0, targets=["q_proj", "down_proj"], seed=1)
     adapter.train_mode(True)
     ids, targets = _batch(model)
@@ -453,16 +454,16 @@ def test_offloaded_layer_inputs_go_to_the_host_and_come_back_as_the_same_bits(
     cuda = load_model(tiny_bytes_gguf, storage="nf4_double_quant", device="cuda")
     monkeypatch.setattr(transformer, "recomputing", lambda *_: contextlib.nullcontext())
     copies: list[torch.Tensor] = []
-    pack = activations.HostCopies.pack
+    pack = host_copies.HostCopies.pack
 
     def counting(self, t):  # type: ignore[no-untyped-def]
         packed = pack(self, t)
-        if isinstance(packed, activations._Copy):
+        if isinstance(packed, host_copies.HostCopy):
             assert packed.host.is_pinned() and packed.host.device.type == "cpu"
             copies.append(packed.host)
         return packed
 
-    monkeypatch.setattr(activations.HostCopies, "pack", counting)
+    monkeypatch.setattr(host_copies.HostCopies, "pack", counting)
     keep, _ = _grads(cuda, "keep")
     ours, _ = _grads(cuda, "offload")
     assert len(copies) >= cuda.config.num_hidden_layers
@@ -613,79 +614,18 @@ def test_each_tile_runs_twice_and_the_layers_recomputation_none(model, mode, mon
 def test_offload_moves_each_layers_input_and_not_what_layers_share(model, monkeypatch):
     """The rotary angles every layer gets are held once, not copied to the host per layer."""
     packed: list[tuple[int, ...]] = []
-    pack = activations.HostCopies.pack
+    pack = host_copies.HostCopies.pack
 
     def spy(self, t):  # type: ignore[no-untyped-def]
         packed.append(tuple(t.shape))
         return pack(self, t)
 
-    monkeypatch.setattr(activations.HostCopies, "pack", spy)
+    monkeypatch.setattr(host_copies.HostCopies, "pack", spy)
     _grads(model, "offload")
     ids, _ = _batch(model)
     layer_input = (*ids.shape, model.config.hidden_size)
     assert packed.count(layer_input) >= model.config.num_hidden_layers
     assert (ids.shape[1], model.config.head_dim) not in packed
-
-
-PINNINGS = [
-    ("", activations.PINNING),
-    ("expandable_segments:True", "expandable_segments:True," + activations.PINNING),
-    ("pinned_use_cuda_host_register:False", "pinned_use_cuda_host_register:False"),
-]
-"""The allocator settings a process has before offload's host copies, and after."""
-
-
-@pytest.mark.skipif(
-    not hasattr(torch._C, "_accelerator_getAllocatorSettings"), reason="torch before 2.12"
-)
-@pytest.mark.parametrize(("before", "after"), PINNINGS)
-def test_offload_pins_by_registering_pages_and_keeps_the_users_settings(before, after):
-    """Host copies switch torch's pinning to registered pages once, after the settings the
-    process has, and never over a pinning the user chose."""
-    torch._C._accelerator_setAllocatorSettings(before)
-    activations.register_pinned_pages.cache_clear()
-    try:
-        activations.HostCopies()
-        assert torch._C._accelerator_getAllocatorSettings() == after
-        torch._C._accelerator_setAllocatorSettings(before)
-        activations.HostCopies()  # once a process: settings changed since stay as they are
-        assert torch._C._accelerator_getAllocatorSettings() == before
-    finally:
-        torch._C._accelerator_setAllocatorSettings("")
-        activations.register_pinned_pages.cache_clear()
-
-
-@pytest.mark.parametrize("variable", ["PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"])
-@pytest.mark.parametrize(("before", "after"), PINNINGS)
-def test_a_torch_that_cannot_tell_its_settings_keeps_the_environments(
-    before, after, variable, monkeypatch
-):
-    """Where torch cannot say its settings (2.11), those of the environment go first."""
-    put: list[str] = []
-    monkeypatch.delattr(torch._C, "_accelerator_getAllocatorSettings", raising=False)
-    monkeypatch.setattr(torch._C, "_accelerator_setAllocatorSettings", put.append)
-    for name in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv(variable, before)
-    activations.register_pinned_pages.cache_clear()
-    try:
-        activations.HostCopies()
-    finally:
-        activations.register_pinned_pages.cache_clear()
-    assert put == ([after] if after != before else [])
-
-
-@pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_a_host_copy_comes_back_in_the_layout_it_was_saved_in():
-    """A transposed view (as a matmul saves one) goes to the host and comes back with its
-    strides: backward multiplies the same layout, so it takes the same kernels."""
-    copies = activations.HostCopies()
-    saved = torch.arange(12.0, device="cuda").view(3, 4).t()
-    packed = copies.pack(saved)
-    assert packed.host.is_pinned() and packed.host.stride() == saved.stride()
-    back = copies.unpack(packed)
-    assert back.stride() == saved.stride() and torch.equal(back, saved)
 
 
 @pytest.mark.cuda
@@ -699,14 +639,14 @@ def test_offload_fetches_each_layer_input_once_and_one_layer_ahead(tiny_bytes_gg
     layer_input = (*ids.shape, cuda.config.hidden_size)  # the final norm's input too, first
     fetches: list[int] = []
     ahead: list[bool] = []
-    fetch, unpack = activations.HostCopies._fetch, activations.HostCopies.unpack
+    fetch, unpack = host_copies.HostCopies._fetch, host_copies.HostCopies.unpack
 
     def fetching(self, copy):  # type: ignore[no-untyped-def]
         fetches.append(id(copy))
         return fetch(self, copy)
 
     def unpacking(self, packed):  # type: ignore[no-untyped-def]
-        if isinstance(packed, activations._Copy) and tuple(packed.host.shape) == layer_input:
+        if isinstance(packed, host_copies.HostCopy) and tuple(packed.host.shape) == layer_input:
             ahead.append(packed.fetched is not None)
         return unpack(self, packed)
 
@@ -715,12 +655,12 @@ def test_offload_fetches_each_layer_input_once_and_one_layer_ahead(tiny_bytes_gg
 
     def recomputing(self):  # type: ignore[no-untyped-def]
         kept = [s().value for s in self.slots if s() is not None]
-        kept = [c for c in kept if isinstance(c, activations._Copy)]
+        kept = [c for c in kept if isinstance(c, host_copies.HostCopy)]
         kept_ahead.append(bool(kept) and all(c.fetched is not None for c in kept))
         return recompute(self)
 
-    monkeypatch.setattr(activations.HostCopies, "_fetch", fetching)
-    monkeypatch.setattr(activations.HostCopies, "unpack", unpacking)
+    monkeypatch.setattr(host_copies.HostCopies, "_fetch", fetching)
+    monkeypatch.setattr(host_copies.HostCopies, "unpack", unpacking)
     monkeypatch.setattr(activations._Checkpoint, "_recompute", recomputing)
     _grads(cuda, "offload")
     assert len(fetches) == len(set(fetches))
