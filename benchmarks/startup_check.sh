@@ -4,7 +4,8 @@
 # start events split the seconds before training (imports, loading, kernel build, train setup),
 # then benchmarks/train_fixed_cost.py on the same folder (LoRA r16 on the seven projections,
 # context 2048; each call continuing one adapter, then a new adapter per call: FIXED_MODES,
-# default "continued fresh"), with the functions that cost the most. E2E_REPEATS (default 3) runs.
+# default "continued fresh"), with the functions that cost the most. E2E_REPEATS (default 3) runs;
+# 0 leaves them out and times the fixed cost on timeline_check.sh's folder.
 # Arguments, if any, select CUDA tests to run first (gpu_suite.sh --no-bench). Results under
 # $OUT: suite.log, *_events.jsonl, startup.txt, fixed_cost.json, fixed_cost_{continued,fresh}.log
 # (tests.log, pytest.log).
@@ -13,19 +14,25 @@ if [[ $# -gt 0 ]]; then  # CUDA tests first, where asked (pytest arguments)
   PYTEST_S=${PYTEST_S:-200} benchmarks/gpu_suite.sh --no-bench "$@" > "$OUT/tests.log" 2>&1
   tail -3 "$OUT/pytest.log"
 fi
-E2E_S=${E2E_S:-260} \
-E2E_ARGS="--sides aner --repeats ${E2E_REPEATS:-3} --updates 10 --every 5 --val-rows 4 --timeout 120" \
-  benchmarks/gpu_suite.sh --no-tests --e2e llama3-8b > "$OUT/suite.log" 2>&1
-for f in $(find /tmp/train_e2e -name 'events.jsonl'); do cp "$f" "$OUT/$(basename "$(dirname "$f")")_events.jsonl"; done
+model=/tmp/train_e2e/llama3-8b/model
+if [[ ${E2E_REPEATS:-3} == 0 ]]; then  # the fixed cost alone, on timeline_check.sh's folder
+  model=/tmp/train_scale/llama3-8b/model
+  OUT=$OUT TRACE=0 benchmarks/timeline_check.sh > "$OUT/setup.log" 2>&1
+else
+  E2E_S=${E2E_S:-260} \
+  E2E_ARGS="--sides aner --repeats ${E2E_REPEATS:-3} --updates 10 --every 5 --val-rows 4 --timeout 120" \
+    benchmarks/gpu_suite.sh --no-tests --e2e llama3-8b > "$OUT/suite.log" 2>&1
+  for f in $(find /tmp/train_e2e -name 'events.jsonl'); do cp "$f" "$OUT/$(basename "$(dirname "$f")")_events.jsonl"; done
+fi
 for f in "$OUT"/*_events.jsonl; do
-  echo "$f"; grep -h -o '"before_start": {[^}]*}' "$f"
+  [[ -e $f ]] && { echo "$f"; grep -h -o '"before_start": {[^}]*}' "$f"; }
 done > "$OUT/startup.txt"
 source benchmarks/device_env.sh
 unset PYTHONDONTWRITEBYTECODE  # as gpu_suite.sh does
 # one adapter continued (kept graphs), or a new LoRA per call; FIXED_MODES picks
 for mode in ${FIXED_MODES:-continued fresh}; do
   timeout "${FIXED_S:-200}" python3 benchmarks/train_fixed_cost.py --device cuda \
-    --model /tmp/train_e2e/llama3-8b/model --storage nf4_double_quant --precision bfloat16 \
+    --model "$model" --storage nf4_double_quant --precision bfloat16 \
     --context 2048 --rank 16 --targets q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj \
     --updates 5 --repeats 2 $([[ $mode == continued ]] && echo --continued) --top 40 \
     --out "$OUT/fixed_cost.json" > "$OUT/fixed_cost_$mode.log" 2>&1

@@ -94,6 +94,11 @@ class Builtin:
     requires: tuple[str, ...] = ()
     """Python packages (import names) the implementation needs; named in the 'unavailable' error."""
     needs_context: bool = False
+    lets_go: bool = True
+    """Whether a call that needs torch first lets go of what other builtins hold on the GPU
+    (`ExecContext.held`). False for those that allocate little there (an adapter's low-rank
+    tensors), so that a sweep's next `train` call, on the adapter just made, finds the graphs
+    the last call kept (`train.kept`)."""
     category: str = "core"
     """Section of the generated reference this builtin appears in."""
     precheck: str = ""

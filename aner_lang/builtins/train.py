@@ -217,6 +217,7 @@ def _low_rank(name: str, doc: str, example: str) -> Builtin:
         constraints=_RANK_RULES,
         native=True,
         requires=NATIVE,
+        lets_go=False,
         category=_CATEGORY,
     )
 
@@ -273,6 +274,7 @@ _BUILTINS = (
         ),
         native=True,
         requires=NATIVE,
+        lets_go=False,
         category=_CATEGORY,
     ),
     Builtin(

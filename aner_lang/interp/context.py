@@ -24,8 +24,9 @@ class ExecContext:
     held: dict[str, Callable[[], None]] = field(default_factory=dict)
     """What a builtin keeps for its next call (`train`: its CUDA graphs and optimizer state, which
     hold GPU memory), by the builtin's name, with the function that lets it go. The interpreter lets it go
-    before any other builtin that needs torch runs (`let_go`) and when the script ends, so that
-    nothing else a script does on the GPU finds that memory taken."""
+    before any other builtin that needs torch runs, unless that one allocates little on the GPU
+    (`Builtin.lets_go`), and when the script ends (`let_go`), so that nothing else a script does
+    on the GPU finds that memory taken."""
 
     def let_go(self, unless: str | None = None) -> None:
         """Let go of what builtins hold, except what `unless` (a builtin's name) holds."""

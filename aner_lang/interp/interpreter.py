@@ -263,7 +263,7 @@ class Interpreter:
         self.check_outputs(a, span, b, values)
         self.stack.append((b.name, span, a.path))
         try:
-            if "torch" in b.requires:
+            if "torch" in b.requires and b.lets_go:
                 self.ctx.let_go(unless=b.name)
             fn = load_impl(b)
             args = {k: to_native(v) for k, v in values.items()}

@@ -186,6 +186,11 @@ class Adapter:
         """Memory report hook (docs/internals.md): number of trainable scalars."""
         return self.trainable_parameters
 
+    def step_config(self) -> dict[str, Any]:
+        """Its `config` less `seed`, which only draws the initial values: the settings its
+        training step reads (what a recording of the step may hold as constants)."""
+        return {k: v for k, v in self.config.items() if k != "seed"}
+
     def nbytes(self) -> dict[str, int]:
         """Memory report hook: bytes of all adapter tensors, the frozen and the trainable part."""
         trainable = sum(t.nbytes for t in self.params.values())

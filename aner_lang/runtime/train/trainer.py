@@ -143,18 +143,30 @@ def run_identity(adapter: Any, profile: Profile, backend: NF4Backend) -> str:
 def graph_key(adapter: Any, profile: Profile, identity: str) -> tuple[object, ...]:
     """What a recorded step reads besides its inputs and the buffers its graph holds: the
     settings it was recorded under, and where the base's, the adapter's and the gradients'
-    tensors live (a tensor replaced since would leave the graph reading freed memory)."""
-    tensors = [
-        *adapter.base.module.state_dict(keep_vars=True).values(),
-        *adapter.params.values(),
-        *adapter.frozen.values(),
-    ]
+    tensors live (a tensor replaced since would leave the graph reading freed memory), in that
+    order (`Kept.fits` compares the first three)."""
+    base = adapter.base.module.state_dict(keep_vars=True).values()
+    tensors = [*adapter.params.values(), *adapter.frozen.values()]
     grads = [p.grad for p in adapter.params.values()]
     return (
         identity,
         json.dumps(profile.to_json(), sort_keys=True),
+        tuple(t.data_ptr() for t in base),
         tuple(t.data_ptr() for t in tensors),
         tuple(None if g is None else g.data_ptr() for g in grads),
+    )
+
+
+def adapter_form(adapter: Any) -> tuple[object, ...]:
+    """What two adapters' recorded steps share when their tensors live at the same addresses:
+    the method, the settings a step reads (`Adapter.step_config`: all but the seed, which only
+    draws initial values; alpha and rank are constants of a recording), and every tensor's
+    name, shape and dtype (`train.kept`)."""
+    tensors = {**adapter.params, **adapter.frozen}
+    return (
+        adapter.method,
+        json.dumps(adapter.step_config(), sort_keys=True),
+        tuple((name, tuple(t.shape), t.dtype) for name, t in tensors.items()),
     )
 
 
@@ -498,7 +510,25 @@ class _Loop:
         self.preference = (
             None if objective is None else PreferenceSteps(adapter, objective, profile.precision)
         )
-        kept = take_kept(adapter)  # before this call allocates: another adapter's goes
+        dropout = float(adapter.config.get("dropout", 0.0))
+        off = parallel.graphs_off or eligibility(
+            adapter.device,
+            dropout,
+            profile.activations,
+            profile.graphs,
+            self.step_tokens,
+        )
+        if not off and _experts_read_host(adapter, profile.precision):
+            off = "a mixture-of-experts layer sizes its expert groups on the host"
+        if objective is not None:
+            off = f"the {objective.name} objective runs its steps eagerly"
+        kept = take_kept()  # before this call allocates: a set it cannot use goes
+        if kept is not None and not kept.owned_by(adapter):
+            if not off and kept.fits(graph_key(adapter, profile, identity), adapter_form(adapter)):
+                kept.move_into(adapter)  # before the optimizer reads where its tensors live
+            else:
+                kept.release()
+                kept = None
         prev = adapter.state
         if prev is not None:
             _require_same_kernel(prev, identity)
@@ -529,20 +559,8 @@ class _Loop:
         adapter.dropout_generator = self.gen
         self.pad = adapter.tokenizer.pad_id or 0
         self.params = list(adapter.params.items())
-        dropout = float(adapter.config.get("dropout", 0.0))
         # the run's generator is the only one a layer draws from, and only with dropout on
         self.activations = ActivationPolicy(profile.activations, (self.gen,) if dropout else ())
-        off = parallel.graphs_off or eligibility(
-            adapter.device,
-            dropout,
-            profile.activations,
-            profile.graphs,
-            self.step_tokens,
-        )
-        if not off and _experts_read_host(adapter, profile.precision):
-            off = "a mixture-of-experts layer sizes its expert groups on the host"
-        if objective is not None:
-            off = f"the {objective.name} objective runs its steps eagerly"
         replay = None
         if kept is not None:  # its moments were loaded above, or are not this state's: they go
             if not off and kept.key == graph_key(adapter, profile, identity):
@@ -860,7 +878,7 @@ class _Loop:
         if self.parallel.world.size > 1 or state is not self.adapter.state:
             live = {}
         key = graph_key(self.adapter, self.profile, self.identity) if self.steps.shapes else None
-        keep(self.adapter, key, self.steps, state, live)
+        keep(self.adapter, key, self.steps, state, live, adapter_form(self.adapter))
 
     def end_event(self, stop: str, seconds: float) -> dict[str, Any]:
         best_update, best_loss = self.best()

@@ -334,3 +334,48 @@ def test_a_fresh_adapter_of_a_recorded_kind_records_without_a_warm_up(tiny_bytes
     _, other_seen = call(8)
     assert other_seen[:2] == [False, True]  # a warm-up, then the recording
     keeping.release_kept()
+
+
+def test_a_sweeps_next_adapter_replays_the_graphs_the_last_call_kept(tiny_bytes_gguf, tmp_path):
+    """A fresh adapter of the same form as the last call's (a sweep's next call; `train.kept`)
+    moves into the tensors its graphs read and replays them: nothing recorded
+    (`cuda_graphs_kept`, no `recording_seconds`), whether the last adapter is still alive or
+    already collected. It trains to the bits of the same calls run eagerly, and the last
+    adapter keeps its own values. One with another alpha records its own."""
+    import json
+
+    from aner_lang.runtime.load.loader import load_model
+    from aner_lang.runtime.train import kept as keeping
+    from aner_lang.runtime.train.trainer import train
+
+    model = load_model(tiny_bytes_gguf, storage="nf4_double_quant", device="cuda")
+    data = from_texts(["A short text.", "A text of middling length, longer."], 48)
+
+    def call(seed: int, alpha: float = 8.0, graphs: bool = True) -> tuple[A.Adapter, list]:
+        adapter = A.lora(model, rank=4, alpha=alpha, targets=["q_proj", "v_proj"], seed=seed)
+        log = tmp_path / f"{seed}-{alpha}-{graphs}.jsonl"
+        train(adapter, data, profile(precision="bfloat16", graphs=graphs), steps=4,
+              learning_rate=1e-2, seed=3, log=str(log))  # fmt: skip
+        return adapter, [json.loads(line) for line in log.read_text().splitlines()]
+
+    keeping.release_kept()
+    first, recorded = call(1)
+    first_values = {n: t.clone() for n, t in first.params.items()}
+    second, alive = call(2)  # `first` alive
+    for name, t in first.params.items():
+        assert torch.equal(t, first_values[name]), name
+    del first
+    third, collected = call(3)  # `first` collected, `second` alive
+    del second
+    for events in (alive, collected):
+        assert events[0]["cuda_graphs_kept"] == 2, events[0]  # the two lengths' shapes
+        assert not any("recording_seconds" in e for e in events)
+    assert recorded[0]["cuda_graphs_kept"] == 0
+    assert any("recording_seconds" in e for e in recorded)
+    keeping.release_kept()
+    eager, _ = call(3, graphs=False)
+    for name, p in eager.params.items():
+        assert torch.equal(p, third.params[name]), name
+    _, other = call(3, alpha=16.0)
+    assert other[0]["cuda_graphs_kept"] == 0 and any("recording_seconds" in e for e in other)
+    keeping.release_kept()

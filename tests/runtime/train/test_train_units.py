@@ -195,6 +195,74 @@ def test_a_call_continuing_its_adapter_from_the_kept_tensors_matches_one_from_th
     kept.release_kept()
 
 
+def test_a_fresh_adapter_of_the_same_form_moves_into_the_kept_tensors_with_its_values(tiny_model):
+    """A kept set holds the tensors its graphs read and write. A fresh adapter of the same form
+    moves into them: its values are copied there and its tensors then live there, so the graphs'
+    key is its own; an owner still alive keeps its values, at the fresh adapter's former
+    storage; once the owner is collected the set stays, its state dropped, for the next one. An
+    adapter of another form (alpha, a constant of a recording) does not fit."""
+    import gc
+
+    from aner_lang.runtime.train import kept
+    from aner_lang.runtime.train.graphs import GraphSteps
+    from aner_lang.runtime.train.trainer import adapter_form, graph_key
+
+    prof = Profile("float32")
+
+    def lora(seed: int, alpha: float = 4.0) -> A.Adapter:
+        adapter = A.lora_fa(tiny_model, rank=2, alpha=alpha, seed=seed)
+        for p in adapter.params.values():
+            p.grad = torch.full_like(p, float(seed))
+        with torch.no_grad():  # trained values, not B's zeros
+            for p in adapter.params.values():
+                p.normal_(generator=torch.Generator().manual_seed(seed))
+        return adapter
+
+    def values(adapter: A.Adapter) -> dict[str, torch.Tensor]:
+        return {n: t.detach().clone() for n, t in adapter.live_tensors().items()}
+
+    def where(adapter: A.Adapter) -> dict[str, int]:
+        return {n: t.data_ptr() for n, t in adapter.live_tensors().items()}
+
+    owner = lora(1)
+    key = graph_key(owner, prof, "identity")
+    steps = GraphSteps(lambda *a: torch.zeros(()), list(owner.params.values()), None)
+    kept.keep(owner, key, steps, "state", {"x": torch.zeros(1)}, adapter_form(owner))
+    owner_values, slots = values(owner), where(owner)
+    fresh = lora(2)
+    fresh_values, fresh_was = values(fresh), where(fresh)
+    taken = kept.take_kept()
+    assert taken is not None and taken.owned_by(owner) and not taken.owned_by(fresh)
+    assert not taken.fits(key, adapter_form(lora(3, alpha=8.0)))
+    assert taken.fits(graph_key(fresh, prof, "identity"), adapter_form(fresh))
+    assert not taken.fits(graph_key(fresh, Profile("bfloat16"), "identity"), adapter_form(fresh))
+    taken.move_into(fresh)
+    assert where(fresh) == slots and where(owner) == fresh_was
+    for name, t in fresh.live_tensors().items():
+        assert torch.equal(t, fresh_values[name]), name
+    for name, t in owner.live_tensors().items():
+        assert torch.equal(t, owner_values[name]), name
+    assert all(p.grad is None for p in owner.params.values())
+    assert all(torch.equal(p.grad, torch.zeros_like(p)) for p in fresh.params.values())
+    assert graph_key(fresh, prof, "identity") == key
+    assert taken.owned_by(fresh) and taken.live == {} and taken.state is None
+    kept._KEPT.append(taken)
+    del owner  # no longer the set's owner: the set is untouched
+    gc.collect()
+    assert taken.owned_by(fresh) and taken.slots
+    del fresh
+    assert kept._KEPT == [taken] and taken.owner is None and taken.slots
+    third = lora(4)
+    third_values = values(third)
+    taken = kept.take_kept()
+    assert taken is not None and taken.fits(graph_key(third, prof, "identity"), adapter_form(third))
+    taken.move_into(third)
+    assert where(third) == slots
+    for name, t in third.live_tensors().items():
+        assert torch.equal(t, third_values[name]), name
+    taken.release()
+
+
 def test_a_trained_adapter_goes_when_the_script_drops_it_without_waiting_for_the_collector(
     tiny_model,
 ):
@@ -235,15 +303,18 @@ def test_graphs_record_short_micro_batches_and_leave_long_ones_eager():
     assert "graphs: false" in str(eligibility(cuda, 0.0, "keep", False, 64))
 
 
-def test_what_a_call_keeps_goes_to_its_adapter_only_and_goes_with_it():
-    """One set is kept at a time: the same owner takes it; another owner's call releases it;
-    so does the owner's collection."""
+def test_one_set_is_kept_and_its_owners_collection_leaves_only_recorded_graphs():
+    """One set is kept at a time: keeping another releases it; `take_kept` hands it over once.
+    The owner's collection drops the set's state; recorded graphs stay for a fresh adapter of
+    their form, a set with nothing recorded goes."""
     import gc
 
     from aner_lang.runtime.train import graphs, kept
 
-    class Owner:  # an adapter's stand-in: only its identity matters
-        pass
+    class Owner:  # an adapter's stand-in: its identity, and no tensors
+        def __init__(self) -> None:
+            self.params: dict[str, torch.Tensor] = {}
+            self.frozen: dict[str, torch.Tensor] = {}
 
     def recorded() -> graphs.GraphSteps:
         steps = graphs.GraphSteps(lambda *args: torch.zeros(()), [], None)
@@ -252,17 +323,24 @@ def test_what_a_call_keeps_goes_to_its_adapter_only_and_goes_with_it():
 
     a, b = Owner(), Owner()
     steps, live = recorded(), {"x": torch.zeros(2)}
-    kept.keep(a, "key", steps, "state", live)
-    taken = kept.take_kept(a)
+    kept.keep(a, ("key",), steps, "state", live, "form")
+    taken = kept.take_kept()
     assert taken is not None and taken.steps is steps and taken.live is live
-    assert kept.take_kept(a) is None
-    kept.keep(a, "key", steps, "state", live)
-    assert kept.take_kept(b) is None and steps.shapes == 0  # released
-    steps = recorded()
-    kept.keep(b, "key", steps, "state", live)
+    assert taken.owned_by(a) and not taken.owned_by(b)
+    assert kept.take_kept() is None
+    kept.keep(a, ("key",), steps, "state", live, "form")
+    kept.keep(b, ("key",), recorded(), "state", live, "form")
+    assert steps.shapes == 0 and len(kept._KEPT) == 1  # a's released
+    steps = kept._KEPT[0].steps
     del b
     gc.collect()
-    assert not kept._KEPT and steps.shapes == 0
+    assert kept._KEPT and kept._KEPT[0].owner is None and steps.shapes == 1
+    assert kept._KEPT[0].state is None and kept._KEPT[0].live == {}
+    kept.keep(a, None, graphs.GraphSteps(lambda *args: torch.zeros(()), [], None), "s", live, "f")
+    assert steps.shapes == 0  # released by the next keep
+    del a
+    gc.collect()
+    assert not kept._KEPT  # nothing recorded: nothing left for a fresh adapter
 
 
 def test_a_script_lets_go_of_what_train_holds_before_other_gpu_work_and_at_its_end(tmp_path):
@@ -281,6 +359,39 @@ def test_a_script_lets_go_of_what_train_holds_before_other_gpu_work_and_at_its_e
     ctx.held["texts"] = lambda: released.append("texts")
     run(analysis, ctx)
     assert released == ["train", "texts"]  # before texts() (not its own), then at the end
+
+
+def test_making_an_adapter_leaves_what_train_holds_and_other_torch_work_lets_it_go(
+    tiny_gguf, tmp_path, monkeypatch
+):
+    """What `train` keeps for its next call (`ExecContext.held`) stays through the making of a
+    low-rank adapter, so a sweep's next call finds it (`Builtin.lets_go`), and goes before any
+    other builtin that needs torch runs, here `evaluate`."""
+    import io
+    import json
+
+    from aner_lang.check import analyze
+    from aner_lang.interp import ExecContext, run
+    from aner_lang.runtime.train import trainer
+
+    out = io.StringIO()
+    monkeypatch.setattr(trainer, "release_kept", lambda: out.write("released\n"))
+    (tmp_path / "qa.jsonl").write_text(json.dumps({"q": "Hi?", "a": " Hello."}) + "\n")
+    source = f"""
+let m = load_model("{tiny_gguf}", storage: float16, device: cpu)
+let qa = load_jsonl("qa.jsonl", prompt_field: "q", completion_field: "a", context: 16)
+let first = lora(m, rank: 2, alpha: 4.0)
+train(first, qa, profile(precision: float32), steps: 1)
+let second = lora(m, rank: 2, alpha: 4.0, seed: 1)
+let third = dora(m, rank: 2, alpha: 4.0)
+print("made")
+print(evaluate(m, qa).scored_tokens)
+"""
+    path = tmp_path / "script.aner"
+    analysis = analyze(source, str(path))
+    assert not [d for d in analysis.diagnostics if d.severity == "error"]
+    run(analysis, ExecContext(script_dir=tmp_path, stdout=out, script_path=path))
+    assert out.getvalue().splitlines()[:3] == ["made", "released", "3"]
 
 
 def test_an_example_longer_than_the_models_context_is_refused_before_training(tiny_model):
