@@ -11,7 +11,8 @@ with the copy bandwidth of the largest copy in and out of that memory. Each sett
 fresh process (the allocator reads its settings once and caches what it pinned): torch's default
 (`cudaHostAlloc`) and `pinned_use_cuda_host_register` with 1, 8 and 16 threads (`malloc`, the
 pages touched by that many threads, then `cudaHostRegister`), the latter with 8 threads also set by
-the process itself at run time.
+the process itself at run time; and `exact`, `model.pinned_blocks` (as `offload` pins: each copy
+registered at exactly its bytes, its pages touched by torch's threads).
 
     python benchmarks/pinned_alloc.py --tokens 16384 --out /tmp/pinned_alloc.json
 """
@@ -39,9 +40,11 @@ SETTINGS = {
     "register-8": "pinned_use_cuda_host_register:True,pinned_num_register_threads:8",
     "register-16": "pinned_use_cuda_host_register:True,pinned_num_register_threads:16",
     "register-8-set": "pinned_use_cuda_host_register:True,pinned_num_register_threads:8",
+    "exact": "",
 }
 """Settings by name; one named `*-set` is applied by the process itself (`child`'s `applied`)
-before it pins anything, not by the environment: can a run switch it on for itself?"""
+before it pins anything, not by the environment: can a run switch it on for itself? `exact`
+pins through `model.pinned_blocks`, as `offload` does, instead of torch's allocator."""
 GEMM = (8192, 4096, 14336)
 """The GEMM the overlap runs beside the pinning: an 8B gate projection over 8,192 tokens."""
 
@@ -52,11 +55,17 @@ def copy_sizes(shape: str, tokens: int) -> list[int]:
     return offload_copy_bytes(tokens, layer_shape(config), 2) * config.num_hidden_layers
 
 
-def _pin(sizes: list[int]) -> tuple[float, list[Any]]:
+def _pin(sizes: list[int], exact: bool) -> tuple[float, list[Any]]:
     import torch
 
+    from aner_lang.runtime.model import pinned_blocks
+
     start = time.perf_counter()
-    held = [torch.empty(n, dtype=torch.uint8, pin_memory=True) for n in sizes]
+    if exact:
+        meta = [torch.empty(n, dtype=torch.uint8, device="meta") for n in sizes]
+        held = [pinned_blocks.empty_like(t) for t in meta]
+    else:
+        held = [torch.empty(n, dtype=torch.uint8, pin_memory=True) for n in sizes]
     return time.perf_counter() - start, held
 
 
@@ -96,10 +105,13 @@ def _gemm_rate(seconds: float, until: threading.Event | None = None) -> float:
     return count * 2 * m * k * n / (time.perf_counter() - start) / 1e12
 
 
-def child(sizes: list[int], overlap: bool, applied: str) -> dict[str, Any]:
+def child(sizes: list[int], overlap: bool, applied: str, exact: bool) -> dict[str, Any]:
     """One setting's row: `sizes` pinned as the module docstring says, beside GEMMs with
-    `overlap`; `applied`, where given, set through torch's allocator settings first."""
+    `overlap`; `applied`, where given, set through torch's allocator settings first; with
+    `exact`, through `pinned_blocks`."""
     import torch
+
+    from aner_lang.runtime.model import pinned_blocks
 
     if applied:
         torch._C._accelerator_setAllocatorSettings(applied)
@@ -110,7 +122,7 @@ def child(sizes: list[int], overlap: bool, applied: str) -> dict[str, Any]:
         done, pinned = threading.Event(), dict[str, Any]()
 
         def pin() -> None:
-            pinned["seconds"], pinned["held"] = _pin(sizes)
+            pinned["seconds"], pinned["held"] = _pin(sizes, exact)
             done.set()
 
         thread = threading.Thread(target=pin)
@@ -120,13 +132,17 @@ def child(sizes: list[int], overlap: bool, applied: str) -> dict[str, Any]:
         result |= {"gemm_tflops_alone": alone, "gemm_tflops_beside_pinning": beside,
                    "first_seconds_beside_gemms": pinned["seconds"]}  # fmt: skip
         return result
-    first, held = _pin(sizes)
+    first, held = _pin(sizes, exact)
     result |= {"first_seconds": first, **_bandwidth(held[0])}
     del held
     torch.cuda.synchronize()
-    result["again_seconds"], held = _pin(sizes)
+    result["again_seconds"], held = _pin(sizes, exact)
     stats = torch.cuda.host_memory_stats()  # while the second pass still holds its copies
-    result["pinned_bytes"] = stats.get("allocated_bytes.current")
+    result["pinned_bytes"] = (
+        pinned_blocks.pinned_bytes(torch.device("meta"))
+        if exact
+        else stats.get("allocated_bytes.current")
+    )
     result["host_alloc_seconds"] = stats.get("host_alloc_time.total", 0) / 1e6  # from us
     result["copies"] = len(held)
     return result
@@ -140,11 +156,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--overlap", action="store_true", help="also pin beside GEMMs")
     ap.add_argument("--child", choices=("pin", "overlap"), help=argparse.SUPPRESS)
     ap.add_argument("--apply", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--exact", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     sizes = copy_sizes(args.shape, args.tokens)
     if args.child:
-        print(json.dumps(child(sizes, args.child == "overlap", args.apply)))
+        print(json.dumps(child(sizes, args.child == "overlap", args.apply, args.exact)))
         return 0
     rows = []
     for name in args.settings.split(","):
@@ -153,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         for mode in ("pin", "overlap") if args.overlap else ("pin",):
             cmd = [sys.executable, __file__, "--child", mode, "--apply", applied,
                    "--shape", args.shape, "--tokens", str(args.tokens)]  # fmt: skip
+            cmd += ["--exact"] if name == "exact" else []
             done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
             if done.returncode:
                 row = {"error": done.stderr.strip().splitlines()[-1:]}

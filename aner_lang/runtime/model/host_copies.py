@@ -15,17 +15,19 @@ Rules:
   besides its input (`HostCopies.keep`) travels with that input's copy. A copy backward has
   unpacked already (its consumers need not run in the reverse order of its producers) is not
   fetched again.
-* Host memory is pinned by registering pages (`register_pinned_pages`), not by `cudaHostAlloc`.
+* Each copy is pinned at exactly its bytes, its block handed out again once the copy is freed
+  (`pinned_blocks`): every copy in or out of those blocks runs on the one side stream, which
+  keeps a block's next copy after its last.
 """
 
 from __future__ import annotations
 
-import functools
-import os
 import weakref
 from typing import Any, cast
 
 import torch
+
+from aner_lang.runtime.model import pinned_blocks
 
 
 def held(t: torch.Tensor) -> torch.Tensor:
@@ -49,44 +51,11 @@ class HostCopy:
         """What a layer kept beside this copy of its input (`HostCopies.keep`): fetched with it."""
 
 
-PINNING = "pinned_use_cuda_host_register:True,pinned_num_register_threads:8"
-"""How `offload` has torch's host allocator pin: `malloc`, the pages touched by 8 threads, then
-`cudaHostRegister`. torch's default, `cudaHostAlloc`, took 7.0 s to pin the 19.4 GB of copies of
-a 16,384-token Llama-3-8B forward on an H100 and held the GPU back meanwhile (bf16 GEMMs beside
-it ran at 15 of their 648 TFLOP/s); pinned this way, 2.3 s with the GEMMs at 577
-(benchmarks/results/h100_s27_pinned_alloc.json), and a run's first offloaded update of 14,337
-tokens took 3.8-4.0 s instead of 7.8 (h100_s27_copies_pinning.json). The copies' bandwidth is
-the same (55 GB/s)."""
-
-
-@functools.cache
-def register_pinned_pages() -> None:
-    """From now on, pin host memory the `PINNING` way, unless the process's allocator settings
-    choose how already. torch takes a settings string whole and resets what it leaves out, so
-    the current settings go first and stay as they were: those set at run time where torch can
-    say (`torch._C._accelerator_getAllocatorSettings`, from 2.12), else those of the environment
-    (`PYTORCH_ALLOC_CONF`, or the older `PYTORCH_CUDA_ALLOC_CONF`). Once a process, through
-    `torch._C._accelerator_setAllocatorSettings`, the way torch's deprecation of
-    `torch.cuda._set_allocator_settings` names; a torch without it pins as it did."""
-    put = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
-    if put is None:
-        return
-    get = getattr(torch._C, "_accelerator_getAllocatorSettings", None)
-    current = (
-        get()
-        if get is not None
-        else os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
-    )
-    if "pinned_use_cuda_host_register" not in current:
-        put(",".join(filter(None, (current, PINNING))))
-
-
 class HostCopies:
     """Saved-tensor hooks that keep every saved CUDA tensor in pinned host memory, by the
     module's rules; CPU tensors are kept as they are."""
 
     def __init__(self) -> None:
-        register_pinned_pages()
         self._streams: dict[torch.device, torch.cuda.Stream] = {}
         self._last: weakref.ref[HostCopy] | None = None
 
@@ -120,7 +89,7 @@ class HostCopies:
         side.wait_stream(torch.cuda.current_stream(t.device))
         # its strides too: a matmul saves transposed views, and the same values in another
         # layout take another GEMM in backward, whose sums round otherwise
-        host = torch.empty_like(t, device="cpu", pin_memory=True)
+        host = pinned_blocks.empty_like(t)
         with torch.cuda.stream(side):
             host.copy_(t, non_blocking=True)
             stored = torch.cuda.Event()

@@ -110,10 +110,9 @@ def offload_host_bytes(
     keeps: tuple[str, ...] = OFFLOAD_KEEPS,
 ) -> int:
     """Pinned host memory `offload` keeps with `keeps` kept besides the layer inputs: every
-    decoder layer's copies (`offload_copy_bytes`), each in the block torch pins for it
-    (`pinned_block_bytes`)."""
-    copies = offload_copy_bytes(tokens, shape, act_bytes, keeps)
-    return layers * sum(pinned_block_bytes(n) for n in copies)
+    decoder layer's copies (`offload_copy_bytes`), each pinned at exactly its bytes
+    (`model.pinned_blocks`)."""
+    return layers * sum(offload_copy_bytes(tokens, shape, act_bytes, keeps))
 
 
 def offload_keeps(
@@ -128,14 +127,6 @@ def offload_keeps(
         if host is None or offload_host_bytes(layers, tokens, shape, act_bytes, keeps) <= host:
             return keeps
     return ()
-
-
-def pinned_block_bytes(nbytes: int) -> int:
-    """The pinned host memory torch takes for a request of `nbytes`: its caching host allocator
-    rounds every request up to a power of two, the sizes its free lists are kept by
-    (`PowerOf2Ceil` in ATen's `CachingHostAllocator.h`), so 14,337 tokens of a 4096-wide layer
-    input (117 MB) take 134 MB."""
-    return 1 << (nbytes - 1).bit_length() if nbytes > 0 else 0
 
 
 def workspace_bytes(graphs: bool) -> int:
