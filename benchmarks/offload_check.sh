@@ -7,7 +7,8 @@
 # benchmarks/variants/), on each of those in turn: per update its seconds,
 # the host time of each copy and fetch, torch's pinned-memory allocator counters and the GPU
 # peak; per kind of tensor moved, how many. Results under $OUT: copies_<name>.json and .log
-# (this code's named new), setup.log or tests.log.
+# (this code's named new; with AGAIN=1 and other codes, this code runs again last, new_again),
+# setup.log or tests.log.
 set -u
 mkdir -p "$OUT"
 export CONTEXT=${CONTEXT:-16384}
@@ -31,4 +32,10 @@ for side in "${sides[@]}"; do
     --out "$OUT/copies_$name.json" > "$OUT/copies_$name.log" 2>&1
   echo "$name rc=$?"; tail -"${TAIL:-20}" "$OUT/copies_$name.log"
 done
+if [[ ${AGAIN:-0} == 1 && ${#sides[@]} -gt 1 ]]; then  # this code once more, last: new, others, new
+  PYTHONPATH="$PWD:$PYTHONPATH" timeout "${COPIES_S:-150}" python3 benchmarks/offload_copies.py \
+    --model "$model" --context "$CONTEXT" --updates "${UPDATES:-4}" \
+    --out "$OUT/copies_new_again.json" > "$OUT/copies_new_again.log" 2>&1
+  echo "new_again rc=$?"; tail -"${TAIL:-20}" "$OUT/copies_new_again.log"
+fi
 free -g | head -2

@@ -225,6 +225,7 @@ _BUILTINS = (
         constraints=(CONTEXT_RULE,),
         native=True,
         requires=NATIVE,
+        lets_go=False,
         needs_context=True,
         category=_CATEGORY,
         precheck=_PRECHECK + "load_data",
@@ -238,6 +239,7 @@ _BUILTINS = (
         examples=("let mixed = shuffle(chats, seed: 3)",),
         native=True,
         requires=("torch",),
+        lets_go=False,
         category=_CATEGORY,
     ),
     Builtin(
@@ -250,6 +252,7 @@ _BUILTINS = (
         constraints=(Constraint("n >= 1", "n must be at least 1"),),
         native=True,
         requires=("torch",),
+        lets_go=False,
         category=_CATEGORY,
     ),
     Builtin(
@@ -278,6 +281,7 @@ _BUILTINS = (
         ),
         native=True,
         requires=("torch",),
+        lets_go=False,
         category=_CATEGORY,
     ),
     Builtin(
@@ -290,6 +294,7 @@ _BUILTINS = (
         examples=("let packed = pack(chats)",),
         native=True,
         requires=("torch",),
+        lets_go=False,
         category=_CATEGORY,
     ),
     Builtin(
@@ -307,6 +312,7 @@ _BUILTINS = (
         constraints=(Constraint("n >= 1", "n must be at least 1"),),
         native=True,
         requires=NATIVE,
+        lets_go=False,
         category=_CATEGORY,
     ),
 )

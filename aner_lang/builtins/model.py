@@ -225,6 +225,7 @@ _FORWARD_BUILTINS = (
         examples=('print("${model_info(base).layers} layers")',),
         native=True,
         requires=NATIVE,
+        lets_go=False,
         category=_CATEGORY,
     ),
     Builtin(
@@ -247,6 +248,7 @@ _FORWARD_BUILTINS = (
         examples=('let ids = tokenize(base, "Hello world")',),
         native=True,
         requires=NATIVE,
+        lets_go=False,
         category=_CATEGORY,
     ),
     Builtin(
@@ -258,6 +260,7 @@ _FORWARD_BUILTINS = (
         examples=('print(detokenize(base, tokenize(base, "Hello")))',),
         native=True,
         requires=NATIVE,
+        lets_go=False,
         category=_CATEGORY,
     ),
 )

@@ -96,9 +96,10 @@ class Builtin:
     needs_context: bool = False
     lets_go: bool = True
     """Whether a call that needs torch first lets go of what other builtins hold on the GPU
-    (`ExecContext.held`). False for those that allocate little there (an adapter's low-rank
-    tensors), so that a sweep's next `train` call, on the adapter just made, finds the graphs
-    the last call kept (`train.kept`)."""
+    (`ExecContext.held`). False for those that allocate little or nothing there (a profile, a
+    dataset's rows, a tokenization, an adapter's low-rank tensors, an adapter saved from its host
+    copies), so that a sweep's next `train` call finds the graphs the last call kept
+    (`train.kept`)."""
     category: str = "core"
     """Section of the generated reference this builtin appears in."""
     precheck: str = ""

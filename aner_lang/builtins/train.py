@@ -326,6 +326,7 @@ _BUILTINS = (
         ),
         native=True,
         requires=("torch",),
+        lets_go=False,
         category=_CATEGORY,
     ),
     Builtin(
@@ -338,6 +339,7 @@ _BUILTINS = (
         constraints=(Constraint("scale > 0.0", "scale must be positive"),),
         native=True,
         requires=("torch",),
+        lets_go=False,
         category=_CATEGORY,
     ),
     Builtin(
@@ -390,6 +392,7 @@ _BUILTINS = (
         constraints=(Constraint("page_bytes >= 4 KiB", "page_bytes must be at least 4 KiB"),),
         native=True,
         requires=("torch",),
+        lets_go=False,
         category=_CATEGORY,
         precheck="aner_lang.host.prechecks:profile",
     ),

@@ -379,3 +379,41 @@ def test_a_sweeps_next_adapter_replays_the_graphs_the_last_call_kept(tiny_bytes_
     _, other = call(3, alpha=16.0)
     assert other[0]["cuda_graphs_kept"] == 0 and any("recording_seconds" in e for e in other)
     keeping.release_kept()
+
+
+def test_a_scripts_sweep_replays_its_first_calls_graphs(tiny_bytes_gguf, tmp_path):
+    """Through the interpreter: a sweep that saves each adapter and makes the next one's profile
+    and adapter between its `train` calls replays the first call's graphs in the later ones
+    (`cuda_graphs_kept`, nothing recorded)."""
+    import io
+    import json
+
+    from aner_lang.check import analyze
+    from aner_lang.interp import ExecContext, run
+
+    source = f"""
+let m = load_model("{tiny_bytes_gguf}", storage: nf4_double_quant, device: cuda)
+let d = texts(["A short text.", "A text of middling length, longer."], context: 48)
+fn tuned(seed: Int, log: String) -> Adapter {{
+    let a = lora(m, rank: 4, alpha: 8.0, targets: [q_proj, v_proj], seed: seed)
+    train(a, d, profile(precision: bfloat16), steps: 3, learning_rate: 0.01, log: log)
+    save_adapter(a, "adapter_${{seed}}")
+    return a
+}}
+let one = tuned(1, "one.jsonl")
+let two = tuned(2, "two.jsonl")
+let three = tuned(3, "three.jsonl")
+"""
+    path = tmp_path / "sweep.aner"
+    analysis = analyze(source, str(path))
+    assert not [d for d in analysis.diagnostics if d.severity == "error"], analysis.diagnostics
+    run(analysis, ExecContext(script_dir=tmp_path, stdout=io.StringIO(), script_path=path))
+    logs = {
+        name: [json.loads(line) for line in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
+        for name in ("one", "two", "three")
+    }
+    assert logs["one"][0]["cuda_graphs_kept"] == 0
+    assert any("recording_seconds" in e for e in logs["one"])
+    for name in ("two", "three"):
+        assert logs[name][0]["cuda_graphs_kept"] == 2, logs[name][0]
+        assert not any("recording_seconds" in e for e in logs[name]), name

@@ -361,12 +361,13 @@ def test_a_script_lets_go_of_what_train_holds_before_other_gpu_work_and_at_its_e
     assert released == ["train", "texts"]  # before texts() (not its own), then at the end
 
 
-def test_making_an_adapter_leaves_what_train_holds_and_other_torch_work_lets_it_go(
+def test_what_a_sweep_does_between_calls_leaves_what_train_holds_and_gpu_work_lets_it_go(
     tiny_gguf, tmp_path, monkeypatch
 ):
-    """What `train` keeps for its next call (`ExecContext.held`) stays through the making of a
-    low-rank adapter, so a sweep's next call finds it (`Builtin.lets_go`), and goes before any
-    other builtin that needs torch runs, here `evaluate`."""
+    """What `train` keeps for its next call (`ExecContext.held`) stays through what a sweep does
+    between its calls (saving the adapter, making a profile, a dataset, the next low-rank
+    adapter: `Builtin.lets_go`), so the next call finds it, and goes before GPU work, here
+    `evaluate`."""
     import io
     import json
 
@@ -382,6 +383,9 @@ let m = load_model("{tiny_gguf}", storage: float16, device: cpu)
 let qa = load_jsonl("qa.jsonl", prompt_field: "q", completion_field: "a", context: 16)
 let first = lora(m, rank: 2, alpha: 4.0)
 train(first, qa, profile(precision: float32), steps: 1)
+save_adapter(first, "first")
+let p = profile(precision: float32)
+let mixed = shuffle(qa, seed: 3)
 let second = lora(m, rank: 2, alpha: 4.0, seed: 1)
 let third = dora(m, rank: 2, alpha: 4.0)
 print("made")
