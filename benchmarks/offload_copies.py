@@ -24,9 +24,19 @@ import torch
 from update_timeline import run_inputs  # this directory is on sys.path
 
 from aner_lang.runtime.load.loader import load_model
-from aner_lang.runtime.model import host_copies, pinned_blocks
+from aner_lang.runtime.model import host_copies
+
+try:  # an older aner_lang/ (offload_check.sh CODES) pinned with torch's allocator alone
+    from aner_lang.runtime.model import pinned_blocks
+except ImportError:
+    pinned_blocks = None  # type: ignore[assignment]
 from aner_lang.runtime.train import trainer
 from aner_lang.runtime.train.profile import profile as train_profile
+
+
+def _exact_pinned(cuda: bool) -> int:
+    """Bytes this code pinned in its exact-size blocks (`model.pinned_blocks`); 0 for code without."""
+    return pinned_blocks.pinned_bytes(torch.device("cuda", 0)) if cuda and pinned_blocks else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             "seconds": round(time.perf_counter() - began, 6),
             "host_seconds": {k: round(v, 6) for k, v in host_s.items()},
             "host_memory": {k: v for k, v in host.items() if "alloc" in k or "time" in k},
-            "exact_pinned_bytes": pinned_blocks.pinned_bytes(torch.device("cuda", 0)) if cuda else 0,
+            "exact_pinned_bytes": _exact_pinned(cuda),
             "gpu_peak_gb": round(torch.cuda.max_memory_allocated() / 1e9, 2) if cuda else 0.0,
         })  # fmt: skip
         print(json.dumps(stats[-1]), flush=True)
