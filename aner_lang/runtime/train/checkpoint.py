@@ -38,8 +38,10 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import shutil
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -149,43 +151,11 @@ def _identity(meta: dict[str, Any], base_path: str | Path | None) -> dict[str, A
     }
 
 
-@dataclass(frozen=True)
-class _Contents:
-    """A checkpoint ready to be written: its files' contents, manifest and folder name."""
-
-    name: str
-    tensors: TensorFile
-    state: bytes
-    manifest: bytes
-    manifest_sha: str
-
-
 def _hash(chunks: Iterable[memoryview | bytes]) -> str:
     digest = hashlib.sha256()
     for chunk in chunks:
         digest.update(chunk)
     return digest.hexdigest()
-
-
-def _contents(state: CheckpointState, base_path: str | Path | None) -> _Contents:
-    meta = state.to_json()
-    tensors = TensorFile({k: v.detach().contiguous().cpu() for k, v in state.to_tensors().items()})
-    state_bytes = _json_bytes(meta)
-    updates = int((meta.get("counters") or {}).get("updates", 0))
-    manifest = {
-        "format": FORMAT,
-        "version": VERSION,
-        "updates": updates,
-        "identity": _identity(meta, base_path),
-        "files": {
-            TENSORS: {"bytes": tensors.size, "sha256": _hash(tensors.chunks())},
-            STATE: {"bytes": len(state_bytes), "sha256": _hash([state_bytes])},
-        },
-    }
-    manifest_bytes = _json_bytes(manifest)
-    manifest_sha = hashlib.sha256(manifest_bytes).hexdigest()
-    name = f"{_PREFIX}{updates:06d}-{manifest_sha[:12]}"
-    return _Contents(name, tensors, state_bytes, manifest_bytes, manifest_sha)
 
 
 def save(
@@ -199,22 +169,70 @@ def save(
 
     `keep` older checkpoints are kept besides the new one (they are removed only after the new
     one is published). Never writes the frozen base: only what `state.to_tensors()` holds. The
-    tensors file is read back and hashed before the folder is renamed into place.
+    tensors file is hashed on a thread of its own while it is written (hashlib and the file's
+    writes let go of the interpreter lock), then read back and compared with the bytes it was
+    written from before its folder is renamed into place: the folder's name comes from the
+    manifest, which holds that hash, so the files are written into a temporary folder of a
+    placeholder name first.
     """
     root = files.make_folder(directory)
-    contents = _contents(state, base_path)
+    meta = state.to_json()
+    tensors = TensorFile({k: v.detach().contiguous().cpu() for k, v in state.to_tensors().items()})
+    state_bytes = _json_bytes(meta)
+    updates = int((meta.get("counters") or {}).get("updates", 0))
+    tmp = root / f".{_PREFIX}{updates:06d}-{secrets.token_hex(6)}.tmp-{os.getpid()}"
+    tmp.mkdir()
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        tensors_sha = pool.submit(_hash, tensors.chunks())
+        _write_tensors(tmp / TENSORS, tensors)
+        manifest = {
+            "format": FORMAT,
+            "version": VERSION,
+            "updates": updates,
+            "identity": _identity(meta, base_path),
+            "files": {
+                TENSORS: {"bytes": tensors.size, "sha256": tensors_sha.result()},
+                STATE: {"bytes": len(state_bytes), "sha256": _hash([state_bytes])},
+            },
+        }
+    manifest_bytes = _json_bytes(manifest)
+    _write_durable(tmp / STATE, state_bytes)
+    _write_durable(tmp / MANIFEST, manifest_bytes)
+    manifest_sha = hashlib.sha256(manifest_bytes).hexdigest()
+    return _publish(root, f"{_PREFIX}{updates:06d}-{manifest_sha[:12]}", manifest_sha, tmp, keep)
 
-    def fill(tmp: Path) -> None:
-        with open(tmp / TENSORS, "wb") as f:
-            contents.tensors.write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        _write_durable(tmp / STATE, contents.state)
-        _write_durable(tmp / MANIFEST, contents.manifest)
-        manifest = json.loads(contents.manifest)
-        _verified_bytes(tmp, tmp, TENSORS, manifest["files"][TENSORS])
 
-    return _publish(root, contents.name, contents.manifest_sha, fill, keep)
+_PIECE = 1 << 26
+"""Bytes read back at a time when a written tensors file is compared (64 MiB)."""
+
+
+def _write_tensors(path: Path, tensors: TensorFile) -> None:
+    """Write `tensors` to `path` durably, then read it back, a piece at a time, and compare it
+    with the memory it was written from (bytearray equality is one memcmp): a file that does
+    not read back as written is an error here (E-CKPT-TRUNCATED, E-CKPT-CORRUPT), not at the
+    resume that needs it."""
+    with open(path, "wb") as f:
+        tensors.write(f)
+        f.flush()
+        os.fsync(f.fileno())
+    where = path.parent.parent
+    buffer = bytearray(_PIECE)
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size != tensors.size:
+            raise _fail(
+                where,
+                f"{path.name} is truncated or extended as written: {size} bytes of {tensors.size}",
+                "E-CKPT-TRUNCATED",
+            )
+        for chunk in tensors.chunks():
+            for start in range(0, len(chunk), _PIECE):
+                piece = chunk[start : start + _PIECE]
+                into = buffer if len(piece) == _PIECE else bytearray(len(piece))
+                if f.readinto(into) != len(piece) or into != piece:
+                    raise _fail(
+                        where, f"{path.name} did not read back as written", "E-CKPT-CORRUPT"
+                    )
 
 
 def publish_copy(directory: str | Path, folder: Path) -> Path:
@@ -224,31 +242,27 @@ def publish_copy(directory: str | Path, folder: Path) -> Path:
     files are copied. Returns the new folder."""
     root = files.make_folder(directory)
     manifest_sha = hashlib.sha256(files.read_bytes(folder / MANIFEST, JSON_LIMIT)).hexdigest()
+    tmp = root / f".{folder.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    for name in (TENSORS, STATE, MANIFEST):
+        try:
+            os.link(folder / name, tmp / name)
+        except OSError:
+            shutil.copyfile(folder / name, tmp / name)
+            with open(tmp / name, "rb+") as f:
+                os.fsync(f.fileno())
+    return _publish(root, folder.name, manifest_sha, tmp, keep=0)
 
-    def fill(tmp: Path) -> None:
-        for name in (TENSORS, STATE, MANIFEST):
-            try:
-                os.link(folder / name, tmp / name)
-            except OSError:
-                shutil.copyfile(folder / name, tmp / name)
-                with open(tmp / name, "rb+") as f:
-                    os.fsync(f.fileno())
 
-    return _publish(root, folder.name, manifest_sha, fill, keep=0)
-
-
-def _publish(
-    root: Path, name: str, manifest_sha: str, fill: Callable[[Path], None], keep: int
-) -> Path:
-    """Create the checkpoint folder `name` under `root` (unless it is there: the same name means
-    byte-identical content) by `fill`ing a temporary folder and renaming it, then point
-    `latest.json` at it and prune (see the module docstring)."""
+def _publish(root: Path, name: str, manifest_sha: str, tmp: Path, keep: int) -> Path:
+    """Rename the filled temporary folder `tmp` to `name` under `root` (unless `name` is there:
+    the same name means byte-identical content, and `tmp` goes), then point `latest.json` at it
+    and prune (see the module docstring)."""
     final = root / name
-    if not final.is_dir():
-        tmp = root / f".{name}.tmp-{os.getpid()}"
+    if final.is_dir():
         shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        fill(tmp)
+    else:
         _fsync_dir(tmp)
         os.replace(tmp, final)
         _fsync_dir(root)

@@ -102,6 +102,42 @@ def test_crash_before_publishing_keeps_the_previous_checkpoint(tmp_path, base, m
     assert checkpoint.load(d).updates == 1
 
 
+@pytest.mark.parametrize(
+    ("damage", "code"),
+    [
+        (lambda data: data[:-8], "E-CKPT-TRUNCATED"),
+        (lambda data: _flip(data, 700), "E-CKPT-CORRUPT"),
+    ],
+)
+def test_a_tensors_file_that_does_not_read_back_as_written_is_never_published(
+    tmp_path, base, monkeypatch, damage, code
+):
+    """`save` reads its tensors file back, a piece at a time, and compares it with the memory it
+    came from: a short or altered file is an error before anything is published, the previous
+    checkpoint stays the latest, and a good one is written whole across many pieces."""
+    d = tmp_path / "ck"
+    monkeypatch.setattr(checkpoint, "_PIECE", 256)  # every tensor spans several pieces
+    checkpoint.save(d, _State(1, base))
+    write = checkpoint.TensorFile.write
+
+    def damaged(self, out):  # type: ignore[no-untyped-def]
+        out.write(damage(b"".join(bytes(c) for c in self.chunks())))
+
+    monkeypatch.setattr(checkpoint.TensorFile, "write", damaged)
+    with pytest.raises(AnerRuntimeError) as e:
+        checkpoint.save(d, _State(2, base))
+    assert e.value.code == code and "tensors.safetensors" in e.value.message
+    assert checkpoint.load(d).updates == 1
+    monkeypatch.setattr(checkpoint.TensorFile, "write", write)
+    checkpoint.save(d, _State(3, base))
+    assert checkpoint.load(d).updates == 3
+    assert not [p for p in d.iterdir() if ".tmp-" in p.name]  # the failed write's folder pruned
+
+
+def _flip(data: bytes, at: int) -> bytes:
+    return data[:at] + bytes([data[at] ^ 1]) + data[at + 1 :]
+
+
 _WRITER = textwrap.dedent("""
     import sys, torch
     from aner_lang.runtime.train import checkpoint
