@@ -1955,7 +1955,9 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         manifest's own hash is in `latest.json` (and in the folder's name). A file's content no
         longer matches, or a JSON file cannot be parsed: the checkpoint was modified or damaged
         after it was written. Resume from the previous checkpoint (one older is kept: pass its
-        `update-*` folder to `resume`), or start again.
+        `update-*` folder to `resume`), or start again. Raised while training, a tensors file
+        just written did not read back as written (a failing disk or file system): nothing was
+        published, and the previous checkpoint stays the latest.
         """,
         """
         `resume("checkpoints")` after a byte of `update-20-.../tensors.safetensors` was changed.
@@ -1971,7 +1973,9 @@ _ENTRIES: tuple[ErrorCode, ...] = (
         by a full disk or an interrupted copy. Checkpoints are written completely before
         `latest.json` points at them, so a crash while training never leaves one half-written; a
         later copy can. Resume from the previous checkpoint's `update-*` folder, or copy the
-        directory again.
+        directory again. Raised while training, a tensors file just written read back at another
+        size than was written: nothing was published, and the previous checkpoint stays the
+        latest; free space on its disk.
         """,
         """
         `resume("checkpoints")` after copying the directory to a disk that filled up.
