@@ -24,7 +24,6 @@ unset PYTHONDONTWRITEBYTECODE
 model=/tmp/train_scale/llama3-8b/model
 python3 -c "import train_scale as t; from pathlib import Path; folder = Path('$model'); \
 t.SHAPES['llama3-8b']['context'] = max(${CONTEXT:-2048}, 2048); t.model_for('llama3-8b', folder, 'cuda')"
-sync  # a folder just written goes to disk first: the timed processes' fsyncs would wait behind it
 if [[ ${TRACE:-1} == 1 ]]; then
   timeout "${TIMELINE_S:-240}" python3 benchmarks/update_timeline.py --model "$model" \
     --context "${CONTEXT:-2048}" --activations "${ACTIVATIONS:-keep}" --updates "${UPDATES:-30}" --out "$OUT/update_timeline.json" \

@@ -166,12 +166,15 @@ def make_model(shape: str, folder: Path, device: str) -> None:
     `config.json` as built, which a write cut short (a full disk) must not leave behind. On CUDA
     the weights are made by a process of its own (`SHAPES[shape]` as it stands is handed over),
     so the caller holds no GPU memory (a CUDA context, the allocator's cache of the weights it
-    made) while the processes it starts next measure theirs."""
+    made) while the processes it starts next measure theirs. The folder's pages are written back
+    before it returns (`os.sync`): a process timed next would otherwise wait behind that
+    write-back in its own fsyncs (a checkpoint's), as runs right after a 16 GB folder did."""
     if device == "cuda":
         build = ["--build-model", shape, "--spec", json.dumps(SHAPES[shape]), "--out", str(folder)]
         subprocess.run([sys.executable, __file__, *build], check=True)
-        return
-    _write_model(shape, folder, device)
+    else:
+        _write_model(shape, folder, device)
+    os.sync()
 
 
 def _write_model(shape: str, folder: Path, device: str) -> None:
