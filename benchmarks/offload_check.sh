@@ -25,6 +25,8 @@ for code in ${CODES:-}; do
     *) tar -xf "${code#*=}" -C "$root" ;;
   esac && sides+=("$name=$root")
 done
+# this code once more, last (new, others, new_again)
+[[ ${AGAIN:-0} == 1 && ${#sides[@]} -gt 1 ]] && sides+=("new_again=$PWD")
 for side in "${sides[@]}"; do
   name=${side%%=*}
   PYTHONPATH="${side#*=}:$PYTHONPATH" timeout "${COPIES_S:-150}" python3 benchmarks/offload_copies.py \
@@ -32,10 +34,4 @@ for side in "${sides[@]}"; do
     --out "$OUT/copies_$name.json" > "$OUT/copies_$name.log" 2>&1
   echo "$name rc=$?"; tail -"${TAIL:-20}" "$OUT/copies_$name.log"
 done
-if [[ ${AGAIN:-0} == 1 && ${#sides[@]} -gt 1 ]]; then  # this code once more, last: new, others, new
-  PYTHONPATH="$PWD:$PYTHONPATH" timeout "${COPIES_S:-150}" python3 benchmarks/offload_copies.py \
-    --model "$model" --context "$CONTEXT" --updates "${UPDATES:-4}" \
-    --out "$OUT/copies_new_again.json" > "$OUT/copies_new_again.log" 2>&1
-  echo "new_again rc=$?"; tail -"${TAIL:-20}" "$OUT/copies_new_again.log"
-fi
 free -g | head -2

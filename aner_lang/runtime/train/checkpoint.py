@@ -245,13 +245,14 @@ def publish_copy(directory: str | Path, folder: Path) -> Path:
     tmp = root / f".{folder.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    for name in (TENSORS, STATE, MANIFEST):
-        try:
-            os.link(folder / name, tmp / name)
-        except OSError:
-            shutil.copyfile(folder / name, tmp / name)
-            with open(tmp / name, "rb+") as f:
-                os.fsync(f.fileno())
+    if not (root / folder.name).is_dir():  # there, it is these bytes: `_publish` keeps it
+        for name in (TENSORS, STATE, MANIFEST):
+            try:
+                os.link(folder / name, tmp / name)
+            except OSError:
+                shutil.copyfile(folder / name, tmp / name)
+                with open(tmp / name, "rb+") as f:
+                    os.fsync(f.fileno())
     return _publish(root, folder.name, manifest_sha, tmp, keep=0)
 
 
