@@ -8,7 +8,8 @@
 # 0 leaves them out and times the fixed cost on timeline_check.sh's folder.
 # Arguments, if any, select CUDA tests to run first (gpu_suite.sh --no-bench). Results under
 # $OUT: suite.log, *_events.jsonl, startup.txt, fixed_cost.json, fixed_cost_{continued,fresh}.log
-# (tests.log, pytest.log).
+# (tests.log, pytest.log); fixed_cost_old.json and *_old*.log for OLD_CODE, logs numbered by
+# round where FIXED_ROUNDS > 1.
 set -u
 if [[ $# -gt 0 ]]; then  # CUDA tests first, where asked (pytest arguments)
   PYTEST_S=${PYTEST_S:-200} benchmarks/gpu_suite.sh --no-bench "$@" > "$OUT/tests.log" 2>&1
@@ -29,15 +30,27 @@ for f in "$OUT"/*_events.jsonl; do
 done > "$OUT/startup.txt"
 source benchmarks/device_env.sh
 unset PYTHONDONTWRITEBYTECODE  # as gpu_suite.sh does
-# one adapter continued (kept graphs), or a new LoRA per call; FIXED_MODES picks
+# one adapter continued (kept graphs), or a new LoRA per call; FIXED_MODES picks. With
+# OLD_CODE=<tar of an older aner_lang/> (git archive <commit> aner_lang) each mode runs this code
+# and that one in turn, FIXED_ROUNDS times (default 1), each side's reports in its own file.
+sides="new"
+if [[ -n "${OLD_CODE:-}" ]]; then
+  sides="new old"; mkdir -p /tmp/old && tar -xf "$OLD_CODE" -C /tmp/old
+fi
 for mode in ${FIXED_MODES:-continued fresh}; do
-  timeout "${FIXED_S:-200}" python3 benchmarks/train_fixed_cost.py --device cuda \
-    --model "$model" --storage nf4_double_quant --precision bfloat16 \
-    --context 2048 --rank 16 --targets q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj \
-    --updates 5 --repeats 2 $([[ $mode == continued ]] && echo --continued) --top 40 \
-    --out "$OUT/fixed_cost.json" > "$OUT/fixed_cost_$mode.log" 2>&1
-  echo "fixed cost ($mode) rc=$?"
-  grep -o 'peak GPU memory [0-9.]* GiB' "$OUT/fixed_cost_$mode.log" | tr '\n' ' '; echo
+  for round in $(seq "${FIXED_ROUNDS:-1}"); do
+    for side in $sides; do
+      root=$PWD; tag=""; [[ $side == old ]] && { root=/tmp/old; tag="_old"; }
+      log="$OUT/fixed_cost_$mode$tag.log"; [[ ${FIXED_ROUNDS:-1} != 1 ]] && log="${log%.log}_$round.log"
+      PYTHONPATH="$root:$PYTHONPATH" timeout "${FIXED_S:-200}" python3 benchmarks/train_fixed_cost.py \
+        --device cuda --model "$model" --storage nf4_double_quant --precision bfloat16 \
+        --context 2048 --rank 16 --targets q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj \
+        --updates 5 --repeats 2 $([[ $mode == continued ]] && echo --continued) --top 40 \
+        --out "$OUT/fixed_cost$tag.json" > "$log" 2>&1
+      echo "fixed cost ($mode, $side, round $round) rc=$?"
+      grep -o 'peak GPU memory [0-9.]* GiB' "$log" | tr '\n' ' '; echo
+    done
+  done
 done
 grep -h -o '"recording_seconds": [0-9.]*' /tmp/aner-fixed-cost-*/events*.jsonl | tr '\n' ' '; echo
 cat "$OUT/startup.txt"
