@@ -19,7 +19,8 @@ event), `aner-keep`, `aner-checkpoint`, `aner-offload` (the policy forced, no bu
 `unsloth` and `unsloth-gc` (Unsloth, without and with its offloading gradient checkpointing).
 An attempt fails as `oom` (CUDA out of memory), `budget` (Aner's E-PROFILE-BUDGET: the plan
 refused before training, no policy's planned peak fits), `timeout` (`--timeout` per attempt),
-`error` (anything else; the tail of its output is kept) or `deadline` (cut short by `--deadline`:
+`killed` (SIGKILL: the host's out-of-memory killer), `error` (anything else; the tail of its
+output is kept) or `deadline` (cut short by `--deadline`:
 not a result, the search stops there).
 
 Beside the measured contexts the plan's: per activation policy the longest context (a multiple
@@ -63,7 +64,8 @@ OUTSIDE_TORCH = 512 * 2**20
 what is free (NVRTC modules, library workspaces): an uncapped attempt's budget leaves them out."""
 RELEASED_SLACK = 256 * 2**20
 """What the GPU may hold beyond the search's starting level when an attempt begins."""
-FAILURES = ("oom", "budget", "timeout", "error", "deadline")
+FAILURES = ("oom", "killed", "budget", "timeout", "error", "deadline")
+SIGKILL = 9
 DRY_CAPS = "0.012,0.02"
 """The dry run's caps (GiB): a few MiB, where the tiny shape's plan crosses them at a few hundred
 tokens."""
@@ -111,12 +113,16 @@ def search(attempt: Callable[[int], bool | None], start: int, most: int, step: i
     return Found(good, bad, True)
 
 
-def classify(text: str, timed_out: bool) -> str:
-    """The kind of a failed attempt from its error text: `timeout`, `budget` (Aner's
-    E-PROFILE-BUDGET: refused by the plan before training), `oom` (torch's OutOfMemoryError or a
-    CUDA "out of memory"), else `error`."""
+def classify(text: str, timed_out: bool, signal: int | None = None) -> str:
+    """The kind of a failed attempt from its error text and the signal that ended it, if any:
+    `timeout`, `killed` (SIGKILL from outside the search: on these machines the kernel's
+    out-of-memory killer, when the host's memory runs out), `budget` (Aner's E-PROFILE-BUDGET:
+    refused by the plan before training), `oom` (torch's OutOfMemoryError or a CUDA "out of
+    memory"), else `error`."""
     if timed_out:
         return "timeout"
+    if signal == SIGKILL:
+        return "killed"
     if "E-PROFILE-BUDGET" in text:
         return "budget"
     if "OutOfMemoryError" in text or "out of memory" in text.lower():
@@ -247,10 +253,14 @@ def run_attempt(side: str, job: dict[str, Any], timeout: float) -> dict[str, Any
     seconds = time.perf_counter() - start
     if code == 0 and out.exists():
         return {**json.loads(out.read_text()), "ok": True, "seconds": seconds}
-    tail = (
-        text[-1500:] if code is None or code >= 0 else f"killed by signal {-code}\n{text[-1400:]}"
-    )
-    return {"ok": False, "kind": classify(text, timed_out), "seconds": seconds, "tail": tail}
+    signal = -code if code is not None and code < 0 else None
+    tail = text[-1500:] if signal is None else f"killed by signal {signal}\n{text[-1400:]}"
+    return {
+        "ok": False,
+        "kind": classify(text, timed_out, signal),
+        "seconds": seconds,
+        "tail": tail,
+    }
 
 
 def _wait_for_released(idle: int | None, most: float = 60.0) -> None:

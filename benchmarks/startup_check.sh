@@ -18,7 +18,7 @@ fi
 model=/tmp/train_e2e/llama3-8b/model
 if [[ ${E2E_REPEATS:-3} == 0 ]]; then  # the fixed cost alone, on timeline_check.sh's folder
   model=/tmp/train_scale/llama3-8b/model
-  OUT=$OUT TRACE=0 benchmarks/timeline_check.sh > "$OUT/setup.log" 2>&1
+  OLD_CODE="" OUT=$OUT TRACE=0 benchmarks/timeline_check.sh > "$OUT/setup.log" 2>&1  # the folder only
 else
   E2E_S=${E2E_S:-260} \
   E2E_ARGS="--sides aner --repeats ${E2E_REPEATS:-3} --updates 10 --every 5 --val-rows 4 --timeout 120" \

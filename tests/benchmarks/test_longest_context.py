@@ -56,19 +56,37 @@ def test_search_edges(lc: ModuleType) -> None:
 
 
 @pytest.mark.parametrize(
-    ("text", "timed_out", "kind"),
+    ("text", "timed_out", "signal", "kind"),
     [
-        ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", False, "oom"),
-        ("RuntimeError: CUDA error: out of memory\nCUDA kernel errors might be", False, "oom"),
-        ("error[E-PROFILE-BUDGET]: profile: memory_budget 24 GiB is less than", False, "budget"),
-        ("torch.OutOfMemoryError: CUDA out of memory", True, "timeout"),
-        ("", True, "timeout"),
-        ("ModuleNotFoundError: No module named 'unsloth'", False, "error"),
-        ("killed by signal 9\n", False, "error"),
+        (
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+            False,
+            None,
+            "oom",
+        ),
+        (
+            "RuntimeError: CUDA error: out of memory\nCUDA kernel errors might be",
+            False,
+            None,
+            "oom",
+        ),
+        (
+            "error[E-PROFILE-BUDGET]: profile: memory_budget 24 GiB is less than",
+            False,
+            None,
+            "budget",
+        ),
+        ("torch.OutOfMemoryError: CUDA out of memory", True, None, "timeout"),
+        ("", True, None, "timeout"),
+        ("ModuleNotFoundError: No module named 'unsloth'", False, None, "error"),
+        ("Unsloth 2026.10.9 patched 32 layers", False, 9, "killed"),  # the host's OOM killer
+        ("Segmentation fault", False, 11, "error"),
     ],
 )
-def test_classify(lc: ModuleType, text: str, timed_out: bool, kind: str) -> None:
-    assert lc.classify(text, timed_out) == kind
+def test_classify(
+    lc: ModuleType, text: str, timed_out: bool, signal: int | None, kind: str
+) -> None:
+    assert lc.classify(text, timed_out, signal) == kind
 
 
 def test_planned_longest_orders_caps_and_policies(lc: ModuleType) -> None:
