@@ -19,9 +19,9 @@ event), `aner-keep`, `aner-checkpoint`, `aner-offload` (the policy forced, no bu
 `unsloth` and `unsloth-gc` (Unsloth, without and with its offloading gradient checkpointing).
 An attempt fails as `oom` (CUDA out of memory), `budget` (Aner's E-PROFILE-BUDGET: the plan
 refused before training, no policy's planned peak fits), `timeout` (`--timeout` per attempt),
-`killed` (SIGKILL: the host's out-of-memory killer), `error` (anything else; the tail of its
-output is kept) or `deadline` (cut short by `--deadline`:
-not a result, the search stops there).
+`killed` (SIGKILL from outside: the host's out-of-memory killer; every attempt records the least
+host memory available while it ran), `error` (anything else; the tail of its output is kept) or
+`deadline` (cut short by `--deadline`: not a result, the search stops there).
 
 Beside the measured contexts the plan's: per activation policy the longest context (a multiple
 of `--resolution`) whose `aner plan` peak (`runtime.train.plan.plan`, as the budget picker calls
@@ -45,6 +45,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -54,6 +55,7 @@ from typing import Any
 import train_scale as bench  # this directory is on sys.path when run as a script
 
 from aner_lang.builtins import members
+from aner_lang.host.memory import available_bytes
 
 GIB = 1 << 30
 POLICIES = tuple(members("Activations"))
@@ -237,30 +239,58 @@ def unsloth_attempt(side: str, job: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_attempt(side: str, job: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """Run one attempt's process; its result, or the failure's kind and the tail of its output."""
+    """Run one attempt's process; its result, or the failure's kind and the tail of its output.
+    Either way with the least host memory that was available while it ran (`HostLow`)."""
     out = Path(job["dir"]) / "result.json"
     out.unlink(missing_ok=True)
     cmd = [sys.executable, __file__, "--worker", side, "--job", json.dumps(job), "--json", str(out)]
     if job["device"] == "cuda":
         _wait_for_released(job["idle_bytes"])
     start = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-        # the error last, where the kept tail is: a peer's banner goes to stdout
-        text, timed_out, code = proc.stdout + proc.stderr, False, proc.returncode
-    except subprocess.TimeoutExpired as e:
-        text, timed_out, code = _text(e.stdout) + _text(e.stderr), True, None
+    with HostLow() as host:
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+            # the error last, where the kept tail is: a peer's banner goes to stdout
+            text, timed_out, code = proc.stdout + proc.stderr, False, proc.returncode
+        except subprocess.TimeoutExpired as e:
+            text, timed_out, code = _text(e.stdout) + _text(e.stderr), True, None
     seconds = time.perf_counter() - start
+    low = {"host_available_low_bytes": host.lowest}
     if code == 0 and out.exists():
-        return {**json.loads(out.read_text()), "ok": True, "seconds": seconds}
+        return {**json.loads(out.read_text()), "ok": True, "seconds": seconds, **low}
     signal = -code if code is not None and code < 0 else None
     tail = text[-1500:] if signal is None else f"killed by signal {signal}\n{text[-1400:]}"
-    return {
-        "ok": False,
-        "kind": classify(text, timed_out, signal),
-        "seconds": seconds,
-        "tail": tail,
-    }
+    kind = classify(text, timed_out, signal)
+    return {"ok": False, "kind": kind, "seconds": seconds, "tail": tail, **low}
+
+
+class HostLow:
+    """The least host memory available (`host.memory.available_bytes`) while a `with` block runs,
+    sampled every `every` seconds on a thread of its own (None where unknown). Beside a `killed`
+    attempt it tells whether the host ran out of memory: the kernel's out-of-memory killer leaves
+    no message in the process's output."""
+
+    def __init__(self, every: float = 0.5) -> None:
+        self.every = every
+        self.lowest: int | None = None
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> HostLow:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _sample(self) -> None:
+        while True:
+            now = available_bytes()
+            if now is not None and (self.lowest is None or now < self.lowest):
+                self.lowest = now
+            if self._done.wait(self.every):
+                return
 
 
 def _wait_for_released(idle: int | None, most: float = 60.0) -> None:
@@ -440,7 +470,10 @@ def summary(row: dict[str, Any]) -> str:
     """One line for an attempt as it finishes."""
     head = f"{row['side']} cap {row['cap_gib']:g} GiB context {row['context']:,}"
     if not row["ok"]:
-        return f"{head}: {row['kind']} after {row['seconds']:.0f} s: {row['tail'][-300:].strip()}"
+        low = row.get("host_available_low_bytes")
+        host = f" (host memory available fell to {low / 1e9:.1f} GB)" if low is not None else ""
+        text = row["tail"][-300:].strip()
+        return f"{head}: {row['kind']} after {row['seconds']:.0f} s{host}: {text}"
     peak = f"{row['peak_cuda_bytes'] / 1e9:.1f} GB" if row["peak_cuda_bytes"] else "- (CPU)"
     return (f"{head}: trained, peak {peak}, "
             f"{row['tokens_per_s'] or 0:,.0f} tok/s, {row['policy']}, {row['seconds']:.0f} s")  # fmt: skip

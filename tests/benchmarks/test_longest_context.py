@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -89,6 +90,31 @@ def test_classify(
     assert lc.classify(text, timed_out, signal) == kind
 
 
+def test_host_low_keeps_the_least_memory_available(
+    lc: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    readings = iter([9, 7, 3, 8, None, 5])
+    monkeypatch.setattr(lc, "available_bytes", lambda: next(readings, 6))
+    with lc.HostLow(every=0.001) as host:
+        time.sleep(0.05)
+    assert host.lowest == 3
+
+
+def test_an_attempt_killed_from_outside_says_so(
+    lc: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A SIGKILLed worker (the host's out-of-memory killer leaves no message) is `killed`, with
+    the host's low point beside it."""
+    killed = subprocess.CompletedProcess([], -9, stdout="Unsloth: patched 32 layers\n", stderr="")
+    monkeypatch.setattr(lc.subprocess, "run", lambda *a, **k: killed)
+    monkeypatch.setattr(lc, "available_bytes", lambda: 2**30)
+    row = lc.run_attempt("unsloth-gc", {"dir": str(tmp_path), "device": "cpu"}, 10)
+    assert row["kind"] == "killed" and not row["ok"]
+    assert row["tail"].startswith("killed by signal 9") and row["host_available_low_bytes"] == 2**30
+    line = lc.summary({**row, "side": "unsloth-gc", "cap_gib": 80.0, "context": 327680})
+    assert "killed after" in line and "host memory available fell to 1.1 GB" in line
+
+
 def test_planned_longest_orders_caps_and_policies(lc: ModuleType) -> None:
     config = lc.plan_config("tiny")
     # MiB around the tiny shape's planned peaks (on CUDA ~97 MiB are its kernels' workspaces)
@@ -134,6 +160,8 @@ def test_dry_run_measures_what_the_budget_picker_allows(tmp_path: Path, lc: Modu
     assert at["memory_budget"]["activations"] == row["policy"] == at["policy"]
     assert at["memory_budget"]["planned_peaks"][row["policy"]] <= at["budget_bytes"]
     assert f"| aner | 0.012 | {row['longest']:,} |" in proc.stdout
+    if lc.available_bytes() is not None:  # Linux: every attempt saw the host's memory
+        assert all(0 < a["host_available_low_bytes"] for a in attempts)
 
 
 @pytest.mark.cuda
