@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -37,7 +36,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 import train_scale as bench  # this directory is on sys.path when run as a script
-from nf4_kernels import ceilings, measure
+from nf4_kernels import ceilings, measure, time_loop
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 COPIES = 2
@@ -147,22 +146,7 @@ def _time(calls: Sequence[Callable[[], object]], device: str, graph: bool = True
         for c in calls:
             c()
         return 0.0
-    if graph:
-        return measure(list(calls))[0]
-    for _ in range(3):
-        for c in calls:
-            c()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(10):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for c in calls:
-            c()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000.0 / len(calls))
-    return statistics.median(times)
+    return measure(list(calls))[0] if graph else time_loop(list(calls), reps=10)
 
 
 def floors(d: dict[str, int], tokens: int, prods: dict, attention: dict, dequant: float | None):
