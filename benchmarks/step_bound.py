@@ -88,7 +88,7 @@ def _product(a: torch.Tensor, b: torch.Tensor) -> Callable[[], torch.Tensor]:
 
 def time_attention(d: dict[str, int], tokens: int, device: str) -> dict[str, Any]:
     """Causal attention's forward and backward, microseconds, by the fastest SDPA backend that
-    runs (grouped-query heads expanded where a backend wants them equal)."""
+    takes grouped-query heads (`enable_gqa`) at this shape; one that refuses them is passed over."""
     shape = (1, d["heads"], tokens, d["head_dim"])
     q = torch.randn(shape, device=device, dtype=torch.bfloat16, requires_grad=True)
     kv_shape = (1, d["kv_heads"], tokens, d["head_dim"])
